@@ -1,0 +1,376 @@
+//! The three algorithms of CONTRACT §2 as pure functions of `(limit, state, cost, now)`.
+//!
+//! Each returns the state to store (`Some` only when something must be written: the cost was
+//! admitted and is above zero) and the [`Outcome`] this limit reports. All-or-nothing over a
+//! policy is assembled from these in [`crate::evaluate`]. Each function has a Lua twin in the
+//! Redis store that a differential test holds identical.
+//!
+//! What every limit reports:
+//! - `remaining`: units that could still be admitted now, after this decision; never negative.
+//! - `reset_ms`: when the limit is whole again (`remaining` back to its full value). A fixed
+//!   window reports its stored end; with nothing counted, `now` (aligned windows: the end of
+//!   the current aligned window, which exists whether or not anything was counted).
+//! - `retry_after_ms`: 0 when the limit admits; when it refuses, the wait until this cost
+//!   would fit, or `None` when it never can (`cost > max`).
+
+use crate::limit::{Algorithm, Limit};
+use crate::state::{FixedWindowState, LimitState, SlidingWindowState, TokenBucketState};
+
+/// What one limit says about one cost at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether this limit alone would admit the cost.
+    pub admits: bool,
+    /// Units still available after the decision (the cost deducted when it admits).
+    pub remaining: u64,
+    /// When the limit is whole again, in ms since the epoch.
+    pub reset_ms: u64,
+    /// 0 when it admits; otherwise the ms until the cost would fit, `None` if it never can.
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Outcome {
+    fn refused(remaining: u64, reset_ms: u64, retry_after_ms: Option<u64>) -> Self {
+        Self {
+            admits: false,
+            remaining,
+            reset_ms,
+            retry_after_ms,
+        }
+    }
+
+    fn admitted(remaining: u64, reset_ms: u64) -> Self {
+        Self {
+            admits: true,
+            remaining,
+            reset_ms,
+            retry_after_ms: Some(0),
+        }
+    }
+}
+
+/// Decides `cost` for one limit of any algorithm. State of another algorithm's shape is
+/// treated as empty.
+pub fn step(
+    limit: &Limit,
+    state: &LimitState,
+    cost: u64,
+    now: u64,
+) -> (Option<LimitState>, Outcome) {
+    match limit.algorithm() {
+        Algorithm::FixedWindow => {
+            let s = match state {
+                LimitState::FixedWindow(s) => Some(s),
+                _ => None,
+            };
+            let (next, out) = fixed_window(limit, s, cost, now);
+            (next.map(LimitState::FixedWindow), out)
+        }
+        Algorithm::SlidingWindow => {
+            let s = match state {
+                LimitState::SlidingWindow(s) => Some(s),
+                _ => None,
+            };
+            let (next, out) = sliding_window(limit, s, cost, now);
+            (next.map(LimitState::SlidingWindow), out)
+        }
+        Algorithm::TokenBucket => {
+            let s = match state {
+                LimitState::TokenBucket(s) => Some(s),
+                _ => None,
+            };
+            let (next, out) = token_bucket(limit, s, cost, now);
+            (next.map(LimitState::TokenBucket), out)
+        }
+    }
+}
+
+/// Gives `cost` back to one limit's current window (never below zero used). Returns the state
+/// to store, or `None` when nothing changes.
+pub fn refund(limit: &Limit, state: &LimitState, cost: u64, now: u64) -> Option<LimitState> {
+    if cost == 0 {
+        return None;
+    }
+    match (limit.algorithm(), state) {
+        (Algorithm::FixedWindow, LimitState::FixedWindow(s)) => {
+            fixed_window_refund(s, cost, now).map(LimitState::FixedWindow)
+        }
+        (Algorithm::SlidingWindow, LimitState::SlidingWindow(s)) => {
+            sliding_window_refund(limit, s, cost, now).map(LimitState::SlidingWindow)
+        }
+        (Algorithm::TokenBucket, LimitState::TokenBucket(s)) => {
+            token_bucket_refund(limit, s, cost, now).map(LimitState::TokenBucket)
+        }
+        _ => None,
+    }
+}
+
+/// The first instant at which `state` means the same as no state at all: a store may delete
+/// it then. `None` for an empty state.
+pub fn expires_at(limit: &Limit, state: &LimitState) -> Option<u64> {
+    match state {
+        LimitState::Empty => None,
+        LimitState::FixedWindow(s) => Some(s.reset_ms),
+        LimitState::SlidingWindow(s) => s
+            .buckets
+            .last()
+            .map(|&(start, _)| start.saturating_add(limit.per_ms())),
+        LimitState::TokenBucket(s) => Some(s.tat_ms + u64::from(s.tat_frac > 0)),
+    }
+}
+
+// ----- fixed window -------------------------------------------------------------------------
+
+/// The end of the window that a request admitted at `now` opens.
+pub fn fixed_window_end(limit: &Limit, now: u64) -> u64 {
+    if limit.align() {
+        (now / limit.per_ms()) * limit.per_ms() + limit.per_ms()
+    } else {
+        now + limit.per_ms()
+    }
+}
+
+/// `fixed_window`: a window opens at the first admitted request and lasts `per`; its end is
+/// stored then and read back. The window is closed once `now >= reset`, whatever the store
+/// still holds.
+pub fn fixed_window(
+    limit: &Limit,
+    state: Option<&FixedWindowState>,
+    cost: u64,
+    now: u64,
+) -> (Option<FixedWindowState>, Outcome) {
+    let max = limit.max();
+    let open = state.filter(|s| now < s.reset_ms);
+    let used = open.map_or(0, |s| s.used);
+    let remaining = max.saturating_sub(used);
+    let idle_reset = if limit.align() {
+        fixed_window_end(limit, now)
+    } else {
+        now
+    };
+    let reset = open.map_or(idle_reset, |s| s.reset_ms);
+    if cost > max {
+        return (None, Outcome::refused(remaining, reset, None));
+    }
+    if cost > remaining {
+        // `used > 0`, so the window is open and `reset > now`.
+        return (None, Outcome::refused(remaining, reset, Some(reset - now)));
+    }
+    if cost == 0 {
+        return (None, Outcome::admitted(remaining, reset));
+    }
+    let next = match open {
+        Some(s) => FixedWindowState {
+            reset_ms: s.reset_ms,
+            used: s.used + cost,
+        },
+        None => FixedWindowState {
+            reset_ms: fixed_window_end(limit, now),
+            used: cost,
+        },
+    };
+    (
+        Some(next),
+        Outcome::admitted(remaining - cost, next.reset_ms),
+    )
+}
+
+fn fixed_window_refund(s: &FixedWindowState, cost: u64, now: u64) -> Option<FixedWindowState> {
+    (now < s.reset_ms && s.used > 0).then(|| FixedWindowState {
+        reset_ms: s.reset_ms,
+        used: s.used.saturating_sub(cost),
+    })
+}
+
+// ----- sliding window -----------------------------------------------------------------------
+
+/// The start of the oldest bucket still inside the window at `now`. Buckets starting at or
+/// after it are counted: their start lies in `(now - per, now]`. Buckets "from the future"
+/// (written by a process whose clock runs ahead) are counted too: over-counting is the safe
+/// side.
+pub fn sliding_window_floor(limit: &Limit, now: u64) -> u64 {
+    let p = limit.precision_ms();
+    let current = now - now % p;
+    (current + p).saturating_sub(limit.per_ms())
+}
+
+/// `sliding_window`: `per` split into buckets of `precision`; `used` is the sum of the counted
+/// buckets. `reset` is when the oldest counted bucket leaves the window; a refused cost's
+/// `retry_after` is when enough buckets have left for it to fit.
+pub fn sliding_window(
+    limit: &Limit,
+    state: Option<&SlidingWindowState>,
+    cost: u64,
+    now: u64,
+) -> (Option<SlidingWindowState>, Outcome) {
+    let max = limit.max();
+    let per = limit.per_ms();
+    let floor = sliding_window_floor(limit, now);
+    let counted: &[(u64, u64)] = state.map_or(&[], |s| {
+        let first = s.buckets.partition_point(|&(start, _)| start < floor);
+        &s.buckets[first..]
+    });
+    let used = counted
+        .iter()
+        .fold(0u64, |acc, &(_, n)| acc.saturating_add(n));
+    let remaining = max.saturating_sub(used);
+    let reset = counted.first().map_or(now, |&(start, _)| start + per);
+    if cost > max {
+        return (None, Outcome::refused(remaining, reset, None));
+    }
+    if cost > remaining {
+        // Walk the buckets oldest first until enough has left the window for the cost to fit.
+        let mut left = used;
+        let mut wait = None;
+        for &(start, n) in counted {
+            left -= n;
+            if cost <= max.saturating_sub(left) {
+                wait = Some(start + per - now);
+                break;
+            }
+        }
+        return (None, Outcome::refused(remaining, reset, wait));
+    }
+    if cost == 0 {
+        return (None, Outcome::admitted(remaining, reset));
+    }
+    let current = now - now % limit.precision_ms();
+    let mut buckets = counted.to_vec();
+    match buckets.binary_search_by_key(&current, |&(start, _)| start) {
+        Ok(i) => buckets[i].1 += cost,
+        Err(i) => buckets.insert(i, (current, cost)),
+    }
+    let reset = buckets[0].0 + per;
+    (
+        Some(SlidingWindowState { buckets }),
+        Outcome::admitted(remaining - cost, reset),
+    )
+}
+
+/// Gives `cost` back, taking it from the newest counted buckets first (a refund undoes recent
+/// work), never below zero. Buckets that left the window are dropped.
+fn sliding_window_refund(
+    limit: &Limit,
+    s: &SlidingWindowState,
+    cost: u64,
+    now: u64,
+) -> Option<SlidingWindowState> {
+    let floor = sliding_window_floor(limit, now);
+    let first = s.buckets.partition_point(|&(start, _)| start < floor);
+    if first == s.buckets.len() {
+        return None;
+    }
+    let mut buckets = s.buckets[first..].to_vec();
+    let mut left = cost;
+    while left > 0 {
+        let Some(last) = buckets.last_mut() else {
+            break;
+        };
+        let take = left.min(last.1);
+        last.1 -= take;
+        left -= take;
+        if last.1 == 0 {
+            buckets.pop();
+        }
+    }
+    Some(SlidingWindowState { buckets })
+}
+
+// ----- token bucket (GCRA) ------------------------------------------------------------------
+//
+// Time is counted in units of 1/max ms, so one token costs exactly `per` units and the bucket's
+// capacity `tau` is exactly `burst · per` units. The computation is relative to `now`: `ahead`
+// is how far the TAT lies beyond now (0 when the bucket is full), bounded by `tau` plus one
+// cost. That is below 2^64 for all but extreme limits, which keeps divisions on the fast 64-bit
+// path; u128 holds the rest (burst · per can reach 2^88). The Lua twin has to split such
+// values into limbs.
+
+/// `a / b`, on the 64-bit path when both fit.
+fn div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
+}
+
+/// `ceil(a / b)`, on the 64-bit path when both fit.
+fn div_ceil(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
+        _ => a.div_ceil(b),
+    }
+}
+
+/// How far the stored TAT lies beyond `now`, in units of 1/max ms.
+fn ahead_of(limit: &Limit, state: Option<&TokenBucketState>, now: u64) -> u128 {
+    match state {
+        Some(s) if s.tat_ms > now || (s.tat_ms == now && s.tat_frac > 0) => {
+            u128::from(s.tat_ms - now) * u128::from(limit.max()) + u128::from(s.tat_frac)
+        }
+        _ => 0,
+    }
+}
+
+/// The state whose TAT lies `ahead` units beyond `now`.
+fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
+    let max = u128::from(limit.max());
+    let whole = div(ahead, max);
+    // whole < 2^53 by the limit's refill bound and frac < max <= 2^53: the casts are lossless.
+    TokenBucketState {
+        tat_ms: now.saturating_add(u64::try_from(whole).unwrap_or(u64::MAX)),
+        tat_frac: u64::try_from(ahead - whole * max).unwrap_or(0),
+    }
+}
+
+/// `token_bucket` as GCRA: `max` tokens refill evenly over `per` into a bucket of `burst`.
+/// `reset` is when the bucket is full again; a refused cost's `retry_after` is when it fits.
+/// A cost above `max` never fits (CONTRACT §2.4), nor one above `burst`.
+pub fn token_bucket(
+    limit: &Limit,
+    state: Option<&TokenBucketState>,
+    cost: u64,
+    now: u64,
+) -> (Option<TokenBucketState>, Outcome) {
+    let max = u128::from(limit.max());
+    let per = u128::from(limit.per_ms());
+    let tau = u128::from(limit.burst()) * per;
+    let remaining_at =
+        |ahead: u128| u64::try_from(div(tau.saturating_sub(ahead), per)).unwrap_or(u64::MAX);
+    let reset_at =
+        |ahead: u128| now.saturating_add(u64::try_from(div_ceil(ahead, max)).unwrap_or(u64::MAX));
+    let ahead = ahead_of(limit, state, now);
+    let remaining = remaining_at(ahead);
+    if cost > limit.max() || cost > limit.burst() {
+        return (None, Outcome::refused(remaining, reset_at(ahead), None));
+    }
+    let new_ahead = ahead + u128::from(cost) * per;
+    if new_ahead > tau {
+        // It fits after t ms, the first whole t with new_ahead - t·max <= tau.
+        let wait = u64::try_from(div_ceil(new_ahead - tau, max)).unwrap_or(u64::MAX);
+        return (
+            None,
+            Outcome::refused(remaining, reset_at(ahead), Some(wait)),
+        );
+    }
+    if cost == 0 {
+        return (None, Outcome::admitted(remaining, reset_at(ahead)));
+    }
+    (
+        Some(tat_after(limit, now, new_ahead)),
+        Outcome::admitted(remaining_at(new_ahead), reset_at(new_ahead)),
+    )
+}
+
+fn token_bucket_refund(
+    limit: &Limit,
+    s: &TokenBucketState,
+    cost: u64,
+    now: u64,
+) -> Option<TokenBucketState> {
+    let ahead = ahead_of(limit, Some(s), now);
+    if ahead == 0 {
+        return None;
+    }
+    let back = u128::from(cost) * u128::from(limit.per_ms());
+    Some(tat_after(limit, now, ahead.saturating_sub(back)))
+}

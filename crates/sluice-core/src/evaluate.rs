@@ -1,0 +1,97 @@
+//! A whole policy for one key: all-or-nothing over its limits (CONTRACT §2).
+//!
+//! `states[i]` is the stored state of `policy.limits()[i]`; a missing index means no state.
+//! A store reads the states, calls one of these functions and writes back what
+//! [`Evaluation::writes`] says, all in one atomic step.
+
+use crate::algorithms::{self, Outcome};
+use crate::decision::{Decision, LimitStatus};
+use crate::limit::Policy;
+use crate::state::LimitState;
+
+const EMPTY: LimitState = LimitState::Empty;
+
+fn state_at(states: &[LimitState], i: usize) -> &LimitState {
+    states.get(i).unwrap_or(&EMPTY)
+}
+
+/// A decision and what to store because of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluation {
+    /// The decision.
+    pub decision: Decision,
+    /// `None` when nothing changes. Otherwise one entry per limit: `Some(new state)` for
+    /// limits whose state must be written, `None` for limits left as they are.
+    pub writes: Option<Vec<Option<LimitState>>>,
+}
+
+/// Checks `cost` against every limit; records it in all of them only if all admit.
+/// `cost = 0` records nothing and reports the state.
+pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
+    let limits = policy.limits();
+    let mut statuses = Vec::with_capacity(limits.len());
+    let mut writes = Vec::with_capacity(limits.len());
+    let mut allowed = true;
+    for (i, limit) in limits.iter().enumerate() {
+        let (next, outcome) = algorithms::step(limit, state_at(states, i), cost, now);
+        allowed &= outcome.admits;
+        statuses.push(LimitStatus::new(limit, outcome));
+        writes.push(next);
+    }
+    if !allowed {
+        // Nothing is recorded, so limits that would have admitted report their state as it
+        // stands (their outcome above had the cost deducted).
+        for (i, limit) in limits.iter().enumerate() {
+            if statuses[i].admits && cost > 0 {
+                let (_, outcome) = algorithms::step(limit, state_at(states, i), 0, now);
+                statuses[i] = LimitStatus::new(limit, outcome);
+            }
+        }
+        return Evaluation {
+            decision: Decision::new(false, cost, statuses),
+            writes: None,
+        };
+    }
+    let changed = writes.iter().any(Option::is_some);
+    Evaluation {
+        decision: Decision::new(true, cost, statuses),
+        writes: changed.then_some(writes),
+    }
+}
+
+/// The decision a check of `cost` would get now, recording nothing.
+pub fn peek(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Decision {
+    check(policy, states, cost, now).decision
+}
+
+/// Gives `cost` back to every limit's current window (never below zero used) and reports the
+/// state after it (as a check of cost 0: always allowed).
+pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
+    let limits = policy.limits();
+    let mut writes = Vec::with_capacity(limits.len());
+    let mut statuses = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        let current = state_at(states, i);
+        let next = algorithms::refund(limit, current, cost, now);
+        let (_, outcome): (_, Outcome) =
+            algorithms::step(limit, next.as_ref().unwrap_or(current), 0, now);
+        statuses.push(LimitStatus::new(limit, outcome));
+        writes.push(next);
+    }
+    let changed = writes.iter().any(Option::is_some);
+    Evaluation {
+        decision: Decision::new(true, 0, statuses),
+        writes: changed.then_some(writes),
+    }
+}
+
+/// The first instant at which every state of the key means the same as no state: a store may
+/// forget the key then. `None` if all states are empty.
+pub fn expires_at(policy: &Policy, states: &[LimitState]) -> Option<u64> {
+    policy
+        .limits()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, limit)| algorithms::expires_at(limit, state_at(states, i)))
+        .max()
+}

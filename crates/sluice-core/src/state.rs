@@ -1,0 +1,47 @@
+//! What a store keeps per (policy, key, limit). Every field has a Redis counterpart, listed on
+//! each type, so the Lua scripts of the Redis store mirror these types field for field.
+
+/// One limit's stored state for one key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LimitState {
+    /// Nothing stored (a fresh key, or state that expired).
+    #[default]
+    Empty,
+    /// State of a `fixed_window` limit.
+    FixedWindow(FixedWindowState),
+    /// State of a `sliding_window` limit.
+    SlidingWindow(SlidingWindowState),
+    /// State of a `token_bucket` limit.
+    TokenBucket(TokenBucketState),
+}
+
+/// A fixed window: Redis hash fields `reset` and `used`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindowState {
+    /// The end of the window (exclusive), stored when the window opened and never recomputed.
+    pub reset_ms: u64,
+    /// Units admitted in the window.
+    pub used: u64,
+}
+
+/// A sliding window: a Redis hash with one field per non-empty bucket, `start -> count`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlidingWindowState {
+    /// `(bucket start in ms, units admitted in it)`, sorted by start, counts above zero.
+    /// Bucket starts are multiples of the limit's precision since the epoch.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+/// A token bucket as GCRA: Redis hash fields `tat` and `frac`.
+///
+/// The theoretical arrival time is `tat_ms + tat_frac / max` milliseconds: one token takes
+/// `per / max` ms, rarely a whole number, so the fraction is kept exactly as a numerator over
+/// `max` instead of being rounded (a rounded interval drifts a limit of 3 per second to 2.99
+/// or 3.01).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Whole milliseconds of the theoretical arrival time.
+    pub tat_ms: u64,
+    /// The fractional part, in units of `1/max` ms; always below `max`.
+    pub tat_frac: u64,
+}

@@ -1,0 +1,46 @@
+//! Sluice in one screen: two policies on the in-memory store.
+//!
+//! `cargo run --example quickstart`
+
+use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // 5 per second and 20 per minute, checked together: all or nothing.
+    let api = Policy::from_specs(
+        "api",
+        vec![
+            LimitSpec::fixed_window(5, 1_000),
+            LimitSpec::fixed_window(20, 60_000),
+        ],
+    )?;
+    // Uploads: a token bucket of 3 that refills at 1 per second.
+    let uploads = Policy::from_specs("uploads", vec![LimitSpec::token_bucket(1, 1_000).burst(3)])?;
+    let limiter = Limiter::new(MemoryStore::new()).with_policies([api, uploads]);
+
+    println!("policy  key      cost  allowed  remaining  reset_ms       retry_after_ms");
+    for i in 0..7 {
+        let d = limiter.check("api", "user:42", 1).await?;
+        println!(
+            "api     user:42  1     {:<7}  {:<9}  {}  {:?}   (check {i})",
+            d.allowed,
+            d.remaining(),
+            d.reset_ms(),
+            d.retry_after_ms()
+        );
+    }
+    for cost in [2, 1, 1] {
+        let d = limiter.check("uploads", "user:42", cost).await?;
+        println!(
+            "uploads user:42  {cost}     {:<7}  {:<9}  {}  {:?}",
+            d.allowed,
+            d.remaining(),
+            d.reset_ms(),
+            d.retry_after_ms()
+        );
+    }
+    // Giving back: a refund makes room again.
+    let d = limiter.refund("uploads", "user:42", 1).await?;
+    println!("refund 1 -> uploads remaining {}", d.remaining());
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! Sluice: a distributed rate limiter. This is the library applications embed.
+//!
+//! A [`Limiter`] holds named [`Policy`]s (each an ordered set of limits applied together to
+//! one key), a [`Clock`] and a [`Store`]. `check(policy, key, cost)` answers with a
+//! [`Decision`]: allowed or denied, with `remaining`, `reset` and `retry_after` for every limit
+//! and the binding one. Being limited is a value; an `Err` means the store failed.
+//!
+//! The algorithms (fixed window, sliding window, token bucket as GCRA) live in
+//! [`sluice_core`], pure and re-exported here. Stores: [`MemoryStore`] (this process) and the
+//! Redis stores of `sluice-redis`, which run the same algorithms as Lua scripts.
+//!
+//! ```
+//! use sluice::{Limiter, LimitSpec, ManualClock, MemoryStore, Policy};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let rt = tokio::runtime::Builder::new_current_thread().build()?;
+//! # rt.block_on(async {
+//! let clock = ManualClock::new(1_700_000_000_000);
+//! let api = Policy::from_specs(
+//!     "api",
+//!     vec![LimitSpec::fixed_window(10, 1_000), LimitSpec::fixed_window(5_000, 3_600_000)],
+//! )?;
+//! let limiter = Limiter::new(MemoryStore::new()).with_clock(clock.clone()).with_policy(api);
+//!
+//! let d = limiter.check("api", "user:42", 1).await?;
+//! assert!(d.allowed);
+//! assert_eq!(d.remaining(), 9); // the 10-per-second limit binds
+//! assert_eq!(d.limits[1].remaining, 4_999);
+//!
+//! assert!(!limiter.check("api", "user:42", 10).await?.allowed); // all or nothing
+//! clock.advance(1_000);
+//! assert!(limiter.check("api", "user:42", 10).await?.allowed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })
+//! # }
+//! ```
+
+mod limiter;
+mod memory;
+mod store;
+
+pub use limiter::{Error, Limiter, MAX_KEY_LEN};
+pub use memory::MemoryStore;
+pub use sluice_core::{
+    self as core, Algorithm, Clock, Decision, Limit, LimitError, LimitSpec, LimitState,
+    LimitStatus, ManualClock, Policy, SystemClock,
+};
+pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError};

@@ -1,0 +1,183 @@
+//! The `Limiter`: policies, a clock and a store behind one small API.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sluice_core::{Clock, Decision, MAX_AMOUNT, Policy, SystemClock};
+
+use crate::store::{Store, StoreError};
+
+/// The longest key, in bytes (CONTRACT §1).
+pub const MAX_KEY_LEN: usize = 512;
+
+/// Why a limiter call failed. Being limited is not an error: it is a denied [`Decision`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No policy of that name is configured.
+    #[error("unknown policy `{0}`")]
+    UnknownPolicy(String),
+    /// The key is empty or longer than 512 bytes.
+    #[error("key must be 1 to {MAX_KEY_LEN} bytes of UTF-8, got {0} bytes")]
+    InvalidKey(usize),
+    /// The cost is above 2^53.
+    #[error("cost {0} is too large; at most 2^53 (9007199254740992)")]
+    InvalidCost(u64),
+    /// The store could not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Decides "may this key spend this cost now?" for a set of named policies.
+///
+/// ```
+/// use sluice::{Limiter, MemoryStore, LimitSpec, Policy};
+///
+/// # tokio_test_block_on(async {
+/// let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(2, 1_000)])?;
+/// let limiter = Limiter::new(MemoryStore::new()).with_policy(api);
+/// assert!(limiter.check("api", "user:42", 1).await?.allowed);
+/// assert!(limiter.check("api", "user:42", 1).await?.allowed);
+/// let denied = limiter.check("api", "user:42", 1).await?;
+/// assert!(!denied.allowed);
+/// assert!(denied.retry_after_ms().is_some_and(|ms| ms <= 1_000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limiter<S, C = SystemClock> {
+    store: S,
+    clock: C,
+    policies: Arc<HashMap<Arc<str>, Policy>>,
+}
+
+impl<S: Store> Limiter<S, SystemClock> {
+    /// A limiter over `store` with the system clock and no policies yet.
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            clock: SystemClock,
+            policies: Arc::default(),
+        }
+    }
+}
+
+impl<S: Store, C: Clock> Limiter<S, C> {
+    /// The same limiter reading time from `clock` (a `ManualClock` in tests).
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> Limiter<S, C2> {
+        Limiter {
+            store: self.store,
+            clock,
+            policies: self.policies,
+        }
+    }
+
+    /// Adds (or replaces) a policy.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        Arc::make_mut(&mut self.policies).insert(policy.name_arc().clone(), policy);
+        self
+    }
+
+    /// Adds (or replaces) several policies.
+    pub fn with_policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        let map = Arc::make_mut(&mut self.policies);
+        for p in policies {
+            map.insert(p.name_arc().clone(), p);
+        }
+        self
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&Policy> {
+        self.policies.get(name)
+    }
+
+    /// Every policy, in no particular order.
+    pub fn policies(&self) -> impl Iterator<Item = &Policy> {
+        self.policies.values()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Checks `cost` units for `key` under policy `policy`, recording them if every limit
+    /// admits (CONTRACT §2). `cost = 0` records nothing and reports the state.
+    pub async fn check(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let policy = self.lookup(policy)?;
+        self.check_policy(policy, key, cost).await
+    }
+
+    /// [`Limiter::check`] with a policy the caller holds (one not registered by name).
+    pub async fn check_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        validate(key, cost)?;
+        let now = self.clock.now_ms();
+        Ok(self.store.check(policy, key, cost, now).await?)
+    }
+
+    /// The decision a check of `cost` would get now; records nothing.
+    pub async fn peek(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let policy = self.lookup(policy)?;
+        validate(key, cost)?;
+        let now = self.clock.now_ms();
+        Ok(self.store.peek(policy, key, cost, now).await?)
+    }
+
+    /// Gives `cost` back to the key's current windows, never below zero used.
+    pub async fn refund(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let policy = self.lookup(policy)?;
+        self.refund_policy(policy, key, cost).await
+    }
+
+    /// [`Limiter::refund`] with a policy the caller holds.
+    pub async fn refund_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        validate(key, cost)?;
+        let now = self.clock.now_ms();
+        Ok(self.store.refund(policy, key, cost, now).await?)
+    }
+
+    /// Forgets the key's state under the policy.
+    pub async fn forget(&self, policy: &str, key: &str) -> Result<(), Error> {
+        let policy = self.lookup(policy)?;
+        validate(key, 0)?;
+        Ok(self.store.forget(policy, key).await?)
+    }
+
+    fn lookup(&self, name: &str) -> Result<&Policy, Error> {
+        self.policies
+            .get(name)
+            .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
+    }
+}
+
+fn validate(key: &str, cost: u64) -> Result<(), Error> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(Error::InvalidKey(key.len()));
+    }
+    if cost > MAX_AMOUNT {
+        return Err(Error::InvalidCost(cost));
+    }
+    Ok(())
+}

@@ -1,0 +1,401 @@
+//! `MemoryStore`: state in this process, for a single instance, tests, and as the insurance
+//! limiter when a shared store is down.
+//!
+//! Keys are spread over shards, each a `std::sync::Mutex` around a hash table, so unrelated
+//! keys rarely contend. A std mutex (not an async one) is right here: it is held only for the
+//! pure evaluation of one key, never across an `.await`, and an uncontended std mutex costs a
+//! few nanoseconds.
+//!
+//! Memory stays bounded: every key remembers when its state stops mattering (the end of its
+//! last window; a full token bucket), and each shard drops such keys when it has doubled in
+//! size since its last sweep or when a second has passed since then, whichever comes first,
+//! and gives the table's memory back when it has shrunk to a quarter. [`MemoryStore::sweep`]
+//! sweeps every shard at once, for callers that want memory back while no traffic arrives.
+
+use std::future::{Future, ready};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
+use sluice_core::{Decision, Limit, LimitState, Policy, evaluate};
+
+use crate::store::{Store, StoreError};
+
+/// How often (in the store's time) a shard in use sweeps its expired keys.
+const SWEEP_INTERVAL_MS: u64 = 1_000;
+/// A shard never sweeps for size below this many keys.
+const MIN_SWEEP_LEN: usize = 1_024;
+
+/// An in-process [`Store`]. Cheap to share: wrap it in an `Arc` or hand it to one `Limiter`.
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// One shard, on its own cache lines so that two cores locking neighbouring shards do not
+/// fight over one line.
+#[repr(align(128))]
+struct Shard(Mutex<ShardInner>);
+
+struct ShardInner {
+    table: HashTable<Entry>,
+    /// Sweep when the table reaches this many keys.
+    sweep_at_len: usize,
+    /// The store time of the last sweep.
+    last_sweep_ms: u64,
+}
+
+struct Entry {
+    hash: u64,
+    policy: Arc<str>,
+    key: Box<str>,
+    /// The limits `states` line up with (shared with the policy, so one per policy).
+    limits: Arc<[Limit]>,
+    states: Vec<LimitState>,
+    /// From this instant every state means the same as none: the entry may be dropped.
+    expires_at: u64,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("keys", &self.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with a shard count fitted to this machine (8 per core, at least 64).
+    pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_shards((cores * 8).max(64))
+    }
+
+    /// A store with `shards` shards (rounded up to a power of two, at least 1).
+    pub fn with_shards(shards: usize) -> Self {
+        let n = shards.max(1).next_power_of_two();
+        let shards = (0..n)
+            .map(|_| {
+                Shard(Mutex::new(ShardInner {
+                    table: HashTable::new(),
+                    sweep_at_len: MIN_SWEEP_LEN,
+                    last_sweep_ms: 0,
+                }))
+            })
+            .collect();
+        Self {
+            shards,
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    /// The number of keys held (including expired ones not yet swept).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every key whose state has expired at `now_ms` and gives unused table memory
+    /// back. Returns how many keys were dropped.
+    pub fn sweep(&self, now_ms: u64) -> usize {
+        self.shards.iter().map(|s| lock(s).sweep(now_ms)).sum()
+    }
+
+    fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {
+        let hash = self.hasher.hash_one((policy.name(), key));
+        // hashbrown uses the low bits for the slot and the top 7 for tags: take the middle.
+        let index = (hash >> 32) as usize & (self.shards.len() - 1);
+        (hash, &self.shards[index])
+    }
+
+    /// Runs `f` on the key's states under its shard's lock and applies the writes it returns.
+    fn update(
+        &self,
+        policy: &Policy,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(&[LimitState]) -> evaluate::Evaluation,
+    ) -> Decision {
+        let (hash, shard) = self.locate(policy, key);
+        let mut inner = lock(shard);
+        inner.maybe_sweep(now);
+        let found = inner.table.find_mut(hash, |e| {
+            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
+        });
+        match found {
+            Some(entry) => {
+                entry.align_to(policy);
+                let eval = f(&entry.states);
+                if let Some(writes) = eval.writes {
+                    apply(&mut entry.states, writes);
+                    entry.expires_at = expiry(policy, &entry.states, now);
+                }
+                eval.decision
+            }
+            None => {
+                let eval = f(&[]);
+                if let Some(writes) = eval.writes {
+                    let mut states = Vec::with_capacity(writes.len());
+                    apply(&mut states, writes);
+                    let entry = Entry {
+                        hash,
+                        policy: policy.name_arc().clone(),
+                        key: key.into(),
+                        limits: policy.limits_arc().clone(),
+                        expires_at: expiry(policy, &states, now),
+                        states,
+                    };
+                    inner.table.insert_unique(hash, entry, |e| e.hash);
+                }
+                eval.decision
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        policy: &Policy,
+        key: &str,
+        f: impl FnOnce(&[LimitState]) -> Decision,
+    ) -> Decision {
+        let (hash, shard) = self.locate(policy, key);
+        let mut inner = lock(shard);
+        let found = inner.table.find_mut(hash, |e| {
+            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
+        });
+        match found {
+            Some(entry) => {
+                entry.align_to(policy);
+                f(&entry.states)
+            }
+            None => f(&[]),
+        }
+    }
+}
+
+/// Locks a shard. A panic while a shard was locked cannot have left a half-applied update
+/// (writes are applied by infallible assignments), so a poisoned lock is taken over.
+fn lock(shard: &Shard) -> MutexGuard<'_, ShardInner> {
+    shard
+        .0
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn apply(states: &mut Vec<LimitState>, writes: Vec<Option<LimitState>>) {
+    if states.len() < writes.len() {
+        states.resize(writes.len(), LimitState::Empty);
+    }
+    for (state, write) in states.iter_mut().zip(writes) {
+        if let Some(w) = write {
+            *state = w;
+        }
+    }
+}
+
+fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
+    evaluate::expires_at(policy, states).unwrap_or(now)
+}
+
+impl Entry {
+    /// Lines the stored states up with `policy`'s limits. When the policy's limits changed
+    /// (a configuration reload), each state follows the limit with the same state tag and
+    /// limits that are new start empty.
+    fn align_to(&mut self, policy: &Policy) {
+        let limits = policy.limits_arc();
+        if Arc::ptr_eq(&self.limits, limits) {
+            return;
+        }
+        let same_shape = self.limits.len() == limits.len()
+            && self
+                .limits
+                .iter()
+                .zip(limits.iter())
+                .all(|(a, b)| a.state_tag() == b.state_tag());
+        if !same_shape {
+            let old: Vec<(String, LimitState)> = self
+                .limits
+                .iter()
+                .map(Limit::state_tag)
+                .zip(std::mem::take(&mut self.states))
+                .collect();
+            self.states = limits
+                .iter()
+                .map(|l| {
+                    let tag = l.state_tag();
+                    old.iter()
+                        .find(|(t, _)| *t == tag)
+                        .map_or(LimitState::Empty, |(_, s)| s.clone())
+                })
+                .collect();
+        }
+        self.limits = limits.clone();
+    }
+}
+
+impl ShardInner {
+    fn maybe_sweep(&mut self, now: u64) {
+        if self.table.len() >= self.sweep_at_len
+            || now >= self.last_sweep_ms.saturating_add(SWEEP_INTERVAL_MS)
+        {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.table.len();
+        self.table.retain(|e| e.expires_at > now);
+        let len = self.table.len();
+        if self.table.capacity() > 4 * len.max(16) {
+            self.table.shrink_to_fit(|e| e.hash);
+        }
+        self.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
+        self.last_sweep_ms = now;
+        before - len
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.update(policy, key, now_ms, |states| {
+            evaluate::check(policy, states, cost, now_ms)
+        })))
+    }
+
+    fn peek(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.read(policy, key, |states| {
+            evaluate::peek(policy, states, cost, now_ms)
+        })))
+    }
+
+    fn refund(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.update(policy, key, now_ms, |states| {
+            evaluate::refund(policy, states, cost, now_ms)
+        })))
+    }
+
+    fn forget(
+        &self,
+        policy: &Policy,
+        key: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (hash, shard) = self.locate(policy, key);
+        let mut inner = lock(shard);
+        if let Ok(entry) = inner.table.find_entry(hash, |e| {
+            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
+        }) {
+            entry.remove();
+        }
+        ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::LimitSpec;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn block<T>(f: impl Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store never waits"),
+        }
+    }
+
+    fn policy(specs: Vec<LimitSpec>) -> Policy {
+        Policy::from_specs("p", specs).expect("valid policy")
+    }
+
+    #[test]
+    fn keys_and_policies_are_separate() {
+        let s = MemoryStore::with_shards(4);
+        let p = policy(vec![LimitSpec::fixed_window(1, 1_000)]);
+        let q = Policy::from_specs("q", vec![LimitSpec::fixed_window(1, 1_000)]).expect("valid");
+        assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| d.allowed));
+        assert!(block(s.check(&p, "b", 1, T0)).is_ok_and(|d| d.allowed));
+        assert!(block(s.check(&q, "a", 1, T0)).is_ok_and(|d| d.allowed));
+        assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| !d.allowed));
+        assert_eq!(s.len(), 3);
+        assert!(block(s.forget(&p, "a")).is_ok());
+        assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| d.allowed));
+    }
+
+    #[test]
+    fn a_shard_sweeps_itself_after_a_second_of_its_time() {
+        let s = MemoryStore::with_shards(1);
+        let p = policy(vec![LimitSpec::fixed_window(5, 100)]);
+        for i in 0..100 {
+            assert!(block(s.check(&p, &format!("k{i}"), 1, T0)).is_ok());
+        }
+        assert_eq!(s.len(), 100);
+        // Still inside a second of the last sweep: nothing dropped yet.
+        assert!(block(s.check(&p, "other", 1, T0 + 500)).is_ok());
+        assert_eq!(s.len(), 101);
+        // A second later the next access sweeps the shard; only the new key remains.
+        assert!(block(s.check(&p, "last", 1, T0 + 1_000 + SWEEP_INTERVAL_MS)).is_ok());
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn a_growing_shard_sweeps_when_it_doubles() {
+        let s = MemoryStore::with_shards(1);
+        let p = policy(vec![LimitSpec::fixed_window(5, 10)]);
+        // Each key lives 10 ms; time moves 1 ms per key, so at most ~10 are live at once.
+        for i in 0..(MIN_SWEEP_LEN as u64 * 4) {
+            assert!(block(s.check(&p, &format!("k{i}"), 1, T0 + i)).is_ok());
+        }
+        assert!(s.len() <= MIN_SWEEP_LEN, "{} keys held", s.len());
+    }
+
+    #[test]
+    fn a_changed_policy_keeps_state_of_unchanged_limits() {
+        let s = MemoryStore::with_shards(1);
+        let old = policy(vec![LimitSpec::fixed_window(5, 1_000)]);
+        assert!(block(s.check(&old, "k", 3, T0)).is_ok());
+        // Same window with a higher max, plus a new limit: the count of 3 carries over.
+        let new = policy(vec![
+            LimitSpec::fixed_window(100, 60_000),
+            LimitSpec::fixed_window(10, 1_000),
+        ]);
+        let d = block(s.peek(&new, "k", 0, T0 + 1)).expect("memory store");
+        assert_eq!(d.limits[0].remaining, 100);
+        assert_eq!(d.limits[1].remaining, 7);
+        // A limit whose shape changed starts afresh.
+        let reshaped = policy(vec![LimitSpec::fixed_window(10, 2_000)]);
+        let d = block(s.peek(&reshaped, "k", 0, T0 + 2)).expect("memory store");
+        assert_eq!(d.limits[0].remaining, 10);
+    }
+}
