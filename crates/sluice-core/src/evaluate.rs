@@ -9,6 +9,9 @@ use crate::decision::{Decision, LimitStatus};
 use crate::limit::Policy;
 use crate::state::LimitState;
 
+/// Per-limit writes of one decision; inline for policies of up to 4 limits (no allocation).
+pub type Writes = smallvec::SmallVec<[Option<LimitState>; 4]>;
+
 const EMPTY: LimitState = LimitState::Empty;
 
 fn state_at(states: &[LimitState], i: usize) -> &LimitState {
@@ -22,7 +25,7 @@ pub struct Evaluation {
     pub decision: Decision,
     /// `None` when nothing changes. Otherwise one entry per limit: `Some(new state)` for
     /// limits whose state must be written, `None` for limits left as they are.
-    pub writes: Option<Vec<Option<LimitState>>>,
+    pub writes: Option<Writes>,
 }
 
 /// Checks `cost` against every limit; records it in all of them only if all admit.
@@ -30,7 +33,7 @@ pub struct Evaluation {
 pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
     let limits = policy.limits();
     let mut statuses = Vec::with_capacity(limits.len());
-    let mut writes = Vec::with_capacity(limits.len());
+    let mut writes = Writes::with_capacity(limits.len());
     let mut allowed = true;
     for (i, limit) in limits.iter().enumerate() {
         let (next, outcome) = algorithms::step(limit, state_at(states, i), cost, now);
@@ -68,7 +71,7 @@ pub fn peek(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Deci
 /// state after it (as a check of cost 0: always allowed).
 pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
     let limits = policy.limits();
-    let mut writes = Vec::with_capacity(limits.len());
+    let mut writes = Writes::with_capacity(limits.len());
     let mut statuses = Vec::with_capacity(limits.len());
     for (i, limit) in limits.iter().enumerate() {
         let current = state_at(states, i);

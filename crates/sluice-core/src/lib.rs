@@ -44,7 +44,7 @@ pub use algorithms::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus};
-pub use evaluate::Evaluation;
+pub use evaluate::{Evaluation, Writes};
 pub use limit::{
     Algorithm, DEFAULT_BUCKETS, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
     MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS, Policy,

@@ -27,7 +27,7 @@ impl Key {
         Self::new(vec![spec])
     }
 
-    fn apply(&mut self, writes: Option<Vec<Option<LimitState>>>) {
+    fn apply(&mut self, writes: Option<evaluate::Writes>) {
         if let Some(writes) = writes {
             self.states.resize(writes.len(), LimitState::Empty);
             for (s, w) in self.states.iter_mut().zip(writes) {

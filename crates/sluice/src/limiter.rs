@@ -54,7 +54,7 @@ pub enum Error {
 pub struct Limiter<S, C = SystemClock> {
     store: S,
     clock: C,
-    policies: Arc<HashMap<Arc<str>, Policy>>,
+    policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {

@@ -193,7 +193,7 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardInner> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn apply(states: &mut Vec<LimitState>, writes: Vec<Option<LimitState>>) {
+fn apply(states: &mut Vec<LimitState>, writes: evaluate::Writes) {
     if states.len() < writes.len() {
         states.resize(writes.len(), LimitState::Empty);
     }

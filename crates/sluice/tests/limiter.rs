@@ -1,0 +1,91 @@
+//! The Limiter's own contract: input validation, policy lookup, and each operation through a
+//! type-erased store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use sluice::{Error, LimitSpec, Limiter, ManualClock, MemoryStore, Policy, SharedStore};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn limiter() -> (Limiter<SharedStore, ManualClock>, ManualClock) {
+    let clock = ManualClock::new(T0);
+    let api = Policy::from_specs(
+        "api",
+        vec![
+            LimitSpec::fixed_window(3, 1_000),
+            LimitSpec::sliding_window(5, 60_000),
+        ],
+    )
+    .unwrap();
+    let limiter = Limiter::new(SharedStore::new(MemoryStore::new()))
+        .with_clock(clock.clone())
+        .with_policy(api);
+    (limiter, clock)
+}
+
+#[tokio::test]
+async fn bad_input_is_a_typed_error_naming_the_problem() {
+    let (l, _) = limiter();
+    assert_eq!(
+        l.check("nope", "k", 1).await,
+        Err(Error::UnknownPolicy("nope".into()))
+    );
+    assert_eq!(l.check("api", "", 1).await, Err(Error::InvalidKey(0)));
+    let long = "k".repeat(513);
+    assert_eq!(l.check("api", &long, 1).await, Err(Error::InvalidKey(513)));
+    assert!(l.check("api", &"k".repeat(512), 1).await.is_ok());
+    let too_much = (1u64 << 53) + 1;
+    let e = l.check("api", "k", too_much).await.unwrap_err();
+    assert_eq!(e, Error::InvalidCost(too_much));
+    assert!(e.to_string().contains("2^53"), "{e}");
+    assert_eq!(l.refund("api", "", 1).await, Err(Error::InvalidKey(0)));
+    assert_eq!(
+        l.peek("nope", "k", 1).await,
+        Err(Error::UnknownPolicy("nope".into()))
+    );
+    // A cost of 2^53 is valid input; it just can never pass these limits.
+    let d = l.check("api", "k", 1 << 53).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_ms(), None);
+}
+
+#[tokio::test]
+async fn check_peek_refund_forget_through_a_shared_store() {
+    let (l, clock) = limiter();
+    assert!(l.check("api", "user:1", 2).await.unwrap().allowed);
+    let peek = l.peek("api", "user:1", 1).await.unwrap();
+    assert!(peek.allowed);
+    assert_eq!(peek.remaining(), 0, "a peek reports what the check would");
+    assert_eq!(
+        l.peek("api", "user:1", 0).await.unwrap().remaining(),
+        1,
+        "peek recorded nothing"
+    );
+    let d = l.check("api", "user:1", 2).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_ms(), Some(1_000));
+    let d = l.refund("api", "user:1", 1).await.unwrap();
+    assert_eq!(d.limits[0].remaining, 2);
+    assert_eq!(d.limits[1].remaining, 4);
+    l.forget("api", "user:1").await.unwrap();
+    assert_eq!(
+        l.peek("api", "user:1", 0).await.unwrap().limits[1].remaining,
+        5
+    );
+    // Time comes from the limiter's clock.
+    assert!(l.check("api", "user:1", 3).await.unwrap().allowed);
+    assert!(!l.check("api", "user:1", 1).await.unwrap().allowed);
+    clock.advance(1_000);
+    let d = l.check("api", "user:1", 3).await.unwrap();
+    assert!(!d.allowed, "the minute's sliding window still binds");
+    assert_eq!(d.limits[0].remaining, 3);
+    assert_eq!(d.binding, 1);
+}
+
+#[tokio::test]
+async fn policies_are_listed_and_replaceable() {
+    let (l, _) = limiter();
+    let l = l.with_policy(Policy::from_specs("api", vec![LimitSpec::fixed_window(1, 10)]).unwrap());
+    assert_eq!(l.policies().count(), 1);
+    assert_eq!(l.policy("api").map(|p| p.limits().len()), Some(1));
+}
