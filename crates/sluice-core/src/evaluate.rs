@@ -9,7 +9,8 @@ use crate::decision::{Decision, LimitStatus};
 use crate::limit::Policy;
 use crate::state::LimitState;
 
-/// Per-limit writes of one decision; inline for policies of up to 4 limits (no allocation).
+/// Per-limit writes of one decision (`Some(new state)` where the state changes); inline for
+/// policies of up to 4 limits, so a decision allocates nothing for them.
 pub type Writes = smallvec::SmallVec<[Option<LimitState>; 4]>;
 
 const EMPTY: LimitState = LimitState::Empty;

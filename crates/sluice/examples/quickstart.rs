@@ -14,8 +14,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             LimitSpec::fixed_window(20, 60_000),
         ],
     )?;
-    // Uploads: a token bucket of 3 that refills at 1 per second.
-    let uploads = Policy::from_specs("uploads", vec![LimitSpec::token_bucket(1, 1_000).burst(3)])?;
+    // Uploads: a token bucket of 3 that refills at 2 per 2 seconds (one a second).
+    let uploads = Policy::from_specs("uploads", vec![LimitSpec::token_bucket(2, 2_000).burst(3)])?;
     let limiter = Limiter::new(MemoryStore::new()).with_policies([api, uploads]);
 
     println!("policy  key      cost  allowed  remaining  reset_ms       retry_after_ms");
@@ -29,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             d.retry_after_ms()
         );
     }
-    for cost in [2, 1, 1] {
+    for cost in [2, 1, 1, 3] {
         let d = limiter.check("uploads", "user:42", cost).await?;
         println!(
             "uploads user:42  {cost}     {:<7}  {:<9}  {}  {:?}",
