@@ -119,8 +119,9 @@ fn criterion_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/criterion")
 }
 
-/// Reads criterion's mean estimate (ns) of one benchmark of this run.
-fn mean_ns(group: &str, function: &str, label: &str) -> Option<f64> {
+/// Reads criterion's estimate (ns) of one benchmark's latest run: the slope, which is the
+/// "time" criterion prints, or the median when there is no slope.
+fn estimate_ns(group: &str, function: &str, label: &str) -> Option<f64> {
     let dir = criterion_dir()
         .join(group)
         .join(function)
@@ -128,7 +129,9 @@ fn mean_ns(group: &str, function: &str, label: &str) -> Option<f64> {
         .join("new/estimates.json");
     let text = std::fs::read_to_string(&dir).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["mean"]["point_estimate"].as_f64()
+    v["slope"]["point_estimate"]
+        .as_f64()
+        .or_else(|| v["median"]["point_estimate"].as_f64())
 }
 
 fn main() {
@@ -156,12 +159,12 @@ fn main() {
     if !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    println!("\nsluice / governor (mean ns per decision, latest measurement of each):");
+    println!("\nsluice / governor (ns per decision, latest measurement of each):");
     for group in ["token_bucket_1_limit", "sliding_3_limits"] {
         for label in ["1 key".to_string(), format!("{MANY_KEYS} keys")] {
             match (
-                mean_ns(group, "sluice", &label),
-                mean_ns(group, "governor", &label),
+                estimate_ns(group, "sluice", &label),
+                estimate_ns(group, "governor", &label),
             ) {
                 (Some(s), Some(g)) => println!(
                     "  {group:<22} {label:<14} sluice {s:>7.1} ns  governor {g:>7.1} ns  ratio {:.2}",
