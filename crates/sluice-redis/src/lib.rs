@@ -1,1 +1,29 @@
-//! placeholder
+//! Sluice's Redis stores.
+//!
+//! [`RedisStore`] keeps the state of every (policy, key) in Redis, for a fleet of limiters that
+//! must agree. Each decision is one call of a Lua function (`scripts/sluice.lua`) that mirrors
+//! `sluice_core`'s algorithms field for field; a differential test runs the same operation
+//! sequences through both and requires identical decisions. Key naming, and why it works on
+//! Redis Cluster, is in [`keys`].
+//!
+//! ```no_run
+//! use sluice::{Limiter, LimitSpec, Policy};
+//! use sluice_redis::{RedisConfig, RedisStore};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect(
+//!     RedisConfig::new("redis://127.0.0.1:6379").replicas(["redis://127.0.0.1:6380"]),
+//! )
+//! .await?;
+//! let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(5_000, 3_600_000)])?;
+//! let limiter = Limiter::new(store).with_policy(api);
+//! let decision = limiter.check("api", "user:42", 1).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod keys;
+mod script;
+mod store;
+
+pub use script::ScriptMode;
+pub use store::{ClockSource, ReadFrom, RedisConfig, RedisStore};

@@ -1,1 +1,84 @@
-//! placeholder
+//! Real `redis-server` processes for Sluice's tests and benches.
+//!
+//! The Redis store is tested against the real thing, not a mock: a [`RedisServer`] is a
+//! `redis-server` child process on a free loopback port, with its own temporary directory,
+//! no persistence, and a log file that failing tests quote. A [`ReplicaSet`] is a primary
+//! with replicas. Later: Redis Cluster and Sentinel, built on the same core
+//! ([`ServerOptions`] already takes a program, a config file and arbitrary arguments).
+//!
+//! ```no_run
+//! use sluice_testkit::{RedisServer, ReplicaSet};
+//!
+//! #[test]
+//! fn talks_to_redis() {
+//!     // Skips (loudly) when redis-server is not installed, unless SLUICE_REQUIRE_REDIS=1.
+//!     if !sluice_testkit::require_redis() {
+//!         return;
+//!     }
+//!     let server = RedisServer::start().unwrap();
+//!     server.cmd(&["SET", "k", "v"]).unwrap();
+//!     let client = redis::Client::open(server.url()).unwrap(); // or server.client()
+//!     // … use the code under test against `server.url()` …
+//!
+//!     let mut set = ReplicaSet::start(2).unwrap();
+//!     set.primary.cmd(&["SET", "k", "v"]).unwrap();
+//!     set.wait_replicated().unwrap(); // now every replica has it
+//!     set.replicas[0].pause().unwrap(); // SIGSTOP: a stalled server
+//!     set.replicas[0].resume().unwrap();
+//!     set.primary.restart().unwrap(); // a crash and a restart on the same port
+//! } // every server is SIGKILLed, reaped and its directory removed here
+//! ```
+//!
+//! # Free ports, never fixed ones
+//!
+//! Tests run in parallel, and so do test binaries of other crates and other checkouts on the
+//! same machine. A server therefore never uses a fixed port: the kit binds `127.0.0.1:0`,
+//! reads the port the system chose and releases it, then starts `redis-server` on it. If
+//! another process takes the port in between, the server exits with `Address already in use`
+//! and the kit tries another port (up to [`PORT_ATTEMPTS`] times). Port 6379 (a system Redis,
+//! perhaps) is never touched.
+//!
+//! # Polling, never sleeping
+//!
+//! A test that sleeps "long enough" is slow on a fast machine and flaky on a loaded one.
+//! Every wait in the kit polls a condition every [`POLL_INTERVAL`] (5 ms) until a deadline
+//! instead: the server answers `PING`; the replicas report `master_link_status:up`; their
+//! replication offset reached the primary's. It returns as soon as the condition holds, and
+//! on a deadline fails with an error that says what it waited for and what it last saw.
+//! [`wait_until`] is public so tests can wait the same way.
+//!
+//! # Killed on drop
+//!
+//! A server outliving its test holds a port and memory, and can answer a later test that
+//! reuses its port. A [`RedisServer`] is therefore killed with SIGKILL when dropped — at the
+//! end of the test, and also when the test panics, since drops run during unwinding — then
+//! reaped (`wait`, so no zombie is left) before its directory is removed. SIGKILL rather
+//! than `SHUTDOWN` because it cannot be ignored or delayed, also works on a paused
+//! (SIGSTOPped) server, and a test-only server has nothing to save. A test process that is
+//! itself SIGKILLed cannot run drops; its servers then outlive it.
+//!
+//! # Failures
+//!
+//! Library functions return [`Error`]; a server that exits or never answers reports the last
+//! lines of its log. Tests may `unwrap()` freely.
+
+mod error;
+mod info;
+mod presence;
+mod process;
+mod replica;
+mod server;
+mod wait;
+
+pub use error::Error;
+pub use info::parse_info_field;
+pub use presence::{REQUIRE_REDIS_ENV, require_redis};
+pub use replica::{ReplicaSet, SYNC_TIMEOUT};
+pub use server::{
+    CONNECT_TIMEOUT, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, ServerOptions,
+    free_port,
+};
+pub use wait::{POLL_INTERVAL, wait_until};
+
+/// Re-exported so users need not add the same version of the client themselves.
+pub use redis;

@@ -1,0 +1,203 @@
+//! Decisions per second of `RedisStore::check` against one local Redis, at concurrency 1, 16
+//! and 64, for both ways of loading the code (Function library, EVALSHA), and in the same run
+//! `redis-benchmark` sending the very same FCALL as the physical baseline.
+//!
+//! `cargo bench -p sluice-redis --bench redis` (about a minute; `SLUICE_BENCH_SECS` sets the
+//! seconds per measurement, default 5). Prints a markdown table for docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use sluice::{LimitSpec, Policy, Store};
+use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
+use sluice_testkit::RedisServer;
+
+const KEYS: u64 = 10_000;
+const NOW: u64 = 1_700_000_000_000;
+
+fn policy() -> Policy {
+    Policy::from_specs(
+        "bench",
+        vec![LimitSpec::fixed_window(1_000_000_000, 60_000)],
+    )
+    .unwrap()
+}
+
+/// Calls per command name from INFO commandstats.
+fn commandstats(server: &RedisServer) -> HashMap<String, u64> {
+    let text = server.info("commandstats").unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+struct Run {
+    decisions: u64,
+    secs: f64,
+    hist: Histogram<u64>,
+    top_level_per_decision: f64,
+    all_per_decision: f64,
+}
+
+async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, secs: u64) -> Run {
+    let store = Arc::new(
+        RedisStore::connect(
+            RedisConfig::new(server.url())
+                .script_mode(mode)
+                .timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap(),
+    );
+    let policy = Arc::new(policy());
+    let before = commandstats(server);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut n = 0u64;
+                let mut key = String::with_capacity(32);
+                while Instant::now() < deadline {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    key.clear();
+                    use std::fmt::Write;
+                    write!(key, "bench:{}", rng % KEYS).unwrap();
+                    let t0 = Instant::now();
+                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
+                    hist.record(t0.elapsed().as_micros() as u64).unwrap();
+                    assert!(d.allowed);
+                    n += 1;
+                }
+                (n, hist)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut decisions = 0;
+    for t in tasks {
+        let (n, h) = t.await.unwrap();
+        decisions += n;
+        hist.add(h).unwrap();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let after = commandstats(server);
+    let delta =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    let top = delta("fcall") + delta("evalsha") + delta("eval");
+    let all: u64 = after
+        .iter()
+        .filter(|(k, _)| k.as_str() != "info")
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
+        .sum();
+    Run {
+        decisions,
+        secs,
+        hist,
+        top_level_per_decision: top as f64 / decisions as f64,
+        all_per_decision: all as f64 / decisions as f64,
+    }
+}
+
+/// Runs redis-benchmark with the store's own command; returns (requests/s, p50 ms, p99 ms).
+fn run_baseline(
+    server: &RedisServer,
+    command: &[String],
+    concurrency: usize,
+    requests: u64,
+) -> (f64, f64, f64) {
+    let out = std::process::Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .args([
+            "-c",
+            &concurrency.to_string(),
+            "-n",
+            &requests.to_string(),
+            "-r",
+            &KEYS.to_string(),
+        ])
+        .arg("--csv")
+        .args(command)
+        .output()
+        .expect("redis-benchmark (package redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    let line = text.lines().last().unwrap_or_default().replace('"', "");
+    let f: Vec<&str> = line.split(',').collect();
+    let n = |i: usize| {
+        f.get(f.len().saturating_sub(8 - i))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (n(1), n(4), n(6))
+}
+
+fn main() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
+        return; // listed or smoke-tested by a test runner: nothing to measure
+    }
+    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let server = RedisServer::start().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    println!(
+        "| concurrency | mode | decisions/s | p50 µs | p99 µs | scripts/decision | all commands/decision | baseline redis-benchmark req/s | baseline p50 µs | baseline p99 µs | ratio |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for concurrency in [1usize, 16, 64] {
+        let mut baseline = None;
+        for mode in [ScriptMode::Function, ScriptMode::EvalSha] {
+            server.cmd(&["FLUSHALL"]).unwrap();
+            let run = rt.block_on(run_sluice(&server, mode, concurrency, secs));
+            let rate = run.decisions as f64 / run.secs;
+            let (base_rate, base_p50, base_p99) = *baseline.get_or_insert_with(|| {
+                // The same FCALL as the store sends, with the key randomised the same way.
+                let store = rt
+                    .block_on(RedisStore::connect(RedisConfig::new(server.url())))
+                    .unwrap();
+                let command = store.check_command(&policy(), "bench:__rand_int__", 1, NOW);
+                server.cmd(&["FLUSHALL"]).unwrap();
+                run_baseline(
+                    &server,
+                    &command,
+                    concurrency,
+                    (rate * secs as f64) as u64 + 1_000,
+                )
+            });
+            println!(
+                "| {concurrency} | {mode:?} | {rate:.0} | {} | {} | {:.2} | {:.2} | {base_rate:.0} | {:.0} | {:.0} | {:.2} |",
+                run.hist.value_at_quantile(0.50),
+                run.hist.value_at_quantile(0.99),
+                run.top_level_per_decision,
+                run.all_per_decision,
+                base_p50 * 1000.0,
+                base_p99 * 1000.0,
+                rate / base_rate,
+            );
+        }
+    }
+}

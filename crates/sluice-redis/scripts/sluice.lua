@@ -1,0 +1,458 @@
+-- Sluice: one atomic decision over all the limits of a policy for one key.
+--
+-- Mirrors crates/sluice-core/src/algorithms.rs and evaluate.rs field for field; a differential
+-- test holds the two identical. Loaded once, either as a Redis Function library (FUNCTION LOAD;
+-- functions __LIB___check, __LIB___peek, __LIB___refund) or as three scripts for EVALSHA whose
+-- last line calls `run` with the operation. `__LIB__` is replaced by the library's versioned
+-- name when loaded.
+--
+-- KEYS[i]   the state of limit i of the policy, in the policy's order. All share one hash tag,
+--           so the script runs on Redis Cluster too (keys.rs names them).
+-- ARGV[1]   now in ms since the epoch, or "redis" to read Redis TIME inside the script
+-- ARGV[2]   cost (0 to 2^53)
+-- ARGV[3]   expiry margin in ms: a key expires this long after its state stops mattering
+-- ARGV[4]   n, the number of limits (= #KEYS)
+-- then 9 values per limit i, from 5 + 9*(i-1):
+--   algorithm  1 fixed_window, 2 fixed_window aligned, 3 sliding_window, 4 token_bucket
+--   max, per (ms), precision (ms; sliding), burst (bucket)
+--   tau_ms, tau_frac    (bucket) burst*per/max as whole ms + a numerator over max
+--   step_ms, step_frac  (bucket) cost*per/max likewise
+-- The Rust caller computes tau and step exactly (128-bit); Lua numbers are doubles, exact only
+-- up to 2^53, so every computation below stays under 2^53 or is split into 16-bit limbs.
+--
+-- Stored state (all hashes):
+--   fixed_window    reset, used         (reset is stored when the window opens, never recomputed)
+--   sliding_window  <bucket start> -> n (one field per non-empty bucket)
+--   token_bucket    tat, frac           (theoretical arrival time = tat + frac/max ms)
+-- Key expiry (PEXPIRE, relative to `now`, + margin) only cleans up: every read compares the
+-- stored times with `now`, so a closed window that still exists is treated as closed.
+--
+-- Reply: { allowed (0/1), now, then per limit: admits (0/1), remaining, reset_ms,
+--          retry_after_ms (-1 = never) }
+
+-- Redis loads a function library in a sandbox without the standard libraries: they are
+-- reached at call time, never captured at load time.
+local function floor(x)
+  return math.floor(x)
+end
+local TWO53 = 9007199254740992
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- floor(a / b) for integers a, b with a < 2^53, exact (the double quotient may round up).
+local function idiv(a, b)
+  local q = floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local function corrupt(key, what)
+  error('SLUICE_CORRUPT ' .. key .. ': ' .. what, 0)
+end
+
+-- An integer field, or nil when absent; anything else is corrupt state.
+local function int_field(key, name, v)
+  if v == false or v == nil then
+    return nil
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= floor(n) or n < 0 or n > TWO53 then
+    corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
+  end
+  return n
+end
+
+-- ----- 16-bit limbs: floor((x*y + z) / d) for x, y, z < 2^53+1, d < 2^36 -----------------
+
+local B = 65536
+
+local function limbs(n)
+  local t = {}
+  for i = 1, 4 do
+    local q = floor(n / B)
+    t[i] = n - q * B
+    n = q
+  end
+  return t
+end
+
+local function muladd_div(x, y, z, d)
+  local p = x * y + z
+  if p < 4503599627370496 then -- 2^52: exact in a double
+    return idiv(p, d)
+  end
+  local a, b, c = limbs(x), limbs(y), limbs(z)
+  local r = {0, 0, 0, 0, 0, 0, 0, 0}
+  for i = 1, 4 do
+    r[i] = r[i] + c[i]
+    for j = 1, 4 do
+      r[i + j - 1] = r[i + j - 1] + a[i] * b[j]
+    end
+  end
+  for i = 1, 7 do -- carry: every sum above is below 2^35
+    local q = floor(r[i] / B)
+    r[i] = r[i] - q * B
+    r[i + 1] = r[i + 1] + q
+  end
+  local rem, q = 0, 0
+  for i = 8, 1, -1 do -- long division by d < 2^36: rem*B + limb < 2^52
+    local cur = rem * B + r[i]
+    local qi = idiv(cur, d)
+    rem = cur - qi * d
+    q = q * B + qi
+  end
+  return q
+end
+
+-- ----- time pairs (ms, frac/max) for the token bucket --------------------------------------
+
+local function pair_gt(ams, af, bms, bf)
+  return ams > bms or (ams == bms and af > bf)
+end
+
+local function pair_add(ams, af, bms, bf, m)
+  if af >= m - bf then
+    return ams + bms + 1, af - (m - bf)
+  end
+  return ams + bms, af + bf
+end
+
+-- a - b for a >= b
+local function pair_sub(ams, af, bms, bf, m)
+  if af >= bf then
+    return ams - bms, af - bf
+  end
+  return ams - bms - 1, af + (m - bf)
+end
+
+-- ----- the algorithms ----------------------------------------------------------------------
+-- Each step returns: admits, remaining, reset, retry (-1 = never), write (a function or nil).
+
+local function outcome_refused(remaining, reset, retry)
+  return false, remaining, reset, retry, nil
+end
+
+local function fixed_window(key, l, cost, now, margin)
+  local v = redis.call('HMGET', key, 'reset', 'used')
+  local reset, used = int_field(key, 'reset', v[1]), int_field(key, 'used', v[2])
+  if (reset == nil) ~= (used == nil) then
+    corrupt(key, 'a fixed window needs both reset and used')
+  end
+  local open = reset ~= nil and now < reset
+  if not open then
+    used = 0
+  end
+  local max, per = l.max, l.per
+  local remaining = max - used
+  if remaining < 0 then
+    remaining = 0
+  end
+  local r
+  if open then
+    r = reset
+  elseif l.aligned then
+    r = idiv(now, per) * per + per
+  else
+    r = now
+  end
+  if cost > max then
+    return outcome_refused(remaining, r, -1)
+  end
+  if cost > remaining then
+    return outcome_refused(remaining, r, r - now)
+  end
+  if cost == 0 then
+    return true, remaining, r, 0, nil
+  end
+  local new_reset = r
+  if not open then
+    if l.aligned then
+      new_reset = idiv(now, per) * per + per
+    else
+      new_reset = now + per
+    end
+  end
+  local new_used = used + cost
+  return true, remaining - cost, new_reset, 0, function()
+    redis.call('HSET', key, 'reset', fmt(new_reset), 'used', fmt(new_used))
+    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+  end
+end
+
+-- The counted buckets of a sliding window, oldest first, and the stale fields.
+local function sliding_buckets(key, l, now)
+  local h = redis.call('HGETALL', key)
+  local p, per = l.precision, l.per
+  local current = now - (now - idiv(now, p) * p)
+  local lowest = current + p - per
+  if lowest < 0 then
+    lowest = 0
+  end
+  local counted, stale = {}, {}
+  for i = 1, #h, 2 do
+    local start = int_field(key, 'bucket', h[i])
+    local n = int_field(key, 'bucket ' .. h[i], h[i + 1])
+    if start >= lowest then
+      counted[#counted + 1] = {start, n}
+    else
+      stale[#stale + 1] = h[i]
+    end
+  end
+  table.sort(counted, function(a, b) return a[1] < b[1] end)
+  return counted, stale, current
+end
+
+local function sliding_window(key, l, cost, now, margin)
+  local counted, stale, current = sliding_buckets(key, l, now)
+  local max, per = l.max, l.per
+  local used = 0
+  for i = 1, #counted do
+    used = used + counted[i][2]
+  end
+  local remaining = max - used
+  if remaining < 0 then
+    remaining = 0
+  end
+  local r = now
+  if #counted > 0 then
+    r = counted[1][1] + per
+  end
+  if cost > max then
+    return outcome_refused(remaining, r, -1)
+  end
+  if cost > remaining then
+    local left = used
+    for i = 1, #counted do
+      left = left - counted[i][2]
+      if cost <= max - left then
+        return outcome_refused(remaining, r, counted[i][1] + per - now)
+      end
+    end
+    return outcome_refused(remaining, r, -1) -- unreachable: cost <= max
+  end
+  if cost == 0 then
+    return true, remaining, r, 0, nil
+  end
+  local oldest = current
+  if #counted > 0 and counted[1][1] < current then
+    oldest = counted[1][1]
+  end
+  local newest = current
+  if #counted > 0 and counted[#counted][1] > current then
+    newest = counted[#counted][1]
+  end
+  return true, remaining - cost, oldest + per, 0, function()
+    redis.call('HINCRBY', key, fmt(current), fmt(cost))
+    if #stale > 0 then
+      redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, fmt(newest + per - now + margin))
+  end
+end
+
+-- How far the stored TAT lies beyond now, as a pair (ms, frac).
+local function bucket_ahead(key, l, now)
+  local v = redis.call('HMGET', key, 'tat', 'frac')
+  local tat, frac = int_field(key, 'tat', v[1]), int_field(key, 'frac', v[2])
+  if (tat == nil) ~= (frac == nil) then
+    corrupt(key, 'a token bucket needs both tat and frac')
+  end
+  if tat ~= nil and frac >= l.max then
+    corrupt(key, 'frac ' .. fmt(frac) .. ' is not below max')
+  end
+  if tat ~= nil and (tat > now or (tat == now and frac > 0)) then
+    return tat - now, frac
+  end
+  return 0, 0
+end
+
+local function bucket_remaining(l, ams, af)
+  if pair_gt(ams, af, l.tau_ms, l.tau_frac) then
+    return 0
+  end
+  local dms, df = pair_sub(l.tau_ms, l.tau_frac, ams, af, l.max)
+  return muladd_div(dms, l.max, df, l.per)
+end
+
+local function ceil_ms(ms, f)
+  if f > 0 then
+    return ms + 1
+  end
+  return ms
+end
+
+local function token_bucket(key, l, cost, now, margin)
+  local ams, af = bucket_ahead(key, l, now)
+  local remaining = bucket_remaining(l, ams, af)
+  local reset = now + ceil_ms(ams, af)
+  if cost > l.max or cost > l.burst then
+    return outcome_refused(remaining, reset, -1)
+  end
+  -- The step in ARGV is for the request's cost; a cost of 0 (a report) steps by nothing.
+  local sms, sf = l.step_ms, l.step_frac
+  if cost == 0 then
+    sms, sf = 0, 0
+  end
+  local nms, nf = pair_add(ams, af, sms, sf, l.max)
+  if pair_gt(nms, nf, l.tau_ms, l.tau_frac) then
+    local wms, wf = pair_sub(nms, nf, l.tau_ms, l.tau_frac, l.max)
+    return outcome_refused(remaining, reset, ceil_ms(wms, wf))
+  end
+  if cost == 0 then
+    return true, remaining, reset, 0, nil
+  end
+  local new_reset = now + ceil_ms(nms, nf)
+  return true, bucket_remaining(l, nms, nf), new_reset, 0, function()
+    redis.call('HSET', key, 'tat', fmt(now + nms), 'frac', fmt(nf))
+    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+  end
+end
+
+local STEP = {fixed_window, fixed_window, sliding_window, token_bucket}
+
+-- ----- refunds -----------------------------------------------------------------------------
+
+local function refund_fixed(key, l, cost, now, margin)
+  local v = redis.call('HMGET', key, 'reset', 'used')
+  local reset, used = int_field(key, 'reset', v[1]), int_field(key, 'used', v[2])
+  if reset ~= nil and used ~= nil and now < reset and used > 0 then
+    local left = used - cost
+    if left < 0 then
+      left = 0
+    end
+    redis.call('HSET', key, 'used', fmt(left))
+  end
+end
+
+local function refund_sliding(key, l, cost, now, margin)
+  local counted, stale = sliding_buckets(key, l, now)
+  if #counted == 0 then
+    return
+  end
+  local left = cost
+  for i = #counted, 1, -1 do
+    if left == 0 then
+      break
+    end
+    local b = counted[i]
+    local take = b[2]
+    if left < take then
+      take = left
+    end
+    left = left - take
+    if b[2] - take == 0 then
+      stale[#stale + 1] = fmt(b[1])
+    else
+      redis.call('HSET', key, fmt(b[1]), fmt(b[2] - take))
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', key, unpack(stale))
+  end
+end
+
+local function refund_bucket(key, l, cost, now, margin)
+  local ams, af = bucket_ahead(key, l, now)
+  if ams == 0 and af == 0 then
+    return
+  end
+  local rms, rf = 0, 0
+  if pair_gt(ams, af, l.step_ms, l.step_frac) then
+    rms, rf = pair_sub(ams, af, l.step_ms, l.step_frac, l.max)
+  end
+  redis.call('HSET', key, 'tat', fmt(now + rms), 'frac', fmt(rf))
+end
+
+local REFUND = {refund_fixed, refund_fixed, refund_sliding, refund_bucket}
+
+-- ----- the policy --------------------------------------------------------------------------
+
+local function parse(keys, args)
+  local now
+  if args[1] == 'redis' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  else
+    now = tonumber(args[1])
+  end
+  local cost, margin, n = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+  if now == nil or cost == nil or margin == nil or n == nil or n ~= #keys or #args ~= 4 + 9 * n then
+    error('SLUICE_ARGS expected now, cost, margin, n and 9 values per limit for ' .. #keys .. ' keys', 0)
+  end
+  local limits = {}
+  for i = 1, n do
+    local o = 4 + 9 * (i - 1)
+    local alg = tonumber(args[o + 1])
+    limits[i] = {
+      alg = alg, aligned = alg == 2,
+      max = tonumber(args[o + 2]), per = tonumber(args[o + 3]),
+      precision = tonumber(args[o + 4]), burst = tonumber(args[o + 5]),
+      tau_ms = tonumber(args[o + 6]), tau_frac = tonumber(args[o + 7]),
+      step_ms = tonumber(args[o + 8]), step_frac = tonumber(args[o + 9]),
+    }
+    if STEP[alg] == nil then
+      error('SLUICE_ARGS unknown algorithm ' .. tostring(args[o + 1]), 0)
+    end
+  end
+  return now, cost, margin, limits
+end
+
+-- Decides `cost` over every limit; with `record`, writes only if every limit admits.
+local function decide(keys, now, cost, margin, limits, record)
+  local n = #limits
+  local admits, remaining, reset, retry, writes = {}, {}, {}, {}, {}
+  local allowed = true
+  for i = 1, n do
+    admits[i], remaining[i], reset[i], retry[i], writes[i] =
+      STEP[limits[i].alg](keys[i], limits[i], cost, now, margin)
+    allowed = allowed and admits[i]
+  end
+  if not allowed and cost > 0 then
+    -- Nothing is recorded: limits that would admit report their state without the cost.
+    for i = 1, n do
+      if admits[i] then
+        admits[i], remaining[i], reset[i], retry[i] =
+          STEP[limits[i].alg](keys[i], limits[i], 0, now, margin)
+      end
+    end
+  end
+  if allowed and record then
+    for i = 1, n do
+      if writes[i] then
+        writes[i]()
+      end
+    end
+  end
+  local reply = {allowed and 1 or 0, now}
+  for i = 1, n do
+    reply[#reply + 1] = admits[i] and 1 or 0
+    reply[#reply + 1] = remaining[i]
+    reply[#reply + 1] = reset[i]
+    reply[#reply + 1] = retry[i]
+  end
+  return reply
+end
+
+local function run(op, keys, args)
+  local now, cost, margin, limits = parse(keys, args)
+  if op == 'check' then
+    return decide(keys, now, cost, margin, limits, true)
+  elseif op == 'peek' then
+    return decide(keys, now, cost, margin, limits, false)
+  end
+  for i = 1, #limits do
+    if cost > 0 then
+      REFUND[limits[i].alg](keys[i], limits[i], cost, now, margin)
+    end
+  end
+  local reply = decide(keys, now, 0, margin, limits, false)
+  reply[1] = 1
+  return reply
+end

@@ -1,0 +1,297 @@
+//! The Redis store decides exactly like the memory store: random operation sequences (advance
+//! a manual clock; check, peek, refund, forget with random costs; several keys; policies
+//! mixing all three algorithms, including limits near 2^53) run through both, and every
+//! decision must be identical, field for field.
+//!
+//! CI runs at least 10 000 operations. A longer local run:
+//! `SLUICE_DIFF_CASES=2000 cargo test --release -p sluice-redis --test differential`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice::{Limit, LimitSpec, Limiter, ManualClock, MemoryStore, Policy};
+use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
+use sluice_testkit::RedisServer;
+
+const T0: u64 = 1_700_000_000_000;
+const MIN_OPS: usize = 10_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u64),
+    Check {
+        policy: usize,
+        key: usize,
+        cost: u64,
+    },
+    Peek {
+        policy: usize,
+        key: usize,
+        cost: u64,
+    },
+    Refund {
+        policy: usize,
+        key: usize,
+        cost: u64,
+    },
+    Forget {
+        policy: usize,
+        key: usize,
+    },
+}
+
+/// A limit spec: mostly small numbers (where windows fill and buckets run dry), sometimes
+/// huge ones (where the Lua code must split numbers beyond 2^53).
+fn limit_spec() -> impl Strategy<Value = Limit> {
+    let small = (
+        0..3usize,
+        1u64..=12,
+        prop_oneof![Just(1u64), Just(7), Just(100), Just(1_000), Just(60_000)],
+        1u64..=6,
+        1u64..=30,
+        any::<bool>(),
+    )
+        .prop_map(|(alg, max, per, n, burst, align)| match alg {
+            0 => {
+                let s = LimitSpec::fixed_window(max, per);
+                if align { s.aligned() } else { s }
+            }
+            1 => LimitSpec::sliding_window(max, per * n).precision_ms(per),
+            _ => LimitSpec::token_bucket(max, per).burst(burst),
+        });
+    let huge = (
+        prop_oneof![Just(1u64 << 53), (1u64 << 40)..=(1u64 << 53), 1u64..=1_000],
+        prop_oneof![
+            Just(1u64),
+            Just(333),
+            Just(86_400_000),
+            Just(366 * 86_400_000)
+        ],
+        prop_oneof![Just(1u64 << 53), (1u64 << 30)..=(1u64 << 53), 1u64..=1_000],
+    )
+        .prop_map(|(max, per, burst)| LimitSpec::token_bucket(max, per).burst(burst));
+    prop_oneof![6 => small, 1 => huge].prop_filter_map("valid limit", |s| Limit::new(s).ok())
+}
+
+fn policies() -> impl Strategy<Value = Vec<Vec<Limit>>> {
+    prop::collection::vec(prop::collection::vec(limit_spec(), 1..=3), 3)
+}
+
+fn cost_for(max: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0..=3u64,
+        2 => 0..=max.saturating_add(1),
+        1 => Just(max),
+        1 => Just(max.saturating_add(1)),
+    ]
+}
+
+fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
+    policies().prop_flat_map(|policies| {
+        let biggest = policies
+            .iter()
+            .flat_map(|p| p.iter().map(Limit::max))
+            .max()
+            .unwrap_or(1);
+        let target = (0..3usize, 0..3usize);
+        let op = prop_oneof![
+            3 => prop_oneof![0..=50u64, 0..=2_000u64, 0..=120_000u64].prop_map(Op::Advance),
+            6 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Check { policy, key, cost }),
+            2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Peek { policy, key, cost }),
+            2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Refund { policy, key, cost }),
+            1 => target.prop_map(|(policy, key)| Op::Forget { policy, key }),
+        ];
+        (Just(policies), prop::collection::vec(op, 50..250))
+    })
+}
+
+fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().expect("redis-server");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Keys expire in real time; the manual clock barely moves in real time, so a long margin
+    // keeps Redis from dropping state the memory store still holds.
+    let config = RedisConfig::new(server.url())
+        .script_mode(mode)
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600));
+    let redis = rt.block_on(RedisStore::connect(config)).expect("connect");
+    let ops_run = AtomicUsize::new(0);
+    let case = AtomicUsize::new(0);
+
+    let mut runner = TestRunner::new(Config {
+        cases,
+        source_file: Some(file!()),
+        ..Config::default()
+    });
+    let result = runner.run(&scenario(), |(limits, ops)| {
+        let case = case.fetch_add(1, Ordering::Relaxed);
+        let clock = ManualClock::new(T0 + (case as u64) * 7_919);
+        let policies: Vec<Policy> = limits
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| Policy::new(format!("p{i}"), l))
+            .collect::<Result<_, _>>()
+            .map_err(|e| TestCaseError::reject(e.to_string()))?;
+        let memory = Limiter::new(MemoryStore::new())
+            .with_clock(clock.clone())
+            .with_policies(policies.clone());
+        let remote = Limiter::new(redis.clone())
+            .with_clock(clock.clone())
+            .with_policies(policies.clone());
+        let key = |k: usize| format!("case{case}:key{k}");
+        rt.block_on(async {
+            for (step, op) in ops.iter().enumerate() {
+                ops_run.fetch_add(1, Ordering::Relaxed);
+                let (a, b) = match op {
+                    Op::Advance(dt) => {
+                        clock.advance(*dt);
+                        continue;
+                    }
+                    Op::Check {
+                        policy,
+                        key: k,
+                        cost,
+                    } => {
+                        let p = policies[*policy].name();
+                        (
+                            memory.check(p, &key(*k), *cost).await,
+                            remote.check(p, &key(*k), *cost).await,
+                        )
+                    }
+                    Op::Peek {
+                        policy,
+                        key: k,
+                        cost,
+                    } => {
+                        let p = policies[*policy].name();
+                        (
+                            memory.peek(p, &key(*k), *cost).await,
+                            remote.peek(p, &key(*k), *cost).await,
+                        )
+                    }
+                    Op::Refund {
+                        policy,
+                        key: k,
+                        cost,
+                    } => {
+                        let p = policies[*policy].name();
+                        (
+                            memory.refund(p, &key(*k), *cost).await,
+                            remote.refund(p, &key(*k), *cost).await,
+                        )
+                    }
+                    Op::Forget { policy, key: k } => {
+                        let p = policies[*policy].name();
+                        let a = memory.forget(p, &key(*k)).await;
+                        let b = remote.forget(p, &key(*k)).await;
+                        prop_assert_eq!(a, b);
+                        continue;
+                    }
+                };
+                // Both stores see the same validation, so errors must match too.
+                prop_assert_eq!(a, b, "step {} {:?} at t+{}", step, op, clock_offset(&clock));
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{mode:?}: {e}");
+    }
+    let total = ops_run.load(Ordering::Relaxed);
+    println!("{mode:?}: {total} operations, identical decisions");
+    assert!(
+        total >= min_ops,
+        "only {total} operations ran, fewer than {min_ops}"
+    );
+}
+
+fn clock_offset(clock: &ManualClock) -> u64 {
+    use sluice::Clock;
+    clock.now_ms() - T0
+}
+
+fn default_cases() -> u32 {
+    std::env::var("SLUICE_DIFF_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96)
+}
+
+#[test]
+fn redis_functions_decide_like_the_memory_store() {
+    run_differential(ScriptMode::Function, default_cases(), MIN_OPS);
+}
+
+#[test]
+fn redis_evalsha_decides_like_the_memory_store() {
+    run_differential(ScriptMode::EvalSha, default_cases() / 4, MIN_OPS / 4);
+}
+
+/// Limits at the edges of the number range, where the Lua code computes `remaining` in 16-bit
+/// limbs: the same sequence through both stores, decision for decision.
+#[test]
+fn huge_token_buckets_decide_like_the_memory_store() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().expect("redis-server");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let max = sluice::core::MAX_AMOUNT;
+    let year = 366 * 86_400_000;
+    let specs = [
+        LimitSpec::token_bucket(max, year),
+        LimitSpec::token_bucket(max, 1).burst(max),
+        LimitSpec::token_bucket(max - 1, 86_400_000).burst(max / 3),
+        LimitSpec::token_bucket(3, year).burst(7),
+        LimitSpec::token_bucket(1 << 40, 333).burst((1 << 53) - 7),
+    ];
+    let config = RedisConfig::new(server.url())
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600));
+    let redis = rt.block_on(RedisStore::connect(config)).expect("connect");
+    for (i, spec) in specs.into_iter().enumerate() {
+        let limit = Limit::new(spec.clone()).expect("valid limit");
+        let policy = Policy::new(format!("huge{i}"), vec![limit.clone()]).unwrap();
+        let clock = ManualClock::new(T0);
+        let memory = Limiter::new(MemoryStore::new())
+            .with_clock(clock.clone())
+            .with_policy(policy.clone());
+        let remote = Limiter::new(redis.clone())
+            .with_clock(clock.clone())
+            .with_policy(policy);
+        let name = format!("huge{i}");
+        let costs = [
+            1,
+            limit.max() / 2,
+            limit.max(),
+            3,
+            limit.max() / 3 + 1,
+            0,
+            limit.max() - 1,
+        ];
+        rt.block_on(async {
+            for (step, cost) in costs.iter().cycle().take(40).enumerate() {
+                let a = memory.check(&name, "k", *cost).await;
+                let b = remote.check(&name, "k", *cost).await;
+                assert_eq!(a, b, "{spec:?} step {step} cost {cost}");
+                let a = memory.refund(&name, "k", cost / 5).await;
+                let b = remote.refund(&name, "k", cost / 5).await;
+                assert_eq!(a, b, "{spec:?} step {step} refund {}", cost / 5);
+                clock.advance(1 + (step as u64 * 7_919_993) % 86_400_000);
+            }
+        });
+    }
+}

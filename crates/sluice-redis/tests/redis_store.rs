@@ -1,0 +1,394 @@
+//! The Redis store against real Redis: exactness under concurrency, no wobbling reset, stale
+//! replicas, recovery after a restart or a flushed script cache, bad data, timeouts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::{Decision, LimitSpec, Limiter, ManualClock, Policy, Store, StoreError, SystemClock};
+use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
+use sluice_testkit::{RedisServer, ReplicaSet};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn policy(name: &str, specs: Vec<LimitSpec>) -> Policy {
+    Policy::from_specs(name, specs).unwrap()
+}
+
+async fn store(config: RedisConfig) -> RedisStore {
+    RedisStore::connect(config).await.expect("connect to redis")
+}
+
+// ----- exactness under concurrency ----------------------------------------------------------
+
+async fn admitted_by_64_tasks(server: &RedisServer, spec: LimitSpec) -> u64 {
+    const TASKS: usize = 64;
+    const CHECKS: usize = 5_000;
+    let config = RedisConfig::new(server.url()).timeout(Duration::from_secs(5));
+    let p = policy("hot", vec![spec]);
+    let limiter = Arc::new(
+        Limiter::new(store(config).await)
+            .with_clock(ManualClock::new(T0))
+            .with_policy(p),
+    );
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0u64;
+                for _ in 0..CHECKS {
+                    if limiter.check("hot", "the-key", 1).await.unwrap().allowed {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_tasks_admit_exactly_max_for_each_algorithm() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    for spec in [
+        LimitSpec::fixed_window(1_000, 60_000),
+        LimitSpec::sliding_window(1_000, 60_000),
+        LimitSpec::token_bucket(1_000, 60_000),
+    ] {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        assert_eq!(
+            admitted_by_64_tasks(&server, spec.clone()).await,
+            1_000,
+            "{spec:?}"
+        );
+    }
+    // 64 concurrent tasks shared the store's one multiplexed connection: besides the test
+    // kit's own connection, the server saw at most a handful of clients.
+    let clients: u64 = server
+        .info_field("clients", "connected_clients")
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(clients <= 4, "{clients} connections for 64 tasks");
+}
+
+// ----- no wobble ----------------------------------------------------------------------------
+
+async fn distinct_resets(store: RedisStore) -> (usize, BTreeSet<u64>) {
+    let limiter = Limiter::new(store)
+        .with_clock(SystemClock)
+        .with_policy(policy(
+            "wobble",
+            vec![LimitSpec::fixed_window(1_000_000, 3_600_000)],
+        ));
+    let started = std::time::Instant::now();
+    let mut resets = BTreeSet::new();
+    let mut checks = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    while checks < 1_000 || started.elapsed() < Duration::from_millis(2_100) {
+        tick.tick().await;
+        let d = limiter.check("wobble", "user:1", 1).await.unwrap();
+        assert!(d.allowed);
+        resets.insert(d.reset_ms());
+        checks += 1;
+    }
+    (checks, resets)
+}
+
+#[tokio::test]
+async fn one_window_reports_one_reset_over_two_seconds_of_real_time() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    for clock in [ClockSource::App, ClockSource::Redis] {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        let s = store(
+            RedisConfig::new(server.url())
+                .clock(clock)
+                .timeout(Duration::from_secs(2)),
+        )
+        .await;
+        let (checks, resets) = distinct_resets(s).await;
+        assert!(checks >= 1_000);
+        assert_eq!(
+            resets.len(),
+            1,
+            "{clock:?}: {checks} checks saw resets {resets:?}"
+        );
+    }
+}
+
+// ----- stale replica ------------------------------------------------------------------------
+
+/// The anomalies GitHub saw: "denied with remaining = max" and a reset that moves backwards
+/// inside a window.
+fn assert_consistent(label: &str, d: &Decision, cost: u64, last_reset: &mut [u64]) {
+    for (i, s) in d.limits.iter().enumerate() {
+        let full = s.max.max(s.remaining);
+        assert!(
+            !(!s.admits && s.remaining >= full && cost <= s.max),
+            "{label}: limit {i} refused {cost} with remaining = max: {d:?}"
+        );
+    }
+    // The fixed window (limit 0): while it has something counted, its reset only moves on.
+    let fixed = &d.limits[0];
+    if fixed.remaining < fixed.max {
+        assert!(
+            fixed.reset_ms >= last_reset[0],
+            "{label}: reset moved backwards: {d:?}"
+        );
+        last_reset[0] = fixed.reset_ms;
+    }
+}
+
+#[tokio::test]
+async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let set = ReplicaSet::start(1).unwrap();
+    let replica = &set.replicas[0];
+    let clock = ManualClock::new(T0);
+    let config = RedisConfig::new(set.primary.url())
+        .replicas([replica.url()])
+        .read_from(ReadFrom::Replicas)
+        .timeout(Duration::from_secs(2))
+        .expiry_margin(Duration::from_secs(600));
+    let p = policy(
+        "api",
+        vec![
+            LimitSpec::fixed_window(5, 1_000),
+            LimitSpec::sliding_window(8, 2_000).precision_ms(100),
+            LimitSpec::token_bucket(5, 1_000),
+        ],
+    );
+    let limiter = Limiter::new(store(config).await)
+        .with_clock(clock.clone())
+        .with_policy(p);
+    let mut last = [0u64; 1];
+
+    // Window 1 fills up and reaches the replica.
+    for _ in 0..5 {
+        let d = limiter.check("api", "k", 1).await.unwrap();
+        assert_consistent("primary, window 1", &d, 1, &mut last);
+    }
+    set.wait_replicated().unwrap();
+    let d = limiter.peek("api", "k", 1).await.unwrap();
+    assert!(!d.allowed, "the replica knows window 1 is full");
+    assert_consistent("replica, window 1", &d, 1, &mut last);
+
+    // Replication stops: the replica keeps serving its (now aging) copy.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port().to_string();
+    drop(dead);
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &dead_port])
+        .unwrap();
+
+    // The primary moves past window 1's end and admits into window 2, 3, ….
+    for round in 0..6 {
+        clock.advance(700);
+        for _ in 0..3 {
+            let d = limiter.check("api", "k", 1).await.unwrap();
+            assert_consistent(&format!("primary, round {round}"), &d, 1, &mut last);
+        }
+        for cost in [1, 2, 5] {
+            let d = limiter.peek("api", "k", cost).await.unwrap();
+            let mut replica_last = [0u64; 1];
+            assert_consistent(
+                &format!("stale replica, round {round}, cost {cost}"),
+                &d,
+                cost,
+                &mut replica_last,
+            );
+        }
+    }
+    // The replica really was stale: it still holds window 1 as it was.
+    let stale_used = replica
+        .cmd(&["HGET", "sluice:{3:api:k}:fw1000", "used"])
+        .unwrap();
+    assert_eq!(stale_used, redis::Value::BulkString(b"5".to_vec()));
+
+    // Replication resumes and the replica catches up.
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &set.primary.port().to_string()])
+        .unwrap();
+    set.wait_synced().unwrap();
+    set.wait_replicated().unwrap();
+    let from_primary = {
+        let s = store(RedisConfig::new(set.primary.url()).read_from(ReadFrom::Primary)).await;
+        let l = Limiter::new(s)
+            .with_clock(clock.clone())
+            .with_policy(limiter.policy("api").unwrap().clone());
+        l.peek("api", "k", 1).await.unwrap()
+    };
+    assert_eq!(limiter.peek("api", "k", 1).await.unwrap(), from_primary);
+}
+
+// ----- recovery -----------------------------------------------------------------------------
+
+async fn check_until_ok(limiter: &Limiter<RedisStore, ManualClock>) -> (Decision, usize) {
+    let mut failures = 0;
+    loop {
+        match limiter.check("api", "k", 1).await {
+            Ok(d) => return (d, failures),
+            Err(sluice::Error::Store(e)) => {
+                assert!(e.is_transient(), "a restart must look transient, got {e}");
+                failures += 1;
+                assert!(failures < 50, "the store did not recover: {e}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_store_recovers_from_a_restart_and_flushed_code() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut server = RedisServer::start().unwrap();
+    for mode in [ScriptMode::Function, ScriptMode::EvalSha] {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        let config = RedisConfig::new(server.url())
+            .script_mode(mode)
+            .timeout(Duration::from_secs(2));
+        let limiter = Limiter::new(store(config).await)
+            .with_clock(ManualClock::new(T0))
+            .with_policy(policy("api", vec![LimitSpec::fixed_window(100, 60_000)]));
+        assert!(limiter.check("api", "k", 1).await.unwrap().allowed);
+
+        // The code vanishes from the server: the next call reloads it and succeeds.
+        server.cmd(&["FUNCTION", "FLUSH"]).unwrap();
+        server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
+        let d = limiter
+            .check("api", "k", 1)
+            .await
+            .expect("recovers on the next call");
+        assert_eq!(d.remaining(), 98);
+
+        // A restart loses data and code; the dropped connection is re-established.
+        server.restart().unwrap();
+        let (d, failures) = check_until_ok(&limiter).await;
+        assert!(
+            failures <= 2,
+            "{mode:?}: {failures} failed calls after the restart"
+        );
+        assert_eq!(d.remaining(), 99, "the restarted server starts empty");
+    }
+}
+
+// ----- bad data -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_data_gives_a_clear_error_and_changes_nothing() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let p = policy(
+        "api",
+        vec![
+            LimitSpec::fixed_window(10, 60_000),
+            LimitSpec::sliding_window(10, 60_000),
+            LimitSpec::token_bucket(10, 60_000),
+        ],
+    );
+    let s = store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await;
+    let keys = sluice_redis::keys::policy_keys("sluice:", &p, "k");
+    let cases: Vec<(&str, Vec<Vec<&str>>)> = vec![
+        ("wrong type", vec![vec!["SET", &keys[0], "x"]]),
+        (
+            "non-numeric used",
+            vec![vec![
+                "HSET",
+                &keys[0],
+                "reset",
+                "99999999999999",
+                "used",
+                "lots",
+            ]],
+        ),
+        (
+            "half a window",
+            vec![vec!["HSET", &keys[0], "reset", "99999999999999"]],
+        ),
+        (
+            "negative bucket",
+            vec![vec!["HSET", &keys[1], "1700000000000", "-3"]],
+        ),
+        (
+            "fraction above max",
+            vec![vec!["HSET", &keys[2], "tat", "1700000000000", "frac", "10"]],
+        ),
+        ("wrong type bucket", vec![vec!["LPUSH", &keys[2], "x"]]),
+    ];
+    for (what, setup) in cases {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        for cmd in &setup {
+            server.cmd(cmd).unwrap();
+        }
+        let before: Vec<redis::Value> = keys
+            .iter()
+            .map(|k| server.cmd(&["DUMP", k]).unwrap())
+            .collect();
+        for op in 0..3 {
+            let r = match op {
+                0 => s.check(&p, "k", 1, T0).await,
+                1 => s.peek(&p, "k", 1, T0).await,
+                _ => s.refund(&p, "k", 1, T0).await,
+            };
+            match r {
+                Err(StoreError::Corrupt { key, detail }) => {
+                    assert!(key.contains("{3:api:k}"), "{what}: {key}");
+                    assert!(!detail.is_empty());
+                }
+                other => panic!("{what}: expected a corrupt-state error, got {other:?}"),
+            }
+        }
+        let after: Vec<redis::Value> = keys
+            .iter()
+            .map(|k| server.cmd(&["DUMP", k]).unwrap())
+            .collect();
+        assert_eq!(before, after, "{what}: a failed decision changed state");
+    }
+}
+
+// ----- timeouts -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_stalled_primary_gives_a_typed_timeout() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = store(RedisConfig::new(server.url())).await; // the default 50 ms timeout
+    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
+    assert!(s.check(&p, "k", 1, T0).await.is_ok());
+    server.pause().unwrap();
+    let started = std::time::Instant::now();
+    let r = s.check(&p, "k", 1, T0).await;
+    let waited = started.elapsed();
+    server.resume().unwrap();
+    assert_eq!(r, Err(StoreError::Timeout(Duration::from_millis(50))));
+    assert!(r.unwrap_err().is_transient());
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    // After the stall, the same store answers again.
+    let mut tries = 0;
+    while s.check(&p, "k", 0, T0).await.is_err() {
+        tries += 1;
+        assert!(tries < 100, "the store did not come back");
+    }
+}

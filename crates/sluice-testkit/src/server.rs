@@ -1,0 +1,526 @@
+//! One `redis-server` process: [`ServerOptions`] says how to run it, [`RedisServer`] owns it.
+
+use std::ffi::{OsStr, OsString};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{self, Launch, ManagedChild};
+use crate::{Error, parse_info_field, wait_until};
+
+/// How many fresh ports a start tries before giving up (another process can take a free port
+/// between the moment the kit sees it free and the moment the server binds it).
+pub const PORT_ATTEMPTS: usize = 5;
+/// The default deadline for a server to answer `PING`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connect timeout of [`RedisServer::connection`].
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Read and write timeout of [`RedisServer::connection`].
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`RedisServer::restart`] waits for its old port to be bindable again.
+const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`RedisServer::pause`] / [`RedisServer::resume`] wait for the process state.
+const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to run a server: the program, a config file, extra arguments, the readiness deadline.
+///
+/// The kit always passes its base arguments (port, `--bind 127.0.0.1`, no persistence,
+/// diskless replication, a private `--dir` and `--logfile`); [`arg`](Self::arg)s come after
+/// them, so they can override any of them except the port.
+///
+/// ```no_run
+/// use sluice_testkit::ServerOptions;
+/// let server = ServerOptions::new()
+///     .args(["--maxmemory", "10mb"])
+///     .config("maxmemory-policy allkeys-lru\n")
+///     .start()?;
+/// # Ok::<(), sluice_testkit::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    program: OsString,
+    config: Option<String>,
+    args: Vec<OsString>,
+    ready_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            program: "redis-server".into(),
+            config: None,
+            args: Vec::new(),
+            ready_timeout: READY_TIMEOUT,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// `redis-server` with only the kit's base arguments.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The program to run instead of `redis-server` (found on `PATH` unless a path).
+    pub fn program(mut self, program: impl Into<OsString>) -> Self {
+        self.program = program.into();
+        self
+    }
+
+    /// Config file text, written to `redis.conf` in the server's directory and passed as the
+    /// first argument (a config file is what `redis-sentinel` and `CONFIG REWRITE` need).
+    pub fn config(mut self, text: impl Into<String>) -> Self {
+        self.config = Some(text.into());
+        self
+    }
+
+    /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Extra arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Replicate the server on `127.0.0.1:port` (`--replicaof 127.0.0.1 <port>`).
+    pub fn replica_of(self, port: u16) -> Self {
+        self.args([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            port.to_string(),
+        ])
+    }
+
+    /// How long to wait for the server to answer `PING` (default [`READY_TIMEOUT`]).
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// Starts a server with these options; see [`RedisServer::start_with_options`].
+    pub fn start(self) -> Result<RedisServer, Error> {
+        RedisServer::start_with_options(self)
+    }
+}
+
+/// A real `redis-server` on a free loopback port, in its own temporary directory.
+///
+/// Dropping it kills the process (SIGKILL), reaps it and removes the directory, also when the
+/// test panics. See the [crate docs](crate) for why.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// `None` while killed. Declared first: dropped before the directory.
+    child: Option<ManagedChild>,
+    port: u16,
+    options: ServerOptions,
+    config_file: Option<PathBuf>,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// A standalone server with the kit's base arguments.
+    pub fn start() -> Result<Self, Error> {
+        Self::start_with_options(ServerOptions::new())
+    }
+
+    /// A standalone server with extra arguments, e.g. `&["--maxmemory", "10mb"]`.
+    pub fn start_with(extra_args: &[&str]) -> Result<Self, Error> {
+        Self::start_with_options(ServerOptions::new().args(extra_args.iter().copied()))
+    }
+
+    /// A server run as `options` says, on a fresh free port (retried up to [`PORT_ATTEMPTS`]
+    /// times if the port is taken before the server binds it). Returns once it answers
+    /// `PING`.
+    pub fn start_with_options(options: ServerOptions) -> Result<Self, Error> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-redis-")
+            .tempdir()
+            .map_err(|e| Error::io("creating the server's temp dir", e))?;
+        let config_file = match &options.config {
+            Some(text) => {
+                let path = dir.path().join("redis.conf");
+                std::fs::write(&path, text)
+                    .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+                Some(path)
+            }
+            None => None,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_port()?;
+            match spawn(&options, dir.path(), config_file.as_deref(), port) {
+                Ok(child) => {
+                    return Ok(Self {
+                        child: Some(child),
+                        port,
+                        options,
+                        config_file,
+                        dir,
+                    });
+                }
+                Err(e @ Error::AddrInUse { .. }) => {
+                    if attempt >= PORT_ATTEMPTS {
+                        return Err(Error::PortRetriesExhausted {
+                            attempts: attempt,
+                            last: Box::new(e),
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Starts one server per options, in parallel; all or nothing (on an error, the ones that
+    /// did start are killed).
+    pub fn start_many(
+        options: impl IntoIterator<Item = ServerOptions>,
+    ) -> Result<Vec<Self>, Error> {
+        let options: Vec<ServerOptions> = options.into_iter().collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = options
+                .into_iter()
+                .map(|o| scope.spawn(move || Self::start_with_options(o)))
+                .collect();
+            let results: Vec<Result<Self, Error>> = handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect();
+            results.into_iter().collect()
+        })
+    }
+
+    /// Its port (kept across [`kill`](Self::kill) and [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `"127.0.0.1:PORT"`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `"redis://127.0.0.1:PORT/"`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The process id, `None` while killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ManagedChild::pid)
+    }
+
+    /// Whether the process is running (it may be paused).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The server's private directory (its `--dir`, log file and config file).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Its log file.
+    pub fn log_path(&self) -> PathBuf {
+        process::log_path(self.dir.path())
+    }
+
+    /// The config file written from [`ServerOptions::config`], if any.
+    pub fn config_file(&self) -> Option<&Path> {
+        self.config_file.as_deref()
+    }
+
+    /// A client for its URL (for async connections in tests).
+    pub fn client(&self) -> Result<redis::Client, Error> {
+        redis::Client::open(self.url())
+            .map_err(|e| Error::redis(format!("client for {}", self.addr()), e))
+    }
+
+    /// A new sync connection with a [`CONNECT_TIMEOUT`] connect timeout and an [`IO_TIMEOUT`]
+    /// read/write timeout, so a paused or dead server fails the test instead of hanging it.
+    pub fn connection(&self) -> Result<redis::Connection, Error> {
+        self.connection_with_timeouts(CONNECT_TIMEOUT, IO_TIMEOUT)
+    }
+
+    /// A new sync connection with the given connect and read/write timeouts.
+    pub fn connection_with_timeouts(
+        &self,
+        connect: Duration,
+        io: Duration,
+    ) -> Result<redis::Connection, Error> {
+        let context = || {
+            let state = if self.is_running() {
+                ""
+            } else {
+                " (the server is killed)"
+            };
+            format!("connecting to {}{state}", self.addr())
+        };
+        let client = self.client()?;
+        let conn = client
+            .get_connection_with_timeout(connect)
+            .map_err(|e| Error::redis(context(), e))?;
+        conn.set_read_timeout(Some(io))
+            .and_then(|()| conn.set_write_timeout(Some(io)))
+            .map_err(|e| Error::redis(context(), e))?;
+        Ok(conn)
+    }
+
+    /// Runs one command on a new connection and returns its reply; a server error reply
+    /// (e.g. `READONLY`) is an [`Error::Redis`] (see [`Error::redis_error`]).
+    ///
+    /// ```no_run
+    /// # let server = sluice_testkit::RedisServer::start()?;
+    /// server.cmd(&["SET", "k", "v"])?;
+    /// assert_eq!(server.cmd(&["GET", "k"])?, redis::Value::BulkString(b"v".to_vec()));
+    /// # Ok::<(), sluice_testkit::Error>(())
+    /// ```
+    pub fn cmd(&self, args: &[&str]) -> Result<redis::Value, Error> {
+        let (name, rest) = args
+            .split_first()
+            .ok_or_else(|| Error::InvalidArgument("an empty command".to_owned()))?;
+        let mut cmd = redis::cmd(name);
+        for arg in rest {
+            cmd.arg(*arg);
+        }
+        let mut conn = self.connection()?;
+        cmd.query(&mut conn)
+            .map_err(|e| Error::redis(format!("`{}` on {}", args.join(" "), self.addr()), e))
+    }
+
+    /// The text of `INFO <section>`.
+    pub fn info(&self, section: &str) -> Result<String, Error> {
+        let mut conn = self.connection()?;
+        redis::cmd("INFO")
+            .arg(section)
+            .query(&mut conn)
+            .map_err(|e| Error::redis(format!("`INFO {section}` on {}", self.addr()), e))
+    }
+
+    /// One field of `INFO <section>`, e.g. `info_field("replication", "role")`.
+    pub fn info_field(&self, section: &str, field: &str) -> Result<Option<String>, Error> {
+        let info = self.info(section)?;
+        Ok(parse_info_field(&info, field).map(str::to_owned))
+    }
+
+    /// Kills the process (SIGKILL) and reaps it, as a crash would. The port, directory and
+    /// options are kept for [`restart`](Self::restart). Does nothing if already killed.
+    pub fn kill(&mut self) -> Result<(), Error> {
+        if let Some(mut child) = self.child.take() {
+            child
+                .kill_and_wait()
+                .map_err(|e| Error::io(format!("killing the server on {}", self.addr()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open but nothing is answered, like a
+    /// stalled server. Returns once the process is stopped.
+    pub fn pause(&self) -> Result<(), Error> {
+        let pid = self.signal("STOP")?;
+        wait_until(
+            SIGNAL_TIMEOUT,
+            &format!("process {pid} to be stopped"),
+            || is_stopped(pid),
+        )
+    }
+
+    /// Thaws a paused process (SIGCONT). Returns once the process runs again.
+    pub fn resume(&self) -> Result<(), Error> {
+        let pid = self.signal("CONT")?;
+        wait_until(
+            SIGNAL_TIMEOUT,
+            &format!("process {pid} to run again"),
+            || Ok(!is_stopped(pid)?),
+        )
+    }
+
+    /// Kills the process if it runs, then starts it again on the **same port** with the same
+    /// options and directory (data is not kept: there is no persistence) and waits until it
+    /// answers `PING`. Waits for the old port to be bindable and retries a lost race for it a
+    /// few times.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.kill()?;
+        let port = self.port;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            wait_until(
+                REBIND_TIMEOUT,
+                &format!("port {port} to be free for a restart"),
+                || Ok(port_is_free(port)),
+            )?;
+            match spawn(
+                &self.options,
+                self.dir.path(),
+                self.config_file.as_deref(),
+                port,
+            ) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                Err(Error::AddrInUse { .. }) if attempt < PORT_ATTEMPTS => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The last `lines` lines of its log file (all runs since it was first started); empty if
+    /// there is no log yet.
+    pub fn log_tail(&self, lines: usize) -> String {
+        process::tail_lines(&process::read_from(&self.log_path(), 0), lines)
+    }
+
+    /// Sends `SIG<signal>` with the `kill` command; returns the pid.
+    fn signal(&self, signal: &'static str) -> Result<u32, Error> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| Error::NotRunning { addr: self.addr() })?;
+        let output = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| Error::Signal {
+                signal,
+                pid,
+                detail: e.to_string(),
+            })?;
+        if output.status.success() {
+            Ok(pid)
+        } else {
+            Err(Error::Signal {
+                signal,
+                pid,
+                detail: format!(
+                    "{}: {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+            })
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // Kill and reap before `dir` is removed; errors cannot be reported from a drop.
+        let _ = self.kill();
+    }
+}
+
+fn spawn(
+    options: &ServerOptions,
+    dir: &Path,
+    config_file: Option<&Path>,
+    port: u16,
+) -> Result<ManagedChild, Error> {
+    process::spawn_ready(
+        &Launch {
+            program: OsStr::new(&options.program),
+            dir,
+            config_file,
+            extra_args: &options.args,
+            ready_timeout: options.ready_timeout,
+        },
+        port,
+    )
+}
+
+/// A loopback port that is free right now: bind port 0, read the port the system chose,
+/// release it. Someone else may take it before we use it; callers retry.
+pub fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the free port", e))?
+        .port();
+    drop(listener);
+    Ok(port)
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Whether the process is stopped (state `T`) according to `/proc/<pid>/stat`.
+fn is_stopped(pid: u32) -> Result<bool, Error> {
+    let path = format!("/proc/{pid}/stat");
+    let stat =
+        std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {path}"), e))?;
+    // "pid (comm) S …": the command name may contain anything, so split at the last ')'.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .ok_or_else(|| Error::UnexpectedReply {
+            context: path.clone(),
+            reply: stat.clone(),
+        })?;
+    Ok(state == "T" || state == "t")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_bindable() {
+        let port = free_port().unwrap();
+        assert_ne!(port, 0);
+        assert!(port_is_free(port));
+    }
+
+    #[test]
+    fn a_taken_port_is_reported_as_such() {
+        if !crate::require_redis() {
+            return;
+        }
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let err = spawn(&ServerOptions::new(), dir.path(), None, port).unwrap_err();
+        match err {
+            Error::AddrInUse { addr, log_tail } => {
+                assert_eq!(addr, format!("127.0.0.1:{port}"));
+                assert!(log_tail.contains("Address already in use"), "{log_tail}");
+            }
+            other => panic!("expected AddrInUse, got {other}"),
+        }
+    }
+
+    #[test]
+    fn this_process_is_not_stopped() {
+        assert!(!is_stopped(std::process::id()).unwrap());
+    }
+
+    #[test]
+    fn options_collect_args_in_order() {
+        let o = ServerOptions::new()
+            .arg("--a")
+            .args(["1", "--b"])
+            .replica_of(7);
+        let args: Vec<&OsStr> = o.args.iter().map(OsString::as_os_str).collect();
+        assert_eq!(args, ["--a", "1", "--b", "--replicaof", "127.0.0.1", "7"]);
+        assert_eq!(o.program, "redis-server");
+        assert_eq!(o.ready_timeout, READY_TIMEOUT);
+    }
+}
