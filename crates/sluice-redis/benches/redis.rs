@@ -27,14 +27,17 @@ fn policy() -> Policy {
     .unwrap()
 }
 
-/// Calls per command name from INFO commandstats.
-fn commandstats(server: &RedisServer) -> HashMap<String, u64> {
+/// (calls, total µs of server time) per command name, from INFO commandstats.
+fn commandstats(server: &RedisServer) -> HashMap<String, (u64, u64)> {
     let text = server.info("commandstats").unwrap();
     text.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
+            };
+            Some((name.to_owned(), (field("calls=")?, field("usec=")?)))
         })
         .collect()
 }
@@ -45,6 +48,7 @@ struct Run {
     hist: Histogram<u64>,
     top_level_per_decision: f64,
     all_per_decision: f64,
+    server_us_per_decision: f64,
 }
 
 async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, secs: u64) -> Run {
@@ -95,13 +99,18 @@ async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, 
     }
     let secs = started.elapsed().as_secs_f64();
     let after = commandstats(server);
-    let delta =
-        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    let top = delta("fcall") + delta("evalsha") + delta("eval");
+    let delta = |name: &str| {
+        let now = after.get(name).copied().unwrap_or_default();
+        let then = before.get(name).copied().unwrap_or_default();
+        (now.0 - then.0, now.1 - then.1)
+    };
+    let scripts = ["fcall", "evalsha", "eval"].map(delta);
+    let top: u64 = scripts.iter().map(|d| d.0).sum();
+    let usec: u64 = scripts.iter().map(|d| d.1).sum();
     let all: u64 = after
         .iter()
         .filter(|(k, _)| k.as_str() != "info")
-        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
+        .map(|(k, v)| v.0 - before.get(k).map_or(0, |b| b.0))
         .sum();
     Run {
         decisions,
@@ -109,6 +118,7 @@ async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, 
         hist,
         top_level_per_decision: top as f64 / decisions as f64,
         all_per_decision: all as f64 / decisions as f64,
+        server_us_per_decision: usec as f64 / top.max(1) as f64,
     }
 }
 
@@ -165,9 +175,9 @@ fn main() {
         .unwrap();
 
     println!(
-        "| concurrency | mode | decisions/s | p50 µs | p99 µs | scripts/decision | all commands/decision | baseline redis-benchmark req/s | baseline p50 µs | baseline p99 µs | ratio |"
+        "| concurrency | mode | decisions/s | p50 µs | p99 µs | scripts/decision | all commands/decision | server µs/decision | baseline redis-benchmark req/s | baseline p50 µs | baseline p99 µs | ratio |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for concurrency in [1usize, 16, 64] {
         let mut baseline = None;
         for mode in [ScriptMode::Function, ScriptMode::EvalSha] {
@@ -189,11 +199,12 @@ fn main() {
                 )
             });
             println!(
-                "| {concurrency} | {mode:?} | {rate:.0} | {} | {} | {:.2} | {:.2} | {base_rate:.0} | {:.0} | {:.0} | {:.2} |",
+                "| {concurrency} | {mode:?} | {rate:.0} | {} | {} | {:.2} | {:.2} | {:.1} | {base_rate:.0} | {:.0} | {:.0} | {:.2} |",
                 run.hist.value_at_quantile(0.50),
                 run.hist.value_at_quantile(0.99),
                 run.top_level_per_decision,
                 run.all_per_decision,
+                run.server_us_per_decision,
                 base_p50 * 1000.0,
                 base_p99 * 1000.0,
                 rate / base_rate,
