@@ -162,6 +162,33 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// Why one command failed: no answer in time, or an error from the client or the server.
+enum Failure {
+    Timeout(Duration),
+    Redis(RedisError),
+}
+
+impl Failure {
+    /// The store error, naming `what` (a node or a key) in the message.
+    fn into_store_error(self, what: &str) -> StoreError {
+        match self {
+            Failure::Timeout(after) => StoreError::Timeout(after),
+            Failure::Redis(e) => map_error(&e, what),
+        }
+    }
+}
+
+impl Node {
+    /// Sends one command on the node's shared connection, bounded by `timeout`.
+    async fn query(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<Value, Failure> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(timeout, cmd.query_async::<Value>(&mut conn)).await {
+            Err(_) => Err(Failure::Timeout(timeout)),
+            Ok(result) => result.map_err(Failure::Redis),
+        }
+    }
+}
+
 fn node(url: &str, timeout: Duration) -> Result<Node, StoreError> {
     let client = Client::open(url)
         .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
@@ -232,38 +259,40 @@ impl RedisStore {
 
     /// Answers `PING` from the primary within the timeout (for readiness checks).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.inner.primary.conn.clone();
-        let ping = redis::cmd("PING");
-        let fut = ping.query_async::<Value>(&mut conn);
-        match tokio::time::timeout(self.inner.config.timeout, fut).await {
-            Err(_) => Err(StoreError::Timeout(self.inner.config.timeout)),
-            Ok(Err(e)) => Err(map_error(&e, &self.inner.primary.url)),
-            Ok(Ok(_)) => Ok(()),
-        }
+        let primary = &self.inner.primary;
+        primary
+            .query(&redis::cmd("PING"), self.inner.config.timeout)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_store_error(&primary.url))
     }
 
     /// Loads the code on `node`: the function library on the primary (it replicates), or the
     /// scripts on any node.
     async fn load(&self, node: &Node) -> Result<(), StoreError> {
         let code = &self.inner.code;
-        let mut conn = node.conn.clone();
+        // Loading compiles the code: allow it more than one decision's timeout.
+        let timeout = self.inner.config.timeout.max(Duration::from_secs(2));
         let result = match self.inner.config.script_mode {
-            ScriptMode::Function => redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(&code.library_source)
-                .query_async::<Value>(&mut conn)
-                .await
-                .map(drop),
+            ScriptMode::Function => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&code.library_source);
+                node.query(&load, timeout).await
+            }
             ScriptMode::EvalSha => {
-                let mut pipe = redis::pipe();
+                let mut last = Ok(Value::Nil);
                 for op in Op::ALL {
-                    pipe.cmd("SCRIPT").arg("LOAD").arg(code.script(op).0);
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(code.script(op).0);
+                    last = node.query(&load, timeout).await;
+                    if last.is_err() {
+                        break;
+                    }
                 }
-                pipe.query_async::<Value>(&mut conn).await.map(drop)
+                last
             }
         };
-        result.map_err(|e| map_error(&e, &node.url))
+        result.map(drop).map_err(|f| f.into_store_error(&node.url))
     }
 
     fn build_call(
@@ -374,14 +403,13 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let cmd = self.build_call(op, policy, key, cost, now_ms, on_replica);
         let timeout = self.inner.config.timeout;
-        let mut conn = node.conn.clone();
-        let first = tokio::time::timeout(timeout, cmd.query_async::<Value>(&mut conn)).await;
-        let reply = match first {
-            Err(_) => return Err(StoreError::Timeout(timeout)),
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) if code_missing(&e) => {
+        let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
+        let reply = match node.query(&cmd, timeout).await {
+            Ok(v) => v,
+            Err(Failure::Redis(e)) if code_missing(&e) => {
                 // Nothing ran: the node did not know the code. Load it and try once more.
-                if on_replica && self.inner.config.script_mode == ScriptMode::Function {
+                let functions = self.inner.config.script_mode == ScriptMode::Function;
+                if on_replica && functions {
                     // Functions replicate from the primary; the caller falls back to it.
                     self.load(&self.inner.primary).await?;
                     return Err(StoreError::Backend(format!(
@@ -389,29 +417,13 @@ impl RedisStore {
                         node.url
                     )));
                 }
-                let target = if self.inner.config.script_mode == ScriptMode::Function {
-                    &self.inner.primary
-                } else {
-                    node
-                };
-                self.load(target).await?;
-                match tokio::time::timeout(timeout, cmd.query_async::<Value>(&mut conn)).await {
-                    Err(_) => return Err(StoreError::Timeout(timeout)),
-                    Ok(Ok(v)) => v,
-                    Ok(Err(e)) => {
-                        return Err(map_error(
-                            &e,
-                            &keys::stem(&self.inner.config.key_prefix, policy, key),
-                        ));
-                    }
-                }
+                self.load(if functions { &self.inner.primary } else { node })
+                    .await?;
+                node.query(&cmd, timeout)
+                    .await
+                    .map_err(|f| f.into_store_error(&what()))?
             }
-            Ok(Err(e)) => {
-                return Err(map_error(
-                    &e,
-                    &keys::stem(&self.inner.config.key_prefix, policy, key),
-                ));
-            }
+            Err(f) => return Err(f.into_store_error(&what())),
         };
         let cost = if op == Op::Refund { 0 } else { cost };
         parse_reply(&reply, policy, cost)
@@ -531,18 +543,14 @@ impl Store for RedisStore {
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        let keys = keys::policy_keys(&self.inner.config.key_prefix, policy, key);
-        let mut conn = self.inner.primary.conn.clone();
+        let prefix = &self.inner.config.key_prefix;
         let mut del = redis::cmd("DEL");
-        del.arg(&keys);
-        let fut = del.query_async::<Value>(&mut conn);
-        match tokio::time::timeout(self.inner.config.timeout, fut).await {
-            Err(_) => Err(StoreError::Timeout(self.inner.config.timeout)),
-            Ok(Err(e)) => Err(map_error(
-                &e,
-                &keys::stem(&self.inner.config.key_prefix, policy, key),
-            )),
-            Ok(Ok(_)) => Ok(()),
-        }
+        del.arg(keys::policy_keys(prefix, policy, key));
+        self.inner
+            .primary
+            .query(&del, self.inner.config.timeout)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_store_error(&keys::stem(prefix, policy, key)))
     }
 }
