@@ -1,0 +1,3 @@
+//! The Sluice server: HTTP JSON API, Envoy's rate limit gRPC API, configuration, metrics.
+
+pub mod rls;

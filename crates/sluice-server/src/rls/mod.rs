@@ -1,0 +1,1 @@
+//! Envoy's rate limit service: its configuration files and descriptor matching.
