@@ -1,1 +1,90 @@
-fn main() {}
+//! `sluice`: parse the command line, then hand over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice_server::app::{self, Listeners};
+use sluice_server::cli::{self, Cli, Command, ConfigCommand, LogFormat};
+use sluice_server::config::Config;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve { config } => {
+                let settings = cli::serve_config(config.as_ref())?;
+                let listeners = Listeners::bind(&settings).await?;
+                app::run(listeners, settings, config, shutdown_signal()).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Check {
+                policy,
+                key,
+                cost,
+                url,
+            } => {
+                let allowed = cli::check(&url, &policy, &key, cost).await?;
+                Ok(if allowed {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
+            }
+            Command::Config {
+                command: ConfigCommand::Check { file },
+            } => match Config::load(&file) {
+                Ok(c) => {
+                    println!("{}: valid ({} policies)", file.display(), c.policies.len());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::from(1))
+                }
+            },
+        }
+    });
+    result.unwrap_or_else(|e: anyhow::Error| {
+        eprintln!("sluice: {e:#}");
+        ExitCode::from(2)
+    })
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}

@@ -1,0 +1,144 @@
+//! `run(listeners, config, shutdown)`: everything `sluice serve` does, callable from tests with
+//! port-0 listeners.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::{Clock, MemoryStore, StoreError, SystemClock};
+use sluice_redis::{RedisConfig, RedisStore};
+use tokio::net::TcpListener;
+
+use crate::config::{ClockConfig, Config, ReadFrom, StoreConfig};
+use crate::http;
+use crate::state::{Shared, StoreHandle};
+
+/// How often the configuration file is checked for changes.
+pub const RELOAD_POLL: Duration = Duration::from_millis(500);
+
+/// The sockets the server answers on (bound by the caller, so tests can use port 0).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the configured addresses.
+    pub async fn bind(config: &Config) -> std::io::Result<Self> {
+        Ok(Self {
+            http: TcpListener::bind(config.http).await?,
+        })
+    }
+}
+
+/// Connects the configured store.
+pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
+    match &config.store {
+        StoreConfig::Memory => Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
+        StoreConfig::Redis {
+            shard,
+            read_from,
+            timeout,
+            clock,
+            key_prefix,
+        } => {
+            let rc = RedisConfig::new(shard.primary.clone())
+                .replicas(shard.replicas.clone())
+                .read_from(match read_from {
+                    ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
+                    ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
+                })
+                .timeout(*timeout)
+                .clock(match clock {
+                    ClockConfig::App => sluice_redis::ClockSource::App,
+                    ClockConfig::Redis => sluice_redis::ClockSource::Redis,
+                })
+                .key_prefix(key_prefix.clone());
+            Ok(StoreHandle::Redis(RedisStore::connect(rc).await?))
+        }
+    }
+}
+
+/// Runs the servers until `shutdown` completes, then stops accepting and lets in-flight
+/// requests finish. `config_file`, when given, is watched: a change (or SIGHUP) reloads its
+/// policies; an invalid new file is logged and the last good configuration stays.
+pub async fn run(
+    listeners: Listeners,
+    config: Config,
+    config_file: Option<PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let store = connect_store(&config).await?;
+    let shared = Arc::new(Shared::new(&config, store));
+    let mut background = tokio::task::JoinSet::new();
+    if let StoreHandle::Memory(memory) = shared.store() {
+        let memory = memory.clone();
+        background.spawn(async move {
+            // Idle keys are dropped even when no traffic reaches their shard.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                memory.sweep(SystemClock.now_ms());
+            }
+        });
+    }
+    if let Some(path) = config_file {
+        background.spawn(watch_config(path, shared.clone()));
+    }
+    tracing::info!(http = %listeners.http.local_addr()?, "sluice serving");
+    let app = http::router(shared);
+    let served = axum::serve(listeners.http, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    background.shutdown().await;
+    served?;
+    tracing::info!("sluice stopped");
+    Ok(())
+}
+
+/// Reloads the configuration on SIGHUP and when the file changes.
+async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
+    let fingerprint = |p: &PathBuf| std::fs::read(p).ok();
+    let mut last = fingerprint(&path);
+    let mut tick = tokio::time::interval(RELOAD_POLL);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let forced = match hup.as_mut() {
+            Some(h) => tokio::select! {
+                _ = tick.tick() => false,
+                _ = h.recv() => true,
+            },
+            None => {
+                tick.tick().await;
+                false
+            }
+        };
+        #[cfg(not(unix))]
+        let forced = {
+            tick.tick().await;
+            false
+        };
+        let now = fingerprint(&path);
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        match Config::load(&path) {
+            Ok(config) => {
+                if config.store != shared.current_store_config() {
+                    tracing::warn!("store settings changed: they apply after a restart");
+                }
+                shared.apply(&config);
+                tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "configuration reload failed; keeping the last good one");
+                shared.reload_failed(e.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The configuration file (CONTRACT §5), parsed and validated in one pass.
+//!
+//! Every value is checked while it is read, so an error carries the file, the line and the
+//! path of the value, e.g. `sluice.yaml:7:15: policies.api.limits[1].per: `0s` is not a
+//! positive duration`. Parse, don't validate: what comes out is a [`Config`] of valid
+//! [`Policy`]s, addresses and durations.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use sluice::{Algorithm, Limit, LimitSpec, Policy};
+
+/// The default HTTP address.
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+/// The default gRPC address.
+pub const DEFAULT_GRPC: &str = "127.0.0.1:8081";
+
+/// A configuration that cannot be used, with where and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {message}", .line.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file (or `<built-in>`).
+    pub file: String,
+    /// Line and column, when known.
+    pub line: Option<(usize, usize)>,
+    /// What is wrong, with the path of the value.
+    pub message: String,
+}
+
+/// What a policy does when its store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Allow the request; the decision is marked degraded.
+    #[default]
+    Open,
+    /// Refuse with 503 "store unavailable".
+    Closed,
+}
+
+/// A policy and its failure mode.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// The validated policy.
+    pub policy: Policy,
+    /// What to do when the store fails.
+    pub on_store_error: FailureMode,
+}
+
+/// Where peeks read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadFrom {
+    /// Replicas when configured.
+    #[default]
+    Replicas,
+    /// Always the primary.
+    Primary,
+}
+
+/// Where "now" comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockConfig {
+    /// This process's clock.
+    #[default]
+    App,
+    /// Redis `TIME`.
+    Redis,
+}
+
+/// One primary and its replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    /// The primary's URL.
+    pub primary: String,
+    /// Replica URLs.
+    #[serde(default)]
+    pub replicas: Vec<String>,
+}
+
+/// The store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// In this process.
+    Memory,
+    /// One Redis primary with replicas.
+    Redis {
+        /// The shard.
+        shard: ShardConfig,
+        /// Where peeks read.
+        read_from: ReadFrom,
+        /// Per-call timeout.
+        timeout: Duration,
+        /// Where "now" comes from.
+        clock: ClockConfig,
+        /// Key prefix.
+        key_prefix: String,
+    },
+}
+
+/// Envoy rate limit service settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RlsSettings {
+    /// The directory of Envoy ratelimit YAML files.
+    pub config_dir: PathBuf,
+}
+
+/// A whole, valid configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// HTTP listen address.
+    pub http: SocketAddr,
+    /// gRPC listen address.
+    pub grpc: SocketAddr,
+    /// Policies by name, in name order.
+    pub policies: Vec<PolicyConfig>,
+    /// Envoy RLS settings, if any.
+    pub rls: Option<RlsSettings>,
+    /// The store.
+    pub store: StoreConfig,
+}
+
+// ----- durations ----------------------------------------------------------------------------
+
+/// A positive duration written `250ms`, `1s`, `5m`, `1h` or `1d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositiveDuration(pub Duration);
+
+impl PositiveDuration {
+    /// Parses `250ms`, `1s`, `5m`, `1h`, `1d`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (digits, unit) = t.split_at(split);
+        let factor: u64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => {
+                return Err(format!(
+                    "`{text}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d"
+                ));
+            }
+        };
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{text}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d"))?;
+        let ms = n
+            .checked_mul(factor)
+            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
+        if ms == 0 {
+            return Err(format!("`{text}` is not a positive duration"));
+        }
+        Ok(Self(Duration::from_millis(ms)))
+    }
+
+    fn millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for PositiveDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = PositiveDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 250ms, 1s, 5m, 1h or 1d")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                PositiveDuration::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Err(E::custom(format!(
+                    "`{v}` has no unit; write e.g. {v}s or {v}ms"
+                )))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Err(E::custom(format!("`{v}` is not a positive duration")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ----- the raw file, validated while read ----------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    max: u64,
+    per: PositiveDuration,
+    #[serde(default)]
+    algorithm: Option<String>,
+    #[serde(default)]
+    precision: Option<PositiveDuration>,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default)]
+    align: bool,
+}
+
+/// A limit validated as it is read, so its errors carry a line.
+struct ValidLimit(Limit);
+
+impl<'de> Deserialize<'de> for ValidLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawLimit::deserialize(d)?;
+        let algorithm = match raw.algorithm.as_deref() {
+            None => Algorithm::FixedWindow,
+            Some(a) => a
+                .parse()
+                .map_err(|e: sluice::LimitError| de::Error::custom(e))?,
+        };
+        let spec = LimitSpec {
+            max: raw.max,
+            per_ms: raw.per.millis(),
+            algorithm,
+            precision_ms: raw.precision.map(PositiveDuration::millis),
+            burst: raw.burst,
+            align: raw.align,
+        };
+        Limit::new(spec).map(ValidLimit).map_err(de::Error::custom)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    on_store_error: Option<String>,
+    limits: Vec<ValidLimit>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    http: Option<SocketAddr>,
+    grpc: Option<SocketAddr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRls {
+    config_dir: PathBuf,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    #[serde(default)]
+    backend: Option<String>,
+    #[serde(default)]
+    shards: Vec<ShardConfig>,
+    #[serde(default)]
+    cluster: Option<Vec<String>>,
+    #[serde(default)]
+    sentinel: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    read_from: ReadFrom,
+    #[serde(default)]
+    timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    clock: ClockConfig,
+    #[serde(default)]
+    key_prefix: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLocal {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    batch: Option<serde_yaml_ng::Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    listen: RawListen,
+    #[serde(default)]
+    policies: BTreeMap<String, RawPolicy>,
+    #[serde(default)]
+    rls: Option<RawRls>,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    local: RawLocal,
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            message: format!("cannot read the configuration: {e}"),
+        })?;
+        let mut config = Self::parse(&file, &text)?;
+        if let Some(rls) = &mut config.rls
+            && rls.config_dir.is_relative()
+            && let Some(dir) = path.parent()
+        {
+            // A relative directory is relative to the configuration file, not to the cwd.
+            rls.config_dir = dir.join(&rls.config_dir);
+        }
+        Ok(config)
+    }
+
+    /// Validates a configuration given as text; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
+                file: file.to_owned(),
+                line: e.location().map(|l| (l.line(), l.column())),
+                message: strip_location(&e.to_string()),
+            })?
+        };
+        let err = |message: String| ConfigError {
+            file: file.to_owned(),
+            line: None,
+            message,
+        };
+        let mut policies = Vec::with_capacity(raw.policies.len());
+        for (name, p) in raw.policies {
+            let on_store_error = match p.on_store_error.as_deref() {
+                None | Some("open") => FailureMode::Open,
+                Some("closed") => FailureMode::Closed,
+                Some("local") => {
+                    return Err(err(format!(
+                        "policies.{name}.on_store_error: `local` needs the local insurance \
+                         limiter, which this build does not have yet; use open or closed"
+                    )));
+                }
+                Some(other) => {
+                    return Err(err(format!(
+                        "policies.{name}.on_store_error: `{other}` is not a failure mode; \
+                         expected open, closed or local"
+                    )));
+                }
+            };
+            let limits = p.limits.into_iter().map(|l| l.0).collect();
+            let policy = Policy::new(name.clone(), limits).map_err(|e| {
+                let field = if e.field == "name" {
+                    format!("policies.{name}")
+                } else {
+                    format!("policies.{name}.{}", e.field)
+                };
+                err(format!("{field}: {}", e.reason))
+            })?;
+            policies.push(PolicyConfig {
+                policy,
+                on_store_error,
+            });
+        }
+        let store = store_config(raw.store).map_err(err)?;
+        if raw.local.enabled {
+            return Err(err(
+                "local.enabled: local token reservation is not in this build yet; remove it or \
+                 set it to false"
+                    .to_owned(),
+            ));
+        }
+        let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
+        Ok(Self {
+            http: match raw.listen.http {
+                Some(a) => a,
+                None => default_addr(DEFAULT_HTTP)?,
+            },
+            grpc: match raw.listen.grpc {
+                Some(a) => a,
+                None => default_addr(DEFAULT_GRPC)?,
+            },
+            policies,
+            rls: raw.rls.map(|r| RlsSettings {
+                config_dir: r.config_dir,
+            }),
+            store,
+        })
+    }
+
+    /// The configuration used when none is given: the in-memory store and a demo policy.
+    pub fn demo() -> Self {
+        // The demo text is fixed and valid; parsing it cannot fail.
+        match Self::parse("<built-in demo>", DEMO) {
+            Ok(c) => c,
+            Err(e) => unreachable!("the built-in demo configuration is invalid: {e}"),
+        }
+    }
+}
+
+/// The demo configuration served when no file is given (printed at start).
+pub const DEMO: &str = "\
+policies:
+  demo:
+    limits:
+      - { max: 5, per: 10s }
+      - { max: 100, per: 1h }
+";
+
+fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
+    let backend = raw.backend.as_deref().unwrap_or("memory");
+    match backend {
+        "memory" => Ok(StoreConfig::Memory),
+        "redis" => {
+            if raw.cluster.is_some() {
+                return Err(
+                    "store.cluster: Redis Cluster is not in this build yet; use one \
+                            primary under store.shards"
+                        .to_owned(),
+                );
+            }
+            if raw.sentinel.is_some() {
+                return Err(
+                    "store.sentinel: Sentinel is not in this build yet; use one primary \
+                            under store.shards"
+                        .to_owned(),
+                );
+            }
+            let mut shards = raw.shards;
+            if shards.len() != 1 {
+                return Err(format!(
+                    "store.shards: {} shards given; this build supports exactly one (a primary \
+                     with replicas)",
+                    shards.len()
+                ));
+            }
+            let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice:".to_owned());
+            sluice_redis::keys::validate_prefix(&key_prefix)
+                .map_err(|e| format!("store.key_prefix: {e}"))?;
+            Ok(StoreConfig::Redis {
+                shard: shards.remove(0),
+                read_from: raw.read_from,
+                timeout: raw.timeout.map_or(Duration::from_millis(50), |t| t.0),
+                clock: raw.clock,
+                key_prefix,
+            })
+        }
+        other => Err(format!(
+            "store.backend: `{other}` is not a store; expected memory or redis"
+        )),
+    }
+}
+
+/// serde_yaml_ng appends " at line L column C"; the error already carries the location.
+fn strip_location(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}

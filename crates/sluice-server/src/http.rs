@@ -1,0 +1,501 @@
+//! The HTTP JSON API (CONTRACT §3).
+//!
+//! Every answer is JSON (`content-type: application/json`), errors included:
+//! `{"error": {"code": "…", "message": "…"}}` with a message a person can act on. Bodies are
+//! read as bytes under a 64 KiB cap (refused with 413 before any parsing) and validated by hand,
+//! so each 400 names the field at fault.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde_json::{Value, json};
+use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
+
+use crate::config::FailureMode;
+use crate::state::Shared;
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Every route as (method, OpenAPI path); a test holds docs/openapi.json to this list, and to
+/// what the router answers.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/check"),
+    ("POST", "/v1/peek"),
+    ("POST", "/v1/refund"),
+    ("DELETE", "/v1/keys/{policy}/{key}"),
+    ("GET", "/v1/policies"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/openapi.json"),
+];
+
+/// The routes of the HTTP API.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/peek", post(peek))
+        .route("/v1/refund", post(refund))
+        .route("/v1/keys/{policy}/{*key}", delete(forget))
+        .route("/v1/policies", get(policies))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+/// The OpenAPI document of this API (also kept in docs/openapi.json).
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+// ----- errors -------------------------------------------------------------------------------
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// An error answer.
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    json_response(
+        status,
+        &json!({"error": {"code": code, "message": message.into()}}),
+    )
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such path; the API is POST /v1/check, /v1/peek, /v1/refund, DELETE \
+         /v1/keys/{policy}/{key}, GET /v1/policies, /healthz, /readyz, /openapi.json",
+    )
+}
+
+async fn method_not_allowed(method: Method) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on this path; see /openapi.json for the methods"),
+    )
+}
+
+// ----- the request body ---------------------------------------------------------------------
+
+/// A validated `{"policy", "key", "cost"}` body.
+#[derive(Debug)]
+struct Request {
+    policy: String,
+    key: String,
+    cost: u64,
+}
+
+/// A refused request, turned into a JSON error answer.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.status, self.code, self.message)
+    }
+}
+
+fn parse_request(body: Result<Bytes, BytesRejection>) -> Result<Request, Refusal> {
+    let bad = |message: String| Refusal {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_request",
+        message,
+    };
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Refusal {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "body_too_large",
+                message: format!("the body is larger than {MAX_BODY} bytes"),
+            }
+        } else {
+            bad(format!("the body could not be read: {rejection}"))
+        }
+    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(bad(
+            "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}"
+                .to_owned(),
+        ));
+    };
+    let string = |field: &str| match map.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(bad(format!(
+            "`{field}` must be a string, got {}",
+            type_name(other)
+        ))),
+        None => Err(bad(format!("`{field}` is missing"))),
+    };
+    let policy = string("policy")?;
+    let key = string("key")?;
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(bad(format!(
+            "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
+            key.len()
+        )));
+    }
+    let cost = match map.get("cost") {
+        None | Some(Value::Null) => 1,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(c) if c <= sluice::core::MAX_AMOUNT => c,
+            Some(c) => {
+                return Err(bad(format!(
+                    "`cost` {c} is too large; at most 2^53 (9007199254740992)"
+                )));
+            }
+            None if n.as_i64().is_some() => {
+                return Err(bad(format!("`cost` must not be negative, got {n}")));
+            }
+            None => return Err(bad(format!("`cost` must be a whole number, got {n}"))),
+        },
+        Some(other) => {
+            return Err(bad(format!(
+                "`cost` must be a whole number, got {}",
+                type_name(other)
+            )));
+        }
+    };
+    for field in map.keys() {
+        if !matches!(field.as_str(), "policy" | "key" | "cost") {
+            return Err(bad(format!(
+                "unknown field `{field}`; the fields are policy, key and cost"
+            )));
+        }
+    }
+    Ok(Request { policy, key, cost })
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+// ----- decisions ----------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Check,
+    Peek,
+    Refund,
+}
+
+async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    decide(&s, Op::Check, body).await
+}
+
+async fn peek(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    decide(&s, Op::Peek, body).await
+}
+
+async fn refund(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    decide(&s, Op::Refund, body).await
+}
+
+fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
+    let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
+    names.sort_unstable();
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_policy",
+        format!("no policy named `{name}`; configured: {}", names.join(", ")),
+    )
+}
+
+async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) -> Response {
+    let req = match parse_request(body) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let snapshot = shared.snapshot();
+    let limiter = &snapshot.limiter;
+    let Some(policy) = limiter.policy(&req.policy) else {
+        return unknown_policy(&req.policy, &snapshot);
+    };
+    let result = match op {
+        Op::Check => limiter.check_policy(policy, &req.key, req.cost).await,
+        Op::Peek => limiter.peek(&req.policy, &req.key, req.cost).await,
+        Op::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+    };
+    match result {
+        Ok(d) => {
+            let status = if op == Op::Check && !d.allowed {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            decision_response(status, policy, &req.key, &d, false, snapshot.now_ms())
+        }
+        Err(LimitError::Store(e)) => match snapshot.failure_mode(policy.name()) {
+            FailureMode::Closed => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!(
+                    "the store cannot answer ({e}) and policy `{}` fails closed; retry later",
+                    policy.name()
+                ),
+            ),
+            FailureMode::Open => {
+                tracing::warn!(policy = policy.name(), error = %e, "store failed; allowing (open)");
+                let d = sluice::Decision::new(
+                    true,
+                    req.cost,
+                    policy
+                        .limits()
+                        .iter()
+                        .map(|l| sluice::LimitStatus {
+                            max: l.max(),
+                            per_ms: l.per_ms(),
+                            algorithm: l.algorithm(),
+                            admits: true,
+                            remaining: l.max(),
+                            reset_ms: snapshot.now_ms(),
+                            retry_after_ms: Some(0),
+                        })
+                        .collect(),
+                );
+                decision_response(
+                    StatusCode::OK,
+                    policy,
+                    &req.key,
+                    &d,
+                    true,
+                    snapshot.now_ms(),
+                )
+            }
+        },
+        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+    }
+}
+
+fn secs_up(ms: u64) -> u64 {
+    ms.div_ceil(1_000)
+}
+
+/// The decision body and headers (CONTRACT §3).
+pub fn decision_response(
+    status: StatusCode,
+    policy: &Policy,
+    key: &str,
+    d: &Decision,
+    degraded: bool,
+    now_ms: u64,
+) -> Response {
+    let b = d.binding();
+    let limits: Vec<Value> = d
+        .limits
+        .iter()
+        .map(|s| {
+            json!({
+                "max": s.max,
+                "per_ms": s.per_ms,
+                "algorithm": s.algorithm.as_str(),
+                "remaining": s.remaining,
+                "reset_ms": s.reset_ms,
+                "retry_after_ms": s.retry_after_ms,
+            })
+        })
+        .collect();
+    let mut body = json!({
+        "allowed": d.allowed,
+        "policy": policy.name(),
+        "key": key,
+        "cost": d.cost,
+        "limit": b.max,
+        "remaining": b.remaining,
+        "reset": secs_up(b.reset_ms),
+        "retry_after": b.retry_after_ms.map(secs_up),
+        "limits": limits,
+    });
+    if degraded {
+        body["degraded"] = Value::Bool(true);
+    }
+    let mut response = json_response(status, &body);
+    add_headers(response.headers_mut(), policy, d, now_ms);
+    response
+}
+
+fn set(headers: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// GitHub's `X-RateLimit-*`, `Retry-After`, and the IETF draft's `RateLimit-Policy` and
+/// `RateLimit` (Structured Fields: one item per limit).
+pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision, now_ms: u64) {
+    let b = d.binding();
+    set(headers, "x-ratelimit-limit", b.max.to_string());
+    set(headers, "x-ratelimit-remaining", b.remaining.to_string());
+    set(headers, "x-ratelimit-used", b.used().to_string());
+    set(
+        headers,
+        "x-ratelimit-reset",
+        secs_up(b.reset_ms).to_string(),
+    );
+    set(headers, "x-ratelimit-resource", policy.name().to_owned());
+    if !d.allowed
+        && let Some(ms) = b.retry_after_ms
+    {
+        set(headers, "retry-after", secs_up(ms).max(1).to_string());
+    }
+    let items = |f: &dyn Fn(usize, &sluice::LimitStatus) -> String| {
+        d.limits
+            .iter()
+            .enumerate()
+            .map(|(i, s)| f(i, s))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let name = |i: usize| sf_string(&format!("{}:{i}", policy.name()));
+    set(
+        headers,
+        "ratelimit-policy",
+        items(&|i, s| format!("{};q={};w={}", name(i), s.max, secs_up(s.per_ms).max(1))),
+    );
+    set(
+        headers,
+        "ratelimit",
+        items(&|i, s| {
+            let t = secs_up(s.reset_ms.saturating_sub(now_ms));
+            format!("{};r={};t={}", name(i), s.remaining, t)
+        }),
+    );
+}
+
+/// A Structured Field String: quoted, with `"` and `\` escaped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+// ----- the rest -----------------------------------------------------------------------------
+
+async fn forget(
+    State(shared): State<Arc<Shared>>,
+    Path((policy, key)): Path<(String, String)>,
+) -> Response {
+    let snapshot = shared.snapshot();
+    if snapshot.limiter.policy(&policy).is_none() {
+        return unknown_policy(&policy, &snapshot);
+    }
+    match snapshot.limiter.forget(&policy, &key).await {
+        Ok(()) => {
+            let mut r = StatusCode::NO_CONTENT.into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(LimitError::Store(e)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("the store cannot answer: {e}"),
+        ),
+        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+    }
+}
+
+async fn policies(State(shared): State<Arc<Shared>>) -> Response {
+    let snapshot = shared.snapshot();
+    let mut list: Vec<&Policy> = snapshot.limiter.policies().collect();
+    list.sort_by(|a, b| a.name().cmp(b.name()));
+    let policies: Vec<Value> = list
+        .into_iter()
+        .map(|p| {
+            let limits: Vec<Value> = p
+                .limits()
+                .iter()
+                .map(|l| {
+                    let mut v = json!({
+                        "max": l.max(),
+                        "per_ms": l.per_ms(),
+                        "algorithm": l.algorithm().as_str(),
+                    });
+                    match l.algorithm() {
+                        sluice::Algorithm::SlidingWindow => {
+                            v["precision_ms"] = json!(l.precision_ms())
+                        }
+                        sluice::Algorithm::TokenBucket => v["burst"] = json!(l.burst()),
+                        _ => v["align"] = json!(l.align()),
+                    }
+                    v
+                })
+                .collect();
+            let mode = match snapshot.failure_mode(p.name()) {
+                FailureMode::Open => "open",
+                FailureMode::Closed => "closed",
+            };
+            json!({"name": p.name(), "on_store_error": mode, "limits": limits})
+        })
+        .collect();
+    let status = shared.reload_status();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "policies": policies,
+            "config": {"generation": status.generation, "last_reload_error": status.last_error},
+        }),
+    )
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let snapshot = shared.snapshot();
+    match snapshot.ping().await {
+        Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready"})),
+        Err(down) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": format!("shards not answering: {down}")}}),
+        ),
+    }
+}
+
+async fn openapi() -> Response {
+    let mut r = (StatusCode::OK, OPENAPI).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

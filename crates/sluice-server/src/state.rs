@@ -1,0 +1,148 @@
+//! What requests read: the current policies over the store, swapped whole on a reload.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
+use sluice_redis::RedisStore;
+
+use crate::config::{Config, FailureMode};
+
+/// The store behind the limiter, kept concrete for readiness checks.
+#[derive(Debug, Clone)]
+pub enum StoreHandle {
+    /// In this process.
+    Memory(Arc<MemoryStore>),
+    /// Redis.
+    Redis(RedisStore),
+}
+
+impl StoreHandle {
+    fn shared(&self) -> SharedStore {
+        match self {
+            StoreHandle::Memory(m) => SharedStore::new(m.clone()),
+            StoreHandle::Redis(r) => SharedStore::new(r.clone()),
+        }
+    }
+}
+
+/// One configuration generation: policies, their failure modes, the store.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The limiter with this generation's policies.
+    pub limiter: Limiter<SharedStore>,
+    modes: HashMap<String, FailureMode>,
+    store: StoreHandle,
+}
+
+impl Snapshot {
+    fn new(config: &Config, store: &StoreHandle) -> Self {
+        let limiter = Limiter::new(store.shared())
+            .with_policies(config.policies.iter().map(|p| p.policy.clone()));
+        let modes = config
+            .policies
+            .iter()
+            .map(|p| (p.policy.name().to_owned(), p.on_store_error))
+            .collect();
+        Self {
+            limiter,
+            modes,
+            store: store.clone(),
+        }
+    }
+
+    /// The failure mode of a policy.
+    pub fn failure_mode(&self, policy: &str) -> FailureMode {
+        self.modes.get(policy).copied().unwrap_or_default()
+    }
+
+    /// The limiter's clock.
+    pub fn now_ms(&self) -> u64 {
+        SystemClock.now_ms()
+    }
+
+    /// Whether every store shard answers; the error names those that do not.
+    pub async fn ping(&self) -> Result<(), String> {
+        match &self.store {
+            StoreHandle::Memory(_) => Ok(()),
+            StoreHandle::Redis(r) => r.ping().await.map_err(|e| format!("shard 0 ({e})")),
+        }
+    }
+}
+
+/// Reload bookkeeping, reported by `GET /v1/policies`.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    /// Configurations applied since start (1 = the initial one).
+    pub generation: u64,
+    /// The error of the last failed reload, cleared by a successful one.
+    pub last_error: Option<String>,
+}
+
+/// Shared by every request handler.
+#[derive(Debug)]
+pub struct Shared {
+    current: RwLock<Arc<Snapshot>>,
+    store: StoreHandle,
+    store_config: crate::config::StoreConfig,
+    status: RwLock<ReloadStatus>,
+}
+
+impl Shared {
+    /// The first generation.
+    pub fn new(config: &Config, store: StoreHandle) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(Snapshot::new(config, &store))),
+            store,
+            store_config: config.store.clone(),
+            status: RwLock::new(ReloadStatus {
+                generation: 1,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// The current generation (cheap: one reference count).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Applies a new configuration's policies to requests that arrive from now on.
+    pub fn apply(&self, config: &Config) {
+        let next = Arc::new(Snapshot::new(config, &self.store));
+        match self.current.write() {
+            Ok(mut g) => *g = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
+        status.generation += 1;
+        status.last_error = None;
+    }
+
+    /// Records a reload that failed (the last good configuration stays).
+    pub fn reload_failed(&self, error: String) {
+        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
+        status.last_error = Some(error);
+    }
+
+    /// Reload bookkeeping.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.status
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The store settings the server started with (a reload cannot change them).
+    pub fn current_store_config(&self) -> crate::config::StoreConfig {
+        self.store_config.clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &StoreHandle {
+        &self.store
+    }
+}

@@ -1,0 +1,119 @@
+//! Configuration files: what is accepted, and that every refusal names file, line and value.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::time::Duration;
+
+use sluice_server::config::{Config, FailureMode, StoreConfig};
+
+fn error(text: &str) -> String {
+    Config::parse("sluice.yaml", text).unwrap_err().to_string()
+}
+
+#[test]
+fn the_contract_example_is_accepted() {
+    let c = Config::parse(
+        "sluice.yaml",
+        r#"
+listen:
+  http: 127.0.0.1:9090
+  grpc: 127.0.0.1:9091
+policies:
+  api:
+    limits:
+      - { max: 10, per: 1s }
+      - { max: 5000, per: 1h }
+  search:
+    limits:
+      - { max: 30, per: 1m, algorithm: sliding_window, precision: 1s }
+  uploads:
+    on_store_error: closed
+    limits:
+      - { max: 100, per: 1m, algorithm: token_bucket, burst: 20 }
+rls:
+  config_dir: ./ratelimit-config
+store:
+  backend: redis
+  shards:
+    - primary: redis://127.0.0.1:6379
+      replicas: [redis://127.0.0.1:6380]
+  read_from: replicas
+  timeout: 50ms
+  clock: app
+  key_prefix: "sluice:"
+local:
+  enabled: false
+  batch: auto
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.http.port(), 9090);
+    assert_eq!(c.policies.len(), 3);
+    let uploads = c
+        .policies
+        .iter()
+        .find(|p| p.policy.name() == "uploads")
+        .unwrap();
+    assert_eq!(uploads.on_store_error, FailureMode::Closed);
+    assert_eq!(uploads.policy.limits()[0].burst(), 20);
+    match c.store {
+        StoreConfig::Redis { timeout, shard, .. } => {
+            assert_eq!(timeout, Duration::from_millis(50));
+            assert_eq!(shard.replicas.len(), 1);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_empty_file_means_defaults() {
+    let c = Config::parse("sluice.yaml", "").unwrap();
+    assert_eq!(c.http.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.grpc.to_string(), "127.0.0.1:8081");
+    assert_eq!(c.store, StoreConfig::Memory);
+    assert!(c.policies.is_empty());
+    assert_eq!(Config::demo().policies.len(), 1);
+}
+
+#[test]
+fn errors_name_file_line_and_value() {
+    let e = error(
+        "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s }\n      - { max: 5, per: 0s }\n",
+    );
+    assert!(e.starts_with("sluice.yaml:5:"), "{e}");
+    assert!(e.contains("policies.api.limits[1].per"), "{e}");
+    assert!(e.contains("`0s` is not a positive duration"), "{e}");
+
+    let e = error("policies:\n  api:\n    limits:\n      - { max: 0, per: 1s }\n");
+    assert!(e.starts_with("sluice.yaml:4:"), "{e}");
+    assert!(e.contains("max"), "{e}");
+
+    let e =
+        error("policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, algorithm: leaky }\n");
+    assert!(e.contains("`leaky` is not an algorithm"), "{e}");
+
+    let e = error(
+        "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, precision: 300ms, algorithm: sliding_window }\n",
+    );
+    assert!(e.contains("multiple of precision"), "{e}");
+
+    let e = error("policies:\n  api:\n    limit:\n      - { max: 10, per: 1s }\n");
+    assert!(e.contains("unknown field `limit`"), "{e}");
+    assert!(e.starts_with("sluice.yaml:3:"), "{e}");
+
+    let e = error("store:\n  backend: etcd\n");
+    assert!(e.contains("store.backend: `etcd` is not a store"), "{e}");
+
+    let e =
+        error("policies:\n  api:\n    on_store_error: maybe\n    limits: [{ max: 1, per: 1s }]\n");
+    assert!(e.contains("policies.api.on_store_error"), "{e}");
+
+    let e = error("listen:\n  http: localhost-ish\n");
+    assert!(e.starts_with("sluice.yaml:2:"), "{e}");
+
+    let e = error("policies:\n  api:\n    limits: [{ max: 1, per: 10 }]\n");
+    assert!(e.contains("has no unit"), "{e}");
+
+    let e = error("policies:\n  'a b':\n    limits: [{ max: 1, per: 1s }]\n");
+    assert!(e.contains("policies.a b"), "{e}");
+}

@@ -1,0 +1,666 @@
+//! End to end: the real server on port 0, a real HTTP client, every endpoint and error of
+//! CONTRACT §3, the headers of a full window, reloads and a graceful shutdown.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sluice_server::app::{self, Listeners};
+use sluice_server::config::Config;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+const CONFIG: &str = r#"
+policies:
+  api:
+    limits:
+      - { max: 3, per: 1h }
+      - { max: 1000, per: 1d }
+  search:
+    limits:
+      - { max: 30, per: 1m, algorithm: sliding_window, precision: 1s }
+  uploads:
+    limits:
+      - { max: 100, per: 1m, algorithm: token_bucket, burst: 20 }
+"#;
+
+struct Server {
+    url: String,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, config).unwrap();
+        let settings = Config::load(&file).unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", http.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(app::run(
+            Listeners { http },
+            settings,
+            Some(file.clone()),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let server = Self {
+            url,
+            stop: Some(stop),
+            done,
+            file,
+            _dir: dir,
+        };
+        server.wait_ready().await;
+        server
+    }
+
+    /// Polls `/healthz` until the server answers.
+    async fn wait_ready(&self) {
+        let c = Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while c.get(format!("{}/healthz", self.url)).send().await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.done.await.unwrap().unwrap();
+    }
+}
+
+async fn post(c: &Client, url: &str, body: Value) -> reqwest::Response {
+    c.post(url).json(&body).send().await.unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn error_of(r: reqwest::Response, status: StatusCode) -> String {
+    assert_eq!(r.status(), status);
+    assert_eq!(
+        header(&r, "content-type").as_deref(),
+        Some("application/json")
+    );
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap().to_owned();
+    assert!(body["error"]["code"].is_string(), "{body}");
+    message
+}
+
+#[tokio::test]
+async fn a_full_window_counts_down_then_429_with_a_constant_reset() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    let url = format!("{}/v1/check", s.url);
+    let mut resets = Vec::new();
+    for expected in [2, 1, 0] {
+        let r = post(&c, &url, json!({"policy": "api", "key": "user:42"})).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("3"));
+        assert_eq!(
+            header(&r, "x-ratelimit-remaining"),
+            Some(expected.to_string())
+        );
+        assert_eq!(
+            header(&r, "x-ratelimit-used"),
+            Some((3 - expected).to_string())
+        );
+        assert_eq!(header(&r, "x-ratelimit-resource").as_deref(), Some("api"));
+        assert!(header(&r, "retry-after").is_none());
+        let policy = header(&r, "ratelimit-policy").unwrap();
+        assert_eq!(policy, r#""api:0";q=3;w=3600, "api:1";q=1000;w=86400"#);
+        let rl = header(&r, "ratelimit").unwrap();
+        assert!(
+            rl.starts_with(&format!(r#""api:0";r={expected};t="#)),
+            "{rl}"
+        );
+        resets.push(header(&r, "x-ratelimit-reset").unwrap());
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["allowed"], json!(true));
+        assert_eq!(body["remaining"], json!(expected));
+        assert_eq!(body["limits"][1]["remaining"], json!(997 + expected));
+        assert_eq!(body["limits"][0]["algorithm"], json!("fixed_window"));
+        resets.push(body["reset"].to_string());
+    }
+    let r = post(&c, &url, json!({"policy": "api", "key": "user:42"})).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((3_590..=3_600).contains(&retry), "Retry-After {retry}");
+    resets.push(header(&r, "x-ratelimit-reset").unwrap());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["allowed"], json!(false));
+    assert_eq!(body["retry_after"], json!(retry));
+    resets.dedup();
+    assert_eq!(resets.len(), 1, "the reset moved: {resets:?}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn peek_refund_forget_and_policies() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    let check = format!("{}/v1/check", s.url);
+    post(&c, &check, json!({"policy": "api", "key": "k", "cost": 2})).await;
+    let r = post(
+        &c,
+        &format!("{}/v1/peek", s.url),
+        json!({"policy": "api", "key": "k", "cost": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["remaining"],
+        json!(0),
+        "a peek reports what the check would get"
+    );
+    let r = post(
+        &c,
+        &format!("{}/v1/refund", s.url),
+        json!({"policy": "api", "key": "k", "cost": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["remaining"], json!(2));
+    let r = c
+        .delete(format!("{}/v1/keys/api/k", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = post(&c, &check, json!({"policy": "api", "key": "k", "cost": 3})).await;
+    assert_eq!(r.status(), StatusCode::OK, "forgotten: a full window again");
+    // Keys with slashes and spaces survive the path.
+    post(&c, &check, json!({"policy": "api", "key": "a/b c"})).await;
+    let r = c
+        .delete(format!("{}/v1/keys/api/a%2Fb%20c", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+
+    let r = c
+        .get(format!("{}/v1/policies", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    let names: Vec<&str> = body["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["api", "search", "uploads"]);
+    assert_eq!(body["policies"][2]["limits"][0]["burst"], json!(20));
+
+    for path in ["/healthz", "/readyz"] {
+        let r = c.get(format!("{}{path}", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        assert_eq!(
+            header(&r, "content-type").as_deref(),
+            Some("application/json")
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn every_error_is_json_with_the_right_status() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    let check = format!("{}/v1/check", s.url);
+    let send = |body: &'static str| {
+        let c = c.clone();
+        let url = check.clone();
+        async move {
+            c.post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let cases: [(&str, &str); 10] = [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        (r#"{"key": "k"}"#, "`policy` is missing"),
+        (r#"{"policy": "api"}"#, "`key` is missing"),
+        (r#"{"policy": 7, "key": "k"}"#, "`policy` must be a string"),
+        (
+            r#"{"policy": "api", "key": ""}"#,
+            "`key` must be 1 to 512 bytes",
+        ),
+        (
+            r#"{"policy": "api", "key": "k", "cost": -1}"#,
+            "must not be negative",
+        ),
+        (
+            r#"{"policy": "api", "key": "k", "cost": 1.5}"#,
+            "whole number",
+        ),
+        (
+            r#"{"policy": "api", "key": "k", "cost": 9007199254740993}"#,
+            "too large",
+        ),
+        (
+            r#"{"policy": "api", "key": "k", "weight": 1}"#,
+            "unknown field `weight`",
+        ),
+    ];
+    for (body, expected) in cases {
+        let message = error_of(send(body).await, StatusCode::BAD_REQUEST).await;
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    let long_key = json!({"policy": "api", "key": "k".repeat(513)});
+    let message = error_of(post(&c, &check, long_key).await, StatusCode::BAD_REQUEST).await;
+    assert!(message.contains("513 bytes"), "{message}");
+
+    let message = error_of(
+        post(&c, &check, json!({"policy": "nope", "key": "k"})).await,
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    assert!(
+        message.contains("no policy named `nope`") && message.contains("api, search, uploads"),
+        "{message}"
+    );
+    let r = c
+        .delete(format!("{}/v1/keys/nope/k", s.url))
+        .send()
+        .await
+        .unwrap();
+    error_of(r, StatusCode::NOT_FOUND).await;
+    error_of(
+        c.get(format!("{}/v2/check", s.url)).send().await.unwrap(),
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    error_of(
+        c.get(check.clone()).send().await.unwrap(),
+        StatusCode::METHOD_NOT_ALLOWED,
+    )
+    .await;
+    error_of(
+        c.post(format!("{}/healthz", s.url)).send().await.unwrap(),
+        StatusCode::METHOD_NOT_ALLOWED,
+    )
+    .await;
+    let huge = format!(r#"{{"policy": "api", "key": "{}"}}"#, "k".repeat(70 * 1024));
+    let r = c.post(check.clone()).body(huge).send().await.unwrap();
+    error_of(r, StatusCode::PAYLOAD_TOO_LARGE).await;
+    // Nothing above was counted.
+    let r = post(
+        &c,
+        &format!("{}/v1/peek", s.url),
+        json!({"policy": "api", "key": "k", "cost": 0}),
+    )
+    .await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["remaining"], json!(3));
+    s.stop().await;
+}
+
+async fn policies(c: &Client, s: &Server) -> Value {
+    c.get(format!("{}/v1/policies", s.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls until `cond` holds on `GET /v1/policies` (the server checks its file every 500 ms).
+async fn wait_for(c: &Client, s: &Server, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = policies(c, s).await;
+        if cond(&p) {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    std::fs::write(
+        &s.file,
+        "policies:\n  fresh:\n    limits: [{ max: 1, per: 1m }]\n",
+    )
+    .unwrap();
+    let p = wait_for(&c, &s, "the new policy", |p| {
+        p["config"]["generation"] == json!(2)
+    })
+    .await;
+    assert_eq!(p["policies"][0]["name"], json!("fresh"));
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "fresh", "key": "k"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "api", "key": "k"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "the old policy is gone");
+
+    std::fs::write(
+        &s.file,
+        "policies:\n  fresh:\n    limits: [{ max: 0, per: 1m }]\n",
+    )
+    .unwrap();
+    let p = wait_for(&c, &s, "the failed reload", |p| {
+        p["config"]["last_reload_error"].is_string()
+    })
+    .await;
+    let e = p["config"]["last_reload_error"].as_str().unwrap();
+    assert!(e.contains("sluice.yaml:3:") && e.contains("max"), "{e}");
+    assert_eq!(p["config"]["generation"], json!(2));
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "fresh", "key": "k"}),
+    )
+    .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the last good policy still counts"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = Server::start(CONFIG).await;
+    // A request in flight: its head and half its body have been sent.
+    let body = br#"{"policy": "api", "key": "in-flight"}"#;
+    let mut stream = tokio::net::TcpStream::connect(s.url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/check HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body[..10]).await.unwrap();
+    // Another full round trip: by then the server has read the first request's head.
+    assert!(
+        Client::new()
+            .get(format!("{}/healthz", s.url))
+            .send()
+            .await
+            .is_ok()
+    );
+
+    let base = s.url.clone();
+    let stop = tokio::spawn(s.stop());
+    // The rest of the body arrives after the shutdown began: the request is still answered.
+    stream.write_all(&body[10..]).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""allowed":true"#), "{answer}");
+    stop.await.unwrap();
+    assert!(
+        Client::new()
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_err(),
+        "still serving after stop"
+    );
+}
+
+/// The served OpenAPI document lists exactly the routes the server answers: every documented
+/// (path, method) is routed, and every other method on a documented path is refused with 405.
+#[tokio::test]
+async fn the_openapi_document_matches_the_routes() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    let r = c
+        .get(format!("{}/openapi.json", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let doc: Value = r.json().await.unwrap();
+    let on_disk: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/openapi.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(doc, on_disk, "the served document is docs/openapi.json");
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (path, ops) in paths {
+        let concrete = path.replace("{policy}", "api").replace("{key}", "some/key");
+        for method in ["get", "post", "put", "delete", "patch"] {
+            let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let r = c
+                .request(m, format!("{}{concrete}", s.url))
+                .json(&json!({"policy": "api", "key": "k"}))
+                .send()
+                .await
+                .unwrap();
+            if ops.get(method).is_some() {
+                documented.push(format!("{} {path}", method.to_uppercase()));
+                assert!(
+                    r.status() != StatusCode::NOT_FOUND
+                        && r.status() != StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is documented but answered {}",
+                    r.status()
+                );
+            } else {
+                assert_eq!(
+                    r.status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is not documented"
+                );
+            }
+        }
+    }
+    documented.sort();
+    let mut routes: Vec<String> = sluice_server::http::ROUTES
+        .iter()
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    routes.sort();
+    assert_eq!(
+        documented, routes,
+        "docs/openapi.json and the router disagree"
+    );
+    s.stop().await;
+}
+
+/// 1 000 malformed requests (random bytes, wrong types, huge numbers, huge keys, unknown
+/// fields, odd paths and methods): never a 5xx, never a dropped connection, and the server
+/// still serves correctly afterwards.
+#[tokio::test]
+async fn a_thousand_malformed_requests_get_no_5xx() {
+    let s = Server::start(CONFIG).await;
+    let c = Client::new();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let values = [
+        json!(null),
+        json!(true),
+        json!(-1),
+        json!(1.5),
+        json!(1e300),
+        json!(u64::MAX),
+        json!(9007199254740993u64),
+        json!("x"),
+        json!(""),
+        json!([]),
+        json!({}),
+        json!("k".repeat(600)),
+        json!("ключ🔑"),
+        json!({"nested": [1, 2]}),
+    ];
+    let fields = ["policy", "key", "cost", "weight", "", "policy "];
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..1_000u32 {
+        let kind = next() % 4;
+        let path = [
+            "/v1/check",
+            "/v1/peek",
+            "/v1/refund",
+            "/v1/keys/api/x",
+            "/v1/%ff",
+            "/v1/check/",
+        ][next() as usize % 6];
+        let body: Vec<u8> = match kind {
+            0 => (0..(next() % 300)).map(|_| next() as u8).collect(),
+            1 => {
+                let mut m = serde_json::Map::new();
+                for _ in 0..(next() % 4) {
+                    let f = fields[next() as usize % fields.len()];
+                    m.insert(f.to_owned(), values[next() as usize % values.len()].clone());
+                }
+                serde_json::to_vec(&Value::Object(m)).unwrap()
+            }
+            2 => serde_json::to_vec(&json!({"policy": "api", "key": values[next() as usize % values.len()], "cost": values[next() as usize % values.len()]})).unwrap(),
+            _ => format!(r#"{{"policy": "api", "key": "k{i}", "cost": {}{}}}"#, next(), "9".repeat((next() % 40) as usize)).into_bytes(),
+        };
+        let method = if next() % 8 == 0 {
+            reqwest::Method::PUT
+        } else {
+            reqwest::Method::POST
+        };
+        let r = c
+            .request(method, format!("{}{path}", s.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request {i} got no answer: {e}"));
+        assert!(
+            !r.status().is_server_error(),
+            "request {i} to {path}: {}",
+            r.status()
+        );
+        *statuses.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    println!("statuses: {statuses:?}");
+    assert!(statuses.contains_key(&400), "{statuses:?}");
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "api", "key": "after"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "the server still serves");
+    s.stop().await;
+}
+
+/// The same API over the Redis store (a real redis-server from the test kit): a full window,
+/// the 429, readiness, and readiness failing while the primary is stalled.
+#[tokio::test]
+async fn the_api_over_a_redis_store() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "{}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n"),
+        redis.url()
+    );
+    let s = Server::start(&config).await;
+    let c = Client::new();
+    let url = format!("{}/v1/check", s.url);
+    for expected in [2, 1, 0] {
+        let r = post(&c, &url, json!({"policy": "api", "key": "user:1"})).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            header(&r, "x-ratelimit-remaining"),
+            Some(expected.to_string())
+        );
+    }
+    let r = post(&c, &url, json!({"policy": "api", "key": "user:1"})).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&r, "retry-after").is_some());
+    // The state lives in Redis.
+    let used = redis
+        .cmd(&["HGET", "sluice:{3:api:user:1}:fw3600000", "used"])
+        .unwrap();
+    assert_eq!(
+        used,
+        sluice_testkit::redis::Value::BulkString(b"3".to_vec())
+    );
+    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+
+    redis.pause().unwrap();
+    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    // The default failure mode is open: a check is allowed and marked degraded.
+    let d: Value = post(&c, &url, json!({"policy": "api", "key": "user:2"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    // A policy that fails closed answers 503 instead.
+    let closed = post(&c, &url, json!({"policy": "uploads", "key": "user:2"})).await;
+    let closed_status = closed.status();
+    let closed_message = closed.json::<Value>().await.unwrap()["error"]["message"].to_string();
+    redis.resume().unwrap();
+    assert_eq!(closed_status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(closed_message.contains("fails closed"), "{closed_message}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shard 0"),
+        "{body}"
+    );
+    assert_eq!(d["allowed"], json!(true));
+    assert_eq!(d["degraded"], json!(true));
+    s.stop().await;
+}
