@@ -8,7 +8,7 @@ use crate::config::{Config, DEMO};
 
 /// Sluice: a distributed rate limiter.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+#[command(name = "sluice", version, about = "Sluice: a distributed rate limiter")]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
