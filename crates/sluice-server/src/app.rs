@@ -70,6 +70,8 @@ pub async fn run(
     config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Install the recorder before the first request so that no early metric is lost.
+    let _ = crate::metrics::handle();
     let store = connect_store(&config).await?;
     let shared = Arc::new(Shared::new(&config, store));
     let mut background = tokio::task::JoinSet::new();
@@ -133,11 +135,13 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
                     tracing::warn!("store settings changed: they apply after a restart");
                 }
                 shared.apply(&config);
+                crate::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
                 tracing::error!(error = %e, "configuration reload failed; keeping the last good one");
                 shared.reload_failed(e.to_string());
+                crate::metrics::reload(false);
             }
         }
     }

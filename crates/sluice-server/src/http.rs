@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
 
 use crate::config::FailureMode;
+use crate::metrics;
 use crate::state::Shared;
 
 /// The largest request body accepted.
@@ -34,6 +35,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
+    ("GET", "/metrics"),
 ];
 
 /// The routes of the HTTP API.
@@ -47,6 +49,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -80,7 +83,7 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         "not_found",
         "no such path; the API is POST /v1/check, /v1/peek, /v1/refund, DELETE \
-         /v1/keys/{policy}/{key}, GET /v1/policies, /healthz, /readyz, /openapi.json",
+         /v1/keys/{policy}/{key}, GET /v1/policies, /healthz, /readyz, /metrics, /openapi.json",
     )
 }
 
@@ -240,13 +243,25 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
     let Some(policy) = limiter.policy(&req.policy) else {
         return unknown_policy(&req.policy, &snapshot);
     };
+    let started = std::time::Instant::now();
     let result = match op {
         Op::Check => limiter.check_policy(policy, &req.key, req.cost).await,
         Op::Peek => limiter.peek(&req.policy, &req.key, req.cost).await,
         Op::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
     };
+    metrics::store_latency("0", started.elapsed());
+    let op_name = match op {
+        Op::Check => "check",
+        Op::Peek => "peek",
+        Op::Refund => "refund",
+    };
     match result {
         Ok(d) => {
+            metrics::decision(
+                policy.name(),
+                op_name,
+                if d.allowed { "allowed" } else { "denied" },
+            );
             let status = if op == Op::Check && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -255,15 +270,20 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
             decision_response(status, policy, &req.key, &d, false, snapshot.now_ms())
         }
         Err(LimitError::Store(e)) => match snapshot.failure_mode(policy.name()) {
-            FailureMode::Closed => error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                format!(
-                    "the store cannot answer ({e}) and policy `{}` fails closed; retry later",
-                    policy.name()
-                ),
-            ),
+            FailureMode::Closed => {
+                metrics::store_error("0", &e);
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    format!(
+                        "the store cannot answer ({e}) and policy `{}` fails closed; retry later",
+                        policy.name()
+                    ),
+                )
+            }
             FailureMode::Open => {
+                metrics::store_error("0", &e);
+                metrics::decision(policy.name(), op_name, "degraded");
                 tracing::warn!(policy = policy.name(), error = %e, "store failed; allowing (open)");
                 let d = sluice::Decision::new(
                     true,
@@ -487,6 +507,24 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         Err(down) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": format!("shards not answering: {down}")}}),
+        ),
+    }
+}
+
+async fn metrics_text() -> Response {
+    match metrics::render() {
+        Some(text) => {
+            let mut r = (StatusCode::OK, text).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics_unavailable",
+            "another metrics recorder is installed in this process",
         ),
     }
 }

@@ -6,5 +6,6 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod rls;
 pub mod state;

@@ -1,0 +1,87 @@
+//! Prometheus metrics at `/metrics`.
+//!
+//! Labels are bounded: a policy name (from the configuration), an outcome, an operation, a
+//! shard index; never the key, whose cardinality is the users'.
+//!
+//! | metric | labels |
+//! |---|---|
+//! | `sluice_decisions_total` | policy, op (check/peek/refund), outcome (allowed/denied/degraded) |
+//! | `sluice_store_latency_seconds` (histogram) | shard |
+//! | `sluice_store_errors_total` | shard, kind (timeout/unavailable/corrupt/other) |
+//! | `sluice_config_reloads_total` | result (ok/error) |
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use sluice::StoreError;
+
+/// Histogram buckets for store latency, in seconds: 100 µs to 1 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once) and returns its handle; `None` when
+/// another recorder was installed first (an embedding application's).
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new();
+            let builder = match builder.set_buckets(LATENCY_BUCKETS) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics buckets refused; using summaries");
+                    PrometheusBuilder::new()
+                }
+            };
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            match metrics::set_global_recorder(recorder) {
+                Ok(()) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "another metrics recorder is installed; /metrics is off");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The text exposition of every metric.
+pub fn render() -> Option<String> {
+    handle().map(|h| {
+        h.run_upkeep();
+        h.render()
+    })
+}
+
+/// Counts one decision.
+pub fn decision(policy: &str, op: &'static str, outcome: &'static str) {
+    metrics::counter!("sluice_decisions_total", "policy" => policy.to_owned(), "op" => op, "outcome" => outcome)
+        .increment(1);
+}
+
+/// Records how long the store took.
+pub fn store_latency(shard: &'static str, took: Duration) {
+    metrics::histogram!("sluice_store_latency_seconds", "shard" => shard)
+        .record(took.as_secs_f64());
+}
+
+/// Counts a store failure.
+pub fn store_error(shard: &'static str, e: &StoreError) {
+    let kind = match e {
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Corrupt { .. } => "corrupt",
+        _ => "other",
+    };
+    metrics::counter!("sluice_store_errors_total", "shard" => shard, "kind" => kind).increment(1);
+}
+
+/// Counts a configuration reload.
+pub fn reload(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    metrics::counter!("sluice_config_reloads_total", "result" => result).increment(1);
+}
