@@ -357,7 +357,13 @@ impl RlsConfig {
         }
         let mut domains = BTreeMap::new();
         for (name, root) in decoded {
-            matcher::load_file(&mut domains, name, root, options.merge_domains, &mut warnings)?;
+            matcher::load_file(
+                &mut domains,
+                name,
+                root,
+                options.merge_domains,
+                &mut warnings,
+            )?;
         }
         Ok(Self { domains, warnings })
     }

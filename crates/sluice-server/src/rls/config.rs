@@ -1,0 +1,705 @@
+//! Decoding one configuration file into descriptors, with the reference service's checks.
+//!
+//! Mirrors `ConfigFileContentToYaml` in the reference's `src/config/config_impl.go`: the file
+//! is first checked generically (`validateYamlKeys`: every mapping key anywhere must be a
+//! string from one fixed list, lists may hold only mappings, scalars may not be
+//! floating-point numbers), then decoded into its structs with yaml.v2's non-strict
+//! `Unmarshal` (a known key in the wrong place is ignored; a key written twice keeps its last
+//! value; fields take yaml.v2's conversions). Sluice reports the ignored cases as warnings.
+
+use super::error::{RlsConfigError, RlsConfigWarning};
+use super::yaml::{self, Node, NodeKind, Resolved};
+
+/// The keys the reference accepts anywhere in a file (`validKeys` in `config_impl.go`, as of
+/// the version with `quota_mode`, `value_to_metric` and `share_threshold`).
+pub(super) const VALID_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+];
+
+const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_FIELDS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+];
+const RATE_LIMIT_FIELDS: &[&str] = &["requests_per_unit", "unit", "unlimited", "name", "replaces"];
+const REPLACES_FIELDS: &[&str] = &["name"];
+
+/// A decoded file (`YamlRoot`).
+#[derive(Debug)]
+pub(super) struct YamlRoot {
+    pub(super) domain: String,
+    /// The line of `domain:`.
+    pub(super) domain_line: Option<usize>,
+    pub(super) descriptors: Vec<YamlDescriptor>,
+}
+
+/// A decoded descriptor (`YamlDescriptor`), with where it was written.
+#[derive(Debug)]
+pub(super) struct YamlDescriptor {
+    pub(super) key: String,
+    pub(super) value: String,
+    pub(super) rate_limit: Option<YamlRateLimit>,
+    pub(super) descriptors: Vec<YamlDescriptor>,
+    pub(super) shadow_mode: bool,
+    pub(super) quota_mode: bool,
+    pub(super) detailed_metric: bool,
+    pub(super) value_to_metric: bool,
+    pub(super) share_threshold: bool,
+    /// Its YAML path, `descriptors[0].descriptors[2]`.
+    pub(super) path: String,
+    /// The line of its `key:` (or of its first key).
+    pub(super) line: Option<usize>,
+}
+
+/// A decoded `rate_limit` block (`YamlRateLimit`).
+#[derive(Debug)]
+pub(super) struct YamlRateLimit {
+    pub(super) requests_per_unit: u32,
+    /// The line of `requests_per_unit:`, when written.
+    pub(super) requests_per_unit_line: Option<usize>,
+    pub(super) unit: String,
+    /// The line of `unit:`, when written.
+    pub(super) unit_line: Option<usize>,
+    pub(super) unlimited: bool,
+    pub(super) name: String,
+    /// Each `replaces` entry's name and line.
+    pub(super) replaces: Vec<(String, Option<usize>)>,
+    /// The line of `rate_limit:`.
+    pub(super) line: Option<usize>,
+}
+
+/// Byte offsets to 1-based lines.
+#[derive(Debug)]
+struct Lines(Vec<usize>);
+
+impl Lines {
+    fn new(text: &str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Self(starts)
+    }
+
+    fn line(&self, offset: usize) -> usize {
+        self.0.partition_point(|&start| start <= offset)
+    }
+}
+
+/// One mapping entry after merge keys are applied: the key's text, the key and the value.
+type Entry<'n> = (&'n str, &'n Node, &'n Node);
+
+/// Whether [`Decoder::entries`] reports keys written twice (done once, while decoding).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Duplicates {
+    Warn,
+    Quiet,
+}
+
+/// Decodes one file.
+pub(super) fn decode_file(
+    file: &str,
+    text: &str,
+    warnings: &mut Vec<RlsConfigWarning>,
+) -> Result<YamlRoot, RlsConfigError> {
+    let mut decoder = Decoder {
+        file,
+        lines: Lines::new(text),
+        warnings,
+    };
+    decoder.decode(text)
+}
+
+struct Decoder<'a> {
+    file: &'a str,
+    lines: Lines,
+    warnings: &'a mut Vec<RlsConfigWarning>,
+}
+
+impl Decoder<'_> {
+    fn line_of(&self, node: &Node) -> Option<usize> {
+        node.offset.map(|offset| self.lines.line(offset))
+    }
+
+    fn error(&self, line: Option<usize>, message: impl Into<String>) -> RlsConfigError {
+        RlsConfigError::new(self.file, line, message)
+    }
+
+    fn warn(&mut self, line: Option<usize>, message: impl Into<String>) {
+        self.warnings.push(RlsConfigWarning {
+            file: self.file.to_owned(),
+            line,
+            message: message.into(),
+        });
+    }
+
+    fn decode(&mut self, text: &str) -> Result<YamlRoot, RlsConfigError> {
+        let document = yaml::parse(text).map_err(|err| {
+            self.error(err.line, format!("this is not valid YAML: {}", err.message))
+        })?;
+        if document.more_documents {
+            self.warn(
+                None,
+                "the file holds more than one YAML document (separated by `---`); only the \
+                 first is read, as the reference service does",
+            );
+        }
+        let root = &document.root;
+        match &root.kind {
+            NodeKind::Map(_) => {}
+            _ if root.is_null() => {}
+            _ => {
+                return Err(self.error(
+                    self.line_of(root),
+                    format!(
+                        "a configuration file must be a YAML mapping with `domain` and \
+                         `descriptors`, but this file is {} (every file under the \
+                         configuration directory is read as a configuration, as the reference \
+                         service reads them)",
+                        root.describe()
+                    ),
+                ));
+            }
+        }
+        self.validate_keys(root, "")?;
+        self.decode_root(root)
+    }
+
+    /// The entries of a mapping as yaml.v2 sees them: merge keys (`<<: *anchor`) expanded,
+    /// a key written twice keeping its last value (with a warning), non-string keys rejected.
+    fn entries<'n>(
+        &mut self,
+        map: &'n Node,
+        path: &str,
+        duplicates: Duplicates,
+    ) -> Result<Vec<Entry<'n>>, RlsConfigError> {
+        let mut out: Vec<Entry<'n>> = Vec::new();
+        let mut explicit: Vec<&str> = Vec::new();
+        self.collect_entries(map, path, &mut out, Some((&mut explicit, duplicates)))?;
+        Ok(out)
+    }
+
+    fn collect_entries<'n>(
+        &mut self,
+        map: &'n Node,
+        path: &str,
+        out: &mut Vec<Entry<'n>>,
+        mut explicit: Option<(&mut Vec<&'n str>, Duplicates)>,
+    ) -> Result<(), RlsConfigError> {
+        let NodeKind::Map(entries) = &map.kind else {
+            return Ok(());
+        };
+        for (key, value) in entries {
+            if let NodeKind::Scalar { text, plain: true } = &key.kind
+                && text == "<<"
+            {
+                self.merge(value, path, out)?;
+                continue;
+            }
+            let text = match (&key.kind, key.resolved()) {
+                (NodeKind::Scalar { text, .. }, Some(Resolved::Str)) => text.as_str(),
+                _ => {
+                    let shown = key.text().map_or_else(|| key.describe(), str::to_owned);
+                    return Err(self.error(
+                        self.line_of(key).or(self.line_of(map)),
+                        format!(
+                            "{}key {shown} is not a string; keys are names such as `key`, \
+                             `value` or `rate_limit`",
+                            at(path)
+                        ),
+                    ));
+                }
+            };
+            if let Some((seen, duplicates)) = explicit.as_mut() {
+                let again = seen.contains(&text);
+                seen.push(text);
+                if again && *duplicates == Duplicates::Warn {
+                    let line = self.line_of(key);
+                    self.warn(
+                        line,
+                        format!(
+                            "{}key `{text}` is written more than once; the last one is used, \
+                             as in the reference service",
+                            at(path)
+                        ),
+                    );
+                }
+            }
+            if let Some(existing) = out.iter_mut().find(|(name, _, _)| *name == text) {
+                *existing = (text, key, value);
+            } else {
+                out.push((text, key, value));
+            }
+        }
+        Ok(())
+    }
+
+    /// yaml.v2's `merge`: a mapping, or a list of mappings where earlier ones win.
+    fn merge<'n>(
+        &mut self,
+        value: &'n Node,
+        path: &str,
+        out: &mut Vec<Entry<'n>>,
+    ) -> Result<(), RlsConfigError> {
+        match &value.kind {
+            NodeKind::Map(_) => self.collect_entries(value, path, out, None),
+            NodeKind::Seq(items) if items.iter().all(|i| matches!(i.kind, NodeKind::Map(_))) => {
+                for item in items.iter().rev() {
+                    self.collect_entries(item, path, out, None)?;
+                }
+                Ok(())
+            }
+            _ => Err(self.error(
+                self.line_of(value),
+                format!(
+                    "{}a merge key `<<` needs a mapping or a list of mappings, found {}",
+                    at(path),
+                    value.describe()
+                ),
+            )),
+        }
+    }
+
+    /// `validateYamlKeys`: keys valid anywhere, lists of mappings only, no floats.
+    fn validate_keys(&mut self, map: &Node, path: &str) -> Result<(), RlsConfigError> {
+        for (key, key_node, value) in self.entries(map, path, Duplicates::Quiet)? {
+            if !VALID_KEYS.contains(&key) {
+                let hint = suggestion(key)
+                    .map(|s| format!("did you mean `{s}`? "))
+                    .unwrap_or_default();
+                return Err(self.error(
+                    self.line_of(key_node),
+                    format!(
+                        "{}unknown key `{key}`; {hint}the keys a rate limit configuration may \
+                         use are {}",
+                        at(path),
+                        VALID_KEYS.join(", ")
+                    ),
+                ));
+            }
+            let child = join(path, key);
+            match &value.kind {
+                NodeKind::Seq(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        let item_path = format!("{child}[{i}]");
+                        if !matches!(item.kind, NodeKind::Map(_)) {
+                            return Err(self.error(
+                                self.line_of(item).or(self.line_of(key_node)),
+                                format!(
+                                    "{item_path}: a list item must be a mapping (such as \
+                                     `- key: ...`), found {}",
+                                    item.describe()
+                                ),
+                            ));
+                        }
+                        self.validate_keys(item, &item_path)?;
+                    }
+                }
+                NodeKind::Map(_) => self.validate_keys(value, &child)?,
+                NodeKind::Scalar { text, .. } => match value.resolved() {
+                    Some(Resolved::Float) => {
+                        return Err(self.error(
+                            self.line_of(value).or(self.line_of(key_node)),
+                            format!(
+                                "{child}: {text} is read as a floating-point number, which the \
+                                 reference service rejects; quote it (\"{text}\") if it is \
+                                 meant as text"
+                            ),
+                        ));
+                    }
+                    Some(Resolved::Uint(_)) => {
+                        return Err(self.error(
+                            self.line_of(value).or(self.line_of(key_node)),
+                            format!(
+                                "{child}: {text} is too large a number for the reference \
+                                 service; quote it (\"{text}\") if it is meant as text"
+                            ),
+                        ));
+                    }
+                    _ => {}
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Warns about keys that are valid somewhere but not in this mapping (yaml.v2 ignores
+    /// them when it fills the struct).
+    fn warn_misplaced(&mut self, entries: &[Entry<'_>], fields: &[&str], path: &str) {
+        for (key, key_node, _) in entries {
+            if !fields.contains(key) {
+                let home = match *key {
+                    "domain" => "at the top of the file",
+                    "descriptors" => "in a descriptor or at the top of the file",
+                    k if DESCRIPTOR_FIELDS.contains(&k) => "in a descriptor",
+                    k if RATE_LIMIT_FIELDS.contains(&k) => "in a `rate_limit` block",
+                    _ => "elsewhere",
+                };
+                let where_ = if path.is_empty() {
+                    "at the top of the file".to_owned()
+                } else {
+                    format!("in {path}")
+                };
+                let line = self.line_of(key_node);
+                self.warn(
+                    line,
+                    format!(
+                        "key `{key}` has no effect {where_} and is ignored, as the reference \
+                         service ignores it; it belongs {home}"
+                    ),
+                );
+            }
+        }
+    }
+
+    fn decode_root(&mut self, root: &Node) -> Result<YamlRoot, RlsConfigError> {
+        let entries = self.entries(root, "", Duplicates::Warn)?;
+        self.warn_misplaced(&entries, ROOT_FIELDS, "");
+        let mut out = YamlRoot {
+            domain: String::new(),
+            domain_line: None,
+            descriptors: Vec::new(),
+        };
+        for (key, key_node, value) in entries {
+            match key {
+                "domain" => {
+                    out.domain = self.string(value, "domain", key_node)?;
+                    out.domain_line = self.line_of(key_node);
+                }
+                "descriptors" => {
+                    out.descriptors = self.descriptors(value, "descriptors", key_node)?
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    fn descriptors(
+        &mut self,
+        list: &Node,
+        path: &str,
+        key_node: &Node,
+    ) -> Result<Vec<YamlDescriptor>, RlsConfigError> {
+        self.list(list, path, key_node, "descriptors (`- key: ...`)")?
+            .iter()
+            .enumerate()
+            .map(|(i, item)| self.descriptor(item, &format!("{path}[{i}]")))
+            .collect()
+    }
+
+    fn descriptor(&mut self, node: &Node, path: &str) -> Result<YamlDescriptor, RlsConfigError> {
+        let entries = self.entries(node, path, Duplicates::Warn)?;
+        self.warn_misplaced(&entries, DESCRIPTOR_FIELDS, path);
+        let mut out = YamlDescriptor {
+            key: String::new(),
+            value: String::new(),
+            rate_limit: None,
+            descriptors: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: false,
+            path: path.to_owned(),
+            line: self.line_of(node),
+        };
+        for (key, key_node, value) in entries {
+            let child = join(path, key);
+            match key {
+                "key" => {
+                    out.key = self.string(value, &child, key_node)?;
+                    out.line = self.line_of(key_node).or(out.line);
+                }
+                "value" => out.value = self.string(value, &child, key_node)?,
+                "rate_limit" => out.rate_limit = self.rate_limit(value, &child, key_node)?,
+                "descriptors" => out.descriptors = self.descriptors(value, &child, key_node)?,
+                "shadow_mode" => out.shadow_mode = self.boolean(value, &child, key_node)?,
+                "quota_mode" => out.quota_mode = self.boolean(value, &child, key_node)?,
+                "detailed_metric" => out.detailed_metric = self.boolean(value, &child, key_node)?,
+                "value_to_metric" => out.value_to_metric = self.boolean(value, &child, key_node)?,
+                "share_threshold" => out.share_threshold = self.boolean(value, &child, key_node)?,
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// `rate_limit` is a pointer in the reference: null (or absent) means no limit.
+    fn rate_limit(
+        &mut self,
+        node: &Node,
+        path: &str,
+        key_node: &Node,
+    ) -> Result<Option<YamlRateLimit>, RlsConfigError> {
+        if node.is_null() {
+            return Ok(None);
+        }
+        if !matches!(node.kind, NodeKind::Map(_)) {
+            return Err(self.error(
+                self.line_of(node).or(self.line_of(key_node)),
+                format!(
+                    "{path}: expected a mapping with `unit` and `requests_per_unit` (or \
+                     `unlimited: true`), found {}",
+                    node.describe()
+                ),
+            ));
+        }
+        let entries = self.entries(node, path, Duplicates::Warn)?;
+        self.warn_misplaced(&entries, RATE_LIMIT_FIELDS, path);
+        let mut out = YamlRateLimit {
+            requests_per_unit: 0,
+            requests_per_unit_line: None,
+            unit: String::new(),
+            unit_line: None,
+            unlimited: false,
+            name: String::new(),
+            replaces: Vec::new(),
+            line: self.line_of(key_node),
+        };
+        for (key, key_node, value) in entries {
+            let child = join(path, key);
+            match key {
+                "requests_per_unit" => {
+                    out.requests_per_unit = self.uint32(value, &child, key_node)?;
+                    out.requests_per_unit_line = self.line_of(key_node);
+                }
+                "unit" => {
+                    out.unit = self.string(value, &child, key_node)?;
+                    out.unit_line = self.line_of(key_node);
+                }
+                "unlimited" => out.unlimited = self.boolean(value, &child, key_node)?,
+                "name" => out.name = self.string(value, &child, key_node)?,
+                "replaces" => {
+                    let items = self.list(value, &child, key_node, "`- name: ...` entries")?;
+                    for (i, item) in items.iter().enumerate() {
+                        let item_path = format!("{child}[{i}]");
+                        let entries = self.entries(item, &item_path, Duplicates::Warn)?;
+                        self.warn_misplaced(&entries, REPLACES_FIELDS, &item_path);
+                        let mut name = String::new();
+                        for (key, key_node, value) in entries {
+                            if key == "name" {
+                                name = self.string(value, &join(&item_path, key), key_node)?;
+                            }
+                        }
+                        out.replaces.push((name, self.line_of(item)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// A list field: null is empty, a list is its items, anything else is an error.
+    fn list<'n>(
+        &self,
+        node: &'n Node,
+        path: &str,
+        key_node: &Node,
+        of: &str,
+    ) -> Result<&'n [Node], RlsConfigError> {
+        match &node.kind {
+            NodeKind::Seq(items) => Ok(items),
+            _ if node.is_null() => Ok(&[]),
+            _ => Err(self.error(
+                self.line_of(node).or(self.line_of(key_node)),
+                format!("{path}: expected a list of {of}, found {}", node.describe()),
+            )),
+        }
+    }
+
+    /// A string field: yaml.v2 takes the raw text of any scalar; null is empty.
+    fn string(&self, node: &Node, path: &str, key_node: &Node) -> Result<String, RlsConfigError> {
+        if node.is_null() {
+            return Ok(String::new());
+        }
+        match &node.kind {
+            NodeKind::Scalar { text, .. } => Ok(text.clone()),
+            _ => Err(self.error(
+                self.line_of(node).or(self.line_of(key_node)),
+                format!("{path}: expected a string, found {}", node.describe()),
+            )),
+        }
+    }
+
+    /// A `uint32` field: a plain integer in range; null is 0.
+    fn uint32(&self, node: &Node, path: &str, key_node: &Node) -> Result<u32, RlsConfigError> {
+        let line = self.line_of(node).or(self.line_of(key_node));
+        match (node.resolved(), &node.kind) {
+            (Some(Resolved::Null), _) => Ok(0),
+            (Some(Resolved::Int(v)), _) if (0..=i64::from(u32::MAX)).contains(&v) => {
+                Ok(u32::try_from(v).unwrap_or(u32::MAX))
+            }
+            (Some(Resolved::Str), NodeKind::Scalar { text, plain: false }) => Err(self.error(
+                line,
+                format!(
+                    "{path}: \"{text}\" is quoted, so it is text, not a number; write the \
+                     number without quotes"
+                ),
+            )),
+            _ => Err(self.error(
+                line,
+                format!(
+                    "{path}: expected a whole number between 0 and {}, found {}",
+                    u32::MAX,
+                    node.describe()
+                ),
+            )),
+        }
+    }
+
+    /// A `bool` field: yaml.v2's booleans (`true`, `yes`, `on`, ...); null is false.
+    fn boolean(&self, node: &Node, path: &str, key_node: &Node) -> Result<bool, RlsConfigError> {
+        let line = self.line_of(node).or(self.line_of(key_node));
+        match (node.resolved(), &node.kind) {
+            (Some(Resolved::Null), _) => Ok(false),
+            (Some(Resolved::Bool(b)), _) => Ok(b),
+            (Some(Resolved::Str), NodeKind::Scalar { text, plain: false }) => Err(self.error(
+                line,
+                format!(
+                    "{path}: \"{text}\" is quoted, so it is text, not a boolean; write true or \
+                     false without quotes"
+                ),
+            )),
+            _ => Err(self.error(
+                line,
+                format!("{path}: expected true or false, found {}", node.describe()),
+            )),
+        }
+    }
+}
+
+/// `path: ` for messages, or nothing at the top of the file.
+fn at(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// The valid key closest to a misspelt one, when one is close.
+fn suggestion(key: &str) -> Option<&'static str> {
+    let squash = |s: &str| {
+        s.chars()
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .collect::<String>()
+    };
+    let wanted = squash(key);
+    VALID_KEYS
+        .iter()
+        .map(|valid| (edit_distance(&wanted, &squash(valid)), *valid))
+        .filter(|(distance, valid)| *distance <= 2.max(valid.len() / 4))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, valid)| valid)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous + usize::from(ca != *cb);
+            previous = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(text: &str) -> (Result<YamlRoot, RlsConfigError>, Vec<RlsConfigWarning>) {
+        let mut warnings = Vec::new();
+        let result = decode_file("t.yaml", text, &mut warnings);
+        (result, warnings)
+    }
+
+    #[test]
+    fn suggests_close_keys() {
+        assert_eq!(suggestion("requestsperunit"), Some("requests_per_unit"));
+        assert_eq!(suggestion("ratelimit"), Some("rate_limit"));
+        assert_eq!(suggestion("shadowmode"), Some("shadow_mode"));
+        assert_eq!(suggestion("descriptor"), Some("descriptors"));
+        assert_eq!(suggestion("completely_different"), None);
+    }
+
+    #[test]
+    fn scalars_convert_as_in_yaml_v2() {
+        let (root, warnings) = decode(
+            "domain: d\ndescriptors:\n  - key: k\n    value: 0x1F\n    shadow_mode: yes\n    \
+             rate_limit:\n      unit: Second\n      requests_per_unit: 010\n",
+        );
+        let root = root.unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let d = &root.descriptors[0];
+        assert_eq!(d.value, "0x1F");
+        assert!(d.shadow_mode);
+        let rl = d.rate_limit.as_ref().unwrap();
+        assert_eq!((rl.unit.as_str(), rl.requests_per_unit), ("Second", 8));
+        assert_eq!((d.line, rl.unit_line), (Some(3), Some(7)));
+    }
+
+    #[test]
+    fn merge_keys_and_duplicates() {
+        let (root, warnings) =
+            decode("domain: d\nbase: &b\n  unit: minute\n  requests_per_unit: 5\n");
+        // `base` is not a valid key: rejected before anything else.
+        assert!(root.unwrap_err().message.contains("unknown key `base`"));
+        assert!(warnings.is_empty());
+
+        let (root, warnings) = decode(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &rl\n      unit: minute\n      \
+             requests_per_unit: 5\n  - key: b\n    rate_limit:\n      <<: *rl\n      \
+             requests_per_unit: 7\n  - key: c\n    key: c2\n",
+        );
+        let root = root.unwrap();
+        let b = root.descriptors[1].rate_limit.as_ref().unwrap();
+        assert_eq!((b.unit.as_str(), b.requests_per_unit), ("minute", 7));
+        assert_eq!(root.descriptors[2].key, "c2");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].line, Some(12));
+    }
+
+    #[test]
+    fn null_rate_limit_means_no_limit() {
+        let (root, _) = decode("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n");
+        assert!(root.unwrap().descriptors[0].rate_limit.is_none());
+        let (root, _) = decode("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {}\n");
+        assert!(root.unwrap().descriptors[0].rate_limit.is_some());
+    }
+}
