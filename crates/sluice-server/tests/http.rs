@@ -671,26 +671,53 @@ async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
     for i in 0..5 {
-        post(&c, &url, json!({"policy": "metered", "key": format!("secret-key-{i}")})).await;
-        post(&c, &url, json!({"policy": "metered", "key": "secret-key-0"})).await;
+        post(
+            &c,
+            &url,
+            json!({"policy": "metered", "key": format!("secret-key-{i}")}),
+        )
+        .await;
+        post(
+            &c,
+            &url,
+            json!({"policy": "metered", "key": "secret-key-0"}),
+        )
+        .await;
     }
     let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert!(header(&r, "content-type").unwrap().starts_with("text/plain"));
+    assert!(
+        header(&r, "content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
     let text = r.text().await.unwrap();
     // The sample whose labels include all of `labels` (label order is the exporter's).
     let value = |labels: &[&str]| -> f64 {
         text.lines()
-            .find(|l| l.starts_with("sluice_decisions_total{") && labels.iter().all(|x| l.contains(x)))
+            .find(|l| {
+                l.starts_with("sluice_decisions_total{") && labels.iter().all(|x| l.contains(x))
+            })
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
     let metered = [r#"policy="metered""#, r#"op="check""#];
     // Keys 0 (3 admitted, then denied) .. 4: 7 allowed, 3 denied.
-    assert_eq!(value(&[metered[0], metered[1], r#"outcome="allowed""#]), 7.0, "{text}");
-    assert_eq!(value(&[metered[0], metered[1], r#"outcome="denied""#]), 3.0, "{text}");
-    assert!(text.contains("sluice_store_latency_seconds_bucket"), "{text}");
+    assert_eq!(
+        value(&[metered[0], metered[1], r#"outcome="allowed""#]),
+        7.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(&[metered[0], metered[1], r#"outcome="denied""#]),
+        3.0,
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_store_latency_seconds_bucket"),
+        "{text}"
+    );
     assert!(!text.contains("secret-key"), "a key leaked into a label");
     s.stop().await;
 }
