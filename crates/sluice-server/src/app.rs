@@ -11,7 +11,9 @@ use sluice_redis::{RedisConfig, RedisStore};
 use tokio::net::TcpListener;
 
 use crate::config::{ClockConfig, Config, ReadFrom, StoreConfig};
+use crate::grpc::RlsService;
 use crate::http;
+use crate::rls::RlsConfig;
 use crate::state::{Shared, StoreHandle};
 
 /// How often the configuration file is checked for changes.
@@ -22,6 +24,8 @@ pub const RELOAD_POLL: Duration = Duration::from_millis(500);
 pub struct Listeners {
     /// The HTTP API.
     pub http: TcpListener,
+    /// Envoy's rate limit gRPC API and gRPC health; `None` serves no gRPC.
+    pub grpc: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -29,8 +33,21 @@ impl Listeners {
     pub async fn bind(config: &Config) -> std::io::Result<Self> {
         Ok(Self {
             http: TcpListener::bind(config.http).await?,
+            grpc: Some(TcpListener::bind(config.grpc).await?),
         })
     }
+}
+
+/// Reads the Envoy rate limit service files, if configured.
+pub fn load_rls(config: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
+    let Some(settings) = &config.rls else {
+        return Ok(None);
+    };
+    let rls = RlsConfig::load_dir(&settings.config_dir)?;
+    for w in rls.warnings() {
+        tracing::warn!(warning = %w, "rate limit configuration");
+    }
+    Ok(Some(Arc::new(rls)))
 }
 
 /// Connects the configured store.
@@ -72,8 +89,18 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Install the recorder before the first request so that no early metric is lost.
     let _ = crate::metrics::handle();
+    let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
-    let shared = Arc::new(Shared::new(&config, store));
+    let shared = Arc::new(Shared::new(&config, store, rls));
+    // One shutdown signal for both servers.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
     let mut background = tokio::task::JoinSet::new();
     if let StoreHandle::Memory(memory) = shared.store() {
         let memory = memory.clone();
@@ -89,11 +116,32 @@ pub async fn run(
     if let Some(path) = config_file {
         background.spawn(watch_config(path, shared.clone()));
     }
+    let grpc = match listeners.grpc {
+        Some(listener) => {
+            tracing::info!(grpc = %listener.local_addr()?, "sluice serving Envoy's rate limit API");
+            let (health, health_service) = tonic_health::server::health_reporter();
+            health
+                .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
+                .await;
+            let server = tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(RlsService::new(shared.clone()).into_server());
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            Some(tokio::spawn(server.serve_with_incoming_shutdown(
+                incoming,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
     tracing::info!(http = %listeners.http.local_addr()?, "sluice serving");
     let app = http::router(shared);
     let served = axum::serve(listeners.http, app)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stopped(stop_rx))
         .await;
+    if let Some(grpc) = grpc {
+        grpc.await??;
+    }
     background.shutdown().await;
     served?;
     tracing::info!("sluice stopped");
@@ -129,12 +177,17 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
             continue;
         }
         last = now;
-        match Config::load(&path) {
-            Ok(config) => {
+        match Config::load(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|c| {
+                let rls = load_rls(&c)?;
+                Ok((c, rls))
+            }) {
+            Ok((config, rls)) => {
                 if config.store != shared.current_store_config() {
                     tracing::warn!("store settings changed: they apply after a restart");
                 }
-                shared.apply(&config);
+                shared.apply(&config, rls);
                 crate::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }

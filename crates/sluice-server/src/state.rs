@@ -7,6 +7,7 @@ use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
 use sluice_redis::RedisStore;
 
 use crate::config::{Config, FailureMode};
+use crate::rls::RlsConfig;
 
 /// The store behind the limiter, kept concrete for readiness checks.
 #[derive(Debug, Clone)]
@@ -33,10 +34,12 @@ pub struct Snapshot {
     pub limiter: Limiter<SharedStore>,
     modes: HashMap<String, FailureMode>,
     store: StoreHandle,
+    /// Envoy rate limit service rules, when `rls.config_dir` is set.
+    pub rls: Option<Arc<RlsConfig>>,
 }
 
 impl Snapshot {
-    fn new(config: &Config, store: &StoreHandle) -> Self {
+    fn new(config: &Config, store: &StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
         let limiter = Limiter::new(store.shared())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         let modes = config
@@ -48,6 +51,7 @@ impl Snapshot {
             limiter,
             modes,
             store: store.clone(),
+            rls,
         }
     }
 
@@ -90,9 +94,9 @@ pub struct Shared {
 
 impl Shared {
     /// The first generation.
-    pub fn new(config: &Config, store: StoreHandle) -> Self {
+    pub fn new(config: &Config, store: StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
         Self {
-            current: RwLock::new(Arc::new(Snapshot::new(config, &store))),
+            current: RwLock::new(Arc::new(Snapshot::new(config, &store, rls))),
             store,
             store_config: config.store.clone(),
             status: RwLock::new(ReloadStatus {
@@ -111,8 +115,8 @@ impl Shared {
     }
 
     /// Applies a new configuration's policies to requests that arrive from now on.
-    pub fn apply(&self, config: &Config) {
-        let next = Arc::new(Snapshot::new(config, &self.store));
+    pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
+        let next = Arc::new(Snapshot::new(config, &self.store, rls));
         match self.current.write() {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,

@@ -45,7 +45,7 @@ impl Server {
         let url = format!("http://{}", http.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(app::run(
-            Listeners { http },
+            Listeners { http, grpc: None },
             settings,
             Some(file.clone()),
             async move {

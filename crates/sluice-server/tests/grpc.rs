@@ -1,0 +1,266 @@
+//! End to end: Envoy's rate limit gRPC API on port 0, with a real gRPC client and the
+//! reference service's YAML read unchanged from a directory.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_server::app::{self, Listeners};
+use sluice_server::config::Config;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+const RLS_YAML: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: user
+    descriptors:
+      - key: plan
+        value: free
+        rate_limit:
+          unit: hour
+          requests_per_unit: 2
+  - key: shadow
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: blocked
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  - key: trusted
+    rate_limit:
+      unlimited: true
+"#;
+
+struct Server {
+    client: RateLimitServiceClient<Channel>,
+    channel: Channel,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ratelimit-config")).unwrap();
+    std::fs::write(dir.path().join("ratelimit-config/edge.yaml"), RLS_YAML).unwrap();
+    let file = dir.path().join("sluice.yaml");
+    std::fs::write(&file, "rls:\n  config_dir: ratelimit-config\n").unwrap();
+    let config = Config::load(&file).unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(app::run(
+        Listeners {
+            http,
+            grpc: Some(grpc),
+        },
+        config,
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    // Poll until the server accepts a connection.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let channel = loop {
+        match endpoint.connect().await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "gRPC never came up: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    };
+    Server {
+        client: RateLimitServiceClient::new(channel.clone()),
+        channel,
+        stop: Some(stop),
+        done,
+        _dir: dir,
+    }
+}
+
+impl Server {
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.done.await.unwrap().unwrap();
+    }
+
+    async fn ask(&mut self, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitResponse {
+        self.client
+            .should_rate_limit(request("edge", descriptors, hits))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect(),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+#[tokio::test]
+async fn one_counter_per_remote_address_with_full_statuses() {
+    let mut s = start().await;
+    for expected in [2u32, 1, 0] {
+        let r = s.ask(&[&[("remote_address", "10.0.0.1")]], 1).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let st = &r.statuses[0];
+        assert_eq!(st.code, Code::Ok as i32);
+        assert_eq!(st.limit_remaining, expected);
+        let limit = st.current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (3, 2 /* MINUTE */));
+        let until = st.duration_until_reset.as_ref().unwrap();
+        assert!(
+            until.seconds <= 60 && (until.seconds > 0 || until.nanos > 0),
+            "{until:?}"
+        );
+    }
+    let r = s.ask(&[&[("remote_address", "10.0.0.1")]], 1).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    // Another address has its own counter.
+    let r = s.ask(&[&[("remote_address", "10.0.0.2")]], 1).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn descriptors_are_all_or_nothing_and_hits_addend_is_the_cost() {
+    let mut s = start().await;
+    let both: &[&[(&str, &str)]] = &[
+        &[("remote_address", "1.1.1.1")],
+        &[("user", "u1"), ("plan", "free")],
+    ];
+    // hits_addend 0 reports without counting.
+    let r = s.ask(both, 0).await;
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+        (3, 2)
+    );
+    // The free plan allows 2 per hour: a cost of 2 fits, the address counts 2 too.
+    let r = s.ask(both, 2).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+        (1, 0)
+    );
+    // Over the plan: the request is refused and the address is not charged.
+    let r = s.ask(both, 1).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    let r = s.ask(&[&[("remote_address", "1.1.1.1")]], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "the refused request was not counted"
+    );
+    // A descriptor's own hits_addend overrides the request's.
+    let mut req = request("edge", &[&[("remote_address", "2.2.2.2")]], 1);
+    req.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
+    let r = s.client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_unlimited_blocked_and_unmatched_descriptors() {
+    let mut s = start().await;
+    s.ask(&[&[("shadow", "x")]], 1).await;
+    let r = s.ask(&[&[("shadow", "x")]], 1).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "shadow mode never refuses");
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+
+    let r = s.ask(&[&[("trusted", "me")]], 1_000).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+
+    let r = s.ask(&[&[("blocked", "anyone")]], 1).await;
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "requests_per_unit: 0 blocks"
+    );
+
+    let r = s.ask(&[&[("nothing", "matches")]], 1).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+    // A partial match (user without plan) has no limit either.
+    let r = s.ask(&[&[("user", "u9")]], 1).await;
+    assert!(r.statuses[0].current_limit.is_none());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_requests_and_health() {
+    let mut s = start().await;
+    let e = s
+        .client
+        .should_rate_limit(request("", &[&[("a", "b")]], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("domain"), "{}", e.message());
+    let e = s
+        .client
+        .should_rate_limit(request("edge", &[], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // An unknown domain has no rules: everything is OK.
+    let r = s
+        .client
+        .should_rate_limit(request("other", &[&[("remote_address", "x")]], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(s.channel.clone());
+    let r = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    s.stop().await;
+}
