@@ -51,6 +51,9 @@ pub enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
+    /// latency. Stops by itself after --duration or --requests.
+    Bench(crate::bench::BenchArgs),
     /// Configuration tools.
     Config {
         /// What to do with a configuration.

@@ -3,6 +3,7 @@
 //! tests start on port-0 listeners.
 
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod grpc;

@@ -46,6 +46,15 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 })
             }
+            Command::Bench(args) => {
+                let report = sluice_server::bench::run(&args).await?;
+                if args.json {
+                    println!("{}", report.to_json(&args));
+                } else {
+                    print!("{}", report.to_text(&args));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Config {
                 command: ConfigCommand::Check { file },
             } => match Config::load(&file) {

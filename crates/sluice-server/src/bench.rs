@@ -1,0 +1,440 @@
+//! `sluice bench`: a load generator against a running server (HTTP or gRPC) or in-process
+//! (the library over the memory store or Redis). It stops by itself, after a duration or a
+//! number of requests, and reports decisions/s, latency percentiles (hdrhistogram),
+//! allowed/denied counts and, given a Redis URL, Redis commands per decision.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde_json::json;
+use sluice::{LimitSpec, Limiter, MemoryStore, Policy, SharedStore};
+use sluice_redis::{RedisConfig, RedisStore};
+
+use crate::config::PositiveDuration;
+
+/// What to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// `POST /v1/check` on a running server.
+    Http,
+    /// Envoy's `ShouldRateLimit` on a running server.
+    Grpc,
+    /// The library in this process, over the memory store or `--redis`.
+    Inproc,
+}
+
+/// Which keys requests use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Keys {
+    /// One hot key.
+    Hot,
+    /// Uniform over N keys.
+    Uniform(u64),
+    /// Zipf over N keys with exponent s.
+    Zipf(u64, f64),
+}
+
+impl std::str::FromStr for Keys {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let n = |i: usize| -> Result<u64, String> {
+            parts
+                .get(i)
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("`{s}`: expected a positive number of keys"))
+        };
+        match parts[0] {
+            "hot" => Ok(Keys::Hot),
+            "uniform" => Ok(Keys::Uniform(n(1)?)),
+            "zipf" => {
+                let exponent = match parts.get(2) {
+                    None => 1.0,
+                    Some(v) => v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|e| *e > 0.0)
+                        .ok_or_else(|| format!("`{s}`: the Zipf exponent must be positive"))?,
+                };
+                Ok(Keys::Zipf(n(1)?, exponent))
+            }
+            _ => Err(format!(
+                "`{s}`: expected hot, uniform:N or zipf:N[:exponent]"
+            )),
+        }
+    }
+}
+
+/// `sluice bench` options.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// What to load.
+    #[arg(long, value_enum, default_value_t = Target::Http)]
+    pub target: Target,
+    /// The HTTP server (target http).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// The gRPC server (target grpc).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub grpc: String,
+    /// The policy (targets http and inproc).
+    #[arg(long, default_value = "demo")]
+    pub policy: String,
+    /// The rate limit domain (target grpc).
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+    /// The descriptor key; the value is the request's key (target grpc).
+    #[arg(long, default_value = "remote_address")]
+    pub descriptor_key: String,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// How long to run (ignored with --requests).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Stop after this many requests instead.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Key distribution: hot, uniform:N or zipf:N[:exponent].
+    #[arg(long, default_value = "uniform:10000")]
+    pub keys: Keys,
+    /// The cost of each request.
+    #[arg(long, default_value_t = 1)]
+    pub cost: u64,
+    /// A Redis URL: the store for --target inproc, and for every target the server whose INFO
+    /// commandstats give Redis commands per decision.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Inproc policy: max.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    pub max: u64,
+    /// Inproc policy: per.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub per: Duration,
+    /// Inproc policy: algorithm.
+    #[arg(long, default_value = "fixed_window")]
+    pub algorithm: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    PositiveDuration::parse(s).map(|d| d.0)
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Decisions answered (allowed + denied).
+    pub decisions: u64,
+    /// Allowed.
+    pub allowed: u64,
+    /// Denied.
+    pub denied: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Latency percentiles in µs: p50, p99, p999, max.
+    pub latency_us: [u64; 4],
+    /// Redis commands per decision, when --redis was given.
+    pub redis_commands_per_decision: Option<f64>,
+}
+
+impl Report {
+    /// Decisions per second.
+    pub fn rate(&self) -> f64 {
+        self.decisions as f64 / self.seconds.max(f64::EPSILON)
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self, args: &BenchArgs) -> serde_json::Value {
+        json!({
+            "target": format!("{:?}", args.target).to_lowercase(),
+            "concurrency": args.concurrency,
+            "decisions": self.decisions,
+            "allowed": self.allowed,
+            "denied": self.denied,
+            "errors": self.errors,
+            "seconds": self.seconds,
+            "decisions_per_second": self.rate(),
+            "latency_us": {"p50": self.latency_us[0], "p99": self.latency_us[1], "p999": self.latency_us[2], "max": self.latency_us[3]},
+            "redis_commands_per_decision": self.redis_commands_per_decision,
+        })
+    }
+
+    /// The report for people.
+    pub fn to_text(&self, args: &BenchArgs) -> String {
+        let mut s = format!(
+            "target {:?}, concurrency {}, {:.2} s\n  decisions/s  {:.0}\n  decisions    {} (allowed {}, denied {}), errors {}\n  latency µs   p50 {}  p99 {}  p999 {}  max {}\n",
+            args.target,
+            args.concurrency,
+            self.seconds,
+            self.rate(),
+            self.decisions,
+            self.allowed,
+            self.denied,
+            self.errors,
+            self.latency_us[0],
+            self.latency_us[1],
+            self.latency_us[2],
+            self.latency_us[3],
+        );
+        if let Some(c) = self.redis_commands_per_decision {
+            s.push_str(&format!("  redis commands per decision  {c:.3}\n"));
+        }
+        s
+    }
+}
+
+/// One way of asking for a decision.
+#[derive(Clone)]
+enum Driver {
+    Http(reqwest::Client, String, String),
+    Grpc(
+        RateLimitServiceClient<tonic::transport::Channel>,
+        String,
+        String,
+    ),
+    Inproc(Arc<Limiter<SharedStore>>, Policy),
+}
+
+impl Driver {
+    /// One decision: Ok(allowed).
+    async fn once(&mut self, key: &str, cost: u64) -> anyhow::Result<bool> {
+        match self {
+            Driver::Http(client, url, policy) => {
+                let r = client
+                    .post(url.as_str())
+                    .json(&json!({"policy": policy, "key": key, "cost": cost}))
+                    .send()
+                    .await?;
+                match r.status().as_u16() {
+                    200 => Ok(true),
+                    429 => Ok(false),
+                    other => bail!("HTTP {other}: {}", r.text().await.unwrap_or_default()),
+                }
+            }
+            Driver::Grpc(client, domain, descriptor_key) => {
+                let request = RateLimitRequest {
+                    domain: domain.clone(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: descriptor_key.clone(),
+                            value: key.to_owned(),
+                        }],
+                        ..RateLimitDescriptor::default()
+                    }],
+                    hits_addend: u32::try_from(cost).unwrap_or(u32::MAX),
+                };
+                let r = client.should_rate_limit(request).await?.into_inner();
+                Ok(r.overall_code == Code::Ok as i32)
+            }
+            Driver::Inproc(limiter, policy) => {
+                Ok(limiter.check_policy(policy, key, cost).await?.allowed)
+            }
+        }
+    }
+}
+
+async fn driver(args: &BenchArgs) -> anyhow::Result<Driver> {
+    Ok(match args.target {
+        Target::Http => Driver::Http(
+            reqwest::Client::new(),
+            format!("{}/v1/check", args.url.trim_end_matches('/')),
+            args.policy.clone(),
+        ),
+        Target::Grpc => {
+            let channel = tonic::transport::Endpoint::from_shared(args.grpc.clone())?
+                .connect()
+                .await
+                .with_context(|| format!("cannot reach the gRPC server at {}", args.grpc))?;
+            Driver::Grpc(
+                RateLimitServiceClient::new(channel),
+                args.domain.clone(),
+                args.descriptor_key.clone(),
+            )
+        }
+        Target::Inproc => {
+            let per_ms = u64::try_from(args.per.as_millis()).unwrap_or(u64::MAX);
+            let spec = LimitSpec {
+                max: args.max,
+                per_ms,
+                algorithm: args.algorithm.parse()?,
+                ..LimitSpec::default()
+            };
+            let policy = Policy::from_specs(args.policy.clone(), vec![spec])?;
+            let store = match &args.redis {
+                Some(url) => SharedStore::new(
+                    RedisStore::connect(
+                        RedisConfig::new(url.clone()).timeout(Duration::from_secs(2)),
+                    )
+                    .await?,
+                ),
+                None => SharedStore::new(MemoryStore::new()),
+            };
+            Driver::Inproc(
+                Arc::new(Limiter::new(store).with_policy(policy.clone())),
+                policy,
+            )
+        }
+    })
+}
+
+/// Sum of command calls (except INFO itself) from INFO commandstats.
+async fn redis_calls(url: &str) -> anyhow::Result<u64> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| !l.starts_with("info:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
+fn key_for(keys: Keys, rng: &mut SmallRng, zipf: Option<&Zipf<f64>>, out: &mut String) {
+    use std::fmt::Write;
+    out.clear();
+    let n = match (keys, zipf) {
+        (Keys::Hot, _) => 0,
+        (Keys::Uniform(n), _) => rng.random_range(0..n),
+        (Keys::Zipf(..), Some(z)) => z.sample(rng) as u64,
+        (Keys::Zipf(n, _), None) => rng.random_range(0..n),
+    };
+    let _ = write!(out, "bench:{n}");
+}
+
+/// Runs the load and returns what it measured.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
+    if args.concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    let driver = driver(args).await?;
+    let zipf = match args.keys {
+        Keys::Zipf(n, s) => Some(Zipf::new(n as f64, s).map_err(|e| anyhow::anyhow!("zipf: {e}"))?),
+        _ => None,
+    };
+    let before = match &args.redis {
+        Some(url) => Some(redis_calls(url).await?),
+        None => None,
+    };
+    let progress = match args.requests {
+        Some(n) => indicatif::ProgressBar::new(n),
+        None => indicatif::ProgressBar::new(args.duration.as_secs().max(1)),
+    };
+    let issued = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + args.duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..args.concurrency {
+        let mut driver = driver.clone();
+        let issued = issued.clone();
+        let (keys, cost, limit) = (args.keys, args.cost, args.requests);
+        let progress = progress.clone();
+        tasks.spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut rng = SmallRng::seed_from_u64(0x5EED ^ worker as u64);
+            let (mut allowed, mut denied, mut errors) = (0u64, 0u64, 0u64);
+            let mut key = String::with_capacity(32);
+            loop {
+                match limit {
+                    Some(n) => {
+                        if issued.fetch_add(1, Ordering::Relaxed) >= n {
+                            break;
+                        }
+                        progress.inc(1);
+                    }
+                    None => {
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                    }
+                }
+                key_for(keys, &mut rng, zipf.as_ref(), &mut key);
+                let t = Instant::now();
+                match driver.once(&key, cost).await {
+                    Ok(true) => allowed += 1,
+                    Ok(false) => denied += 1,
+                    Err(_) => errors += 1,
+                }
+                hist.record(
+                    u64::try_from(t.elapsed().as_micros())
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                )?;
+            }
+            anyhow::Ok((hist, allowed, denied, errors))
+        });
+    }
+    if args.requests.is_none() {
+        let progress = progress.clone();
+        let total = args.duration;
+        tasks.spawn(async move {
+            while started.elapsed() < total {
+                progress.set_position(started.elapsed().as_secs());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok((Histogram::<u64>::new(3)?, 0, 0, 0))
+        });
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    while let Some(joined) = tasks.join_next().await {
+        let (h, a, d, e) = joined??;
+        hist.add(h)?;
+        allowed += a;
+        denied += d;
+        errors += e;
+    }
+    progress.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let decisions = allowed + denied;
+    let redis_commands_per_decision = match (&args.redis, before) {
+        (Some(url), Some(before)) => {
+            let after = redis_calls(url).await?;
+            Some((after - before) as f64 / decisions.max(1) as f64)
+        }
+        _ => None,
+    };
+    Ok(Report {
+        decisions,
+        allowed,
+        denied,
+        errors,
+        seconds,
+        latency_us: [
+            hist.value_at_quantile(0.50),
+            hist.value_at_quantile(0.99),
+            hist.value_at_quantile(0.999),
+            hist.max(),
+        ],
+        redis_commands_per_decision,
+    })
+}

@@ -1,0 +1,155 @@
+//! `sluice bench` against each target: it stops by itself and its counts add up.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use clap::Parser;
+use sluice_server::app::{self, Listeners};
+use sluice_server::bench::{self, BenchArgs};
+use sluice_server::config::Config;
+
+#[derive(Parser)]
+struct Wrapper {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn args(line: &[&str]) -> BenchArgs {
+    Wrapper::parse_from(std::iter::once("bench").chain(line.iter().copied())).args
+}
+
+#[tokio::test]
+async fn inproc_hot_key_admits_exactly_max() {
+    let a = args(&[
+        "--target",
+        "inproc",
+        "--requests",
+        "2000",
+        "--keys",
+        "hot",
+        "--max",
+        "100",
+        "--concurrency",
+        "8",
+    ]);
+    let r = bench::run(&a).await.unwrap();
+    assert_eq!(
+        (r.decisions, r.allowed, r.denied, r.errors),
+        (2_000, 100, 1_900, 0)
+    );
+    let json = r.to_json(&a);
+    assert_eq!(json["decisions"], 2_000);
+    assert!(
+        json["latency_us"]["p99"].as_u64().unwrap() >= json["latency_us"]["p50"].as_u64().unwrap()
+    );
+    assert!(r.to_text(&a).contains("decisions/s"));
+}
+
+#[tokio::test]
+async fn http_and_grpc_targets_against_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("rls")).unwrap();
+    std::fs::write(
+        dir.path().join("rls/bench.yaml"),
+        "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n",
+    )
+    .unwrap();
+    let file = dir.path().join("sluice.yaml");
+    std::fs::write(
+        &file,
+        "rls:\n  config_dir: rls\npolicies:\n  demo:\n    limits: [{ max: 3, per: 1h }]\n",
+    )
+    .unwrap();
+    let config = Config::load(&file).unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(app::run(
+        Listeners {
+            http,
+            grpc: Some(grpc),
+        },
+        config,
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    // Poll the HTTP side until the server answers.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reqwest::get(format!("http://{http_addr}/healthz"))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let url = format!("http://{http_addr}");
+    let r = bench::run(&args(&[
+        "--target",
+        "http",
+        "--url",
+        &url,
+        "--requests",
+        "300",
+        "--keys",
+        "uniform:10",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.decisions, r.allowed, r.errors),
+        (300, 30, 0),
+        "10 keys × max 3"
+    );
+    let grpc = format!("http://{grpc_addr}");
+    let r = bench::run(&args(&[
+        "--target",
+        "grpc",
+        "--grpc",
+        &grpc,
+        "--requests",
+        "200",
+        "--keys",
+        "uniform:4",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.decisions, r.allowed, r.errors),
+        (200, 20, 0),
+        "4 addresses × 5 per hour"
+    );
+    let _ = stop.send(());
+    done.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn inproc_over_redis_counts_redis_commands_per_decision() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = sluice_testkit::RedisServer::start().unwrap();
+    let url = server.url();
+    let a = args(&[
+        "--target",
+        "inproc",
+        "--redis",
+        &url,
+        "--requests",
+        "1000",
+        "--keys",
+        "uniform:100000",
+    ]);
+    let r = bench::run(&a).await.unwrap();
+    assert_eq!((r.decisions, r.allowed, r.errors), (1_000, 1_000, 0));
+    // Each admitted decision is one FCALL running HMGET, HSET and PEXPIRE.
+    let per = r.redis_commands_per_decision.unwrap();
+    assert!(
+        (3.9..=4.1).contains(&per),
+        "{per} Redis commands per decision"
+    );
+}
