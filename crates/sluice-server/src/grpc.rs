@@ -155,7 +155,7 @@ impl RateLimitService for RlsService {
             }
         }
         metrics::decision(
-            &req.domain,
+            &Arc::from(req.domain.as_str()),
             "should_rate_limit",
             if over { "denied" } else { "allowed" },
         );

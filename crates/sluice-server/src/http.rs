@@ -258,7 +258,7 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
     match result {
         Ok(d) => {
             metrics::decision(
-                policy.name(),
+                policy.name_arc(),
                 op_name,
                 if d.allowed { "allowed" } else { "denied" },
             );
@@ -283,7 +283,7 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
             }
             FailureMode::Open => {
                 metrics::store_error("0", &e);
-                metrics::decision(policy.name(), op_name, "degraded");
+                metrics::decision(policy.name_arc(), op_name, "degraded");
                 tracing::warn!(policy = policy.name(), error = %e, "store failed; allowing (open)");
                 let d = sluice::Decision::new(
                     true,
@@ -320,6 +320,33 @@ fn secs_up(ms: u64) -> u64 {
     ms.div_ceil(1_000)
 }
 
+/// The decision body (CONTRACT §3), in the contract's field order.
+#[derive(serde::Serialize)]
+struct DecisionBody<'a> {
+    allowed: bool,
+    policy: &'a str,
+    key: &'a str,
+    cost: u64,
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+    retry_after: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    degraded: bool,
+    limits: Vec<LimitBody>,
+}
+
+/// One limit in a decision body.
+#[derive(serde::Serialize)]
+struct LimitBody {
+    max: u64,
+    per_ms: u64,
+    algorithm: &'static str,
+    remaining: u64,
+    reset_ms: u64,
+    retry_after_ms: Option<u64>,
+}
+
 /// The decision body and headers (CONTRACT §3).
 pub fn decision_response(
     status: StatusCode,
@@ -330,35 +357,37 @@ pub fn decision_response(
     now_ms: u64,
 ) -> Response {
     let b = d.binding();
-    let limits: Vec<Value> = d
-        .limits
-        .iter()
-        .map(|s| {
-            json!({
-                "max": s.max,
-                "per_ms": s.per_ms,
-                "algorithm": s.algorithm.as_str(),
-                "remaining": s.remaining,
-                "reset_ms": s.reset_ms,
-                "retry_after_ms": s.retry_after_ms,
+    let body = DecisionBody {
+        allowed: d.allowed,
+        policy: policy.name(),
+        key,
+        cost: d.cost,
+        limit: b.max,
+        remaining: b.remaining,
+        reset: secs_up(b.reset_ms),
+        retry_after: b.retry_after_ms.map(secs_up),
+        degraded,
+        limits: d
+            .limits
+            .iter()
+            .map(|s| LimitBody {
+                max: s.max,
+                per_ms: s.per_ms,
+                algorithm: s.algorithm.as_str(),
+                remaining: s.remaining,
+                reset_ms: s.reset_ms,
+                retry_after_ms: s.retry_after_ms,
             })
-        })
-        .collect();
-    let mut body = json!({
-        "allowed": d.allowed,
-        "policy": policy.name(),
-        "key": key,
-        "cost": d.cost,
-        "limit": b.max,
-        "remaining": b.remaining,
-        "reset": secs_up(b.reset_ms),
-        "retry_after": b.retry_after_ms.map(secs_up),
-        "limits": limits,
-    });
-    if degraded {
-        body["degraded"] = Value::Bool(true);
-    }
-    let mut response = json_response(status, &body);
+            .collect(),
+    };
+    let mut response = match serde_json::to_vec(&body) {
+        Ok(bytes) => (status, bytes).into_response(),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    };
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     add_headers(response.headers_mut(), policy, d, now_ms);
     response
 }
