@@ -126,7 +126,9 @@ pub async fn run(
             let server = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(RlsService::new(shared.clone()).into_server());
-            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             Some(tokio::spawn(server.serve_with_incoming_shutdown(
                 incoming,
                 stopped(stop_rx.clone()),
