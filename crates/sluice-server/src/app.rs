@@ -150,10 +150,50 @@ pub async fn run(
     Ok(())
 }
 
-/// Reloads the configuration on SIGHUP and when the file changes.
+/// What the configuration is made of on disk: the file's bytes, and the name and bytes of every
+/// file under its `rls.config_dir`, so that editing an Envoy rate limit file reloads too (as
+/// the reference service does). Contents, not modification times: two edits within one tick of
+/// a coarse file system clock must not look the same. The files are small.
+fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec<u8> {
+    let mut out = std::fs::read(path).unwrap_or_default();
+    let mut stack: Vec<PathBuf> = rls_dir
+        .map(std::path::Path::to_path_buf)
+        .into_iter()
+        .collect();
+    let mut files = Vec::new();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                let mut f = entry.path().display().to_string().into_bytes();
+                f.push(0);
+                f.extend(std::fs::read(entry.path()).unwrap_or_default());
+                files.push(f);
+            }
+        }
+    }
+    files.sort();
+    for f in files {
+        out.extend_from_slice(&f);
+    }
+    out
+}
+
+/// Reloads the configuration on SIGHUP and when the file, or a file of its Envoy rate limit
+/// directory, changes.
 async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
-    let fingerprint = |p: &PathBuf| std::fs::read(p).ok();
-    let mut last = fingerprint(&path);
+    let rls_dir = |p: &PathBuf| {
+        Config::load(p)
+            .ok()
+            .and_then(|c| c.rls.map(|r| r.config_dir))
+    };
+    let mut dir = rls_dir(&path);
+    let mut last = fingerprint(&path, dir.as_deref());
     let mut tick = tokio::time::interval(RELOAD_POLL);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -174,11 +214,12 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
             tick.tick().await;
             false
         };
-        let now = fingerprint(&path);
+        let now = fingerprint(&path, dir.as_deref());
         if !forced && now == last {
             continue;
         }
-        last = now;
+        dir = rls_dir(&path).or(dir);
+        last = fingerprint(&path, dir.as_deref());
         match Config::load(&path)
             .map_err(anyhow::Error::from)
             .and_then(|c| {

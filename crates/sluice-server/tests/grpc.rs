@@ -43,6 +43,8 @@ descriptors:
 
 struct Server {
     client: RateLimitServiceClient<Channel>,
+    rls_file: std::path::PathBuf,
+    http_url: String,
     channel: Channel,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -59,6 +61,7 @@ async fn start() -> Server {
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
+    let http_url = format!("http://{}", http.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(app::run(
         Listeners {
@@ -66,7 +69,7 @@ async fn start() -> Server {
             grpc: Some(grpc),
         },
         config,
-        None,
+        Some(file),
         async move {
             let _ = stopped.await;
         },
@@ -86,8 +89,11 @@ async fn start() -> Server {
             }
         }
     };
+    let rls_file = dir.path().join("ratelimit-config/edge.yaml");
     Server {
         client: RateLimitServiceClient::new(channel.clone()),
+        rls_file,
+        http_url,
         channel,
         stop: Some(stop),
         done,
@@ -261,6 +267,57 @@ async fn invalid_requests_and_health() {
     assert_eq!(
         r.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    s.stop().await;
+}
+
+/// Editing a file of the rate limit directory reloads it; a broken edit keeps the last good
+/// rules.
+#[tokio::test]
+async fn editing_the_rule_files_reloads_them() {
+    let mut s = start().await;
+    let limit_of = |r: &RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(
+        limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await),
+        Some(3)
+    );
+    std::fs::write(
+        &s.rls_file,
+        RLS_YAML.replace("requests_per_unit: 3", "requests_per_unit: 7"),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await) != Some(7) {
+        if tokio::time::Instant::now() >= deadline {
+            let url = format!("{}/v1/policies", s.http_url);
+            let p: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+            panic!("the edited rule never applied: {p}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A broken file: the reload fails and the last good rules stay.
+    std::fs::write(&s.rls_file, "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n").unwrap();
+    let policies = format!("{}/v1/policies", s.http_url);
+    loop {
+        let p: serde_json::Value = reqwest::get(&policies).await.unwrap().json().await.unwrap();
+        if let Some(e) = p["config"]["last_reload_error"].as_str() {
+            assert!(e.contains("edge.yaml") && e.contains("fortnight"), "{e}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline + std::time::Duration::from_secs(10),
+            "no reload attempt"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await),
+        Some(7)
     );
     s.stop().await;
 }
