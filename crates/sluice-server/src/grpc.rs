@@ -9,7 +9,8 @@
 //! key, so this is two steps, not one atomic script: between them another request may see a
 //! charge that is then refunded, which can only make it stricter, never looser.)
 //! `hits_addend` is the cost; a descriptor's own `hits_addend` overrides the request's, and 0
-//! reports without counting.
+//! reports without counting. A store failure is the gRPC error `UNAVAILABLE`, as the reference
+//! answers an error, so that Envoy's `failure_mode_deny` decides.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -132,15 +133,23 @@ impl RateLimitService for RlsService {
         let now = snapshot.now_ms();
         let limiter = &snapshot.limiter;
         let mut parts = Vec::with_capacity(matches.len());
+        let mut failure = None;
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
             let cost = descriptor
                 .hits_addend
                 .as_ref()
                 .map_or(u64::from(req.hits_addend), |v| v.value);
-            parts.push(self.decide(limiter, found, cost, now).await);
+            match self.decide(limiter, found, cost, now).await {
+                Ok(part) => parts.push(part),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
         let over = parts.iter().any(|p| p.refuses);
-        if over {
+        if over || failure.is_some() {
+            // All or nothing: give back what the other descriptors were charged.
             for part in &mut parts {
                 if let Some((policy, key, cost)) = part.charge.take() {
                     if let Err(e) = limiter.refund_policy(&policy, &key, cost).await {
@@ -153,6 +162,17 @@ impl RateLimitService for RlsService {
                     }
                 }
             }
+        }
+        if let Some(e) = failure {
+            // As in the reference service, a store failure is a gRPC error, so that Envoy's
+            // `failure_mode_deny` decides whether the request passes.
+            if let sluice::Error::Store(store_error) = &e {
+                metrics::store_error("0", store_error);
+            }
+            tracing::warn!(error = %e, "store failed during ShouldRateLimit");
+            return Err(Status::unavailable(format!(
+                "the rate limit store cannot answer: {e}"
+            )));
         }
         metrics::decision(
             &Arc::from(req.domain.as_str()),
@@ -174,31 +194,31 @@ impl RlsService {
         found: Option<Match>,
         cost: u64,
         now: u64,
-    ) -> Part {
+    ) -> Result<Part, sluice::Error> {
         let ok = |status| Part {
             status,
             refuses: false,
             charge: None,
         };
         let Some(m) = found else {
-            return ok(DescriptorStatus {
+            return Ok(ok(DescriptorStatus {
                 code: Code::Ok as i32,
                 ..DescriptorStatus::default()
-            });
+            }));
         };
         let rule = &m.rule;
         if rule.unlimited {
-            return ok(DescriptorStatus {
+            return Ok(ok(DescriptorStatus {
                 code: Code::Ok as i32,
                 limit_remaining: u32::MAX,
                 ..DescriptorStatus::default()
-            });
+            }));
         }
         let window = rule.window_ms().unwrap_or(1_000);
         let until_reset = window - now % window;
         let Some(policy) = self.policy(rule) else {
             // requests_per_unit: 0 blocks everything (the reference's way to deny a client).
-            return Part {
+            return Ok(Part {
                 status: DescriptorStatus {
                     code: if rule.shadow_mode {
                         Code::Ok
@@ -212,45 +232,25 @@ impl RlsService {
                 },
                 refuses: !rule.shadow_mode && cost > 0,
                 charge: None,
-            };
+            });
         };
-        let result: Result<Decision, sluice::Error> =
-            limiter.check_policy(&policy, &m.counter_key, cost).await;
-        match result {
-            Ok(d) => {
-                let s = d.binding();
-                let over = !d.allowed;
-                Part {
-                    status: DescriptorStatus {
-                        code: if over && !rule.shadow_mode {
-                            Code::OverLimit
-                        } else {
-                            Code::Ok
-                        } as i32,
-                        current_limit: Some(proto_limit(rule)),
-                        limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
-                        duration_until_reset: Some(duration_ms(s.reset_ms.saturating_sub(now))),
-                        ..DescriptorStatus::default()
-                    },
-                    refuses: over && !rule.shadow_mode,
-                    charge: (d.allowed && cost > 0).then(|| (policy, m.counter_key.clone(), cost)),
-                }
-            }
-            Err(e) => {
-                // The store could not answer: Envoy's own failure_mode_deny decides what a
-                // failed rate limit call means, so answer OK (fail open) and say so in the log.
-                tracing::warn!(error = %e, "store failed during ShouldRateLimit; allowing");
-                if let sluice::Error::Store(e) = &e {
-                    metrics::store_error("0", e);
-                }
-                ok(DescriptorStatus {
-                    code: Code::Ok as i32,
-                    current_limit: Some(proto_limit(rule)),
-                    limit_remaining: rule.requests_per_unit,
-                    duration_until_reset: Some(duration_ms(until_reset)),
-                    ..DescriptorStatus::default()
-                })
-            }
-        }
+        let d: Decision = limiter.check_policy(&policy, &m.counter_key, cost).await?;
+        let s = d.binding();
+        let over = !d.allowed;
+        Ok(Part {
+            status: DescriptorStatus {
+                code: if over && !rule.shadow_mode {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                } as i32,
+                current_limit: Some(proto_limit(rule)),
+                limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(duration_ms(s.reset_ms.saturating_sub(now))),
+                ..DescriptorStatus::default()
+            },
+            refuses: over && !rule.shadow_mode,
+            charge: (d.allowed && cost > 0).then(|| (policy, m.counter_key.clone(), cost)),
+        })
     }
 }

@@ -52,11 +52,19 @@ struct Server {
 }
 
 async fn start() -> Server {
+    start_with("").await
+}
+
+async fn start_with(extra_config: &str) -> Server {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("ratelimit-config")).unwrap();
     std::fs::write(dir.path().join("ratelimit-config/edge.yaml"), RLS_YAML).unwrap();
     let file = dir.path().join("sluice.yaml");
-    std::fs::write(&file, "rls:\n  config_dir: ratelimit-config\n").unwrap();
+    std::fs::write(
+        &file,
+        format!("rls:\n  config_dir: ratelimit-config\n{extra_config}"),
+    )
+    .unwrap();
     let config = Config::load(&file).unwrap();
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -319,5 +327,45 @@ async fn editing_the_rule_files_reloads_them() {
         limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await),
         Some(7)
     );
+    s.stop().await;
+}
+
+/// Over Redis: a stalled store is a gRPC `UNAVAILABLE` (Envoy's `failure_mode_deny` decides),
+/// and recovery needs no restart.
+#[tokio::test]
+async fn a_stalled_redis_store_is_unavailable_to_envoy() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let store = format!(
+        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
+    let mut s = start_with(&store).await;
+    let r = s.ask(&[&[("remote_address", "9.9.9.9")]], 1).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    redis.pause().unwrap();
+    let e = s
+        .client
+        .should_rate_limit(request("edge", &[&[("remote_address", "9.9.9.9")]], 1))
+        .await;
+    redis.resume().unwrap();
+    let e = e.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(e.message().contains("store"), "{}", e.message());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(r) = s
+            .client
+            .should_rate_limit(request("edge", &[&[("remote_address", "8.8.8.8")]], 1))
+            .await
+        {
+            assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no recovery");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     s.stop().await;
 }
