@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use clap::Parser;
-use sluice_server::app::{self, Listeners};
 use sluice_server::bench::{self, BenchArgs};
-use sluice_server::config::Config;
+
+mod common;
 
 #[derive(Parser)]
 struct Wrapper {
@@ -46,48 +46,12 @@ async fn inproc_hot_key_admits_exactly_max() {
 
 #[tokio::test]
 async fn http_and_grpc_targets_against_a_running_server() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("rls")).unwrap();
-    std::fs::write(
-        dir.path().join("rls/bench.yaml"),
-        "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n",
-    )
-    .unwrap();
-    let file = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &file,
+    let s = common::TestServer::start(
         "rls:\n  config_dir: rls\npolicies:\n  demo:\n    limits: [{ max: 3, per: 1h }]\n",
+        &[("rls/bench.yaml", "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n")],
     )
-    .unwrap();
-    let config = Config::load(&file).unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(app::run(
-        Listeners {
-            http,
-            grpc: Some(grpc),
-        },
-        config,
-        None,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    // Poll the HTTP side until the server answers.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while reqwest::get(format!("http://{http_addr}/healthz"))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server never answered"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let url = format!("http://{http_addr}");
+    .await;
+    let url = s.url.clone();
     let r = bench::run(&args(&[
         "--target",
         "http",
@@ -105,7 +69,7 @@ async fn http_and_grpc_targets_against_a_running_server() {
         (300, 30, 0),
         "10 keys × max 3"
     );
-    let grpc = format!("http://{grpc_addr}");
+    let grpc = s.grpc_url.clone();
     let r = bench::run(&args(&[
         "--target",
         "grpc",
@@ -123,8 +87,7 @@ async fn http_and_grpc_targets_against_a_running_server() {
         (200, 20, 0),
         "4 addresses × 5 per hour"
     );
-    let _ = stop.send(());
-    done.await.unwrap().unwrap();
+    s.stop().await;
 }
 
 #[tokio::test]

@@ -8,9 +8,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_server::app::{self, Listeners};
-use sluice_server::config::Config;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 const RLS_YAML: &str = r#"
@@ -41,14 +38,14 @@ descriptors:
       unlimited: true
 "#;
 
+mod common;
+
 struct Server {
+    inner: common::TestServer,
     client: RateLimitServiceClient<Channel>,
+    channel: Channel,
     rls_file: std::path::PathBuf,
     http_url: String,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile::TempDir,
 }
 
 async fn start() -> Server {
@@ -56,63 +53,22 @@ async fn start() -> Server {
 }
 
 async fn start_with(extra_config: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("ratelimit-config")).unwrap();
-    std::fs::write(dir.path().join("ratelimit-config/edge.yaml"), RLS_YAML).unwrap();
-    let file = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &file,
-        format!("rls:\n  config_dir: ratelimit-config\n{extra_config}"),
-    )
-    .unwrap();
-    let config = Config::load(&file).unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = grpc.local_addr().unwrap();
-    let http_url = format!("http://{}", http.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(app::run(
-        Listeners {
-            http,
-            grpc: Some(grpc),
-        },
-        config,
-        Some(file),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
-    // Poll until the server accepts a connection.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let channel = loop {
-        match endpoint.connect().await {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "gRPC never came up: {e}"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        }
-    };
-    let rls_file = dir.path().join("ratelimit-config/edge.yaml");
+    let config = format!("rls:\n  config_dir: ratelimit-config\n{extra_config}");
+    let inner =
+        common::TestServer::start(&config, &[("ratelimit-config/edge.yaml", RLS_YAML)]).await;
+    let channel = inner.channel().await;
     Server {
         client: RateLimitServiceClient::new(channel.clone()),
-        rls_file,
-        http_url,
         channel,
-        stop: Some(stop),
-        done,
-        _dir: dir,
+        rls_file: inner.dir.path().join("ratelimit-config/edge.yaml"),
+        http_url: inner.url.clone(),
+        inner,
     }
 }
 
 impl Server {
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.done.await.unwrap().unwrap();
+    async fn stop(self) {
+        self.inner.stop().await;
     }
 
     async fn ask(&mut self, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitResponse {

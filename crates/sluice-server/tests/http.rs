@@ -3,15 +3,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
-use sluice_server::app::{self, Listeners};
-use sluice_server::config::Config;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 const CONFIG: &str = r#"
 policies:
@@ -27,61 +22,12 @@ policies:
       - { max: 100, per: 1m, algorithm: token_bucket, burst: 20 }
 "#;
 
-struct Server {
-    url: String,
-    stop: Option<oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<anyhow::Result<()>>,
-    file: PathBuf,
-    _dir: tempfile::TempDir,
-}
+mod common;
 
-impl Server {
-    async fn start(config: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.yaml");
-        std::fs::write(&file, config).unwrap();
-        let settings = Config::load(&file).unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", http.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(app::run(
-            Listeners { http, grpc: None },
-            settings,
-            Some(file.clone()),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let server = Self {
-            url,
-            stop: Some(stop),
-            done,
-            file,
-            _dir: dir,
-        };
-        server.wait_ready().await;
-        server
-    }
+type Server = common::TestServer;
 
-    /// Polls `/healthz` until the server answers.
-    async fn wait_ready(&self) {
-        let c = Client::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while c.get(format!("{}/healthz", self.url)).send().await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the server never answered"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.done.await.unwrap().unwrap();
-    }
+async fn start(config: &str) -> Server {
+    Server::start(config, &[]).await
 }
 
 async fn post(c: &Client, url: &str, body: Value) -> reqwest::Response {
@@ -108,7 +54,7 @@ async fn error_of(r: reqwest::Response, status: StatusCode) -> String {
 
 #[tokio::test]
 async fn a_full_window_counts_down_then_429_with_a_constant_reset() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
     let mut resets = Vec::new();
@@ -156,7 +102,7 @@ async fn a_full_window_counts_down_then_429_with_a_constant_reset() {
 
 #[tokio::test]
 async fn peek_refund_forget_and_policies() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     let check = format!("{}/v1/check", s.url);
     post(&c, &check, json!({"policy": "api", "key": "k", "cost": 2})).await;
@@ -228,7 +174,7 @@ async fn peek_refund_forget_and_policies() {
 
 #[tokio::test]
 async fn every_error_is_json_with_the_right_status() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     let check = format!("{}/v1/check", s.url);
     let send = |body: &'static str| {
@@ -351,7 +297,7 @@ async fn wait_for(c: &Client, s: &Server, what: &str, cond: impl Fn(&Value) -> b
 
 #[tokio::test]
 async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     std::fs::write(
         &s.file,
@@ -407,7 +353,7 @@ async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() 
 #[tokio::test]
 async fn shutdown_drains_in_flight_requests() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     // A request in flight: its head and half its body have been sent.
     let body = br#"{"policy": "api", "key": "in-flight"}"#;
     let mut stream = tokio::net::TcpStream::connect(s.url.trim_start_matches("http://"))
@@ -451,7 +397,7 @@ async fn shutdown_drains_in_flight_requests() {
 /// (path, method) is routed, and every other method on a documented path is refused with 405.
 #[tokio::test]
 async fn the_openapi_document_matches_the_routes() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     let r = c
         .get(format!("{}/openapi.json", s.url))
@@ -516,7 +462,7 @@ async fn the_openapi_document_matches_the_routes() {
 /// still serves correctly afterwards.
 #[tokio::test]
 async fn a_thousand_malformed_requests_get_no_5xx() {
-    let s = Server::start(CONFIG).await;
+    let s = start(CONFIG).await;
     let c = Client::new();
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
@@ -610,7 +556,7 @@ async fn the_api_over_a_redis_store() {
         CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n"),
         redis.url()
     );
-    let s = Server::start(&config).await;
+    let s = start(&config).await;
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
     for expected in [2, 1, 0] {
@@ -667,7 +613,7 @@ async fn the_api_over_a_redis_store() {
 
 #[tokio::test]
 async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
-    let s = Server::start(&CONFIG.replace("api:", "metered:")).await;
+    let s = start(&CONFIG.replace("api:", "metered:")).await;
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
     for i in 0..5 {

@@ -1,0 +1,97 @@
+//! The real server on port-0 listeners, for the end-to-end tests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_server::app::{self, Listeners};
+use sluice_server::config::Config;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A running `sluice serve`, configured from files in its own temporary directory.
+pub struct TestServer {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// `http://127.0.0.1:<port>` of the gRPC API.
+    pub grpc_url: String,
+    /// The configuration file (watched: writing it reloads).
+    pub file: PathBuf,
+    /// The directory holding it and any extra files.
+    pub dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestServer {
+    /// Writes `config` to `sluice.yaml` and each `(relative path, text)` beside it, starts the
+    /// server on free ports and returns once both APIs answer (polled, never slept on).
+    pub async fn start(config: &str, files: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, config).unwrap();
+        let settings = Config::load(&file).unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", http.local_addr().unwrap());
+        let grpc_url = format!("http://{}", grpc.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(app::run(
+            Listeners {
+                http,
+                grpc: Some(grpc),
+            },
+            settings,
+            Some(file.clone()),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let server = Self {
+            url,
+            grpc_url,
+            file,
+            dir,
+            stop: Some(stop),
+            done,
+        };
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while client
+            .get(format!("{}/healthz", server.url))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        server
+    }
+
+    /// A gRPC channel to the server (it is already listening).
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(self.grpc_url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// Stops the server (gracefully) and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.done.await.unwrap().unwrap();
+    }
+}
