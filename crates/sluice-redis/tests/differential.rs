@@ -157,39 +157,6 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
                         clock.advance(*dt);
                         continue;
                     }
-                    Op::Check {
-                        policy,
-                        key: k,
-                        cost,
-                    } => {
-                        let p = policies[*policy].name();
-                        (
-                            memory.check(p, &key(*k), *cost).await,
-                            remote.check(p, &key(*k), *cost).await,
-                        )
-                    }
-                    Op::Peek {
-                        policy,
-                        key: k,
-                        cost,
-                    } => {
-                        let p = policies[*policy].name();
-                        (
-                            memory.peek(p, &key(*k), *cost).await,
-                            remote.peek(p, &key(*k), *cost).await,
-                        )
-                    }
-                    Op::Refund {
-                        policy,
-                        key: k,
-                        cost,
-                    } => {
-                        let p = policies[*policy].name();
-                        (
-                            memory.refund(p, &key(*k), *cost).await,
-                            remote.refund(p, &key(*k), *cost).await,
-                        )
-                    }
                     Op::Forget { policy, key: k } => {
                         let p = policies[*policy].name();
                         let a = memory.forget(p, &key(*k)).await;
@@ -197,6 +164,10 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
                         prop_assert_eq!(a, b);
                         continue;
                     }
+                    decision => (
+                        apply(&memory, &policies, decision, &key).await,
+                        apply(&remote, &policies, decision, &key).await,
+                    ),
                 };
                 // Both stores see the same validation, so errors must match too.
                 prop_assert_eq!(a, b, "step {} {:?} at t+{}", step, op, clock_offset(&clock));
@@ -213,6 +184,45 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
         total >= min_ops,
         "only {total} operations ran, fewer than {min_ops}"
     );
+}
+
+/// Runs a check, peek or refund on one limiter.
+async fn apply<S: sluice::Store>(
+    limiter: &Limiter<S, ManualClock>,
+    policies: &[Policy],
+    op: &Op,
+    key: &impl Fn(usize) -> String,
+) -> Result<sluice::Decision, sluice::Error> {
+    match op {
+        Op::Check {
+            policy,
+            key: k,
+            cost,
+        } => {
+            limiter
+                .check(policies[*policy].name(), &key(*k), *cost)
+                .await
+        }
+        Op::Peek {
+            policy,
+            key: k,
+            cost,
+        } => {
+            limiter
+                .peek(policies[*policy].name(), &key(*k), *cost)
+                .await
+        }
+        Op::Refund {
+            policy,
+            key: k,
+            cost,
+        } => {
+            limiter
+                .refund(policies[*policy].name(), &key(*k), *cost)
+                .await
+        }
+        Op::Advance(_) | Op::Forget { .. } => unreachable!("handled by the caller"),
+    }
 }
 
 fn clock_offset(clock: &ManualClock) -> u64 {
