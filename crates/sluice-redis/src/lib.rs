@@ -23,7 +23,9 @@
 
 pub mod keys;
 mod script;
+mod sharded;
 mod store;
 
 pub use script::ScriptMode;
+pub use sharded::{ShardedStore, rendezvous};
 pub use store::{ClockSource, ReadFrom, RedisConfig, RedisStore};

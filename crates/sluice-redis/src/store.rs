@@ -239,6 +239,16 @@ impl RedisStore {
         Ok(store)
     }
 
+    /// The primary's URL (a shard's identity for client-side sharding).
+    pub fn primary_url(&self) -> &str {
+        &self.inner.primary.url
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.config.key_prefix
+    }
+
     /// The name of the loaded function library (`sluice_<hash>`).
     pub fn library(&self) -> &str {
         &self.inner.code.library

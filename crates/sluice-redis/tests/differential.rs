@@ -109,6 +109,16 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
     })
 }
 
+/// A store on `n` fresh servers (one shard: a plain `RedisStore`; more: a `ShardedStore`).
+/// Keys expire in real time while the manual clock barely moves, so a long margin keeps Redis
+/// from dropping state the memory store still holds.
+fn config(server: &RedisServer, mode: ScriptMode) -> RedisConfig {
+    RedisConfig::new(server.url())
+        .script_mode(mode)
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600))
+}
+
 fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
     if !sluice_testkit::require_redis() {
         return;
@@ -118,13 +128,19 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
         .enable_all()
         .build()
         .unwrap();
-    // Keys expire in real time; the manual clock barely moves in real time, so a long margin
-    // keeps Redis from dropping state the memory store still holds.
-    let config = RedisConfig::new(server.url())
-        .script_mode(mode)
-        .timeout(Duration::from_secs(5))
-        .expiry_margin(Duration::from_secs(3_600));
-    let redis = rt.block_on(RedisStore::connect(config)).expect("connect");
+    let redis = rt
+        .block_on(RedisStore::connect(config(&server, mode)))
+        .expect("connect");
+    differential(&format!("{mode:?}"), &rt, redis, cases, min_ops);
+}
+
+fn differential<S: sluice::Store + Clone>(
+    label: &str,
+    rt: &tokio::runtime::Runtime,
+    redis: S,
+    cases: u32,
+    min_ops: usize,
+) {
     let ops_run = AtomicUsize::new(0);
     let case = AtomicUsize::new(0);
 
@@ -176,10 +192,10 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
         })
     });
     if let Err(e) = result {
-        panic!("{mode:?}: {e}");
+        panic!("{label}: {e}");
     }
     let total = ops_run.load(Ordering::Relaxed);
-    println!("{mode:?}: {total} operations, identical decisions");
+    println!("{label}: {total} operations, identical decisions");
     assert!(
         total >= min_ops,
         "only {total} operations ran, fewer than {min_ops}"
@@ -240,6 +256,29 @@ fn default_cases() -> u32 {
 #[test]
 fn redis_functions_decide_like_the_memory_store() {
     run_differential(ScriptMode::Function, default_cases(), MIN_OPS);
+}
+
+#[test]
+fn three_redis_shards_decide_like_the_memory_store() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shards = servers
+        .iter()
+        .map(|s| {
+            rt.block_on(RedisStore::connect(config(s, ScriptMode::Function)))
+                .expect("connect")
+        })
+        .collect();
+    let sharded = sluice_redis::ShardedStore::new(shards).expect("shards");
+    differential("3 shards", &rt, sharded, default_cases() / 4, MIN_OPS / 4);
 }
 
 #[test]

@@ -392,3 +392,45 @@ async fn a_stalled_primary_gives_a_typed_timeout() {
         assert!(tries < 100, "the store did not come back");
     }
 }
+
+// ----- client-side shards -------------------------------------------------------------------
+
+#[tokio::test]
+async fn three_shards_each_key_decided_by_its_own_shard_only() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
+    let mut shards = Vec::new();
+    for s in &servers {
+        shards.push(store(RedisConfig::new(s.url()).timeout(Duration::from_secs(2))).await);
+    }
+    let sharded = sluice_redis::ShardedStore::new(shards).unwrap();
+    let p = policy("api", vec![LimitSpec::fixed_window(2, 60_000)]);
+    let mut per_shard = [0usize; 3];
+    for k in 0..300 {
+        let key = format!("user:{k}");
+        let owner = sharded.shard_for(&p, &key);
+        per_shard[owner] += 1;
+        let admitted = {
+            let mut n = 0;
+            for _ in 0..3 {
+                if sharded.check(&p, &key, 1, T0).await.unwrap().allowed {
+                    n += 1;
+                }
+            }
+            n
+        };
+        assert_eq!(admitted, 2, "{key}");
+        let redis_key = format!("sluice:{{3:api:{key}}}:fw60000");
+        for (i, s) in servers.iter().enumerate() {
+            let exists = s.cmd(&["EXISTS", &redis_key]).unwrap();
+            let expected = redis::Value::Int(i64::from(i == owner));
+            assert_eq!(exists, expected, "{key} on shard {i} (owner {owner})");
+        }
+    }
+    assert!(
+        per_shard.iter().all(|&n| n > 60),
+        "uneven spread {per_shard:?}"
+    );
+}
