@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{Clock, MemoryStore, StoreError, SystemClock};
-use sluice_redis::{RedisConfig, RedisStore};
+use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
 use crate::config::{ClockConfig, Config, ReadFrom, StoreConfig};
@@ -55,25 +55,29 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
     match &config.store {
         StoreConfig::Memory => Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
         StoreConfig::Redis {
-            shard,
+            shards,
             read_from,
             timeout,
             clock,
             key_prefix,
         } => {
-            let rc = RedisConfig::new(shard.primary.clone())
-                .replicas(shard.replicas.clone())
-                .read_from(match read_from {
-                    ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
-                    ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
-                })
-                .timeout(*timeout)
-                .clock(match clock {
-                    ClockConfig::App => sluice_redis::ClockSource::App,
-                    ClockConfig::Redis => sluice_redis::ClockSource::Redis,
-                })
-                .key_prefix(key_prefix.clone());
-            Ok(StoreHandle::Redis(RedisStore::connect(rc).await?))
+            let mut stores = Vec::with_capacity(shards.len());
+            for shard in shards {
+                let rc = RedisConfig::new(shard.primary.clone())
+                    .replicas(shard.replicas.clone())
+                    .read_from(match read_from {
+                        ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
+                        ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
+                    })
+                    .timeout(*timeout)
+                    .clock(match clock {
+                        ClockConfig::App => sluice_redis::ClockSource::App,
+                        ClockConfig::Redis => sluice_redis::ClockSource::Redis,
+                    })
+                    .key_prefix(key_prefix.clone());
+                stores.push(RedisStore::connect(rc).await?);
+            }
+            Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
         }
     }
 }

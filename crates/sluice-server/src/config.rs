@@ -89,10 +89,10 @@ pub struct ShardConfig {
 pub enum StoreConfig {
     /// In this process.
     Memory,
-    /// One Redis primary with replicas.
+    /// Redis: one or more shards, each a primary with replicas (client-side sharding).
     Redis {
-        /// The shard.
-        shard: ShardConfig,
+        /// The shards, in configuration order (at least one).
+        shards: Vec<ShardConfig>,
         /// Where peeks read.
         read_from: ReadFrom,
         /// Per-call timeout.
@@ -431,19 +431,26 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
                         .to_owned(),
                 );
             }
-            let mut shards = raw.shards;
-            if shards.len() != 1 {
-                return Err(format!(
-                    "store.shards: {} shards given; this build supports exactly one (a primary \
-                     with replicas)",
-                    shards.len()
-                ));
+            let shards = raw.shards;
+            if shards.is_empty() {
+                return Err("store.shards: the redis backend needs at least one shard \
+                            (- primary: redis://host:port)"
+                    .to_owned());
+            }
+            for (i, a) in shards.iter().enumerate() {
+                if shards[..i].iter().any(|b| b.primary == a.primary) {
+                    return Err(format!(
+                        "store.shards[{i}].primary: `{}` is listed twice; a shard is identified \
+                         by its primary",
+                        a.primary
+                    ));
+                }
             }
             let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice:".to_owned());
             sluice_redis::keys::validate_prefix(&key_prefix)
                 .map_err(|e| format!("store.key_prefix: {e}"))?;
             Ok(StoreConfig::Redis {
-                shard: shards.remove(0),
+                shards,
                 read_from: raw.read_from,
                 timeout: raw.timeout.map_or(Duration::from_millis(50), |t| t.0),
                 clock: raw.clock,

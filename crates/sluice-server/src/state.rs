@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
-use sluice_redis::RedisStore;
+use sluice_redis::ShardedStore;
 
 use crate::config::{Config, FailureMode};
 use crate::rls::RlsConfig;
@@ -14,8 +14,8 @@ use crate::rls::RlsConfig;
 pub enum StoreHandle {
     /// In this process.
     Memory(Arc<MemoryStore>),
-    /// Redis.
-    Redis(RedisStore),
+    /// Redis shards (one or more).
+    Redis(ShardedStore),
 }
 
 impl StoreHandle {
@@ -69,7 +69,19 @@ impl Snapshot {
     pub async fn ping(&self) -> Result<(), String> {
         match &self.store {
             StoreHandle::Memory(_) => Ok(()),
-            StoreHandle::Redis(r) => r.ping().await.map_err(|e| format!("shard 0 ({e})")),
+            StoreHandle::Redis(sharded) => {
+                let mut down = Vec::new();
+                for (i, shard) in sharded.shards().iter().enumerate() {
+                    if let Err(e) = shard.ping().await {
+                        down.push(format!("shard {i} {} ({e})", shard.primary_url()));
+                    }
+                }
+                if down.is_empty() {
+                    Ok(())
+                } else {
+                    Err(down.join(", "))
+                }
+            }
         }
     }
 }

@@ -57,9 +57,12 @@ local:
     assert_eq!(uploads.on_store_error, FailureMode::Closed);
     assert_eq!(uploads.policy.limits()[0].burst(), 20);
     match c.store {
-        StoreConfig::Redis { timeout, shard, .. } => {
+        StoreConfig::Redis {
+            timeout, shards, ..
+        } => {
             assert_eq!(timeout, Duration::from_millis(50));
-            assert_eq!(shard.replicas.len(), 1);
+            assert_eq!(shards.len(), 1);
+            assert_eq!(shards[0].replicas.len(), 1);
         }
         other => panic!("{other:?}"),
     }
@@ -100,6 +103,17 @@ fn errors_name_file_line_and_value() {
     let e = error("policies:\n  api:\n    limit:\n      - { max: 10, per: 1s }\n");
     assert!(e.contains("unknown field `limit`"), "{e}");
     assert!(e.starts_with("sluice.yaml:3:"), "{e}");
+
+    let e = error(
+        "store:\n  backend: redis\n  shards:\n    - primary: redis://a:1\n    - primary: redis://a:1\n",
+    );
+    assert!(
+        e.contains("store.shards[1].primary") && e.contains("listed twice"),
+        "{e}"
+    );
+
+    let e = error("store:\n  backend: redis\n");
+    assert!(e.contains("at least one shard"), "{e}");
 
     let e = error("store:\n  backend: etcd\n");
     assert!(e.contains("store.backend: `etcd` is not a store"), "{e}");

@@ -667,3 +667,51 @@ async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
     assert!(!text.contains("secret-key"), "a key leaked into a label");
     s.stop().await;
 }
+
+/// Two client-side shards: keys spread over both, and `/readyz` names the shard that stalls.
+#[tokio::test]
+async fn two_redis_shards_and_readiness_per_shard() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let a = sluice_testkit::RedisServer::start().unwrap();
+    let b = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "{CONFIG}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n    - primary: {}\n  timeout: 200ms\n",
+        a.url(),
+        b.url()
+    );
+    let s = start(&config).await;
+    let c = Client::new();
+    for k in 0..40 {
+        let r = post(
+            &c,
+            &format!("{}/v1/check", s.url),
+            json!({"policy": "api", "key": format!("k{k}")}),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let keys_on = |server: &sluice_testkit::RedisServer| match server.cmd(&["DBSIZE"]).unwrap() {
+        sluice_testkit::redis::Value::Int(n) => n,
+        other => panic!("{other:?}"),
+    };
+    let (on_a, on_b) = (keys_on(&a), keys_on(&b));
+    // Each check writes the policy's two limit keys on the key's one shard.
+    assert_eq!(on_a + on_b, 80);
+    assert!(on_a > 10 && on_b > 10, "uneven: {on_a} / {on_b}");
+
+    b.pause().unwrap();
+    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    b.resume().unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("shard 1") && message.contains(&b.url()),
+        "{message}"
+    );
+    assert!(!message.contains("shard 0"), "{message}");
+    s.stop().await;
+}
