@@ -1,6 +1,27 @@
 //! Decisions: being limited is a value, not an error.
 
-use crate::limit::{Algorithm, Limit};
+use crate::limit::{Algorithm, Limit, Policy};
+
+/// How a decision was made when the store could not answer (see
+/// [`FailureMode`](crate::FailureMode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Degraded {
+    /// Allowed without a decision (`on_store_error: open`); every limit is reported whole.
+    Open,
+    /// Decided by this process's insurance store (`on_store_error: local`).
+    Local,
+}
+
+impl Degraded {
+    /// `open` or `local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Degraded::Open => "open",
+            Degraded::Local => "local",
+        }
+    }
+}
 
 /// One limit's part in a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +74,8 @@ pub struct Decision {
     pub binding: usize,
     /// Every limit's status, in the policy's order.
     pub limits: Vec<LimitStatus>,
+    /// `None` when the store decided; otherwise how the decision was made without it.
+    pub degraded: Option<Degraded>,
 }
 
 impl Decision {
@@ -78,7 +101,42 @@ impl Decision {
             cost,
             binding,
             limits,
+            degraded: None,
         }
+    }
+
+    /// The decision of a policy that fails open while its store cannot answer: allowed, with
+    /// every limit reported whole (`remaining = max`, `reset = now`), marked
+    /// [`Degraded::Open`].
+    pub fn fail_open(policy: &Policy, cost: u64, now_ms: u64) -> Self {
+        let limits = policy
+            .limits()
+            .iter()
+            .map(|l| LimitStatus {
+                max: l.max(),
+                per_ms: l.per_ms(),
+                algorithm: l.algorithm(),
+                admits: true,
+                remaining: l.max(),
+                reset_ms: now_ms,
+                retry_after_ms: Some(0),
+            })
+            .collect();
+        Self {
+            degraded: Some(Degraded::Open),
+            ..Self::new(true, cost, limits)
+        }
+    }
+
+    /// The same decision marked as made without the store.
+    pub fn degraded(mut self, how: Degraded) -> Self {
+        self.degraded = Some(how);
+        self
+    }
+
+    /// Whether the store did not make this decision.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.is_some()
     }
 
     /// The binding limit.

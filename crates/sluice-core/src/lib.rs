@@ -43,10 +43,10 @@ pub use algorithms::{
     sliding_window_floor, step, token_bucket,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, LimitStatus};
+pub use decision::{Decision, Degraded, LimitStatus};
 pub use evaluate::{Evaluation, Writes};
 pub use limit::{
-    Algorithm, DEFAULT_BUCKETS, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
+    Algorithm, DEFAULT_BUCKETS, FailureMode, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
     MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS, Policy,
 };
 pub use state::{FixedWindowState, LimitState, SlidingWindowState, TokenBucketState};

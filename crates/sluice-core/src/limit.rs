@@ -371,12 +371,63 @@ fn default_precision(per_ms: u64) -> Result<u64, LimitError> {
         })
 }
 
+/// What a policy does when its store cannot answer (a timeout, an unreachable shard, an open
+/// circuit). Errors that retrying cannot fix (corrupt state) are reported whatever the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Allow the request. The decision is marked [`Degraded::Open`](crate::Degraded::Open)
+    /// and reports every limit whole (`remaining = max`).
+    #[default]
+    Open,
+    /// Refuse to decide: the caller gets a "store unavailable" error (a server answers 503).
+    Closed,
+    /// Decide with an in-process store (the "insurance limiter"): each process enforces the
+    /// policy's limits on its own until the store answers again. The decision is marked
+    /// [`Degraded::Local`](crate::Degraded::Local).
+    Local,
+}
+
+impl FailureMode {
+    /// The configuration name: `open`, `closed` or `local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for FailureMode {
+    type Err = LimitError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "open" => Ok(FailureMode::Open),
+            "closed" => Ok(FailureMode::Closed),
+            "local" => Ok(FailureMode::Local),
+            other => Err(LimitError::new(
+                "on_store_error",
+                format!("`{other}` is not a failure mode; expected open, closed or local"),
+            )),
+        }
+    }
+}
+
 /// A named, ordered set of limits applied together to one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     name: Arc<str>,
     limits: Arc<[Limit]>,
     fingerprint: u64,
+    on_store_error: FailureMode,
 }
 
 impl Policy {
@@ -416,6 +467,7 @@ impl Policy {
             name: name.into(),
             limits: limits.into(),
             fingerprint,
+            on_store_error: FailureMode::Open,
         })
     }
 
@@ -427,6 +479,17 @@ impl Policy {
             .map(|(i, spec)| Limit::new(spec).map_err(|e| e.within(&format!("limits[{i}]"))))
             .collect::<Result<Vec<_>, _>>()?;
         Self::new(name, limits)
+    }
+
+    /// The same policy with another failure mode (default [`FailureMode::Open`]).
+    pub fn with_failure_mode(mut self, mode: FailureMode) -> Self {
+        self.on_store_error = mode;
+        self
+    }
+
+    /// What the policy does when its store cannot answer.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.on_store_error
     }
 
     /// The policy's name.

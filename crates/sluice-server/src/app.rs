@@ -106,14 +106,23 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let mut background = tokio::task::JoinSet::new();
-    if let StoreHandle::Memory(memory) = shared.store() {
-        let memory = memory.clone();
+    {
+        // Idle keys are dropped even when no traffic reaches their shard: the memory store's
+        // and the insurance store's (`on_store_error: local`).
+        let memory = match shared.store() {
+            StoreHandle::Memory(memory) => Some(memory.clone()),
+            _ => None,
+        };
+        let insurance = shared.insurance().clone();
         background.spawn(async move {
-            // Idle keys are dropped even when no traffic reaches their shard.
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                memory.sweep(SystemClock.now_ms());
+                let now = SystemClock.now_ms();
+                if let Some(memory) = &memory {
+                    memory.sweep(now);
+                }
+                insurance.sweep(now);
             }
         });
     }

@@ -32,23 +32,20 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// What a policy does when its store cannot answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailureMode {
-    /// Allow the request; the decision is marked degraded.
-    #[default]
-    Open,
-    /// Refuse with 503 "store unavailable".
-    Closed,
-}
+pub use sluice::FailureMode;
 
-/// A policy and its failure mode.
+/// A configured policy (its failure mode is part of the [`Policy`]).
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
     /// The validated policy.
     pub policy: Policy,
-    /// What to do when the store fails.
-    pub on_store_error: FailureMode,
+}
+
+impl PolicyConfig {
+    /// What the policy does when the store fails.
+    pub fn on_store_error(&self) -> FailureMode {
+        self.policy.failure_mode()
+    }
 }
 
 /// Where peeks read.
@@ -338,20 +335,10 @@ impl Config {
         let mut policies = Vec::with_capacity(raw.policies.len());
         for (name, p) in raw.policies {
             let on_store_error = match p.on_store_error.as_deref() {
-                None | Some("open") => FailureMode::Open,
-                Some("closed") => FailureMode::Closed,
-                Some("local") => {
-                    return Err(err(format!(
-                        "policies.{name}.on_store_error: `local` needs the local insurance \
-                         limiter, which this build does not have yet; use open or closed"
-                    )));
-                }
-                Some(other) => {
-                    return Err(err(format!(
-                        "policies.{name}.on_store_error: `{other}` is not a failure mode; \
-                         expected open, closed or local"
-                    )));
-                }
+                None => FailureMode::Open,
+                Some(mode) => mode
+                    .parse::<FailureMode>()
+                    .map_err(|e| err(format!("policies.{name}.on_store_error: {}", e.reason)))?,
             };
             let limits = p.limits.into_iter().map(|l| l.0).collect();
             let policy = Policy::new(name.clone(), limits).map_err(|e| {
@@ -363,8 +350,7 @@ impl Config {
                 err(format!("{field}: {}", e.reason))
             })?;
             policies.push(PolicyConfig {
-                policy,
-                on_store_error,
+                policy: policy.with_failure_mode(on_store_error),
             });
         }
         let store = store_config(raw.store).map_err(err)?;

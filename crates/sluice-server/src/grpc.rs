@@ -63,7 +63,10 @@ impl RlsService {
             return Some(p.clone());
         }
         let spec = LimitSpec::fixed_window(u64::from(rpu), window).aligned();
-        let policy = Policy::from_specs(format!("rls:{window}:{rpu}"), vec![spec]).ok()?;
+        // Closed: a store failure reaches Envoy as an error and its `failure_mode_deny` decides.
+        let policy = Policy::from_specs(format!("rls:{window}:{rpu}"), vec![spec])
+            .ok()?
+            .with_failure_mode(sluice::FailureMode::Closed);
         cache.insert((window, rpu), policy.clone());
         Some(policy)
     }

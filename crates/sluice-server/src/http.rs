@@ -17,7 +17,6 @@ use axum::routing::{delete, get, post};
 use serde_json::{Value, json};
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
 
-use crate::config::FailureMode;
 use crate::metrics;
 use crate::state::Shared;
 
@@ -257,61 +256,31 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
     };
     match result {
         Ok(d) => {
-            metrics::decision(
-                policy.name_arc(),
-                op_name,
-                if d.allowed { "allowed" } else { "denied" },
-            );
+            let outcome = match (d.degraded, d.allowed) {
+                (Some(_), _) => "degraded",
+                (None, true) => "allowed",
+                (None, false) => "denied",
+            };
+            metrics::decision(policy.name_arc(), op_name, outcome);
             let status = if op == Op::Check && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            decision_response(status, policy, &req.key, &d, false, snapshot.now_ms())
+            decision_response(status, policy, &req.key, &d, snapshot.now_ms())
         }
-        Err(LimitError::Store(e)) => match snapshot.failure_mode(policy.name()) {
-            FailureMode::Closed => {
-                metrics::store_error("0", &e);
-                error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    format!(
-                        "the store cannot answer ({e}) and policy `{}` fails closed; retry later",
-                        policy.name()
-                    ),
-                )
-            }
-            FailureMode::Open => {
-                metrics::store_error("0", &e);
-                metrics::decision(policy.name_arc(), op_name, "degraded");
-                tracing::warn!(policy = policy.name(), error = %e, "store failed; allowing (open)");
-                let d = sluice::Decision::new(
-                    true,
-                    req.cost,
-                    policy
-                        .limits()
-                        .iter()
-                        .map(|l| sluice::LimitStatus {
-                            max: l.max(),
-                            per_ms: l.per_ms(),
-                            algorithm: l.algorithm(),
-                            admits: true,
-                            remaining: l.max(),
-                            reset_ms: snapshot.now_ms(),
-                            retry_after_ms: Some(0),
-                        })
-                        .collect(),
-                );
-                decision_response(
-                    StatusCode::OK,
-                    policy,
-                    &req.key,
-                    &d,
-                    true,
-                    snapshot.now_ms(),
-                )
-            }
-        },
+        Err(LimitError::Store(e)) => {
+            metrics::store_error("0", &e);
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!(
+                    "the store cannot answer ({e}) and policy `{}` fails {}; retry later",
+                    policy.name(),
+                    policy.failure_mode()
+                ),
+            )
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     }
 }
@@ -353,7 +322,6 @@ pub fn decision_response(
     policy: &Policy,
     key: &str,
     d: &Decision,
-    degraded: bool,
     now_ms: u64,
 ) -> Response {
     let b = d.binding();
@@ -366,7 +334,7 @@ pub fn decision_response(
         remaining: b.remaining,
         reset: secs_up(b.reset_ms),
         retry_after: b.retry_after_ms.map(secs_up),
-        degraded,
+        degraded: d.is_degraded(),
         limits: d
             .limits
             .iter()
@@ -508,11 +476,7 @@ async fn policies(State(shared): State<Arc<Shared>>) -> Response {
                     v
                 })
                 .collect();
-            let mode = match snapshot.failure_mode(p.name()) {
-                FailureMode::Open => "open",
-                FailureMode::Closed => "closed",
-            };
-            json!({"name": p.name(), "on_store_error": mode, "limits": limits})
+            json!({"name": p.name(), "on_store_error": p.failure_mode().as_str(), "limits": limits})
         })
         .collect();
     let status = shared.reload_status();

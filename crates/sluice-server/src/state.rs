@@ -1,12 +1,11 @@
 //! What requests read: the current policies over the store, swapped whole on a reload.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
 use sluice_redis::ShardedStore;
 
-use crate::config::{Config, FailureMode};
+use crate::config::Config;
 use crate::rls::RlsConfig;
 
 /// The store behind the limiter, kept concrete for readiness checks.
@@ -27,37 +26,31 @@ impl StoreHandle {
     }
 }
 
-/// One configuration generation: policies, their failure modes, the store.
+/// One configuration generation: policies (with their failure modes) over the store.
 #[derive(Debug)]
 pub struct Snapshot {
     /// The limiter with this generation's policies.
     pub limiter: Limiter<SharedStore>,
-    modes: HashMap<String, FailureMode>,
     store: StoreHandle,
     /// Envoy rate limit service rules, when `rls.config_dir` is set.
     pub rls: Option<Arc<RlsConfig>>,
 }
 
 impl Snapshot {
-    fn new(config: &Config, store: &StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
+    fn new(
+        config: &Config,
+        store: &StoreHandle,
+        insurance: &Arc<MemoryStore>,
+        rls: Option<Arc<RlsConfig>>,
+    ) -> Self {
         let limiter = Limiter::new(store.shared())
+            .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
-        let modes = config
-            .policies
-            .iter()
-            .map(|p| (p.policy.name().to_owned(), p.on_store_error))
-            .collect();
         Self {
             limiter,
-            modes,
             store: store.clone(),
             rls,
         }
-    }
-
-    /// The failure mode of a policy.
-    pub fn failure_mode(&self, policy: &str) -> FailureMode {
-        self.modes.get(policy).copied().unwrap_or_default()
     }
 
     /// The limiter's clock.
@@ -100,6 +93,8 @@ pub struct ReloadStatus {
 pub struct Shared {
     current: RwLock<Arc<Snapshot>>,
     store: StoreHandle,
+    /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
+    insurance: Arc<MemoryStore>,
     store_config: crate::config::StoreConfig,
     status: RwLock<ReloadStatus>,
 }
@@ -107,9 +102,11 @@ pub struct Shared {
 impl Shared {
     /// The first generation.
     pub fn new(config: &Config, store: StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
+        let insurance = Arc::new(MemoryStore::new());
         Self {
-            current: RwLock::new(Arc::new(Snapshot::new(config, &store, rls))),
+            current: RwLock::new(Arc::new(Snapshot::new(config, &store, &insurance, rls))),
             store,
+            insurance,
             store_config: config.store.clone(),
             status: RwLock::new(ReloadStatus {
                 generation: 1,
@@ -128,7 +125,7 @@ impl Shared {
 
     /// Applies a new configuration's policies to requests that arrive from now on.
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        let next = Arc::new(Snapshot::new(config, &self.store, rls));
+        let next = Arc::new(Snapshot::new(config, &self.store, &self.insurance, rls));
         match self.current.write() {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,
@@ -160,5 +157,10 @@ impl Shared {
     /// The store.
     pub fn store(&self) -> &StoreHandle {
         &self.store
+    }
+
+    /// The insurance store of `on_store_error: local` policies.
+    pub fn insurance(&self) -> &Arc<MemoryStore> {
+        &self.insurance
     }
 }

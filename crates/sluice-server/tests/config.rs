@@ -54,7 +54,7 @@ local:
         .iter()
         .find(|p| p.policy.name() == "uploads")
         .unwrap();
-    assert_eq!(uploads.on_store_error, FailureMode::Closed);
+    assert_eq!(uploads.on_store_error(), FailureMode::Closed);
     assert_eq!(uploads.policy.limits()[0].burst(), 20);
     match c.store {
         StoreConfig::Redis {

@@ -35,14 +35,31 @@
 //! # }
 //! ```
 
+pub mod breaker;
 mod limiter;
 mod memory;
 mod store;
 
+pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use limiter::{Error, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use sluice_core::{
-    self as core, Algorithm, Clock, Decision, Limit, LimitError, LimitSpec, LimitState,
-    LimitStatus, ManualClock, Policy, SystemClock,
+    self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
+    LimitState, LimitStatus, ManualClock, Policy, SystemClock,
 };
 pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError};
+
+#[cfg(test)]
+mod test_support {
+    /// Polls `condition` every millisecond until it holds; panics after 5 s.
+    pub(crate) fn wait_for(mut condition: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !condition() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "condition not met within 5 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}

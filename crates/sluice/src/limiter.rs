@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use sluice_core::{Clock, Decision, MAX_AMOUNT, Policy, SystemClock};
+use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock};
 
+use crate::memory::MemoryStore;
 use crate::store::{Store, StoreError};
 
 /// The longest key, in bytes (CONTRACT §1).
@@ -23,12 +24,19 @@ pub enum Error {
     /// The cost is above 2^53.
     #[error("cost {0} is too large; at most 2^53 (9007199254740992)")]
     InvalidCost(u64),
-    /// The store could not answer.
+    /// The store could not answer: always for errors retrying cannot fix (corrupt state), and
+    /// for transient ones (timeouts, an unreachable store, an open circuit) when the policy
+    /// fails closed. A server answers 503.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 /// Decides "may this key spend this cost now?" for a set of named policies.
+///
+/// When the store cannot answer (a transient [`StoreError`]), each policy's
+/// [`FailureMode`] decides: `open` allows (the decision is marked degraded), `closed`
+/// returns [`Error::Store`], `local` decides with the limiter's insurance store, a
+/// [`MemoryStore`] in this process (shared by clones; see [`Limiter::with_insurance`]).
 ///
 /// ```
 /// use sluice::{Limiter, MemoryStore, LimitSpec, Policy};
@@ -55,6 +63,15 @@ pub struct Limiter<S, C = SystemClock> {
     store: S,
     clock: C,
     policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
+    insurance: Arc<MemoryStore>,
+}
+
+/// Which operation failed over to a failure mode.
+#[derive(Clone, Copy)]
+enum Op {
+    Check,
+    Peek,
+    Refund,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {
@@ -64,6 +81,7 @@ impl<S: Store> Limiter<S, SystemClock> {
             store,
             clock: SystemClock,
             policies: Arc::default(),
+            insurance: Arc::default(),
         }
     }
 }
@@ -75,7 +93,22 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             store: self.store,
             clock,
             policies: self.policies,
+            insurance: self.insurance,
         }
+    }
+
+    /// The same limiter deciding `on_store_error: local` policies with `insurance` while the
+    /// store cannot answer. Share one insurance store between the limiters of one process
+    /// (a server rebuilding its limiter on a reload keeps the counts); call
+    /// [`MemoryStore::sweep`] on it now and then.
+    pub fn with_insurance(mut self, insurance: Arc<MemoryStore>) -> Self {
+        self.insurance = insurance;
+        self
+    }
+
+    /// The in-process store that decides `local` policies while the store is down.
+    pub fn insurance(&self) -> &Arc<MemoryStore> {
+        &self.insurance
     }
 
     /// Adds (or replaces) a policy.
@@ -129,7 +162,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     ) -> Result<Decision, Error> {
         validate(key, cost)?;
         let now = self.clock.now_ms();
-        Ok(self.store.check(policy, key, cost, now).await?)
+        match self.store.check(policy, key, cost, now).await {
+            Ok(d) => Ok(d),
+            Err(e) => self.failed(Op::Check, policy, key, cost, now, e).await,
+        }
     }
 
     /// The decision a check of `cost` would get now; records nothing.
@@ -137,7 +173,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let policy = self.lookup(policy)?;
         validate(key, cost)?;
         let now = self.clock.now_ms();
-        Ok(self.store.peek(policy, key, cost, now).await?)
+        match self.store.peek(policy, key, cost, now).await {
+            Ok(d) => Ok(d),
+            Err(e) => self.failed(Op::Peek, policy, key, cost, now, e).await,
+        }
     }
 
     /// Gives `cost` back to the key's current windows, never below zero used.
@@ -155,7 +194,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     ) -> Result<Decision, Error> {
         validate(key, cost)?;
         let now = self.clock.now_ms();
-        Ok(self.store.refund(policy, key, cost, now).await?)
+        match self.store.refund(policy, key, cost, now).await {
+            Ok(d) => Ok(d),
+            Err(e) => self.failed(Op::Refund, policy, key, cost, now, e).await,
+        }
     }
 
     /// Forgets the key's state under the policy.
@@ -163,6 +205,35 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let policy = self.lookup(policy)?;
         validate(key, 0)?;
         Ok(self.store.forget(policy, key).await?)
+    }
+
+    /// Applies the policy's failure mode to a store error.
+    async fn failed(
+        &self,
+        op: Op,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now: u64,
+        error: StoreError,
+    ) -> Result<Decision, Error> {
+        if !error.is_transient() {
+            return Err(Error::Store(error));
+        }
+        match policy.failure_mode() {
+            FailureMode::Open => Ok(Decision::fail_open(policy, cost, now)),
+            FailureMode::Local => {
+                let insurance = &self.insurance;
+                let decided = match op {
+                    Op::Check => insurance.check(policy, key, cost, now).await,
+                    Op::Peek => insurance.peek(policy, key, cost, now).await,
+                    Op::Refund => insurance.refund(policy, key, cost, now).await,
+                };
+                Ok(decided?.degraded(Degraded::Local))
+            }
+            // Closed, and any mode added later: refuse to decide.
+            _ => Err(Error::Store(error)),
+        }
     }
 
     fn lookup(&self, name: &str) -> Result<&Policy, Error> {

@@ -1,0 +1,181 @@
+//! What each policy's `on_store_error` does when the store cannot answer.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sluice::{
+    Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Policy,
+    Store, StoreError,
+};
+
+/// A memory store that answers with `failure` while `down` is set.
+struct Switch {
+    down: AtomicBool,
+    failure: StoreError,
+    memory: MemoryStore,
+}
+
+impl Switch {
+    fn new(failure: StoreError) -> Arc<Self> {
+        Arc::new(Self {
+            down: AtomicBool::new(false),
+            failure,
+            memory: MemoryStore::new(),
+        })
+    }
+
+    fn gate(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(self.failure.clone())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Store for Switch {
+    async fn check(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
+        self.gate()?;
+        self.memory.check(p, k, c, now).await
+    }
+    async fn peek(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
+        self.gate()?;
+        self.memory.peek(p, k, c, now).await
+    }
+    async fn refund(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
+        self.gate()?;
+        self.memory.refund(p, k, c, now).await
+    }
+    async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
+        self.gate()?;
+        self.memory.forget(p, k).await
+    }
+}
+
+fn policy(name: &str, mode: FailureMode) -> Policy {
+    Policy::from_specs(
+        name,
+        vec![
+            LimitSpec::fixed_window(3, 1_000),
+            LimitSpec::token_bucket(100, 60_000),
+        ],
+    )
+    .unwrap()
+    .with_failure_mode(mode)
+}
+
+fn limiter(store: Arc<Switch>) -> Limiter<Arc<Switch>, ManualClock> {
+    Limiter::new(store)
+        .with_clock(ManualClock::new(1_000_000))
+        .with_policies([
+            policy("open", FailureMode::Open),
+            policy("closed", FailureMode::Closed),
+            policy("local", FailureMode::Local),
+        ])
+}
+
+#[tokio::test]
+async fn open_allows_and_marks_the_decision_degraded() {
+    let store = Switch::new(StoreError::Timeout(Duration::from_millis(50)));
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..10 {
+        let d = limiter.check("open", "k", 1).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.degraded, Some(Degraded::Open));
+        assert_eq!(d.remaining(), 3, "an open decision reports the limit whole");
+    }
+    // Nothing was recorded anywhere: back up, the key has its whole window.
+    store.down.store(false, Ordering::SeqCst);
+    let d = limiter.check("open", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded, d.remaining()), (true, None, 2));
+}
+
+#[tokio::test]
+async fn closed_returns_the_store_error() {
+    let store = Switch::new(StoreError::Unavailable("connection refused".into()));
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    for op in 0..3 {
+        let result = match op {
+            0 => limiter.check("closed", "k", 1).await,
+            1 => limiter.peek("closed", "k", 1).await,
+            _ => limiter.refund("closed", "k", 1).await,
+        };
+        match result {
+            Err(Error::Store(StoreError::Unavailable(m))) => assert!(m.contains("refused")),
+            other => panic!("expected the store error, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn local_still_limits_with_the_insurance_store() {
+    let store = Switch::new(StoreError::Unavailable("connection refused".into()));
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    let mut allowed = 0;
+    for _ in 0..10 {
+        let d = limiter.check("local", "k", 1).await.unwrap();
+        assert_eq!(d.degraded, Some(Degraded::Local));
+        allowed += u32::from(d.allowed);
+    }
+    assert_eq!(
+        allowed, 3,
+        "the insurance store enforces max = 3 per window"
+    );
+    let denied = limiter.check("local", "k", 1).await.unwrap();
+    assert!(!denied.allowed);
+    assert!(
+        denied
+            .retry_after_ms()
+            .is_some_and(|ms| ms > 0 && ms <= 1_000)
+    );
+    // Refund and peek go to the insurance store as well.
+    let refunded = limiter.refund("local", "k", 1).await.unwrap();
+    assert_eq!(refunded.remaining(), 1);
+    assert_eq!(
+        limiter.peek("local", "k", 1).await.unwrap().degraded,
+        Some(Degraded::Local)
+    );
+    // The clock moves on: a new window in the insurance store as well.
+    limiter.clock().advance(1_000);
+    assert!(limiter.check("local", "k", 3).await.unwrap().allowed);
+    // The store is back: decisions come from it again, unmarked.
+    store.down.store(false, Ordering::SeqCst);
+    let d = limiter.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded, d.remaining()), (true, None, 2));
+}
+
+#[tokio::test]
+async fn the_insurance_store_is_shared_between_limiters() {
+    let store = Switch::new(StoreError::Unavailable("down".into()));
+    let insurance = Arc::new(MemoryStore::new());
+    let a = limiter(store.clone()).with_insurance(insurance.clone());
+    let b = limiter(store.clone()).with_insurance(insurance);
+    store.down.store(true, Ordering::SeqCst);
+    assert!(a.check("local", "k", 2).await.unwrap().allowed);
+    let d = b.check("local", "k", 2).await.unwrap();
+    assert!(!d.allowed, "b sees a's use: one insurance store");
+}
+
+#[tokio::test]
+async fn errors_retrying_cannot_fix_are_reported_in_every_mode() {
+    let store = Switch::new(StoreError::Corrupt {
+        key: "sluice:{…}:fw1000".into(),
+        detail: "wrong type".into(),
+    });
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    for name in ["open", "closed", "local"] {
+        assert!(
+            matches!(
+                limiter.check(name, "k", 1).await,
+                Err(Error::Store(StoreError::Corrupt { .. }))
+            ),
+            "{name}"
+        );
+    }
+}
