@@ -28,4 +28,4 @@ mod store;
 
 pub use script::ScriptMode;
 pub use sharded::{ShardedStore, rendezvous};
-pub use store::{ClockSource, ReadFrom, RedisConfig, RedisStore};
+pub use store::{ClockSource, ReadFrom, RedisConfig, RedisStore, Topology};

@@ -6,8 +6,22 @@
 //! score wins. A shard is identified by its primary's URL, not by its position, so adding a
 //! shard moves only the keys that the new shard now wins (about 1/(N+1) of them) and removing
 //! one moves only its own keys, wherever it stood in the list. Replacing a shard's primary by
-//! another host (a new URL) moves that shard's keys: give hosts stable names.
+//! another host (a new URL) moves that shard's keys: give hosts stable names. A shard found
+//! through Sentinel is named `sentinel:<master>`, so a failover moves nothing.
+//!
+//! Each shard sits behind its own [`CircuitBreaker`]: a shard that keeps failing is skipped
+//! at once (its keys get their policy's failure mode without waiting for a timeout) and
+//! probed until it answers, while the other shards carry on untouched.
+//!
+//! Each call is measured through the `metrics` facade (nothing is recorded unless the
+//! application installs a recorder): `sluice_store_latency_seconds{shard}` and
+//! `sluice_store_errors_total{shard, kind}`, where `shard` is the shard's index in the list.
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice::breaker::{BreakerConfig, CircuitBreaker};
 use sluice::{Decision, Policy, Store, StoreError};
 
 use crate::keys;
@@ -46,17 +60,28 @@ pub fn rendezvous<S: AsRef<str>>(shards: &[S], tag: &str) -> usize {
 }
 
 /// A [`Store`] over several [`RedisStore`] shards: each decision goes, whole, to the shard
-/// that owns its key.
+/// that owns its key, through that shard's circuit breaker.
 #[derive(Debug, Clone)]
 pub struct ShardedStore {
-    shards: Vec<RedisStore>,
-    names: Vec<String>,
+    shards: Arc<[CircuitBreaker<RedisStore>]>,
+    names: Arc<[String]>,
+    /// Each shard's index as a metrics label (cloned per call without allocating).
+    labels: Arc<[metrics::SharedString]>,
     prefix: String,
 }
 
 impl ShardedStore {
-    /// Shards over `shards` (at least one), which must share a key prefix.
+    /// Shards over `shards` (at least one), which must share a key prefix, each behind a
+    /// circuit breaker with the default [`BreakerConfig`].
     pub fn new(shards: Vec<RedisStore>) -> Result<Self, StoreError> {
+        Self::with_breaker(shards, BreakerConfig::default())
+    }
+
+    /// [`ShardedStore::new`] with another breaker configuration.
+    pub fn with_breaker(
+        shards: Vec<RedisStore>,
+        breaker: BreakerConfig,
+    ) -> Result<Self, StoreError> {
         let Some(first) = shards.first() else {
             return Err(StoreError::Backend(
                 "a sharded store needs at least one shard".to_owned(),
@@ -69,16 +94,37 @@ impl ShardedStore {
                 other.key_prefix()
             )));
         }
-        let names = shards.iter().map(|s| s.primary_url().to_owned()).collect();
+        let names: Vec<String> = shards.iter().map(|s| s.name().to_owned()).collect();
+        if let Some((i, name)) = names
+            .iter()
+            .enumerate()
+            .find(|(i, n)| names[..*i].contains(n))
+        {
+            return Err(StoreError::Backend(format!(
+                "shard {i} (`{name}`) is listed twice; each shard needs its own primary"
+            )));
+        }
+        let shards = shards
+            .into_iter()
+            .map(|s| {
+                let name = s.name().to_owned();
+                CircuitBreaker::new(s, name, breaker)
+            })
+            .collect();
+        let labels = (0..names.len())
+            .map(|i| metrics::SharedString::from(i.to_string()))
+            .collect();
         Ok(Self {
             shards,
-            names,
+            names: names.into(),
+            labels,
             prefix,
         })
     }
 
-    /// The shards, in configuration order.
-    pub fn shards(&self) -> &[RedisStore] {
+    /// The shards, in configuration order, each behind its circuit breaker
+    /// ([`CircuitBreaker::inner`] is the shard's [`RedisStore`]).
+    pub fn shards(&self) -> &[CircuitBreaker<RedisStore>] {
         &self.shards
     }
 
@@ -87,8 +133,33 @@ impl ShardedStore {
         rendezvous(&self.names, &keys::stem(&self.prefix, policy, key))
     }
 
-    fn shard(&self, policy: &Policy, key: &str) -> &RedisStore {
-        &self.shards[self.shard_for(policy, key)]
+    /// Runs `call` on the shard that owns the key, measuring it.
+    async fn on_shard<'a, T, F>(
+        &'a self,
+        policy: &Policy,
+        key: &str,
+        call: impl FnOnce(&'a CircuitBreaker<RedisStore>) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let i = self.shard_for(policy, key);
+        let started = Instant::now();
+        let result = call(&self.shards[i]).await;
+        let label = self.labels[i].clone();
+        metrics::histogram!("sluice_store_latency_seconds", "shard" => label.clone())
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let kind = match e {
+                StoreError::Timeout(_) => "timeout",
+                StoreError::Unavailable(_) => "unavailable",
+                StoreError::Corrupt { .. } => "corrupt",
+                _ => "other",
+            };
+            metrics::counter!("sluice_store_errors_total", "shard" => label, "kind" => kind)
+                .increment(1);
+        }
+        result
     }
 }
 
@@ -100,8 +171,7 @@ impl Store for ShardedStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.shard(policy, key)
-            .check(policy, key, cost, now_ms)
+        self.on_shard(policy, key, |s| s.check(policy, key, cost, now_ms))
             .await
     }
 
@@ -112,8 +182,7 @@ impl Store for ShardedStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.shard(policy, key)
-            .peek(policy, key, cost, now_ms)
+        self.on_shard(policy, key, |s| s.peek(policy, key, cost, now_ms))
             .await
     }
 
@@ -124,13 +193,12 @@ impl Store for ShardedStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.shard(policy, key)
-            .refund(policy, key, cost, now_ms)
+        self.on_shard(policy, key, |s| s.refund(policy, key, cost, now_ms))
             .await
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.shard(policy, key).forget(policy, key).await
+        self.on_shard(policy, key, |s| s.forget(policy, key)).await
     }
 }
 

@@ -1,10 +1,15 @@
 //! `RedisStore`: one primary (decisions) and its replicas (peeks), one script call per decision.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_read_routing::RandomReplicaStrategy;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::sentinel::Sentinel;
 use redis::{Client, RedisError, Value};
 use sluice::core::Algorithm;
 use sluice::{Decision, LimitStatus, Policy, Store, StoreError};
@@ -35,14 +40,39 @@ pub enum ClockSource {
     Redis,
 }
 
-/// How to reach and use one primary and its replicas.
+/// Which Redis deployment a store talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One primary (decisions) and its replicas (peeks), at fixed addresses.
+    Standalone {
+        /// The primary's URL, e.g. `redis://127.0.0.1:6379`.
+        primary: String,
+        /// Replica URLs, for peeks.
+        replicas: Vec<String>,
+    },
+    /// A primary and its replicas found through Redis Sentinel; a failover is followed
+    /// without a restart (the store asks the sentinels again when the primary fails).
+    Sentinel {
+        /// The monitored master's name (`sentinel monitor <name> …`).
+        master: String,
+        /// Sentinel URLs, e.g. `redis://127.0.0.1:26379`.
+        sentinels: Vec<String>,
+    },
+    /// A Redis Cluster, reached through any of its nodes; the client follows MOVED/ASK and
+    /// topology changes. Peeks read replicas when [`ReadFrom::Replicas`].
+    Cluster {
+        /// Seed node URLs.
+        nodes: Vec<String>,
+    },
+}
+
+/// How to reach and use Redis: where (the [`Topology`]) and how (timeouts, clock, keys).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// The primary's URL, e.g. `redis://127.0.0.1:6379`.
-    pub primary: String,
-    /// Replica URLs, for peeks.
-    pub replicas: Vec<String>,
+    /// Where the data lives.
+    pub topology: Topology,
     /// Where peeks read.
     pub read_from: ReadFrom,
     /// How long one call may take before it fails with [`StoreError::Timeout`].
@@ -63,9 +93,34 @@ impl RedisConfig {
     /// A configuration for one primary with the defaults: 50 ms timeout, the app's clock,
     /// prefix `sluice:`, functions.
     pub fn new(primary: impl Into<String>) -> Self {
-        Self {
+        Self::with_topology(Topology::Standalone {
             primary: primary.into(),
             replicas: Vec::new(),
+        })
+    }
+
+    /// A primary (and replicas) found through Sentinel, with the defaults.
+    pub fn sentinel(
+        master: impl Into<String>,
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self::with_topology(Topology::Sentinel {
+            master: master.into(),
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// A Redis Cluster reached through `nodes`, with the defaults.
+    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::with_topology(Topology::Cluster {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// A configuration for `topology` with the defaults.
+    pub fn with_topology(topology: Topology) -> Self {
+        Self {
+            topology,
             read_from: ReadFrom::Replicas,
             timeout: Duration::from_millis(50),
             clock: ClockSource::App,
@@ -75,9 +130,12 @@ impl RedisConfig {
         }
     }
 
-    /// Adds replicas for peeks.
+    /// Sets the replicas of a [`Topology::Standalone`] primary, for peeks (other topologies
+    /// find their replicas themselves; there this does nothing).
     pub fn replicas(mut self, urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.replicas = urls.into_iter().map(Into::into).collect();
+        if let Topology::Standalone { replicas, .. } = &mut self.topology {
+            *replicas = urls.into_iter().map(Into::into).collect();
+        }
         self
     }
 
@@ -118,26 +176,59 @@ impl RedisConfig {
     }
 }
 
-/// A [`Store`] on one Redis primary with optional replicas.
+/// A [`Store`] on Redis: one primary with optional replicas (at fixed addresses or found
+/// through Sentinel), or a Redis Cluster.
 ///
 /// Every decision is **one** call of a Lua function that reads every limit's state, decides
 /// all-or-nothing, writes only if all admit, and returns every limit's state: a denied check
-/// carries its full state, no second read is needed for headers. Concurrent calls share one
+/// carries its full state, no second read is needed for headers. All keys of one decision
+/// share a hash tag, so in a Cluster they live in one slot. Concurrent calls share one
 /// multiplexed connection per node (pipelined by the client); a dropped connection is
-/// re-established in the background by redis-rs's `ConnectionManager`.
+/// re-established in the background.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    primary: Node,
-    replicas: Vec<Node>,
+    backend: Backend,
+    name: String,
     next_replica: AtomicUsize,
     config: RedisConfig,
     code: Code,
     margin_ms: String,
 }
+
+enum Backend {
+    /// A primary and replicas; with `sentinel`, they are replaced after a failover.
+    Direct {
+        nodes: RwLock<Arc<Nodes>>,
+        sentinel: Option<SentinelWatch>,
+    },
+    /// A Redis Cluster: the client routes each call by its keys' slot.
+    Cluster { conn: ClusterConnection },
+}
+
+/// The nodes a direct store talks to now.
+struct Nodes {
+    primary: Node,
+    replicas: Vec<Node>,
+}
+
+/// Asks the sentinels for the current primary when the one in use fails.
+struct SentinelWatch {
+    master: String,
+    sentinel: tokio::sync::Mutex<Sentinel>,
+    /// One lookup at a time, and not more often than every [`REDISCOVER_EVERY`].
+    looking: AtomicBool,
+    last_lookup: Mutex<Option<Instant>>,
+}
+
+/// The shortest time between two Sentinel lookups.
+const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
+
+/// How long one Sentinel lookup may take.
+const SENTINEL_TIMEOUT: Duration = Duration::from_secs(1);
 
 struct Node {
     url: String,
@@ -147,16 +238,8 @@ struct Node {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("primary", &self.inner.primary.url)
-            .field(
-                "replicas",
-                &self
-                    .inner
-                    .replicas
-                    .iter()
-                    .map(|n| &n.url)
-                    .collect::<Vec<_>>(),
-            )
+            .field("name", &self.inner.name)
+            .field("topology", &self.inner.config.topology)
             .field("library", &self.inner.code.library)
             .finish()
     }
@@ -176,72 +259,224 @@ impl Failure {
             Failure::Redis(e) => map_error(&e, what),
         }
     }
+
+    /// Whether the node may no longer be the primary, or be gone: worth asking Sentinel.
+    fn suggests_failover(&self) -> bool {
+        match self {
+            Failure::Timeout(_) => true,
+            Failure::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+                    || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+            }
+        }
+    }
+}
+
+/// Sends one command on a shared connection, bounded by `timeout`.
+async fn query<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    timeout: Duration,
+) -> Result<Value, Failure> {
+    match tokio::time::timeout(timeout, cmd.query_async::<Value>(conn)).await {
+        Err(_) => Err(Failure::Timeout(timeout)),
+        Ok(result) => result.map_err(Failure::Redis),
+    }
 }
 
 impl Node {
     /// Sends one command on the node's shared connection, bounded by `timeout`.
     async fn query(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<Value, Failure> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(timeout, cmd.query_async::<Value>(&mut conn)).await {
-            Err(_) => Err(Failure::Timeout(timeout)),
-            Ok(result) => result.map_err(Failure::Redis),
-        }
+        query(&mut self.conn.clone(), cmd, timeout).await
     }
 }
 
 fn node(url: &str, timeout: Duration) -> Result<Node, StoreError> {
     let client = Client::open(url)
         .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
+    node_from_client(url.to_owned(), client, timeout)
+}
+
+fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<Node, StoreError> {
+    // Reconnect quickly: a restarted node must be usable again well within a second. The
+    // circuit breaker, not the connection, is what spares a dead node its traffic.
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
         .set_response_timeout(None)
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500));
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100));
     let conn = ConnectionManager::new_lazy_with_config(client, config)
         .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
-    Ok(Node {
-        url: url.to_owned(),
-        conn,
-    })
+    Ok(Node { url, conn })
+}
+
+/// `redis://host:port` of a client's address.
+fn client_url(client: &Client) -> String {
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+        other => other.to_string(),
+    }
+}
+
+/// Asks the sentinels for `master`'s primary and replicas (bounded in time).
+async fn discover(
+    sentinel: &mut Sentinel,
+    master: &str,
+    timeout: Duration,
+) -> Result<Nodes, StoreError> {
+    let lookup = async {
+        let primary = sentinel.async_master_for(master, None).await?;
+        // Replicas are for peeks only: a failed lookup leaves none (peeks use the primary).
+        let replicas = sentinel
+            .async_get_replica_clients(master, None)
+            .await
+            .unwrap_or_default();
+        Ok::<_, RedisError>((primary, replicas))
+    };
+    let (primary, replicas) = match tokio::time::timeout(SENTINEL_TIMEOUT, lookup).await {
+        Err(_) => {
+            return Err(StoreError::Unavailable(format!(
+                "sentinels did not name a primary for `{master}` within {}ms",
+                SENTINEL_TIMEOUT.as_millis()
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(StoreError::Unavailable(format!(
+                "sentinels cannot name a primary for `{master}`: {e}"
+            )));
+        }
+        Ok(Ok(found)) => found,
+    };
+    let primary = node_from_client(client_url(&primary), primary, timeout)?;
+    let replicas = replicas
+        .into_iter()
+        .map(|c| node_from_client(client_url(&c), c, timeout))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Nodes { primary, replicas })
 }
 
 impl RedisStore {
     /// Connects (lazily: the first call opens the connections) and loads the code on the
-    /// primary. Fails if the primary cannot be reached or the configuration is invalid.
+    /// primary (every primary of a Cluster). Fails if the primary cannot be reached (Sentinel:
+    /// if no sentinel names one) or the configuration is invalid.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         keys::validate_prefix(&config.key_prefix).map_err(StoreError::Backend)?;
-        let primary = node(&config.primary, config.timeout)?;
-        let replicas = config
-            .replicas
-            .iter()
-            .map(|url| node(url, config.timeout))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (backend, name) = match &config.topology {
+            Topology::Standalone { primary, replicas } => {
+                let nodes = Nodes {
+                    primary: node(primary, config.timeout)?,
+                    replicas: replicas
+                        .iter()
+                        .map(|url| node(url, config.timeout))
+                        .collect::<Result<Vec<_>, _>>()?,
+                };
+                let backend = Backend::Direct {
+                    nodes: RwLock::new(Arc::new(nodes)),
+                    sentinel: None,
+                };
+                (backend, primary.clone())
+            }
+            Topology::Sentinel { master, sentinels } => {
+                if sentinels.is_empty() {
+                    return Err(StoreError::Backend(
+                        "sentinel: at least one sentinel URL is needed".to_owned(),
+                    ));
+                }
+                let mut sentinel = Sentinel::build(sentinels.clone()).map_err(|e| {
+                    StoreError::Backend(format!("invalid sentinel URLs {sentinels:?}: {e}"))
+                })?;
+                let nodes = discover(&mut sentinel, master, config.timeout).await?;
+                tracing::info!(master = %master, primary = %nodes.primary.url, "sentinel named the primary");
+                let backend = Backend::Direct {
+                    nodes: RwLock::new(Arc::new(nodes)),
+                    sentinel: Some(SentinelWatch {
+                        master: master.clone(),
+                        sentinel: tokio::sync::Mutex::new(sentinel),
+                        looking: AtomicBool::new(false),
+                        last_lookup: Mutex::new(None),
+                    }),
+                };
+                (backend, format!("sentinel:{master}"))
+            }
+            Topology::Cluster { nodes } => {
+                let Some(first) = nodes.first() else {
+                    return Err(StoreError::Backend(
+                        "cluster: at least one node URL is needed".to_owned(),
+                    ));
+                };
+                let mut builder = ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(config.timeout.max(Duration::from_millis(500)))
+                    .response_timeout(config.timeout)
+                    .retries(2)
+                    .min_retry_wait(5)
+                    .max_retry_wait(100);
+                if config.read_from == ReadFrom::Replicas {
+                    builder = builder.read_routing_strategy(RandomReplicaStrategy);
+                }
+                let client = builder.build().map_err(|e| {
+                    StoreError::Backend(format!("invalid cluster node URLs {nodes:?}: {e}"))
+                })?;
+                let conn = tokio::time::timeout(
+                    config.timeout.max(Duration::from_secs(2)),
+                    client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
+                .map_err(|e| StoreError::Unavailable(format!("cluster {first}: {e}")))?;
+                (Backend::Cluster { conn }, format!("cluster:{first}"))
+            }
+        };
         let margin_ms = config.expiry_margin.as_millis().to_string();
         let store = Self {
             inner: Arc::new(Inner {
-                primary,
-                replicas,
+                backend,
+                name,
                 next_replica: AtomicUsize::new(0),
                 config,
                 code: Code::new(),
                 margin_ms,
             }),
         };
-        store.load(&store.inner.primary).await?;
-        if store.inner.config.script_mode == ScriptMode::EvalSha {
-            for replica in &store.inner.replicas {
-                // A replica that is down now gets the scripts when it first answers NOSCRIPT.
-                if let Err(e) = store.load(replica).await {
-                    tracing::warn!(replica = %replica.url, error = %e, "could not load scripts");
+        match &store.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+                store.load(&nodes.primary).await?;
+                if store.inner.config.script_mode == ScriptMode::EvalSha {
+                    for replica in &nodes.replicas {
+                        // A replica that is down now gets the scripts when it first answers
+                        // NOSCRIPT.
+                        if let Err(e) = store.load(replica).await {
+                            tracing::warn!(replica = %replica.url, error = %e, "could not load scripts");
+                        }
+                    }
                 }
             }
+            Backend::Cluster { conn } => store.load_cluster(conn).await?,
         }
         Ok(store)
     }
 
-    /// The primary's URL (a shard's identity for client-side sharding).
-    pub fn primary_url(&self) -> &str {
-        &self.inner.primary.url
+    /// The store's identity: the primary's URL, `sentinel:<master>` or `cluster:<first
+    /// node>` (a shard's name for client-side sharding).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The URL of the primary in use now (for a Cluster, its first seed node).
+    pub fn primary_url(&self) -> String {
+        match self.nodes() {
+            Some(nodes) => nodes.primary.url.clone(),
+            None => self
+                .inner
+                .name
+                .strip_prefix("cluster:")
+                .unwrap_or(&self.inner.name)
+                .to_owned(),
+        }
     }
 
     /// The key prefix.
@@ -267,42 +502,191 @@ impl RedisStore {
             .collect()
     }
 
-    /// Answers `PING` from the primary within the timeout (for readiness checks).
+    /// Answers `PING` from the primary (every primary of a Cluster) within the timeout, for
+    /// readiness checks.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let primary = &self.inner.primary;
-        primary
-            .query(&redis::cmd("PING"), self.inner.config.timeout)
-            .await
-            .map(drop)
-            .map_err(|f| f.into_store_error(&primary.url))
+        let timeout = self.inner.config.timeout;
+        match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let primary = &nodes.primary;
+                let result = primary.query(&redis::cmd("PING"), timeout).await;
+                if let Err(f) = &result
+                    && f.suggests_failover()
+                {
+                    self.rediscover_soon();
+                }
+                result
+                    .map(drop)
+                    .map_err(|f| f.into_store_error(&primary.url))
+            }
+            Backend::Cluster { conn } => {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                let mut conn = conn.clone();
+                let ping = conn.route_command(redis::cmd("PING"), routing);
+                match tokio::time::timeout(timeout, ping).await {
+                    Err(_) => Err(StoreError::Timeout(timeout)),
+                    Ok(r) => r.map(drop).map_err(|e| map_error(&e, &self.inner.name)),
+                }
+            }
+        }
+    }
+
+    /// The nodes in use now (`None` for a Cluster, whose client keeps its own).
+    fn nodes(&self) -> Option<Arc<Nodes>> {
+        match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                Some(nodes.read().unwrap_or_else(|p| p.into_inner()).clone())
+            }
+            Backend::Cluster { .. } => None,
+        }
+    }
+
+    /// Asks the sentinels (in the background, at most every [`REDISCOVER_EVERY`]) whether
+    /// another node is the primary now, and switches to it. Does nothing without Sentinel.
+    fn rediscover_soon(&self) {
+        let Backend::Direct {
+            sentinel: Some(watch),
+            ..
+        } = &self.inner.backend
+        else {
+            return;
+        };
+        {
+            let mut last = watch.last_lookup.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < REDISCOVER_EVERY) {
+                return;
+            }
+            if watch.looking.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            store.rediscover().await;
+            if let Backend::Direct {
+                sentinel: Some(watch),
+                ..
+            } = &store.inner.backend
+            {
+                watch.looking.store(false, Ordering::Release);
+            }
+        });
+    }
+
+    async fn rediscover(&self) {
+        let Backend::Direct {
+            nodes,
+            sentinel: Some(watch),
+        } = &self.inner.backend
+        else {
+            return;
+        };
+        let found = {
+            let mut sentinel = watch.sentinel.lock().await;
+            discover(&mut sentinel, &watch.master, self.inner.config.timeout).await
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(master = %watch.master, error = %e, "sentinel lookup failed");
+                return;
+            }
+        };
+        let current = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let same_replicas = current.replicas.len() == found.replicas.len()
+            && current
+                .replicas
+                .iter()
+                .zip(&found.replicas)
+                .all(|(a, b)| a.url == b.url);
+        if current.primary.url == found.primary.url && same_replicas {
+            return;
+        }
+        if current.primary.url != found.primary.url {
+            // The library replicates, but a promoted node may have been restarted empty.
+            if let Err(e) = self.load(&found.primary).await {
+                tracing::warn!(master = %watch.master, primary = %found.primary.url, error = %e, "could not load the code on the new primary");
+            }
+            tracing::warn!(master = %watch.master, from = %current.primary.url, to = %found.primary.url, "sentinel failover: switching primary");
+        }
+        *nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(found);
     }
 
     /// Loads the code on `node`: the function library on the primary (it replicates), or the
     /// scripts on any node.
     async fn load(&self, node: &Node) -> Result<(), StoreError> {
+        let result = query(
+            &mut node.conn.clone(),
+            &self.load_command(),
+            self.load_timeout(),
+        )
+        .await;
+        let result = match (result, self.inner.config.script_mode) {
+            (Ok(_), ScriptMode::EvalSha) => self.load_remaining_scripts(node).await,
+            (result, _) => result,
+        };
+        result.map(drop).map_err(|f| f.into_store_error(&node.url))
+    }
+
+    /// Loads the code on every primary of a Cluster (scripts: on every node).
+    async fn load_cluster(&self, conn: &ClusterConnection) -> Result<(), StoreError> {
+        let mut conn = conn.clone();
+        // `FUNCTION LOAD` and `SCRIPT LOAD` are routed to all primaries / all nodes by the
+        // client, which fails if one fails.
+        let mut result = query(&mut conn, &self.load_command(), self.load_timeout()).await;
+        if result.is_ok() && self.inner.config.script_mode == ScriptMode::EvalSha {
+            for op in &Op::ALL[1..] {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(self.inner.code.script(*op).0);
+                result = query(&mut conn, &load, self.load_timeout()).await;
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
+        result
+            .map(drop)
+            .map_err(|f| f.into_store_error(&self.inner.name))
+    }
+
+    /// Loading compiles the code: allow it more than one decision's timeout.
+    fn load_timeout(&self) -> Duration {
+        self.inner.config.timeout.max(Duration::from_secs(2))
+    }
+
+    /// `FUNCTION LOAD REPLACE <library>`, or `SCRIPT LOAD` of the first script.
+    fn load_command(&self) -> redis::Cmd {
         let code = &self.inner.code;
-        // Loading compiles the code: allow it more than one decision's timeout.
-        let timeout = self.inner.config.timeout.max(Duration::from_secs(2));
-        let result = match self.inner.config.script_mode {
+        match self.inner.config.script_mode {
             ScriptMode::Function => {
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&code.library_source);
-                node.query(&load, timeout).await
+                load
             }
             ScriptMode::EvalSha => {
-                let mut last = Ok(Value::Nil);
-                for op in Op::ALL {
-                    let mut load = redis::cmd("SCRIPT");
-                    load.arg("LOAD").arg(code.script(op).0);
-                    last = node.query(&load, timeout).await;
-                    if last.is_err() {
-                        break;
-                    }
-                }
-                last
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(code.script(Op::ALL[0]).0);
+                load
             }
-        };
-        result.map(drop).map_err(|f| f.into_store_error(&node.url))
+        }
+    }
+
+    async fn load_remaining_scripts(&self, node: &Node) -> Result<Value, Failure> {
+        let mut last = Ok(Value::Nil);
+        for op in &Op::ALL[1..] {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(self.inner.code.script(*op).0);
+            last = node.query(&load, self.load_timeout()).await;
+            if last.is_err() {
+                break;
+            }
+        }
+        last
     }
 
     fn build_call(
@@ -379,30 +763,47 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
         let inner = &self.inner;
-        if op == Op::Peek
-            && inner.config.read_from == ReadFrom::Replicas
-            && !inner.replicas.is_empty()
-        {
-            let i = inner.next_replica.fetch_add(1, Ordering::Relaxed) % inner.replicas.len();
-            let replica = &inner.replicas[i];
-            match self
-                .call_on(replica, true, op, policy, key, cost, now_ms)
-                .await
-            {
-                Ok(d) => return Ok(d),
-                // A peek is a read: the primary answers it as well (with fresher data).
-                Err(e) => {
-                    tracing::debug!(replica = %replica.url, error = %e, "peek falls back to the primary")
+        let on_replica = op == Op::Peek && inner.config.read_from == ReadFrom::Replicas;
+        let reply = match &inner.backend {
+            Backend::Cluster { conn } => {
+                self.call_cluster(conn, op, policy, key, cost, now_ms, on_replica)
+                    .await?
+            }
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let mut answered = None;
+                if on_replica && !nodes.replicas.is_empty() {
+                    let i =
+                        inner.next_replica.fetch_add(1, Ordering::Relaxed) % nodes.replicas.len();
+                    let replica = &nodes.replicas[i];
+                    match self
+                        .call_on(&nodes, replica, true, op, policy, key, cost, now_ms)
+                        .await
+                    {
+                        Ok(v) => answered = Some(v),
+                        // A peek is a read: the primary answers it as well (with fresher data).
+                        Err(e) => {
+                            tracing::debug!(replica = %replica.url, error = %e, "peek falls back to the primary")
+                        }
+                    }
+                }
+                match answered {
+                    Some(v) => v,
+                    None => {
+                        self.call_on(&nodes, &nodes.primary, false, op, policy, key, cost, now_ms)
+                            .await?
+                    }
                 }
             }
-        }
-        self.call_on(&inner.primary, false, op, policy, key, cost, now_ms)
-            .await
+        };
+        let cost = if op == Op::Refund { 0 } else { cost };
+        parse_reply(&reply, policy, cost)
     }
 
     #[allow(clippy::too_many_arguments)]
     async fn call_on(
         &self,
+        nodes: &Nodes,
         node: &Node,
         on_replica: bool,
         op: Op,
@@ -410,33 +811,66 @@ impl RedisStore {
         key: &str,
         cost: u64,
         now_ms: u64,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Value, StoreError> {
         let cmd = self.build_call(op, policy, key, cost, now_ms, on_replica);
         let timeout = self.inner.config.timeout;
         let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
-        let reply = match node.query(&cmd, timeout).await {
-            Ok(v) => v,
+        let failed = |f: Failure| {
+            if !on_replica && f.suggests_failover() {
+                self.rediscover_soon();
+            }
+            f.into_store_error(&what())
+        };
+        match node.query(&cmd, timeout).await {
+            Ok(v) => Ok(v),
             Err(Failure::Redis(e)) if code_missing(&e) => {
                 // Nothing ran: the node did not know the code. Load it and try once more.
                 let functions = self.inner.config.script_mode == ScriptMode::Function;
                 if on_replica && functions {
                     // Functions replicate from the primary; the caller falls back to it.
-                    self.load(&self.inner.primary).await?;
+                    self.load(&nodes.primary).await?;
                     return Err(StoreError::Backend(format!(
                         "{}: function library missing",
                         node.url
                     )));
                 }
-                self.load(if functions { &self.inner.primary } else { node })
+                self.load(if functions { &nodes.primary } else { node })
                     .await?;
-                node.query(&cmd, timeout)
-                    .await
-                    .map_err(|f| f.into_store_error(&what()))?
+                node.query(&cmd, timeout).await.map_err(failed)
             }
-            Err(f) => return Err(f.into_store_error(&what())),
-        };
-        let cost = if op == Op::Refund { 0 } else { cost };
-        parse_reply(&reply, policy, cost)
+            Err(f) => Err(failed(f)),
+        }
+    }
+
+    /// [`RedisStore::call_on`] for a Cluster: the client routes by the keys' slot (`FCALL_RO`
+    /// to a replica when reading from replicas) and follows MOVED/ASK.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_cluster(
+        &self,
+        conn: &ClusterConnection,
+        op: Op,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+        on_replica: bool,
+    ) -> Result<Value, StoreError> {
+        let cmd = self.build_call(op, policy, key, cost, now_ms, on_replica);
+        let timeout = self.inner.config.timeout;
+        let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
+        let mut conn = conn.clone();
+        match query(&mut conn, &cmd, timeout).await {
+            Ok(v) => Ok(v),
+            Err(Failure::Redis(e)) if code_missing(&e) => {
+                // A node restarted empty (functions replicate, but a new or flushed primary
+                // may not have them): load everywhere and try once more.
+                self.load_cluster(&conn).await?;
+                query(&mut conn, &cmd, timeout)
+                    .await
+                    .map_err(|f| f.into_store_error(&what()))
+            }
+            Err(f) => Err(f.into_store_error(&what())),
+        }
     }
 }
 
@@ -556,10 +990,15 @@ impl Store for RedisStore {
         let prefix = &self.inner.config.key_prefix;
         let mut del = redis::cmd("DEL");
         del.arg(keys::policy_keys(prefix, policy, key));
-        self.inner
-            .primary
-            .query(&del, self.inner.config.timeout)
-            .await
+        let timeout = self.inner.config.timeout;
+        let result = match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+                nodes.primary.query(&del, timeout).await
+            }
+            Backend::Cluster { conn } => query(&mut conn.clone(), &del, timeout).await,
+        };
+        result
             .map(drop)
             .map_err(|f| f.into_store_error(&keys::stem(prefix, policy, key)))
     }

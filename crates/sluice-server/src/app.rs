@@ -10,7 +10,7 @@ use sluice::{Clock, MemoryStore, StoreError, SystemClock};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
-use crate::config::{ClockConfig, Config, ReadFrom, StoreConfig};
+use crate::config::{ClockConfig, Config, ReadFrom, RedisLayout, StoreConfig};
 use crate::grpc::RlsService;
 use crate::http;
 use crate::rls::RlsConfig;
@@ -55,29 +55,46 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
     match &config.store {
         StoreConfig::Memory => Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
         StoreConfig::Redis {
-            shards,
+            layout,
             read_from,
             timeout,
             clock,
             key_prefix,
         } => {
-            let mut stores = Vec::with_capacity(shards.len());
-            for shard in shards {
-                let rc = RedisConfig::new(shard.primary.clone())
-                    .replicas(shard.replicas.clone())
-                    .read_from(match read_from {
-                        ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
-                        ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
-                    })
-                    .timeout(*timeout)
-                    .clock(match clock {
-                        ClockConfig::App => sluice_redis::ClockSource::App,
-                        ClockConfig::Redis => sluice_redis::ClockSource::Redis,
-                    })
-                    .key_prefix(key_prefix.clone());
-                stores.push(RedisStore::connect(rc).await?);
+            let settings = |rc: RedisConfig| {
+                rc.read_from(match read_from {
+                    ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
+                    ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
+                })
+                .timeout(*timeout)
+                .clock(match clock {
+                    ClockConfig::App => sluice_redis::ClockSource::App,
+                    ClockConfig::Redis => sluice_redis::ClockSource::Redis,
+                })
+                .key_prefix(key_prefix.clone())
+            };
+            match layout {
+                RedisLayout::Shards(shards) => {
+                    let mut stores = Vec::with_capacity(shards.len());
+                    for shard in shards {
+                        let rc = RedisConfig::new(shard.primary.clone())
+                            .replicas(shard.replicas.clone());
+                        stores.push(RedisStore::connect(settings(rc)).await?);
+                    }
+                    Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
+                }
+                RedisLayout::Sentinel(s) => {
+                    let rc = RedisConfig::sentinel(s.master.clone(), s.nodes.clone());
+                    let store = RedisStore::connect(settings(rc)).await?;
+                    Ok(StoreHandle::Redis(ShardedStore::new(vec![store])?))
+                }
+                RedisLayout::Cluster(nodes) => {
+                    let rc = RedisConfig::cluster(nodes.clone());
+                    Ok(StoreHandle::Cluster(
+                        RedisStore::connect(settings(rc)).await?,
+                    ))
+                }
             }
-            Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
         }
     }
 }

@@ -81,15 +81,37 @@ pub struct ShardConfig {
     pub replicas: Vec<String>,
 }
 
+/// A Sentinel-monitored primary.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelConfig {
+    /// The master's name in the sentinels' configuration.
+    pub master: String,
+    /// Sentinel URLs.
+    pub nodes: Vec<String>,
+}
+
+/// How the Redis data is laid out: exactly one of `store.shards`, `store.cluster`,
+/// `store.sentinel`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisLayout {
+    /// Client-side shards, each a primary with replicas, in configuration order (at least one).
+    Shards(Vec<ShardConfig>),
+    /// A Redis Cluster, by seed node URLs.
+    Cluster(Vec<String>),
+    /// One primary with replicas, found through Sentinel.
+    Sentinel(SentinelConfig),
+}
+
 /// The store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// In this process.
     Memory,
-    /// Redis: one or more shards, each a primary with replicas (client-side sharding).
+    /// Redis: client-side shards, a Cluster, or a Sentinel-monitored primary.
     Redis {
-        /// The shards, in configuration order (at least one).
-        shards: Vec<ShardConfig>,
+        /// Where the data lives.
+        layout: RedisLayout,
         /// Where peeks read.
         read_from: ReadFrom,
         /// Per-call timeout.
@@ -260,7 +282,7 @@ struct RawStore {
     #[serde(default)]
     cluster: Option<Vec<String>>,
     #[serde(default)]
-    sentinel: Option<serde_yaml_ng::Value>,
+    sentinel: Option<SentinelConfig>,
     #[serde(default)]
     read_from: ReadFrom,
     #[serde(default)]
@@ -403,40 +425,53 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
     match backend {
         "memory" => Ok(StoreConfig::Memory),
         "redis" => {
-            if raw.cluster.is_some() {
-                return Err(
-                    "store.cluster: Redis Cluster is not in this build yet; use one \
-                            primary under store.shards"
-                        .to_owned(),
-                );
-            }
-            if raw.sentinel.is_some() {
-                return Err(
-                    "store.sentinel: Sentinel is not in this build yet; use one primary \
-                            under store.shards"
-                        .to_owned(),
-                );
-            }
-            let shards = raw.shards;
-            if shards.is_empty() {
-                return Err("store.shards: the redis backend needs at least one shard \
-                            (- primary: redis://host:port)"
-                    .to_owned());
-            }
-            for (i, a) in shards.iter().enumerate() {
-                if shards[..i].iter().any(|b| b.primary == a.primary) {
-                    return Err(format!(
-                        "store.shards[{i}].primary: `{}` is listed twice; a shard is identified \
-                         by its primary",
-                        a.primary
-                    ));
+            let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
+                (false, None, None) => {
+                    let shards = raw.shards;
+                    for (i, a) in shards.iter().enumerate() {
+                        if shards[..i].iter().any(|b| b.primary == a.primary) {
+                            return Err(format!(
+                                "store.shards[{i}].primary: `{}` is listed twice; a shard is \
+                                 identified by its primary",
+                                a.primary
+                            ));
+                        }
+                    }
+                    RedisLayout::Shards(shards)
                 }
-            }
+                (true, Some(nodes), None) => {
+                    if nodes.is_empty() {
+                        return Err("store.cluster: list at least one node URL".to_owned());
+                    }
+                    RedisLayout::Cluster(nodes)
+                }
+                (true, None, Some(sentinel)) => {
+                    if sentinel.nodes.is_empty() {
+                        return Err(
+                            "store.sentinel.nodes: list at least one sentinel URL".to_owned()
+                        );
+                    }
+                    if sentinel.master.is_empty() {
+                        return Err("store.sentinel.master: name the monitored master".to_owned());
+                    }
+                    RedisLayout::Sentinel(sentinel)
+                }
+                (true, None, None) => {
+                    return Err("store: the redis backend needs one of store.shards \
+                                (- primary: redis://host:port), store.cluster or store.sentinel"
+                        .to_owned());
+                }
+                _ => {
+                    return Err("store: give only one of store.shards, store.cluster and \
+                                store.sentinel"
+                        .to_owned());
+                }
+            };
             let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice:".to_owned());
             sluice_redis::keys::validate_prefix(&key_prefix)
                 .map_err(|e| format!("store.key_prefix: {e}"))?;
             Ok(StoreConfig::Redis {
-                shards,
+                layout,
                 read_from: raw.read_from,
                 timeout: raw.timeout.map_or(Duration::from_millis(50), |t| t.0),
                 clock: raw.clock,

@@ -3,7 +3,7 @@
 use std::sync::{Arc, RwLock};
 
 use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
-use sluice_redis::ShardedStore;
+use sluice_redis::{RedisStore, ShardedStore};
 
 use crate::config::Config;
 use crate::rls::RlsConfig;
@@ -13,8 +13,12 @@ use crate::rls::RlsConfig;
 pub enum StoreHandle {
     /// In this process.
     Memory(Arc<MemoryStore>),
-    /// Redis shards (one or more).
+    /// Redis shards (one or more; a Sentinel-monitored primary is one shard), each behind a
+    /// circuit breaker.
     Redis(ShardedStore),
+    /// A Redis Cluster (its client routes around failed nodes; each call is bounded by the
+    /// timeout).
+    Cluster(RedisStore),
 }
 
 impl StoreHandle {
@@ -22,6 +26,7 @@ impl StoreHandle {
         match self {
             StoreHandle::Memory(m) => SharedStore::new(m.clone()),
             StoreHandle::Redis(r) => SharedStore::new(r.clone()),
+            StoreHandle::Cluster(c) => SharedStore::new(c.clone()),
         }
     }
 }
@@ -65,8 +70,8 @@ impl Snapshot {
             StoreHandle::Redis(sharded) => {
                 let mut down = Vec::new();
                 for (i, shard) in sharded.shards().iter().enumerate() {
-                    if let Err(e) = shard.ping().await {
-                        down.push(format!("shard {i} {} ({e})", shard.primary_url()));
+                    if let Err(e) = shard.inner().ping().await {
+                        down.push(format!("shard {i} {} ({e})", shard.name()));
                     }
                 }
                 if down.is_empty() {
@@ -75,6 +80,10 @@ impl Snapshot {
                     Err(down.join(", "))
                 }
             }
+            StoreHandle::Cluster(cluster) => cluster
+                .ping()
+                .await
+                .map_err(|e| format!("{} ({e})", cluster.name())),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sluice_server::config::{Config, FailureMode, StoreConfig};
+use sluice_server::config::{Config, FailureMode, RedisLayout, StoreConfig};
 
 fn error(text: &str) -> String {
     Config::parse("sluice.yaml", text).unwrap_err().to_string()
@@ -58,11 +58,41 @@ local:
     assert_eq!(uploads.policy.limits()[0].burst(), 20);
     match c.store {
         StoreConfig::Redis {
-            timeout, shards, ..
+            timeout,
+            layout: RedisLayout::Shards(shards),
+            ..
         } => {
             assert_eq!(timeout, Duration::from_millis(50));
             assert_eq!(shards.len(), 1);
             assert_eq!(shards[0].replicas.len(), 1);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn cluster_and_sentinel_layouts() {
+    let c = Config::parse(
+        "sluice.yaml",
+        "store:\n  backend: redis\n  cluster: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        c.store,
+        StoreConfig::Redis { layout: RedisLayout::Cluster(ref nodes), .. } if nodes.len() == 2
+    ));
+    let c = Config::parse(
+        "sluice.yaml",
+        "store:\n  backend: redis\n  sentinel: {master: mymaster, nodes: [redis://127.0.0.1:26379]}\n  read_from: primary\n",
+    )
+    .unwrap();
+    match c.store {
+        StoreConfig::Redis {
+            layout: RedisLayout::Sentinel(s),
+            ..
+        } => {
+            assert_eq!(s.master, "mymaster");
+            assert_eq!(s.nodes, ["redis://127.0.0.1:26379"]);
         }
         other => panic!("{other:?}"),
     }
@@ -113,7 +143,18 @@ fn errors_name_file_line_and_value() {
     );
 
     let e = error("store:\n  backend: redis\n");
-    assert!(e.contains("at least one shard"), "{e}");
+    assert!(e.contains("needs one of store.shards"), "{e}");
+
+    let e = error(
+        "store:\n  backend: redis\n  cluster: [redis://a:1]\n  shards:\n    - primary: redis://b:1\n",
+    );
+    assert!(e.contains("only one of store.shards"), "{e}");
+
+    let e = error("store:\n  backend: redis\n  sentinel: {master: m, nodes: []}\n");
+    assert!(e.contains("store.sentinel.nodes"), "{e}");
+
+    let e = error("store:\n  backend: redis\n  sentinel: {name: m, nodes: [redis://a:1]}\n");
+    assert!(e.contains("unknown field `name`"), "{e}");
 
     let e = error("store:\n  backend: etcd\n");
     assert!(e.contains("store.backend: `etcd` is not a store"), "{e}");
