@@ -227,8 +227,10 @@ struct SentinelWatch {
 /// The shortest time between two Sentinel lookups.
 const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
 
-/// How long one Sentinel lookup may take.
-const SENTINEL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one Sentinel lookup may take: twice the call timeout, within these bounds. The
+/// lookup checks the named primary's role, and a stalled old primary must not hold it long.
+const SENTINEL_TIMEOUT_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(1));
 
 struct Node {
     url: String,
@@ -328,20 +330,12 @@ async fn discover(
     master: &str,
     timeout: Duration,
 ) -> Result<Nodes, StoreError> {
-    let lookup = async {
-        let primary = sentinel.async_master_for(master, None).await?;
-        // Replicas are for peeks only: a failed lookup leaves none (peeks use the primary).
-        let replicas = sentinel
-            .async_get_replica_clients(master, None)
-            .await
-            .unwrap_or_default();
-        Ok::<_, RedisError>((primary, replicas))
-    };
-    let (primary, replicas) = match tokio::time::timeout(SENTINEL_TIMEOUT, lookup).await {
+    let limit = (timeout * 2).clamp(SENTINEL_TIMEOUT_BOUNDS.0, SENTINEL_TIMEOUT_BOUNDS.1);
+    let primary = match tokio::time::timeout(limit, sentinel.async_master_for(master, None)).await {
         Err(_) => {
             return Err(StoreError::Unavailable(format!(
                 "sentinels did not name a primary for `{master}` within {}ms",
-                SENTINEL_TIMEOUT.as_millis()
+                limit.as_millis()
             )));
         }
         Ok(Err(e)) => {
@@ -349,8 +343,16 @@ async fn discover(
                 "sentinels cannot name a primary for `{master}`: {e}"
             )));
         }
-        Ok(Ok(found)) => found,
+        Ok(Ok(primary)) => primary,
     };
+    // Replicas are for peeks only, and one may be the stalled old primary: a lookup that
+    // fails or hangs leaves none (peeks then read the primary) rather than delaying the
+    // switch to the new primary.
+    let replicas =
+        match tokio::time::timeout(limit, sentinel.async_get_replica_clients(master, None)).await {
+            Ok(Ok(replicas)) => replicas,
+            _ => Vec::new(),
+        };
     let primary = node_from_client(client_url(&primary), primary, timeout)?;
     let replicas = replicas
         .into_iter()

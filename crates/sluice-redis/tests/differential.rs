@@ -344,3 +344,24 @@ fn huge_token_buckets_decide_like_the_memory_store() {
         });
     }
 }
+
+/// The same scenarios through a 6-node Redis Cluster (3 primaries, 3 replicas): every
+/// decision's keys share a slot, the client routes it. Peeks read the primaries here, since
+/// replicas lag by design and this test demands identical answers.
+#[test]
+fn redis_cluster_decides_like_the_memory_store() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let cluster = sluice_testkit::RedisCluster::start().expect("redis cluster");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = RedisConfig::cluster(cluster.urls())
+        .read_from(sluice_redis::ReadFrom::Primary)
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600));
+    let store = rt.block_on(RedisStore::connect(config)).expect("connect");
+    differential("cluster", &rt, store, default_cases() / 4, MIN_OPS / 4);
+}

@@ -112,6 +112,26 @@ pub enum Error {
         detail: String,
     },
 
+    /// A program the kit needs besides `redis-server` is not on `PATH`.
+    #[error("`{program}` not found on PATH (Debian package: {package})")]
+    MissingProgram {
+        /// The program, e.g. `redis-cli`.
+        program: String,
+        /// The Debian package that installs it.
+        package: String,
+    },
+
+    /// A helper program (e.g. `redis-cli --cluster create`) failed or did not finish in time.
+    #[error("`{command}` {outcome}; output:\n{output}")]
+    ToolFailed {
+        /// The command line that was run.
+        command: String,
+        /// How it ended: its exit status, or that it was killed at the deadline.
+        outcome: String,
+        /// The last lines it wrote to stdout and stderr.
+        output: String,
+    },
+
     /// The caller passed something the kit cannot use (e.g. an empty command).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -2,9 +2,14 @@
 //!
 //! The Redis store is tested against the real thing, not a mock: a [`RedisServer`] is a
 //! `redis-server` child process on a free loopback port, with its own temporary directory,
-//! no persistence, and a log file that failing tests quote. A [`ReplicaSet`] is a primary
-//! with replicas. Later: Redis Cluster and Sentinel, built on the same core
-//! ([`ServerOptions`] already takes a program, a config file and arbitrary arguments).
+//! no persistence, and a log file that failing tests quote. The topologies are built from it:
+//!
+//! - a [`ReplicaSet`] is a primary with replicas;
+//! - a [`RedisCluster`] is a Redis Cluster (3 primaries with a replica each by default),
+//!   formed by `redis-cli --cluster create` and tuned to fail over in seconds
+//!   ([module docs](cluster));
+//! - a [`SentinelGroup`] is a primary with replicas watched by `redis-sentinel`s (3, quorum
+//!   2 by default) that fail it over ([module docs](sentinel)).
 //!
 //! ```no_run
 //! use sluice_testkit::{RedisServer, ReplicaSet};
@@ -29,6 +34,32 @@
 //! } // every server is SIGKILLed, reaped and its directory removed here
 //! ```
 //!
+//! Failing over a cluster and a Sentinel-watched primary:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use sluice_testkit::{RedisCluster, SentinelGroup};
+//!
+//! # fn main() -> Result<(), sluice_testkit::Error> {
+//! let mut cluster = RedisCluster::start()?; // 6 nodes, all 16384 slots served
+//! let urls = cluster.urls(); // seeds for the cluster client under test
+//! cluster.cmd_for_key("k", &["SET", "k", "v"])?; // routed to the key's primary
+//! let old = cluster.primary_for_key("k")?;
+//! cluster.node_mut(old).kill()?; // SIGKILL
+//! let new = cluster.wait_failover(old, Duration::from_secs(15))?; // its replica took over
+//! cluster.node_mut(old).restart()?; // same port and nodes.conf: it rejoins …
+//! cluster.wait_ok()?; // … as a replica of `new`
+//!
+//! let group = SentinelGroup::start()?; // primary, replica, 3 sentinels (quorum 2)
+//! let urls = group.sentinel_urls(); // for the Sentinel client under test
+//! let old = group.current_primary_port()?;
+//! group.data_nodes()[0].pause()?; // SIGSTOP the primary
+//! let new = group.wait_failover(old, Duration::from_secs(20))?; // the sentinels agree
+//! group.data_nodes()[0].resume()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Free ports, never fixed ones
 //!
 //! Tests run in parallel, and so do test binaries of other crates and other checkouts on the
@@ -43,7 +74,8 @@
 //! A test that sleeps "long enough" is slow on a fast machine and flaky on a loaded one.
 //! Every wait in the kit polls a condition every [`POLL_INTERVAL`] (5 ms) until a deadline
 //! instead: the server answers `PING`; the replicas report `master_link_status:up`; their
-//! replication offset reached the primary's. It returns as soon as the condition holds, and
+//! replication offset reached the primary's; every cluster node reports `cluster_state:ok`;
+//! the sentinels agree on a new primary. It returns as soon as the condition holds, and
 //! on a deadline fails with an error that says what it waited for and what it last saw.
 //! [`wait_until`] is public so tests can wait the same way.
 //!
@@ -54,7 +86,8 @@
 //! end of the test, and also when the test panics, since drops run during unwinding — then
 //! reaped (`wait`, so no zombie is left) before its directory is removed. SIGKILL rather
 //! than `SHUTDOWN` because it cannot be ignored or delayed, also works on a paused
-//! (SIGSTOPped) server, and a test-only server has nothing to save. A test process that is
+//! (SIGSTOPped) server, and a test-only server has nothing to save. A topology owns its
+//! servers (cluster nodes, sentinels), so dropping it kills them all. A test process that is
 //! itself SIGKILLed cannot run drops; its servers then outlive it.
 //!
 //! # Failures
@@ -62,18 +95,27 @@
 //! Library functions return [`Error`]; a server that exits or never answers reports the last
 //! lines of its log. Tests may `unwrap()` freely.
 
+pub mod cluster;
 mod error;
 mod info;
 mod presence;
 mod process;
 mod replica;
+pub mod sentinel;
 mod server;
 mod wait;
 
+pub use cluster::{
+    CLUSTER_TIMEOUT, ClusterOptions, DEFAULT_NODE_TIMEOUT, RedisCluster, SLOT_COUNT, Shard,
+    key_slot,
+};
 pub use error::Error;
 pub use info::parse_info_field;
 pub use presence::{REQUIRE_REDIS_ENV, require_redis};
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
+pub use sentinel::{
+    DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
+};
 pub use server::{
     CONNECT_TIMEOUT, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, ServerOptions,
     free_port,

@@ -1,12 +1,13 @@
 //! The shared core: spawn one `redis-server` process with the kit's base arguments, wait until
 //! it answers, and own it so that it is killed and reaped however the test ends.
 //!
-//! Everything that starts a server (standalone, replicas, and later cluster nodes and
-//! sentinels) goes through [`spawn_ready`].
+//! Everything that starts a server (standalone, replicas, cluster nodes and sentinels) goes
+//! through [`spawn_ready`]. Helper programs that run to completion (`redis-cli --cluster
+//! create`) go through [`run_tool`].
 
 use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
-use std::io;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -77,7 +78,7 @@ impl Drop for ManagedChild {
 /// old one for a restart).
 #[derive(Debug)]
 pub(crate) struct Launch<'a> {
-    /// `redis-server` (later also `redis-sentinel`).
+    /// `redis-server` (also for sentinels, which run it with `--sentinel`).
     pub(crate) program: &'a OsStr,
     /// The server's own directory: `--dir`, the log file, its stderr.
     pub(crate) dir: &'a Path,
@@ -269,6 +270,65 @@ fn probe(client: &redis::Client, pid: u32) -> Result<Option<String>, redis::Redi
     }
 }
 
+/// Runs `program args…` to completion with no input, for at most `timeout`, and returns what
+/// it wrote to stdout and stderr (interleaved, as a terminal would show them).
+///
+/// Errors: [`Error::Spawn`] if it cannot be run; [`Error::ToolFailed`] if it exits with a
+/// failure status or is still running at the deadline (it is then killed).
+pub(crate) fn run_tool(program: &str, args: &[String], timeout: Duration) -> Result<String, Error> {
+    let command_line = format!("{program} {}", args.join(" "));
+    // A file rather than a pipe: nothing has to drain it while the program runs.
+    let mut output =
+        tempfile::tempfile().map_err(|e| Error::io(format!("capturing `{command_line}`"), e))?;
+    let stdout = output
+        .try_clone()
+        .map_err(|e| Error::io(format!("capturing `{command_line}`"), e))?;
+    let stderr = output
+        .try_clone()
+        .map_err(|e| Error::io(format!("capturing `{command_line}`"), e))?;
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
+    let mut child = ManagedChild {
+        child,
+        reaped: false,
+    };
+    let mut status = None;
+    let waited = wait_until(timeout, "", || {
+        status = child
+            .try_wait()
+            .map_err(|e| Error::io(format!("waiting for `{command_line}`"), e))?;
+        Ok(status.is_some())
+    });
+    // Killed (if still running) before its output is read, so the output is complete.
+    drop(child);
+    let mut text = String::new();
+    output
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| output.read_to_string(&mut text))
+        .map_err(|e| Error::io(format!("reading the output of `{command_line}`"), e))?;
+    let outcome = match (waited, status) {
+        (Ok(()), Some(status)) if status.success() => return Ok(text),
+        (Ok(()), Some(status)) => format!("failed ({status})"),
+        (Err(Error::Timeout { .. }), _) | (Ok(()), None) => {
+            format!("did not finish within {timeout:?} and was killed")
+        }
+        (Err(e), _) => return Err(e),
+    };
+    Err(Error::ToolFailed {
+        command: command_line,
+        outcome,
+        output: tail_lines(&text, ERROR_LOG_LINES * 2),
+    })
+}
+
 fn file_len(path: &Path) -> u64 {
     path.metadata().map_or(0, |m| m.len())
 }
@@ -312,6 +372,47 @@ mod tests {
         assert_eq!(read_from(&path, 8), "new run\n");
         assert_eq!(read_from(&path, 999), "");
         assert_eq!(read_from(&dir.path().join("missing"), 0), "");
+    }
+
+    #[test]
+    fn a_tool_s_output_and_failure_are_reported() {
+        let out = run_tool(
+            "sh",
+            &["-c".to_owned(), "echo out; echo err >&2".to_owned()],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(out, "out\nerr\n");
+
+        let err = run_tool(
+            "sh",
+            &["-c".to_owned(), "echo why; exit 3".to_owned()],
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+        match err {
+            Error::ToolFailed {
+                command,
+                outcome,
+                output,
+            } => {
+                assert!(command.starts_with("sh -c"), "{command}");
+                assert!(outcome.contains('3'), "{outcome}");
+                assert_eq!(output, "why");
+            }
+            other => panic!("expected ToolFailed, got {other}"),
+        }
+
+        let err = run_tool(
+            "sh",
+            &["-c".to_owned(), "sleep 10".to_owned()],
+            Duration::from_millis(50),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("did not finish"), "{err}");
+
+        let err = run_tool("sluice-no-such-program-3f9a", &[], Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, Error::Spawn { .. }), "{err}");
     }
 
     #[test]

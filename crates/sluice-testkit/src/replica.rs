@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::wait::with_last_seen;
 use crate::{Error, RedisServer, ServerOptions, wait_until};
 
 /// How long [`ReplicaSet::wait_synced`] and [`ReplicaSet::wait_replicated`] poll.
@@ -130,15 +131,4 @@ impl ReplicaSet {
                 reply: format!("{offset:?}"),
             })
     }
-}
-
-/// Adds what the last poll saw to a timeout's description.
-fn with_last_seen(waited: Result<(), Error>, last_seen: &str) -> Result<(), Error> {
-    waited.map_err(|e| match e {
-        Error::Timeout { what, timeout } => Error::Timeout {
-            what: format!("{what}; last seen: {last_seen}"),
-            timeout,
-        },
-        other => other,
-    })
 }

@@ -230,6 +230,19 @@ impl RedisServer {
         self.child.is_some()
     }
 
+    /// Whether the process is running but stopped (by [`pause`](Self::pause) or any other
+    /// SIGSTOP), read live from `/proc`; `false` while killed or if `/proc` cannot be read.
+    pub fn is_paused(&self) -> bool {
+        self.pid()
+            .is_some_and(|pid| is_stopped(pid).unwrap_or(false))
+    }
+
+    /// Whether the server can answer: running and not paused. Topologies skip the others when
+    /// they poll (a paused server would stall every probe until its I/O timeout).
+    pub fn is_reachable(&self) -> bool {
+        self.is_running() && !self.is_paused()
+    }
+
     /// The server's private directory (its `--dir`, log file and config file).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -351,9 +364,14 @@ impl RedisServer {
     }
 
     /// Kills the process if it runs, then starts it again on the **same port** with the same
-    /// options and directory (data is not kept: there is no persistence) and waits until it
-    /// answers `PING`. Waits for the old port to be bindable and retries a lost race for it a
-    /// few times.
+    /// options and directory and waits until it answers `PING`. Waits for the old port to be
+    /// bindable and retries a lost race for it a few times.
+    ///
+    /// The data set is not kept (there is no persistence), but the directory is: files the
+    /// server wrote there survive, as on a real host. A cluster node thus keeps its
+    /// `nodes.conf` (its node id and its view of the cluster) and rejoins its cluster; a
+    /// sentinel keeps its rewritten config (its id, the known sentinels and replicas). The
+    /// config file from [`ServerOptions::config`] is not written again.
     pub fn restart(&mut self) -> Result<(), Error> {
         self.kill()?;
         let port = self.port;

@@ -53,6 +53,18 @@ pub fn wait_until(
     }
 }
 
+/// Adds what the last poll saw to a timeout's description, so the failure says not only what
+/// was awaited but how far it got.
+pub(crate) fn with_last_seen<T>(waited: Result<T, Error>, last_seen: &str) -> Result<T, Error> {
+    waited.map_err(|e| match e {
+        Error::Timeout { what, timeout } => Error::Timeout {
+            what: format!("{what}; last seen: {last_seen}"),
+            timeout,
+        },
+        other => other,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,271 @@
+//! How the Redis store scales: decisions/s of `ShardedStore` over 1, 2 and 3 shards (each its
+//! own `redis-server`), the Redis CPU each decision costs, and the Redis memory each key
+//! takes per algorithm (`MEMORY USAGE`). docs/scaling.md turns these into a fleet plan.
+//!
+//! `cargo bench -p sluice-redis --bench scaling` (about a minute; `SLUICE_BENCH_SECS` sets the
+//! seconds per throughput run, default 5). Prints markdown tables.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use sluice::{LimitSpec, Policy, Store};
+use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
+use sluice_testkit::RedisServer;
+
+const KEYS: u64 = 100_000;
+const NOW: u64 = 1_700_000_000_000;
+const CONCURRENCY: usize = 64;
+
+/// (calls, µs) of the script commands (FCALL, FCALL_RO, EVALSHA) from INFO commandstats.
+fn script_stats(server: &RedisServer) -> (u64, u64) {
+    let text = server.info("commandstats").unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !matches!(name, "fcall" | "fcall_ro" | "evalsha") {
+                return None;
+            }
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
+            };
+            Some((field("calls=")?, field("usec=")?))
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
+        .await
+        .unwrap()
+}
+
+struct Throughput {
+    rate: f64,
+    p50: u64,
+    p99: u64,
+    redis_us_per_decision: f64,
+    per_shard: Vec<u64>,
+}
+
+async fn throughput(servers: &[RedisServer], secs: u64) -> Throughput {
+    let mut shards = Vec::new();
+    for s in servers {
+        s.cmd(&["FLUSHALL"]).unwrap();
+        shards.push(connect(s).await);
+    }
+    let store = ShardedStore::new(shards).unwrap();
+    let policy = Arc::new(
+        Policy::from_specs(
+            "bench",
+            vec![LimitSpec::fixed_window(1_000_000_000, 60_000)],
+        )
+        .unwrap(),
+    );
+    let before: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|t| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut n = 0u64;
+                let mut key = String::with_capacity(32);
+                while Instant::now() < deadline {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    key.clear();
+                    use std::fmt::Write;
+                    write!(key, "bench:{}", rng % KEYS).unwrap();
+                    let t0 = Instant::now();
+                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
+                    hist.record(t0.elapsed().as_micros() as u64).unwrap();
+                    assert!(d.allowed);
+                    n += 1;
+                }
+                (n, hist)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut decisions = 0;
+    for t in tasks {
+        let (n, h) = t.await.unwrap();
+        decisions += n;
+        hist.add(h).unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
+    let per_shard: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.0 - b.0).collect();
+    let usec: u64 = after.iter().zip(&before).map(|(a, b)| a.1 - b.1).sum();
+    Throughput {
+        rate: decisions as f64 / elapsed,
+        p50: hist.value_at_quantile(0.5),
+        p99: hist.value_at_quantile(0.99),
+        redis_us_per_decision: usec as f64 / decisions as f64,
+        per_shard,
+    }
+}
+
+fn used_memory(server: &RedisServer) -> i64 {
+    server
+        .info_field("memory", "used_memory")
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Bytes per key of `policy`: `MEMORY USAGE` summed over the key's Redis keys (averaged over
+/// a sample), and `used_memory` growth per key (which adds the keyspace's own overhead).
+/// `touches` checks per key, spread `step_ms` apart (to fill a sliding window's buckets).
+async fn memory_per_key(
+    server: &RedisServer,
+    policy: &Policy,
+    keys: u64,
+    touches: u64,
+    step_ms: u64,
+) -> (f64, f64) {
+    server.cmd(&["FLUSHALL"]).unwrap();
+    let store = connect(server).await;
+    let baseline = used_memory(server);
+    let prefix = store.key_prefix().to_owned();
+    let mut futures = Vec::new();
+    for k in 0..keys {
+        let (store, policy) = (store.clone(), policy.clone());
+        futures.push(tokio::spawn(async move {
+            for t in 0..touches {
+                store
+                    .check(&policy, &format!("user:{k}"), 1, NOW + t * step_ms)
+                    .await
+                    .unwrap();
+            }
+        }));
+        if futures.len() >= 256 {
+            for f in futures.drain(..) {
+                f.await.unwrap();
+            }
+        }
+    }
+    for f in futures {
+        f.await.unwrap();
+    }
+    let grown = used_memory(server) - baseline;
+    let mut sampled = 0u64;
+    let sample = 200.min(keys);
+    for k in 0..sample {
+        for redis_key in sluice_redis::keys::policy_keys(&prefix, policy, &format!("user:{k}")) {
+            match server
+                .cmd(&["MEMORY", "USAGE", &redis_key, "SAMPLES", "0"])
+                .unwrap()
+            {
+                redis::Value::Int(n) => sampled += n as u64,
+                other => panic!("MEMORY USAGE {redis_key}: {other:?}"),
+            }
+        }
+    }
+    (sampled as f64 / sample as f64, grown as f64 / keys as f64)
+}
+
+fn main() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
+        return; // listed or smoke-tested by a test runner: nothing to measure
+    }
+    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    println!(
+        "## Throughput: 1 fixed-window limit, {KEYS} keys uniform, {CONCURRENCY} tasks, {secs} s\n"
+    );
+    println!(
+        "| shards | decisions/s | vs 1 shard | p50 µs | p99 µs | Redis µs/decision | decisions per shard |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---|");
+    let mut one = None;
+    for n in 1..=3 {
+        let t = rt.block_on(throughput(&servers[..n], secs));
+        let base = *one.get_or_insert(t.rate);
+        println!(
+            "| {n} | {:.0} | {:.2} | {} | {} | {:.1} | {:?} |",
+            t.rate,
+            t.rate / base,
+            t.p50,
+            t.p99,
+            t.redis_us_per_decision,
+            t.per_shard
+        );
+    }
+
+    println!("\n## Redis memory per key\n");
+    println!(
+        "| policy | Redis keys per key | MEMORY USAGE bytes per key | used_memory growth per key |"
+    );
+    println!("|---|---:|---:|---:|");
+    let cases: Vec<(&str, Vec<LimitSpec>, u64, u64, u64)> = vec![
+        (
+            "fixed_window 100/1m",
+            vec![LimitSpec::fixed_window(100, 60_000)],
+            10_000,
+            1,
+            0,
+        ),
+        (
+            "token_bucket 100/1m",
+            vec![LimitSpec::token_bucket(100, 60_000)],
+            10_000,
+            1,
+            0,
+        ),
+        (
+            "sliding_window 100/1m, 1 bucket used",
+            vec![LimitSpec::sliding_window(100, 60_000)],
+            10_000,
+            1,
+            0,
+        ),
+        (
+            "sliding_window 100/1m, all 60 buckets used",
+            vec![LimitSpec::sliding_window(100, 60_000)],
+            2_000,
+            60,
+            1_000,
+        ),
+        (
+            "3 limits: 10/s + 120/min + 240/h fixed",
+            vec![
+                LimitSpec::fixed_window(10, 1_000),
+                LimitSpec::fixed_window(120, 60_000),
+                LimitSpec::fixed_window(240, 3_600_000),
+            ],
+            10_000,
+            1,
+            0,
+        ),
+    ];
+    for (label, specs, keys, touches, step) in cases {
+        let policy = Policy::from_specs("m", specs).unwrap();
+        let (usage, grown) = rt.block_on(memory_per_key(&servers[0], &policy, keys, touches, step));
+        println!(
+            "| {label} | {} | {usage:.0} | {grown:.0} |",
+            policy.limits().len()
+        );
+    }
+}

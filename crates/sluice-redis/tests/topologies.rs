@@ -1,0 +1,186 @@
+//! Sentinel and Cluster against real processes: decisions are exact, and a failover is
+//! followed without restarting the limiter.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::time::{Duration, Instant};
+
+use sluice::{Error, FailureMode, LimitSpec, Limiter, Policy, Store};
+use sluice_redis::{ReadFrom, RedisConfig, RedisStore, ShardedStore};
+use sluice_testkit::{RedisCluster, RedisServer, SentinelGroup};
+
+/// Polls until every replica's replication offset reached the primary's (the writes so far
+/// are on the replicas). `WAIT` cannot do it here: it waits for its own connection's writes,
+/// and the store wrote through another one.
+fn wait_replicated(primary: &RedisServer, replicas: &[&RedisServer]) {
+    let offset = |s: &RedisServer, field: &str| -> u64 {
+        s.info_field("replication", field)
+            .unwrap()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let target = offset(primary, "master_repl_offset");
+    assert!(target > 0, "the primary has written nothing");
+    sluice_testkit::wait_until(Duration::from_secs(10), "replicas to catch up", || {
+        Ok(replicas
+            .iter()
+            .all(|r| offset(r, "slave_repl_offset") >= target))
+    })
+    .unwrap();
+}
+
+fn policy(max: u64) -> Policy {
+    // Closed: a store failure is an error, so the test sees exactly when Redis answers again.
+    Policy::from_specs("api", vec![LimitSpec::fixed_window(max, 3_600_000)])
+        .unwrap()
+        .with_failure_mode(FailureMode::Closed)
+}
+
+/// Polls `check` every 5 ms until it succeeds; returns its result and how long it took.
+async fn until_ok<S: Store>(
+    limiter: &Limiter<S>,
+    key: &str,
+    limit: Duration,
+) -> (sluice::Decision, Duration, u32) {
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        match limiter.check("api", key, 1).await {
+            Ok(d) => return (d, started.elapsed(), failures),
+            Err(Error::Store(e)) => {
+                assert!(e.is_transient(), "{e}");
+                failures += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            started.elapsed() < limit,
+            "checks did not succeed within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed_without_a_restart() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let group = tokio::task::block_in_place(SentinelGroup::start).unwrap();
+    let old_port = group.current_primary_port().unwrap();
+    let config = RedisConfig::sentinel(group.master_name(), group.sentinel_urls())
+        .timeout(Duration::from_millis(200));
+    let store = RedisStore::connect(config).await.unwrap();
+    assert_eq!(store.name(), "sentinel:mymaster");
+    assert!(store.primary_url().ends_with(&format!(":{old_port}")));
+    let limiter =
+        Limiter::new(ShardedStore::new(vec![store.clone()]).unwrap()).with_policy(policy(1_000));
+    for i in 0..10u64 {
+        let d = limiter.check("api", "k", 1).await.unwrap();
+        assert_eq!(d.remaining(), 999 - i);
+    }
+    // Every replica has the count before the primary stalls.
+    let primary = group.data_node_index(old_port).unwrap();
+    let replicas: Vec<&RedisServer> = (0..group.data_nodes().len())
+        .filter(|&i| i != primary)
+        .map(|i| &group.data_nodes()[i])
+        .collect();
+    wait_replicated(&group.data_nodes()[primary], &replicas);
+
+    // SIGSTOP: the primary hangs (no connection refused, only silence).
+    group.data_nodes()[primary].pause().unwrap();
+    let stalled = Instant::now();
+    // Checks fail (closed) while Sentinel has not promoted the replica yet.
+    assert!(limiter.check("api", "k", 1).await.is_err());
+    let new_port =
+        tokio::task::block_in_place(|| group.wait_failover(old_port, Duration::from_secs(30)))
+            .unwrap();
+    let promoted = stalled.elapsed();
+    assert_ne!(new_port, old_port);
+    let (d, took, failures) = until_ok(&limiter, "k", Duration::from_secs(10)).await;
+    println!(
+        "sentinel: primary {old_port} stalled; replica {new_port} promoted after {promoted:?}; \
+         checks succeeded {took:?} after that ({failures} failed checks meanwhile)"
+    );
+    assert!(
+        store.primary_url().ends_with(&format!(":{new_port}")),
+        "{}",
+        store.primary_url()
+    );
+    // The count replicated: the next decision continues it (10 admitted before).
+    assert_eq!(d.remaining(), 989);
+    group.data_nodes()[primary].resume().unwrap();
+    let d = limiter.check("api", "k", 1).await.unwrap();
+    assert_eq!(d.remaining(), 988);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start).unwrap();
+    let config = RedisConfig::cluster(cluster.urls())
+        .read_from(ReadFrom::Replicas)
+        .timeout(Duration::from_millis(500));
+    let store = RedisStore::connect(config).await.unwrap();
+    let limiter = Limiter::new(store.clone()).with_policy(policy(3));
+
+    // Every key is decided exactly, on the primary that owns its slot.
+    let mut owners = std::collections::BTreeSet::new();
+    for k in 0..60 {
+        let key = format!("user:{k}");
+        let admitted = {
+            let mut n = 0;
+            for _ in 0..5 {
+                n += u32::from(limiter.check("api", &key, 1).await.unwrap().allowed);
+            }
+            n
+        };
+        assert_eq!(admitted, 3, "{key}");
+        let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000");
+        let owner = cluster.primary_for_key(&redis_key).unwrap();
+        owners.insert(owner);
+        let exists = cluster.nodes()[owner].cmd(&["EXISTS", &redis_key]).unwrap();
+        assert_eq!(exists, redis::Value::Int(1), "{key} on node {owner}");
+        // A peek (FCALL_RO, possibly on a replica) agrees once replication caught up.
+        let peek = limiter.peek("api", &key, 0).await.unwrap();
+        assert!(peek.remaining() <= 1, "{key}: {peek:?}");
+    }
+    assert_eq!(
+        owners.len(),
+        3,
+        "keys spread over every primary: {owners:?}"
+    );
+
+    // Kill the primary of one key; its replica takes over and checks resume.
+    let limiter = Limiter::new(store).with_policy(policy(1_000));
+    let key = "failover-key";
+    for i in 0..10u64 {
+        assert_eq!(
+            limiter.check("api", key, 1).await.unwrap().remaining(),
+            999 - i
+        );
+    }
+    let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000");
+    let primary = cluster.primary_for_key(&redis_key).unwrap();
+    let replicas: Vec<&RedisServer> = cluster
+        .replicas_of(primary)
+        .unwrap()
+        .into_iter()
+        .map(|i| &cluster.nodes()[i])
+        .collect();
+    wait_replicated(&cluster.nodes()[primary], &replicas);
+    cluster.node_mut(primary).kill().unwrap();
+    let killed = Instant::now();
+    let promoted_node =
+        tokio::task::block_in_place(|| cluster.wait_failover(primary, Duration::from_secs(30)))
+            .unwrap();
+    let promoted = killed.elapsed();
+    let (d, took, failures) = until_ok(&limiter, key, Duration::from_secs(10)).await;
+    println!(
+        "cluster: node {primary} killed; node {promoted_node} promoted after {promoted:?}; \
+         checks succeeded {took:?} after that ({failures} failed checks meanwhile)"
+    );
+    assert_eq!(d.remaining(), 989, "the count survived the failover");
+}

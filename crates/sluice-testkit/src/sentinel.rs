@@ -1,0 +1,620 @@
+//! Redis Sentinel: a primary with replicas, watched by sentinels that fail it over.
+//!
+//! A [`SentinelGroup`] is a [`ReplicaSet`] (the data nodes: index 0 is the initial primary)
+//! plus sentinel processes, each a [`RedisServer`] run as `redis-server <config> --sentinel`:
+//! the same binary as `redis-sentinel` (which Debian ships as a link to it), so sentinels need
+//! nothing installed beyond `redis-server`. Each sentinel's config file lives in its own
+//! directory, where Sentinel rewrites it (its id, the other sentinels and replicas it found,
+//! the epochs); [`RedisServer::restart`] keeps it, like a real sentinel's disk.
+//!
+//! # Tuned for quick failovers
+//!
+//! - `sentinel down-after-milliseconds` [`DEFAULT_DOWN_AFTER`] (1 s; Redis's default is 30 s):
+//!   how long the primary may not answer before a sentinel considers it down.
+//! - `sentinel failover-timeout` [`DEFAULT_FAILOVER_TIMEOUT`] (3 s; default 3 minutes): also
+//!   how long a sentinel waits before retrying a failover whose election failed (twice this).
+//!
+//! A failover after the primary stalls then takes ~3–5 s: the down-after time, the sentinels
+//! agreeing it is down (quorum) and electing a leader (a random delay of up to 1 s each),
+//! the promotion of the best replica, and the other sentinels hearing of it through the
+//! hello messages they publish every 2 s. Some Sentinel periods are fixed and not shortened
+//! here: sentinels find each other through those 2-second hello messages, so
+//! [`SentinelGroup::start`] takes ~2–3 s; and a resumed or restarted old primary is turned
+//! into a replica no sooner than 8 s (four hello periods) after it reappears — ~20 s measured
+//! after a pause, since a sentinel also waits before reconnecting a link it dropped. A test
+//! that needs the old primary back as a replica calls [`SentinelGroup::wait_ready`], which
+//! waits for that; budget for it. (Redis 7's `SENTINEL DEBUG` can shorten these periods; the
+//! kit does not use it, so timings stay those of a production Sentinel.)
+//!
+//! # Quorum and majority
+//!
+//! The quorum is how many sentinels must agree the primary is down; a failover also needs a
+//! leader elected by a majority of all sentinels. With 3 sentinels and quorum 2 (the
+//! defaults) one sentinel may be paused or killed and failovers still happen.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::wait::with_last_seen;
+use crate::{Error, RedisServer, ReplicaSet, ServerOptions, wait_until};
+
+/// The default `sentinel down-after-milliseconds`.
+pub const DEFAULT_DOWN_AFTER: Duration = Duration::from_millis(1000);
+/// The default `sentinel failover-timeout`.
+pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_millis(3000);
+/// The default deadline for the sentinels to know each other and the replicas
+/// ([`SentinelGroup::start`], [`SentinelGroup::wait_ready`]).
+pub const SENTINEL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How to run a [`SentinelGroup`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use sluice_testkit::{SentinelGroup, SentinelOptions};
+/// let group = SentinelGroup::start_with(
+///     SentinelOptions::new()
+///         .replicas(2)
+///         .sentinels(5)
+///         .quorum(3)
+///         .master_name("limits")
+///         .down_after(Duration::from_millis(2000)),
+/// )?;
+/// # Ok::<(), sluice_testkit::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SentinelOptions {
+    replicas: usize,
+    sentinels: usize,
+    quorum: usize,
+    master_name: String,
+    down_after: Duration,
+    failover_timeout: Duration,
+    parallel_syncs: usize,
+    data_args: Vec<String>,
+    timeout: Duration,
+}
+
+impl Default for SentinelOptions {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            sentinels: 3,
+            quorum: 2,
+            master_name: "mymaster".to_owned(),
+            down_after: DEFAULT_DOWN_AFTER,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
+            parallel_syncs: 1,
+            data_args: Vec::new(),
+            timeout: SENTINEL_TIMEOUT,
+        }
+    }
+}
+
+impl SentinelOptions {
+    /// One replica, 3 sentinels, quorum 2, master name `mymaster`, [`DEFAULT_DOWN_AFTER`],
+    /// [`DEFAULT_FAILOVER_TIMEOUT`], one replica resynced at a time, [`SENTINEL_TIMEOUT`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of replicas (at least 1, or there is nothing to fail over to).
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n;
+        self
+    }
+
+    /// The number of sentinels (at least 1).
+    pub fn sentinels(mut self, n: usize) -> Self {
+        self.sentinels = n;
+        self
+    }
+
+    /// How many sentinels must agree the primary is down (1 to the number of sentinels).
+    pub fn quorum(mut self, n: usize) -> Self {
+        self.quorum = n;
+        self
+    }
+
+    /// The name the sentinels monitor the primary under (default `mymaster`).
+    pub fn master_name(mut self, name: impl Into<String>) -> Self {
+        self.master_name = name.into();
+        self
+    }
+
+    /// `sentinel down-after-milliseconds`, in whole milliseconds.
+    pub fn down_after(mut self, after: Duration) -> Self {
+        self.down_after = after;
+        self
+    }
+
+    /// `sentinel failover-timeout`, in whole milliseconds.
+    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
+        self.failover_timeout = timeout;
+        self
+    }
+
+    /// `sentinel parallel-syncs`: how many replicas resync with a new primary at once.
+    pub fn parallel_syncs(mut self, n: usize) -> Self {
+        self.parallel_syncs = n;
+        self
+    }
+
+    /// Extra arguments for every data node (not the sentinels), as
+    /// [`ReplicaSet::start_with`] takes them.
+    pub fn data_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.data_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// How long [`SentinelGroup::start_with`] waits for the sentinels to be ready (default
+    /// [`SENTINEL_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Starts a group with these options; see [`SentinelGroup::start_with`].
+    pub fn start(self) -> Result<SentinelGroup, Error> {
+        SentinelGroup::start_with(self)
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let invalid = |why: String| Err(Error::InvalidArgument(why));
+        if self.replicas == 0 {
+            return invalid("a sentinel group needs at least one replica".to_owned());
+        }
+        if self.sentinels == 0 {
+            return invalid("a sentinel group needs at least one sentinel".to_owned());
+        }
+        if self.quorum == 0 || self.quorum > self.sentinels {
+            return invalid(format!(
+                "quorum {} is not between 1 and the number of sentinels ({})",
+                self.quorum, self.sentinels
+            ));
+        }
+        if self.master_name.is_empty()
+            || !self
+                .master_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
+            return invalid(format!(
+                "master name {:?}: use letters, digits and -_.: only",
+                self.master_name
+            ));
+        }
+        if self.down_after.as_millis() == 0 || self.failover_timeout.as_millis() == 0 {
+            return invalid("down-after and failover-timeout must be at least 1 ms".to_owned());
+        }
+        if self.parallel_syncs == 0 {
+            return invalid("parallel-syncs must be at least 1".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The sentinels' config file.
+    fn sentinel_config(&self, primary_port: u16) -> String {
+        let name = &self.master_name;
+        format!(
+            "sentinel monitor {name} 127.0.0.1 {primary_port} {quorum}\n\
+             sentinel down-after-milliseconds {name} {down_after}\n\
+             sentinel failover-timeout {name} {failover_timeout}\n\
+             sentinel parallel-syncs {name} {parallel_syncs}\n",
+            quorum = self.quorum,
+            down_after = self.down_after.as_millis(),
+            failover_timeout = self.failover_timeout.as_millis(),
+            parallel_syncs = self.parallel_syncs,
+        )
+    }
+}
+
+/// A primary with replicas and the sentinels that watch them, all on free loopback ports.
+///
+/// Dropping it kills every process and removes their directories. See the
+/// [module docs](self) for the settings and timings.
+#[derive(Debug)]
+pub struct SentinelGroup {
+    /// The data nodes: the initial primary, then its replicas.
+    data: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+    master_name: String,
+}
+
+impl SentinelGroup {
+    /// One primary, one replica and three sentinels (quorum 2) monitoring `mymaster`;
+    /// returns once they are ready ([`wait_ready`](Self::wait_ready)).
+    pub fn start() -> Result<Self, Error> {
+        Self::start_with(SentinelOptions::new())
+    }
+
+    /// A group as `options` say: starts the data nodes (a [`ReplicaSet`], in sync), then the
+    /// sentinels in parallel, then polls until every sentinel knows the primary, the
+    /// replicas and the other sentinels, so that a failover can happen.
+    pub fn start_with(options: SentinelOptions) -> Result<Self, Error> {
+        options.validate()?;
+        let data_args: Vec<&str> = options.data_args.iter().map(String::as_str).collect();
+        let ReplicaSet { primary, replicas } =
+            ReplicaSet::start_with(options.replicas, &data_args)?;
+        let sentinel_options = ServerOptions::new()
+            .config(options.sentinel_config(primary.port()))
+            .arg("--sentinel");
+        let sentinels =
+            RedisServer::start_many(std::iter::repeat_n(sentinel_options, options.sentinels))?;
+        let mut data = Vec::with_capacity(1 + replicas.len());
+        data.push(primary);
+        data.extend(replicas);
+        let group = Self {
+            data,
+            sentinels,
+            master_name: options.master_name,
+        };
+        group.wait_ready_within(options.timeout)?;
+        Ok(group)
+    }
+
+    /// The name the primary is monitored under.
+    pub fn master_name(&self) -> &str {
+        &self.master_name
+    }
+
+    /// The data nodes: index 0 is the **initial** primary, then its replicas. Roles change
+    /// with failovers; ask [`current_primary_port`](Self::current_primary_port).
+    pub fn data_nodes(&self) -> &[RedisServer] {
+        &self.data
+    }
+
+    /// One data node, to kill, pause, resume or restart it.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not below `data_nodes().len()`, like slice indexing.
+    pub fn data_node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.data[index]
+    }
+
+    /// The index of the data node listening on `port`, if it is one of this group's.
+    pub fn data_node_index(&self, port: u16) -> Option<usize> {
+        self.data.iter().position(|n| n.port() == port)
+    }
+
+    /// The sentinels.
+    pub fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
+    }
+
+    /// One sentinel, to kill, pause, resume or restart it.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not below `sentinels().len()`, like slice indexing.
+    pub fn sentinel_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.sentinels[index]
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every sentinel, for a Sentinel-aware client.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The primary's port, as the first reachable sentinel that answers reports it
+    /// (`SENTINEL get-master-addr-by-name`).
+    pub fn current_primary_port(&self) -> Result<u16, Error> {
+        let mut last_error = None;
+        for sentinel in self.sentinels.iter().filter(|s| s.is_reachable()) {
+            match self.master_addr(sentinel) {
+                Ok(port) => return Ok(port),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error
+            .unwrap_or_else(|| Error::InvalidArgument("no sentinel is reachable".to_owned())))
+    }
+
+    /// Polls until every reachable sentinel (running and not paused) reports the same
+    /// primary, which is one of the data nodes; knows every other reachable sentinel; and
+    /// knows every other reachable data node as a replica that it is connected to and whose
+    /// link to the primary is up. For at most [`SENTINEL_TIMEOUT`].
+    pub fn wait_ready(&self) -> Result<(), Error> {
+        self.wait_ready_within(SENTINEL_TIMEOUT)
+    }
+
+    /// [`wait_ready`](Self::wait_ready) with another deadline.
+    pub fn wait_ready_within(&self, timeout: Duration) -> Result<(), Error> {
+        let mut last_seen = String::new();
+        let waited = wait_until(
+            timeout,
+            &format!(
+                "the sentinels of {:?} to know the primary, the replicas and each other",
+                self.master_name
+            ),
+            || {
+                let problems = self.readiness_problems();
+                let ready = problems.is_empty();
+                last_seen = problems.join("; ");
+                Ok(ready)
+            },
+        );
+        with_last_seen(waited, &last_seen)
+    }
+
+    /// After the primary on `from_port` was paused or killed: polls until every reachable
+    /// sentinel reports the same primary on another port and that data node answers `ROLE`
+    /// as a master, for at most `timeout`. Returns the new primary's port.
+    pub fn wait_failover(&self, from_port: u16, timeout: Duration) -> Result<u16, Error> {
+        let mut last_seen = String::new();
+        let mut new_port = None;
+        let waited = wait_until(
+            timeout,
+            &format!(
+                "the sentinels of {:?} to fail over from 127.0.0.1:{from_port}",
+                self.master_name
+            ),
+            || {
+                let (ports, problems) = self.reported_primaries();
+                let port = match ports.as_slice() {
+                    [port] if problems.is_empty() => *port,
+                    _ => {
+                        last_seen =
+                            format!("primaries reported: {ports:?}; {}", problems.join("; "));
+                        return Ok(false);
+                    }
+                };
+                if port == from_port {
+                    last_seen = format!("every sentinel still reports port {port}");
+                    return Ok(false);
+                }
+                let Some(node) = self.data_node_index(port).and_then(|i| self.data.get(i)) else {
+                    return Err(Error::UnexpectedReply {
+                        context: format!("SENTINEL get-master-addr-by-name {}", self.master_name),
+                        reply: format!("port {port}, which is no data node of this group"),
+                    });
+                };
+                match role(node) {
+                    Ok(role) if role == "master" => {
+                        new_port = Some(port);
+                        Ok(true)
+                    }
+                    Ok(role) => {
+                        last_seen =
+                            format!("the sentinels report port {port}, whose ROLE is {role}");
+                        Ok(false)
+                    }
+                    Err(e) => {
+                        last_seen = format!("the sentinels report port {port}: {e}");
+                        Ok(false)
+                    }
+                }
+            },
+        );
+        with_last_seen(waited, &last_seen)?;
+        new_port.ok_or_else(|| Error::Timeout {
+            what: "a failover".to_owned(),
+            timeout,
+        })
+    }
+
+    /// The distinct primary ports the reachable sentinels report, and the sentinels that
+    /// could not say.
+    fn reported_primaries(&self) -> (Vec<u16>, Vec<String>) {
+        let mut ports = Vec::new();
+        let mut problems = Vec::new();
+        for sentinel in self.sentinels.iter().filter(|s| s.is_reachable()) {
+            match self.master_addr(sentinel) {
+                Ok(port) => {
+                    if !ports.contains(&port) {
+                        ports.push(port);
+                    }
+                }
+                Err(e) => problems.push(format!("sentinel {}: {e}", sentinel.addr())),
+            }
+        }
+        if ports.is_empty() && problems.is_empty() {
+            problems.push("no sentinel is reachable".to_owned());
+        }
+        (ports, problems)
+    }
+
+    /// What keeps the group from being ready; empty when it is.
+    fn readiness_problems(&self) -> Vec<String> {
+        let (ports, mut problems) = self.reported_primaries();
+        let primary = match ports.as_slice() {
+            [port] => *port,
+            _ => {
+                problems.push(format!("the sentinels report primaries {ports:?}"));
+                return problems;
+            }
+        };
+        if self.data_node_index(primary).is_none() {
+            problems.push(format!(
+                "the reported primary port {primary} is no data node"
+            ));
+            return problems;
+        }
+        if !problems.is_empty() {
+            return problems;
+        }
+        for sentinel in self.sentinels.iter().filter(|s| s.is_reachable()) {
+            let addr = sentinel.addr();
+            let others = match self.sentinel_entries(sentinel, "sentinels") {
+                Ok(entries) => entries,
+                Err(e) => {
+                    problems.push(format!("sentinel {addr}: {e}"));
+                    continue;
+                }
+            };
+            for other in self.sentinels.iter().filter(|s| s.is_reachable()) {
+                if other.port() != sentinel.port() && !is_healthy(&others, other.port(), None) {
+                    problems.push(format!(
+                        "sentinel {addr} does not know sentinel {} yet",
+                        other.addr()
+                    ));
+                }
+            }
+            let replicas = match self.sentinel_entries(sentinel, "replicas") {
+                Ok(entries) => entries,
+                Err(e) => {
+                    problems.push(format!("sentinel {addr}: {e}"));
+                    continue;
+                }
+            };
+            for node in self.data.iter().filter(|n| n.is_reachable()) {
+                if node.port() != primary && !is_healthy(&replicas, node.port(), Some("ok")) {
+                    problems.push(format!(
+                        "sentinel {addr} does not see {} as a linked replica yet",
+                        node.addr()
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
+    /// `SENTINEL get-master-addr-by-name` on one sentinel: the port (the host is always
+    /// 127.0.0.1 here).
+    fn master_addr(&self, sentinel: &RedisServer) -> Result<u16, Error> {
+        let context = || {
+            format!(
+                "`SENTINEL get-master-addr-by-name {}` on {}",
+                self.master_name,
+                sentinel.addr()
+            )
+        };
+        let mut conn = sentinel.connection()?;
+        let reply: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master_name)
+            .query(&mut conn)
+            .map_err(|e| Error::redis(context(), e))?;
+        reply
+            .and_then(|(_host, port)| port.parse().ok())
+            .ok_or_else(|| Error::UnexpectedReply {
+                context: context(),
+                reply: "no address".to_owned(),
+            })
+    }
+
+    /// `SENTINEL <what> <name>` (`replicas` or `sentinels`): one field map per instance.
+    fn sentinel_entries(
+        &self,
+        sentinel: &RedisServer,
+        what: &str,
+    ) -> Result<Vec<HashMap<String, String>>, Error> {
+        let mut conn = sentinel.connection()?;
+        redis::cmd("SENTINEL")
+            .arg(what)
+            .arg(&self.master_name)
+            .query(&mut conn)
+            .map_err(|e| {
+                Error::redis(
+                    format!(
+                        "`SENTINEL {what} {}` on {}",
+                        self.master_name,
+                        sentinel.addr()
+                    ),
+                    e,
+                )
+            })
+    }
+}
+
+/// Whether `entries` (of `SENTINEL replicas`/`sentinels`) list `port` as neither down nor
+/// disconnected, with `master-link-status` equal to `link` if given.
+fn is_healthy(entries: &[HashMap<String, String>], port: u16, link: Option<&str>) -> bool {
+    let port = port.to_string();
+    entries.iter().any(|entry| {
+        let field = |name: &str| entry.get(name).map(String::as_str);
+        let flags = field("flags").unwrap_or("");
+        field("port") == Some(port.as_str())
+            && !flags
+                .split(',')
+                .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"))
+            && link.is_none_or(|link| field("master-link-status") == Some(link))
+    })
+}
+
+/// The first element of `ROLE`: `master`, `slave` or `sentinel`.
+fn role(node: &RedisServer) -> Result<String, Error> {
+    let reply = node.cmd(&["ROLE"])?;
+    match &reply {
+        Value::Array(items) => match items.first() {
+            Some(Value::BulkString(role)) => Some(String::from_utf8_lossy(role).into_owned()),
+            Some(Value::SimpleString(role)) => Some(role.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or_else(|| Error::UnexpectedReply {
+        context: format!("`ROLE` on {}", node.addr()),
+        reply: format!("{reply:?}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated() {
+        SentinelOptions::new().validate().unwrap();
+        for (options, why) in [
+            (SentinelOptions::new().replicas(0), "at least one replica"),
+            (SentinelOptions::new().sentinels(0), "at least one sentinel"),
+            (SentinelOptions::new().quorum(4), "quorum 4"),
+            (SentinelOptions::new().quorum(0), "quorum 0"),
+            (SentinelOptions::new().master_name("a b"), "master name"),
+            (SentinelOptions::new().master_name(""), "master name"),
+            (
+                SentinelOptions::new().down_after(Duration::ZERO),
+                "at least 1 ms",
+            ),
+            (SentinelOptions::new().parallel_syncs(0), "parallel-syncs"),
+        ] {
+            let err = options.validate().unwrap_err();
+            assert!(err.to_string().contains(why), "{err} should say {why}");
+        }
+    }
+
+    #[test]
+    fn the_sentinel_config() {
+        let config = SentinelOptions::new()
+            .master_name("limits")
+            .quorum(1)
+            .sentinel_config(4242);
+        assert_eq!(
+            config,
+            "sentinel monitor limits 127.0.0.1 4242 1\n\
+             sentinel down-after-milliseconds limits 1000\n\
+             sentinel failover-timeout limits 3000\n\
+             sentinel parallel-syncs limits 1\n"
+        );
+    }
+
+    #[test]
+    fn healthy_entries() {
+        let entry = |port: &str, flags: &str, link: &str| {
+            HashMap::from([
+                ("port".to_owned(), port.to_owned()),
+                ("flags".to_owned(), flags.to_owned()),
+                ("master-link-status".to_owned(), link.to_owned()),
+            ])
+        };
+        let entries = [
+            entry("1", "slave", "ok"),
+            entry("2", "slave,s_down,disconnected", "err"),
+            entry("3", "slave", "err"),
+            entry("4", "sentinel", ""),
+        ];
+        assert!(is_healthy(&entries, 1, Some("ok")));
+        assert!(!is_healthy(&entries, 2, None));
+        assert!(!is_healthy(&entries, 3, Some("ok")));
+        assert!(is_healthy(&entries, 3, None));
+        assert!(is_healthy(&entries, 4, None));
+        assert!(!is_healthy(&entries, 5, None));
+    }
+}
