@@ -63,6 +63,35 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
     }
 }
 
+/// Takes as many units as every limit admits now, at least `min` and at most `max` (a batch
+/// for a local lease): one all-or-nothing check of the largest amount that fits. When even
+/// `min` does not fit, this is a (refused) check of `min` and records nothing. The decision's
+/// `cost` is the amount taken.
+///
+/// Every algorithm's `remaining` is exactly the largest cost it would admit now (CONTRACT §2),
+/// so the amount is the least `remaining` over the limits, capped by `max` and by each limit's
+/// `max` (a cost above it never fits).
+pub fn acquire(policy: &Policy, states: &[LimitState], min: u64, max: u64, now: u64) -> Evaluation {
+    let grant = grantable(policy, &peek(policy, states, 0, now), max);
+    if grant >= min && grant > 0 {
+        let eval = check(policy, states, grant, now);
+        debug_assert!(eval.decision.allowed, "every limit's remaining admits it");
+        eval
+    } else {
+        check(policy, states, min, now)
+    }
+}
+
+/// The most a check could take now, given `state` (a decision of cost 0), capped at `max`.
+pub fn grantable(policy: &Policy, state: &Decision, max: u64) -> u64 {
+    state
+        .limits
+        .iter()
+        .zip(policy.limits())
+        .map(|(s, l)| s.remaining.min(l.max()))
+        .fold(max, u64::min)
+}
+
 /// The decision a check of `cost` would get now, recording nothing.
 pub fn peek(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Decision {
     check(policy, states, cost, now).decision

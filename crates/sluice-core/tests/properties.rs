@@ -305,4 +305,59 @@ proptest! {
             }
         }
     }
+
+    /// `acquire` takes the most that fits: for every algorithm and for policies of several
+    /// limits, the amount taken is admitted and one unit more would not have been; when even
+    /// `min` does not fit, it is a refused check of `min` that records nothing.
+    #[test]
+    fn acquire_takes_exactly_what_fits(
+        specs in prop::collection::vec(prop_oneof![fixed_spec(), sliding_spec(), bucket_spec()], 1..=3),
+        ops in ops(20, 10_000, true),
+        batch in 1u64..=25,
+    ) {
+        let Ok(policy) = Policy::from_specs("p", specs) else {
+            return Ok(()); // two limits counting the same window: not a valid policy
+        };
+        let mut states: Vec<LimitState> = Vec::new();
+        let mut now = T0;
+        let apply = |states: &mut Vec<LimitState>, writes: Option<evaluate::Writes>| {
+            if let Some(writes) = writes {
+                states.resize(writes.len(), LimitState::Empty);
+                for (s, w) in states.iter_mut().zip(writes) {
+                    if let Some(w) = w {
+                        *s = w;
+                    }
+                }
+            }
+        };
+        for op in ops {
+            match op {
+                Op::Advance(dt) => now += dt,
+                Op::Check(min) | Op::Peek(min) => {
+                    let min = min.min(batch);
+                    let eval = evaluate::acquire(&policy, &states, min, batch, now);
+                    let d = eval.decision.clone();
+                    if d.allowed {
+                        prop_assert!(d.cost >= min && d.cost <= batch, "took {} for [{min}, {batch}]", d.cost);
+                        // Exactly the check of what it took...
+                        let same = evaluate::check(&policy, &states, d.cost, now);
+                        prop_assert_eq!(&same, &eval);
+                        // ...and one more unit would not have fitted (unless the batch capped it).
+                        if d.cost < batch {
+                            let more = evaluate::check(&policy, &states, d.cost + 1, now);
+                            prop_assert!(!more.decision.allowed, "{} more would fit", d.cost + 1);
+                        }
+                    } else {
+                        prop_assert!(eval.writes.is_none());
+                        prop_assert_eq!(&eval, &evaluate::check(&policy, &states, min, now));
+                    }
+                    apply(&mut states, eval.writes);
+                }
+                Op::Refund(cost) => {
+                    let eval = evaluate::refund(&policy, &states, cost, now);
+                    apply(&mut states, eval.writes);
+                }
+            }
+        }
+    }
 }

@@ -37,6 +37,20 @@ fn script_stats(server: &RedisServer) -> (u64, u64) {
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
+/// CPU seconds (user + system) the server process has used, from INFO cpu.
+fn cpu_seconds(server: &RedisServer) -> f64 {
+    ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .map(|f| {
+            server
+                .info_field("cpu", f)
+                .unwrap()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
 async fn connect(server: &RedisServer) -> RedisStore {
     RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
         .await
@@ -48,24 +62,20 @@ struct Throughput {
     p50: u64,
     p99: u64,
     redis_us_per_decision: f64,
+    redis_cpu_us_per_decision: f64,
     per_shard: Vec<u64>,
 }
 
-async fn throughput(servers: &[RedisServer], secs: u64) -> Throughput {
+async fn throughput(servers: &[RedisServer], secs: u64, policy: &Policy) -> Throughput {
     let mut shards = Vec::new();
     for s in servers {
         s.cmd(&["FLUSHALL"]).unwrap();
         shards.push(connect(s).await);
     }
     let store = ShardedStore::new(shards).unwrap();
-    let policy = Arc::new(
-        Policy::from_specs(
-            "bench",
-            vec![LimitSpec::fixed_window(1_000_000_000, 60_000)],
-        )
-        .unwrap(),
-    );
+    let policy = Arc::new(policy.clone());
     let before: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
+    let cpu_before: f64 = servers.iter().map(cpu_seconds).sum();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     let tasks: Vec<_> = (0..CONCURRENCY)
@@ -102,6 +112,7 @@ async fn throughput(servers: &[RedisServer], secs: u64) -> Throughput {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let after: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
+    let cpu = servers.iter().map(cpu_seconds).sum::<f64>() - cpu_before;
     let per_shard: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.0 - b.0).collect();
     let usec: u64 = after.iter().zip(&before).map(|(a, b)| a.1 - b.1).sum();
     Throughput {
@@ -109,6 +120,7 @@ async fn throughput(servers: &[RedisServer], secs: u64) -> Throughput {
         p50: hist.value_at_quantile(0.5),
         p99: hist.value_at_quantile(0.99),
         redis_us_per_decision: usec as f64 / decisions as f64,
+        redis_cpu_us_per_decision: cpu * 1e6 / decisions as f64,
         per_shard,
     }
 }
@@ -196,21 +208,65 @@ fn main() {
         "## Throughput: 1 fixed-window limit, {KEYS} keys uniform, {CONCURRENCY} tasks, {secs} s\n"
     );
     println!(
-        "| shards | decisions/s | vs 1 shard | p50 µs | p99 µs | Redis µs/decision | decisions per shard |"
+        "| shards | decisions/s | vs 1 shard | p50 µs | p99 µs | script µs/decision | Redis CPU µs/decision | decisions per shard |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
+    let one_limit = Policy::from_specs(
+        "bench",
+        vec![LimitSpec::fixed_window(1_000_000_000, 60_000)],
+    )
+    .unwrap();
     let mut one = None;
     for n in 1..=3 {
-        let t = rt.block_on(throughput(&servers[..n], secs));
+        let t = rt.block_on(throughput(&servers[..n], secs, &one_limit));
         let base = *one.get_or_insert(t.rate);
         println!(
-            "| {n} | {:.0} | {:.2} | {} | {} | {:.1} | {:?} |",
+            "| {n} | {:.0} | {:.2} | {} | {} | {:.1} | {:.1} | {:?} |",
             t.rate,
             t.rate / base,
             t.p50,
             t.p99,
             t.redis_us_per_decision,
+            t.redis_cpu_us_per_decision,
             t.per_shard
+        );
+    }
+
+    println!("\n## Limits per policy and algorithms, 1 shard\n");
+    println!(
+        "| policy | decisions/s | vs 1 fixed limit | p50 µs | p99 µs | script µs/decision | Redis CPU µs/decision |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let big = 1_000_000_000;
+    let policies = [
+        ("1 fixed_window", vec![LimitSpec::fixed_window(big, 60_000)]),
+        (
+            "3 fixed_window (1s, 1m, 1h)",
+            vec![
+                LimitSpec::fixed_window(big, 1_000),
+                LimitSpec::fixed_window(big, 60_000),
+                LimitSpec::fixed_window(big, 3_600_000),
+            ],
+        ),
+        ("1 token_bucket", vec![LimitSpec::token_bucket(big, 60_000)]),
+        (
+            "1 sliding_window (60 buckets, 1 in use)",
+            vec![LimitSpec::sliding_window(big, 60_000)],
+        ),
+    ];
+    let mut first = None;
+    for (label, specs) in policies {
+        let policy = Policy::from_specs("bench", specs).unwrap();
+        let t = rt.block_on(throughput(&servers[..1], secs, &policy));
+        let base = *first.get_or_insert(t.rate);
+        println!(
+            "| {label} | {:.0} | {:.2} | {} | {} | {:.1} | {:.1} |",
+            t.rate,
+            t.rate / base,
+            t.p50,
+            t.p99,
+            t.redis_us_per_decision,
+            t.redis_cpu_us_per_decision,
         );
     }
 

@@ -2,7 +2,8 @@
 --
 -- Mirrors crates/sluice-core/src/algorithms.rs and evaluate.rs field for field; a differential
 -- test holds the two identical. Loaded once, either as a Redis Function library (FUNCTION LOAD;
--- functions __LIB___check, __LIB___peek, __LIB___refund) or as three scripts for EVALSHA whose
+-- functions __LIB___check, __LIB___peek, __LIB___refund, __LIB___acquire) or as one script per
+-- operation for EVALSHA whose
 -- last line calls `run` with the operation. `__LIB__` is replaced by the library's versioned
 -- name when loaded.
 --
@@ -12,11 +13,12 @@
 -- ARGV[2]   cost (0 to 2^53)
 -- ARGV[3]   expiry margin in ms: a key expires this long after its state stops mattering
 -- ARGV[4]   n, the number of limits (= #KEYS)
--- then 9 values per limit i, from 5 + 9*(i-1):
+-- then 9 values per limit i, from 5 + 9*(i-1) (listed below),
+-- and for `acquire` only, ARGV[5 + 9*n]: the most units to take (the cost is the least).
 --   algorithm  1 fixed_window, 2 fixed_window aligned, 3 sliding_window, 4 token_bucket
 --   max, per (ms), precision (ms; sliding), burst (bucket)
 --   tau_ms, tau_frac    (bucket) burst*per/max as whole ms + a numerator over max
---   step_ms, step_frac  (bucket) cost*per/max likewise
+--   step_ms, step_frac  (bucket) cost*per/max likewise (`acquire`: 1*per/max, scaled here)
 -- The Rust caller computes tau and step exactly (128-bit); Lua numbers are doubles, exact only
 -- up to 2^53, so every computation below stays under 2^53 or is split into 16-bit limbs.
 --
@@ -28,7 +30,7 @@
 -- stored times with `now`, so a closed window that still exists is treated as closed.
 --
 -- Reply: { allowed (0/1), now, then per limit: admits (0/1), remaining, reset_ms,
---          retry_after_ms (-1 = never) }
+--          retry_after_ms (-1 = never) }; `acquire` appends the amount it decided on.
 
 -- Redis loads a function library in a sandbox without the standard libraries: they are
 -- reached at call time, never captured at load time.
@@ -383,7 +385,8 @@ local function parse(keys, args)
     now = tonumber(args[1])
   end
   local cost, margin, n = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-  if now == nil or cost == nil or margin == nil or n == nil or n ~= #keys or #args ~= 4 + 9 * n then
+  if now == nil or cost == nil or margin == nil or n == nil or n ~= #keys
+    or (#args ~= 4 + 9 * n and #args ~= 5 + 9 * n) then
     error('SLUICE_ARGS expected now, cost, margin, n and 9 values per limit for ' .. #keys .. ' keys', 0)
   end
   local limits = {}
@@ -440,12 +443,63 @@ local function decide(keys, now, cost, margin, limits, record)
   return reply
 end
 
+-- The bucket step of `g` units from the step of one: g times (ms, frac), by doubling, so every
+-- intermediate stays exact (each partial step is at most the step of g <= burst).
+local function scale_step(l, g)
+  local rms, rf = 0, 0
+  local pms, pf = l.step_ms, l.step_frac
+  while g > 0 do
+    local half = floor(g / 2)
+    if g - half * 2 == 1 then
+      rms, rf = pair_add(rms, rf, pms, pf, l.max)
+    end
+    g = half
+    if g > 0 then
+      pms, pf = pair_add(pms, pf, pms, pf, l.max)
+    end
+  end
+  return rms, rf
+end
+
+-- Takes the most every limit admits now, between `cost` and the batch in the last ARGV
+-- (evaluate.rs `acquire`): each limit's remaining at cost 0 is exactly the most it admits.
+local function acquire(keys, args, now, cost, margin, limits)
+  local grant = tonumber(args[5 + 9 * #limits])
+  if grant == nil then
+    error('SLUICE_ARGS acquire needs the most units to take', 0)
+  end
+  for i = 1, #limits do
+    local l = limits[i]
+    local _, remaining = STEP[l.alg](keys[i], l, 0, now, margin)
+    if remaining < grant then
+      grant = remaining
+    end
+    if l.max < grant then
+      grant = l.max
+    end
+  end
+  local take = cost
+  if grant >= cost and grant > 0 then
+    take = grant
+  end
+  for i = 1, #limits do
+    if limits[i].alg == 4 then
+      limits[i].step_ms, limits[i].step_frac = scale_step(limits[i], take)
+    end
+  end
+  local reply = decide(keys, now, take, margin, limits, true)
+  reply[#reply + 1] = take
+  return reply
+end
+
 local function run(op, keys, args)
   local now, cost, margin, limits = parse(keys, args)
   if op == 'check' then
     return decide(keys, now, cost, margin, limits, true)
   elseif op == 'peek' then
     return decide(keys, now, cost, margin, limits, false)
+  elseif op == 'acquire' then
+    return acquire(keys, args, now, cost, margin, limits)
   end
   for i = 1, #limits do
     if cost > 0 then

@@ -1,4 +1,5 @@
-//! The Lua code, loaded once: a Redis Function library, or three scripts for EVALSHA.
+//! The Lua code, loaded once: a Redis Function library, or one script per operation for
+//! EVALSHA.
 //!
 //! Both forms come from `scripts/sluice.lua`. The library's name carries a hash of the code
 //! (`sluice_1a2b3c4d`), so two Sluice versions sharing one Redis during a rolling upgrade load
@@ -22,22 +23,25 @@ pub enum ScriptMode {
     EvalSha,
 }
 
-/// One of the three operations.
+/// One of the operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Check,
     Peek,
     Refund,
+    /// Take a batch: as much as fits, between a minimum and a maximum.
+    Acquire,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 3] = [Op::Check, Op::Peek, Op::Refund];
+    pub(crate) const ALL: [Op; 4] = [Op::Check, Op::Peek, Op::Refund, Op::Acquire];
 
     fn name(self) -> &'static str {
         match self {
             Op::Check => "check",
             Op::Peek => "peek",
             Op::Refund => "refund",
+            Op::Acquire => "acquire",
         }
     }
 
@@ -54,7 +58,7 @@ pub(crate) struct Code {
     /// The `FUNCTION LOAD` body.
     pub(crate) library_source: String,
     /// Per operation: the EVAL script and its SHA1.
-    scripts: [(String, String); 3],
+    scripts: [(String, String); 4],
 }
 
 impl Code {

@@ -12,14 +12,9 @@
 //! Each shard sits behind its own [`CircuitBreaker`]: a shard that keeps failing is skipped
 //! at once (its keys get their policy's failure mode without waiting for a timeout) and
 //! probed until it answers, while the other shards carry on untouched.
-//!
-//! Each call is measured through the `metrics` facade (nothing is recorded unless the
-//! application installs a recorder): `sluice_store_latency_seconds{shard}` and
-//! `sluice_store_errors_total{shard, kind}`, where `shard` is the shard's index in the list.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use sluice::breaker::{BreakerConfig, CircuitBreaker};
 use sluice::{Decision, Policy, Store, StoreError};
@@ -65,8 +60,6 @@ pub fn rendezvous<S: AsRef<str>>(shards: &[S], tag: &str) -> usize {
 pub struct ShardedStore {
     shards: Arc<[CircuitBreaker<RedisStore>]>,
     names: Arc<[String]>,
-    /// Each shard's index as a metrics label (cloned per call without allocating).
-    labels: Arc<[metrics::SharedString]>,
     prefix: String,
 }
 
@@ -111,13 +104,9 @@ impl ShardedStore {
                 CircuitBreaker::new(s, name, breaker)
             })
             .collect();
-        let labels = (0..names.len())
-            .map(|i| metrics::SharedString::from(i.to_string()))
-            .collect();
         Ok(Self {
             shards,
             names: names.into(),
-            labels,
             prefix,
         })
     }
@@ -133,33 +122,17 @@ impl ShardedStore {
         rendezvous(&self.names, &keys::stem(&self.prefix, policy, key))
     }
 
-    /// Runs `call` on the shard that owns the key, measuring it.
-    async fn on_shard<'a, T, F>(
+    /// Runs `call` on the shard that owns the key.
+    fn on_shard<'a, T, F>(
         &'a self,
         policy: &Policy,
         key: &str,
         call: impl FnOnce(&'a CircuitBreaker<RedisStore>) -> F,
-    ) -> Result<T, StoreError>
+    ) -> F
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        let i = self.shard_for(policy, key);
-        let started = Instant::now();
-        let result = call(&self.shards[i]).await;
-        let label = self.labels[i].clone();
-        metrics::histogram!("sluice_store_latency_seconds", "shard" => label.clone())
-            .record(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            let kind = match e {
-                StoreError::Timeout(_) => "timeout",
-                StoreError::Unavailable(_) => "unavailable",
-                StoreError::Corrupt { .. } => "corrupt",
-                _ => "other",
-            };
-            metrics::counter!("sluice_store_errors_total", "shard" => label, "kind" => kind)
-                .increment(1);
-        }
-        result
+        call(&self.shards[self.shard_for(policy, key)])
     }
 }
 
@@ -199,6 +172,18 @@ impl Store for ShardedStore {
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.on_shard(policy, key, |s| s.forget(policy, key)).await
+    }
+
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.on_shard(policy, key, |s| s.acquire(policy, key, min, max, now_ms))
+            .await
     }
 }
 

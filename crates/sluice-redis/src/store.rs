@@ -193,6 +193,8 @@ pub struct RedisStore {
 struct Inner {
     backend: Backend,
     name: String,
+    /// `name` as a metrics label (cloned per call without allocating).
+    label: metrics::SharedString,
     next_replica: AtomicUsize,
     config: RedisConfig,
     code: Code,
@@ -436,6 +438,7 @@ impl RedisStore {
         let store = Self {
             inner: Arc::new(Inner {
                 backend,
+                label: metrics::SharedString::from(name.clone()),
                 name,
                 next_replica: AtomicUsize::new(0),
                 config,
@@ -495,7 +498,7 @@ impl RedisStore {
     /// benchmarks that replay it through `redis-benchmark` as the physical baseline.
     #[doc(hidden)]
     pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
-        let cmd = self.build_call(Op::Check, policy, key, cost, now_ms, false);
+        let cmd = self.build_call(Op::Check, policy, key, cost, 0, now_ms, false);
         cmd.args_iter()
             .filter_map(|a| match a {
                 redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
@@ -691,12 +694,14 @@ impl RedisStore {
         last
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build_call(
         &self,
         op: Op,
         policy: &Policy,
         key: &str,
         cost: u64,
+        batch: u64,
         now_ms: u64,
         on_replica: bool,
     ) -> redis::Cmd {
@@ -735,10 +740,12 @@ impl RedisStore {
             // The bucket's step. A check uses it only for costs it may admit (cost <= max;
             // larger ones are refused first). A refund of `burst` or more empties the bucket
             // whatever the cost, so capping it there keeps the step below 2^53 ms for Lua.
-            let capped = if op == Op::Refund {
-                cost.min(limit.burst())
-            } else {
-                cost.min(limit.max())
+            // An acquire passes the step of one unit; the script scales it to the amount it
+            // takes (at most max).
+            let capped = match op {
+                Op::Refund => cost.min(limit.burst()),
+                Op::Acquire => 1,
+                _ => cost.min(limit.max()),
             };
             let step = u128::from(capped) * per;
             cmd.arg(alg)
@@ -751,24 +758,60 @@ impl RedisStore {
                 .arg((step / max).to_string())
                 .arg((step % max).to_string());
         }
+        if op == Op::Acquire {
+            cmd.arg(batch);
+        }
         cmd
     }
 
-    /// Runs `op` on the primary, or on a replica for a peek when configured; reloads the code
-    /// once if the node does not know it (after `FUNCTION FLUSH`, `SCRIPT FLUSH` or a restart).
+    /// [`RedisStore::call_unmeasured`], measured: `sluice_store_latency_seconds{store}` and
+    /// `sluice_store_errors_total{store, kind}` through the `metrics` facade (recorded only if
+    /// the application installed a recorder).
     async fn call(
         &self,
         op: Op,
         policy: &Policy,
         key: &str,
         cost: u64,
+        batch: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        let result = self
+            .call_unmeasured(op, policy, key, cost, batch, now_ms)
+            .await;
+        let label = self.inner.label.clone();
+        metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let kind = match e {
+                StoreError::Timeout(_) => "timeout",
+                StoreError::Unavailable(_) => "unavailable",
+                StoreError::Corrupt { .. } => "corrupt",
+                _ => "other",
+            };
+            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => kind)
+                .increment(1);
+        }
+        result
+    }
+
+    /// Runs `op` on the primary, or on a replica for a peek when configured; reloads the code
+    /// once if the node does not know it (after `FUNCTION FLUSH`, `SCRIPT FLUSH` or a restart).
+    async fn call_unmeasured(
+        &self,
+        op: Op,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        batch: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
         let inner = &self.inner;
         let on_replica = op == Op::Peek && inner.config.read_from == ReadFrom::Replicas;
         let reply = match &inner.backend {
             Backend::Cluster { conn } => {
-                self.call_cluster(conn, op, policy, key, cost, now_ms, on_replica)
+                self.call_cluster(conn, op, policy, key, cost, batch, now_ms, on_replica)
                     .await?
             }
             Backend::Direct { nodes, .. } => {
@@ -779,7 +822,7 @@ impl RedisStore {
                         inner.next_replica.fetch_add(1, Ordering::Relaxed) % nodes.replicas.len();
                     let replica = &nodes.replicas[i];
                     match self
-                        .call_on(&nodes, replica, true, op, policy, key, cost, now_ms)
+                        .call_on(&nodes, replica, true, op, policy, key, cost, batch, now_ms)
                         .await
                     {
                         Ok(v) => answered = Some(v),
@@ -792,14 +835,23 @@ impl RedisStore {
                 match answered {
                     Some(v) => v,
                     None => {
-                        self.call_on(&nodes, &nodes.primary, false, op, policy, key, cost, now_ms)
-                            .await?
+                        self.call_on(
+                            &nodes,
+                            &nodes.primary,
+                            false,
+                            op,
+                            policy,
+                            key,
+                            cost,
+                            batch,
+                            now_ms,
+                        )
+                        .await?
                     }
                 }
             }
         };
-        let cost = if op == Op::Refund { 0 } else { cost };
-        parse_reply(&reply, policy, cost)
+        parse_reply(&reply, policy, op, cost)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -812,9 +864,10 @@ impl RedisStore {
         policy: &Policy,
         key: &str,
         cost: u64,
+        batch: u64,
         now_ms: u64,
     ) -> Result<Value, StoreError> {
-        let cmd = self.build_call(op, policy, key, cost, now_ms, on_replica);
+        let cmd = self.build_call(op, policy, key, cost, batch, now_ms, on_replica);
         let timeout = self.inner.config.timeout;
         let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
         let failed = |f: Failure| {
@@ -854,10 +907,11 @@ impl RedisStore {
         policy: &Policy,
         key: &str,
         cost: u64,
+        batch: u64,
         now_ms: u64,
         on_replica: bool,
     ) -> Result<Value, StoreError> {
-        let cmd = self.build_call(op, policy, key, cost, now_ms, on_replica);
+        let cmd = self.build_call(op, policy, key, cost, batch, now_ms, on_replica);
         let timeout = self.inner.config.timeout;
         let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
         let mut conn = conn.clone();
@@ -922,7 +976,7 @@ fn int(v: &Value) -> Option<i64> {
 
 /// Turns the script's reply into a decision (the binding limit is chosen here, by the same
 /// function the memory store uses).
-fn parse_reply(reply: &Value, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+fn parse_reply(reply: &Value, policy: &Policy, op: Op, cost: u64) -> Result<Decision, StoreError> {
     let bad = |what: &str| {
         StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
     };
@@ -930,7 +984,19 @@ fn parse_reply(reply: &Value, policy: &Policy, cost: u64) -> Result<Decision, St
         return Err(bad("not an array"));
     };
     let limits = policy.limits();
-    if items.len() != 2 + 4 * limits.len() {
+    let expected = 2 + 4 * limits.len() + usize::from(op == Op::Acquire);
+    // The decision's cost: what was asked; a refund reports the state (cost 0); an acquire
+    // the amount it took (its last value).
+    let cost = match op {
+        Op::Refund => 0,
+        Op::Acquire => items
+            .last()
+            .and_then(int)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| bad("the amount taken"))?,
+        _ => cost,
+    };
+    if items.len() != expected {
         return Err(bad(&format!(
             "{} values for {} limits",
             items.len(),
@@ -965,7 +1031,7 @@ impl Store for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.call(Op::Check, policy, key, cost, now_ms).await
+        self.call(Op::Check, policy, key, cost, 0, now_ms).await
     }
 
     async fn peek(
@@ -975,7 +1041,7 @@ impl Store for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.call(Op::Peek, policy, key, cost, now_ms).await
+        self.call(Op::Peek, policy, key, cost, 0, now_ms).await
     }
 
     async fn refund(
@@ -985,7 +1051,18 @@ impl Store for RedisStore {
         cost: u64,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.call(Op::Refund, policy, key, cost, now_ms).await
+        self.call(Op::Refund, policy, key, cost, 0, now_ms).await
+    }
+
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.call(Op::Acquire, policy, key, min, max, now_ms).await
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {

@@ -1,5 +1,6 @@
 //! The Redis store decides exactly like the memory store: random operation sequences (advance
-//! a manual clock; check, peek, refund, forget with random costs; several keys; policies
+//! a manual clock; check, peek, refund, acquire (a batch), forget with random costs; several
+//! keys; policies
 //! mixing all three algorithms, including limits near 2^53) run through both, and every
 //! decision must be identical, field for field.
 //!
@@ -41,6 +42,12 @@ enum Op {
     Forget {
         policy: usize,
         key: usize,
+    },
+    Acquire {
+        policy: usize,
+        key: usize,
+        min: u64,
+        max: u64,
     },
 }
 
@@ -103,7 +110,8 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
             6 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Check { policy, key, cost }),
             2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Peek { policy, key, cost }),
             2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Refund { policy, key, cost }),
-            1 => target.prop_map(|(policy, key)| Op::Forget { policy, key }),
+            1 => target.clone().prop_map(|(policy, key)| Op::Forget { policy, key }),
+            2 => (target, cost_for(biggest), cost_for(biggest)).prop_map(|((policy, key), a, b)| Op::Acquire { policy, key, min: a.min(b).min(sluice::core::MAX_AMOUNT), max: a.max(b).min(sluice::core::MAX_AMOUNT) }),
         ];
         (Just(policies), prop::collection::vec(op, 50..250))
     })
@@ -236,6 +244,21 @@ async fn apply<S: sluice::Store>(
             limiter
                 .refund(policies[*policy].name(), &key(*k), *cost)
                 .await
+        }
+        Op::Acquire {
+            policy,
+            key: k,
+            min,
+            max,
+        } => {
+            // Through the store (the limiter has no acquire of its own), at the limiter's now.
+            use sluice::Clock;
+            let p = &policies[*policy];
+            limiter
+                .store()
+                .acquire(p, &key(*k), *min, *max, limiter.clock().now_ms())
+                .await
+                .map_err(sluice::Error::from)
         }
         Op::Advance(_) | Op::Forget { .. } => unreachable!("handled by the caller"),
     }

@@ -265,9 +265,12 @@ async fn the_store_recovers_from_a_restart_and_flushed_code() {
         let config = RedisConfig::new(server.url())
             .script_mode(mode)
             .timeout(Duration::from_secs(2));
+        // Closed: a failed call is an error here, not an allowed (open) decision.
+        let api = policy("api", vec![LimitSpec::fixed_window(100, 60_000)])
+            .with_failure_mode(sluice::FailureMode::Closed);
         let limiter = Limiter::new(store(config).await)
             .with_clock(ManualClock::new(T0))
-            .with_policy(policy("api", vec![LimitSpec::fixed_window(100, 60_000)]));
+            .with_policy(api);
         assert!(limiter.check("api", "k", 1).await.unwrap().allowed);
 
         // The code vanishes from the server: the next call reloads it and succeeds.

@@ -169,9 +169,6 @@ impl RateLimitService for RlsService {
         if let Some(e) = failure {
             // As in the reference service, a store failure is a gRPC error, so that Envoy's
             // `failure_mode_deny` decides whether the request passes.
-            if let sluice::Error::Store(store_error) = &e {
-                metrics::store_error("0", store_error);
-            }
             tracing::warn!(error = %e, "store failed during ShouldRateLimit");
             return Err(Status::unavailable(format!(
                 "the rate limit store cannot answer: {e}"

@@ -248,12 +248,12 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
         Op::Peek => limiter.peek(&req.policy, &req.key, req.cost).await,
         Op::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
     };
-    metrics::store_latency("0", started.elapsed());
     let op_name = match op {
         Op::Check => "check",
         Op::Peek => "peek",
         Op::Refund => "refund",
     };
+    metrics::decision_latency(op_name, started.elapsed());
     match result {
         Ok(d) => {
             let outcome = match (d.degraded, d.allowed) {
@@ -270,7 +270,7 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
             decision_response(status, policy, &req.key, &d, snapshot.now_ms())
         }
         Err(LimitError::Store(e)) => {
-            metrics::store_error("0", &e);
+            metrics::decision(policy.name_arc(), op_name, "error");
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -367,59 +367,11 @@ fn set(headers: &mut HeaderMap, name: &'static str, value: String) {
 }
 
 /// GitHub's `X-RateLimit-*`, `Retry-After`, and the IETF draft's `RateLimit-Policy` and
-/// `RateLimit` (Structured Fields: one item per limit).
+/// `RateLimit` (Structured Fields: one item per limit), rendered by [`sluice::headers`].
 pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision, now_ms: u64) {
-    let b = d.binding();
-    set(headers, "x-ratelimit-limit", b.max.to_string());
-    set(headers, "x-ratelimit-remaining", b.remaining.to_string());
-    set(headers, "x-ratelimit-used", b.used().to_string());
-    set(
-        headers,
-        "x-ratelimit-reset",
-        secs_up(b.reset_ms).to_string(),
-    );
-    set(headers, "x-ratelimit-resource", policy.name().to_owned());
-    if !d.allowed
-        && let Some(ms) = b.retry_after_ms
-    {
-        set(headers, "retry-after", secs_up(ms).max(1).to_string());
+    for (name, value) in sluice::headers::all(policy, d, now_ms) {
+        set(headers, name, value);
     }
-    let items = |f: &dyn Fn(usize, &sluice::LimitStatus) -> String| {
-        d.limits
-            .iter()
-            .enumerate()
-            .map(|(i, s)| f(i, s))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let name = |i: usize| sf_string(&format!("{}:{i}", policy.name()));
-    set(
-        headers,
-        "ratelimit-policy",
-        items(&|i, s| format!("{};q={};w={}", name(i), s.max, secs_up(s.per_ms).max(1))),
-    );
-    set(
-        headers,
-        "ratelimit",
-        items(&|i, s| {
-            let t = secs_up(s.reset_ms.saturating_sub(now_ms));
-            format!("{};r={};t={}", name(i), s.remaining, t)
-        }),
-    );
-}
-
-/// A Structured Field String: quoted, with `"` and `\` escaped.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
 }
 
 // ----- the rest -----------------------------------------------------------------------------
@@ -504,7 +456,8 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn metrics_text() -> Response {
+async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
+    metrics::circuits(shared.store());
     match metrics::render() {
         Some(text) => {
             let mut r = (StatusCode::OK, text).into_response();

@@ -1,20 +1,25 @@
 //! Prometheus metrics at `/metrics`.
 //!
-//! Labels are bounded: a policy name (from the configuration), an outcome, an operation, a
-//! shard index; never the key, whose cardinality is the users'.
+//! Labels are bounded: a policy name and store names (from the configuration), an outcome, an
+//! operation; never the key, whose cardinality is the users'.
 //!
 //! | metric | labels |
 //! |---|---|
-//! | `sluice_decisions_total` | policy, op (check/peek/refund), outcome (allowed/denied/degraded) |
-//! | `sluice_store_latency_seconds` (histogram) | shard |
-//! | `sluice_store_errors_total` | shard, kind (timeout/unavailable/corrupt/other) |
+//! | `sluice_decisions_total` | policy, op (check/peek/refund), outcome (allowed/denied/degraded/error) |
+//! | `sluice_decision_latency_seconds` (histogram) | op: the whole decision, any store, failure mode included |
+//! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `sluice-redis`) |
+//! | `sluice_store_errors_total` | store, kind (timeout/unavailable/corrupt/other): failed Redis calls |
+//! | `sluice_store_circuit_state` (gauge) | store: 0 closed, 1 open, 2 half-open |
+//! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_config_reloads_total` | result (ok/error) |
+//!
+//! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::state::StoreHandle;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use sluice::StoreError;
 
 /// Histogram buckets for store latency, in seconds: 100 µs to 1 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -64,21 +69,22 @@ pub fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'stati
         .increment(1);
 }
 
-/// Records how long the store took.
-pub fn store_latency(shard: &'static str, took: Duration) {
-    metrics::histogram!("sluice_store_latency_seconds", "shard" => shard)
-        .record(took.as_secs_f64());
+/// Records how long a decision took (store call and failure mode included).
+pub fn decision_latency(op: &'static str, took: Duration) {
+    metrics::histogram!("sluice_decision_latency_seconds", "op" => op).record(took.as_secs_f64());
 }
 
-/// Counts a store failure.
-pub fn store_error(shard: &'static str, e: &StoreError) {
-    let kind = match e {
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Corrupt { .. } => "corrupt",
-        _ => "other",
-    };
-    metrics::counter!("sluice_store_errors_total", "shard" => shard, "kind" => kind).increment(1);
+/// Publishes each shard's circuit breaker (called before rendering).
+pub fn circuits(store: &StoreHandle) {
+    if let StoreHandle::Redis(sharded) = store {
+        for shard in sharded.shards() {
+            let name = shard.name().to_owned();
+            metrics::gauge!("sluice_store_circuit_state", "store" => name.clone())
+                .set(shard.state().as_gauge());
+            metrics::counter!("sluice_store_circuit_opened_total", "store" => name)
+                .absolute(shard.opened_total());
+        }
+    }
 }
 
 /// Counts a configuration reload.

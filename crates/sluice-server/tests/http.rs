@@ -661,7 +661,7 @@ async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
         "{text}"
     );
     assert!(
-        text.contains("sluice_store_latency_seconds_bucket"),
+        text.contains("sluice_decision_latency_seconds_bucket"),
         "{text}"
     );
     assert!(!text.contains("secret-key"), "a key leaked into a label");

@@ -295,6 +295,18 @@ impl<S: Store> Store for CircuitBreaker<S> {
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.guarded(self.store.forget(policy, key)).await
     }
+
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.guarded(self.store.acquire(policy, key, min, max, now_ms))
+            .await
+    }
 }
 
 #[cfg(test)]

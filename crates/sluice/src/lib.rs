@@ -36,13 +36,16 @@
 //! ```
 
 pub mod breaker;
+pub mod headers;
 mod limiter;
 mod memory;
+pub mod reserve;
 mod store;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use limiter::{Error, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
+pub use reserve::{Batch, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
     LimitState, LimitStatus, ManualClock, Policy, SystemClock,

@@ -303,6 +303,19 @@ impl Store for MemoryStore {
         })))
     }
 
+    fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.update(policy, key, now_ms, |states| {
+            evaluate::acquire(policy, states, min, max, now_ms)
+        })))
+    }
+
     fn forget(
         &self,
         policy: &Policy,

@@ -82,6 +82,25 @@ pub trait Store: Send + Sync {
         policy: &Policy,
         key: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Takes as many units as every limit admits now, at least `min` and at most `max`, in
+    /// one atomic operation ([`sluice_core::evaluate::acquire`]): how a process leases a batch
+    /// of tokens. The decision's `cost` is the amount taken; when even `min` does not fit it
+    /// is a refused check of `min`, recording nothing.
+    ///
+    /// The default takes exactly `min` (a plain check): correct, but never a batch. The
+    /// stores of this project take the batch.
+    fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = max;
+        self.check(policy, key, min, now_ms)
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -122,6 +141,17 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).forget(policy, key)
     }
+
+    fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).acquire(policy, key, min, max, now_ms)
+    }
 }
 
 /// A boxed future, for the object-safe [`DynStore`].
@@ -160,6 +190,15 @@ pub trait DynStore: Send + Sync {
         policy: &'a Policy,
         key: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`Store::acquire`], boxed.
+    fn acquire_boxed<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -199,6 +238,17 @@ impl<S: Store> DynStore for S {
         key: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.forget(policy, key))
+    }
+
+    fn acquire_boxed<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.acquire(policy, key, min, max, now_ms))
     }
 }
 
@@ -252,5 +302,16 @@ impl Store for SharedStore {
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.0.forget_boxed(policy, key).await
+    }
+
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.0.acquire_boxed(policy, key, min, max, now_ms).await
     }
 }

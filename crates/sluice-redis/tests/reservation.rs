@@ -1,0 +1,134 @@
+//! Local token reservation over real Redis: four limiters (as four hosts, each with its own
+//! connection and its own leases) on one Redis, 32 tasks each, one hot key at ten times its
+//! limit. In every window the fleet admits at most `max` (leased units are recorded in Redis
+//! before they are handed out) and at least `max - hosts × batch`; almost every decision is
+//! served from memory.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluice::{Batch, LimitSpec, Limiter, ManualClock, Policy, ReserveConfig, Reserving};
+use sluice_redis::{RedisConfig, RedisStore};
+use sluice_testkit::RedisServer;
+
+const T0: u64 = 1_700_000_000_000;
+const HOSTS: usize = 4;
+const TASKS: usize = 32;
+
+async fn hot_key(spec: LimitSpec, batch: u64, windows_ms: u64) {
+    let server = RedisServer::start().unwrap();
+    let max = spec.max;
+    let policy = Policy::from_specs("hot", vec![spec]).unwrap();
+    let clock = ManualClock::new(T0);
+    let mut limiters = Vec::new();
+    for _ in 0..HOSTS {
+        let store =
+            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
+                .await
+                .unwrap();
+        let reserving = Reserving::new(
+            store,
+            ReserveConfig::default().batch(Batch::Fraction(batch as f64 / max as f64)),
+        );
+        limiters.push(Arc::new(
+            Limiter::new(reserving)
+                .with_clock(clock.clone())
+                .with_policy(policy.clone()),
+        ));
+    }
+    let attempts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for limiter in &limiters {
+        for _ in 0..TASKS {
+            let (limiter, attempts, stop) = (limiter.clone(), attempts.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+                while stop.load(Ordering::SeqCst) == 0 {
+                    let d = limiter.check("hot", "the-key", 1).await.unwrap();
+                    assert!(d.degraded.is_none());
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    if d.allowed {
+                        *admitted.entry(d.reset_ms()).or_default() += 1;
+                    }
+                    // Served from memory, a check never waits: let the other tasks run.
+                    tokio::task::yield_now().await;
+                }
+                admitted
+            }))
+        }
+    }
+    // Steps of a tenth of a window, each after `max` attempts: ten times the limit.
+    let per = policy.limits()[0].per_ms();
+    for step in 1..=(windows_ms / (per / 10)) {
+        while attempts.load(Ordering::SeqCst) < step * max {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        clock.advance(per / 10);
+    }
+    stop.store(1, Ordering::SeqCst);
+    let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
+    for t in tasks {
+        for (reset, n) in t.await.unwrap() {
+            *windows.entry(reset).or_default() += n;
+        }
+    }
+    let counts: Vec<u64> = windows.values().copied().collect();
+    let bound = HOSTS as u64 * batch;
+    let calls: u64 = {
+        let text = server.info("commandstats").unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("cmdstat_fcall:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let decisions = attempts.load(Ordering::SeqCst);
+    println!(
+        "{:?} max {max}, batch {batch}: admitted per window {counts:?} (bound {bound}); \
+         {calls} script calls for {decisions} decisions = {:.4} per decision",
+        policy.limits()[0].algorithm(),
+        calls as f64 / decisions as f64
+    );
+    assert!(counts.len() >= 3, "{windows:?}");
+    for (i, n) in counts.iter().enumerate() {
+        assert!(*n <= max, "window {i} admitted {n} > {max}: {counts:?}");
+        // The last window is cut short by the end of the test.
+        if i + 1 < counts.len() {
+            assert!(
+                *n + bound >= max,
+                "window {i} admitted only {n}: {counts:?}"
+            );
+        }
+    }
+    assert!(
+        (calls as f64) < decisions as f64 / 10.0,
+        "{calls} script calls for {decisions} decisions"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hosts_on_one_redis_never_over_admit_a_fixed_window() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    hot_key(LimitSpec::fixed_window(2_000, 1_000), 20, 6_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hosts_on_one_redis_never_over_admit_an_aligned_window() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    hot_key(LimitSpec::fixed_window(2_000, 1_000).aligned(), 20, 6_000).await;
+}

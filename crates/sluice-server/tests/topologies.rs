@@ -1,0 +1,162 @@
+//! The server over the other Redis layouts (Cluster, Sentinel) and the `local` failure mode
+//! over a shard that dies, end to end over HTTP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+const POLICIES: &str = r#"
+policies:
+  api:
+    limits:
+      - { max: 3, per: 1h }
+  insured:
+    on_store_error: local
+    limits:
+      - { max: 3, per: 1h }
+"#;
+
+async fn check(c: &Client, s: &TestServer, policy: &str, key: &str) -> (StatusCode, Value) {
+    let r = c
+        .post(format!("{}/v1/check", s.url))
+        .json(&json!({"policy": policy, "key": key}))
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.json().await.unwrap())
+}
+
+async fn text(c: &Client, url: String) -> (StatusCode, String) {
+    let r = c.get(url).send().await.unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// Three checks allowed, the fourth denied, none degraded.
+async fn exactly_three(c: &Client, s: &TestServer, key: &str) {
+    for remaining in [2, 1, 0] {
+        let (status, body) = check(c, s, "api", key).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["remaining"], remaining, "{body}");
+        assert!(body.get("degraded").is_none(), "{body}");
+    }
+    assert_eq!(
+        check(c, s, "api", key).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_a_redis_cluster() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let cluster = tokio::task::block_in_place(sluice_testkit::RedisCluster::start).unwrap();
+    let nodes: Vec<String> = cluster.urls();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  cluster: [{}]\n  timeout: 500ms\n",
+        nodes.join(", ")
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    for k in 0..5 {
+        exactly_three(&c, &s, &format!("user:{k}")).await;
+    }
+    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_sentinel() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let group = tokio::task::block_in_place(sluice_testkit::SentinelGroup::start).unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  sentinel: {{master: {}, nodes: [{}]}}\n  timeout: 500ms\n",
+        group.master_name(),
+        group.sentinel_urls().join(", ")
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    exactly_three(&c, &s, "user:1").await;
+    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    s.stop().await;
+}
+
+/// `on_store_error: local` while the only shard is dead: still limited (by this process),
+/// marked degraded; the circuit opens and shows in /metrics; after a restart the shard is
+/// used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_policy_stays_limited_while_its_shard_is_down() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    let (status, body) = check(&c, &s, "insured", "k").await;
+    assert_eq!(
+        (status, body["remaining"].as_u64()),
+        (StatusCode::OK, Some(2))
+    );
+
+    redis.kill().unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..6 {
+        let (status, body) = check(&c, &s, "insured", "k").await;
+        assert_eq!(body["degraded"], true, "{body}");
+        outcomes.push(status);
+    }
+    // The insurance store starts empty: 3 more, then denied (not unlimited).
+    assert_eq!(
+        outcomes,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+    );
+    let (_, metrics) = text(&c, format!("{}/metrics", s.url)).await;
+    let state = format!("sluice_store_circuit_state{{store=\"{}\"}} 1", redis.url());
+    assert!(metrics.contains(&state), "{state} not in\n{metrics}");
+    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    tokio::task::block_in_place(|| redis.restart()).unwrap();
+    let restarted = Instant::now();
+    loop {
+        let (status, body) = check(&c, &s, "insured", "k").await;
+        if body.get("degraded").is_none() {
+            // Redis lost its data in the crash: a fresh window.
+            assert_eq!(
+                (status, body["remaining"].as_u64()),
+                (StatusCode::OK, Some(2))
+            );
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "the shard was not used again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, metrics) = text(&c, format!("{}/metrics", s.url)).await;
+    let state = format!("sluice_store_circuit_state{{store=\"{}\"}} 0", redis.url());
+    assert!(metrics.contains(&state), "{state} not in\n{metrics}");
+    s.stop().await;
+}

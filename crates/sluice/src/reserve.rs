@@ -1,0 +1,667 @@
+//! Local token reservation (Rockset's batching) and a negative cache: a [`Store`] over any
+//! store that serves most decisions of hot keys from memory.
+//!
+//! Per (policy, key) the process holds a **lease**: units taken from the backing store with
+//! one [`Store::acquire`] call (at least the request's cost, at most the batch, so the last
+//! units of a window are still handed out). Leased units are already recorded in the store,
+//! so the fleet never admits more than `max`; the price is under-admission: units leased
+//! but not used before the lease ends (at most processes × batch per window). See
+//! docs/reservation.md for the bound per algorithm.
+//!
+//! - **Single flight.** When the lease runs dry, one caller fetches. Callers whose cost still
+//!   fits in the batch being fetched reserve their place (in order) and wait for it; callers
+//!   that would not fit go straight to the store. When the fetch returns, the waiters are
+//!   served in order from what it granted: a waiter whose place was granted is never refused
+//!   (the bug at the end of Rockset's post), and one whose place was not granted asks the
+//!   store itself. No lock is held across a call to the store, and a fetch whose caller is
+//!   dropped releases its waiters.
+//! - **Lease lifetime.** A lease serves only while using a unit later is the same as having
+//!   used it when it was taken: a fixed window until its reset, a sliding window until the
+//!   end of the current precision bucket, a token bucket at most [`ReserveConfig::max_lease`]
+//!   (default 1 s, also a cap for the others). Units left when a lease ends early are given
+//!   back ([`Store::refund`]) while that is still exact; [`Reserving::release`] gives every
+//!   lease back at shutdown.
+//! - **Batch.** [`Batch::Fraction`] of the smallest `max` of the policy, or [`Batch::Auto`]:
+//!   starts at 1, grows ×1.5 when a lease is used up within half its lifetime, halves when a
+//!   lease ends more than half unused, and never exceeds 0.1 % of the smallest `max`.
+//!   Requests costing more than the batch bypass the lease.
+//! - **Headers.** A decision served locally reports, per limit, the store's remaining at the
+//!   last fetch plus the units this process still holds: what this process can still hand
+//!   out, never above the truth by more than the leased amount.
+//! - **Negative cache.** A key the store refused is answered locally as refused (same
+//!   decision, `retry_after` counting down) until its `retry_after`, for requests of the same
+//!   cost, without touching the store.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use sluice_core::{Algorithm, Decision, LimitStatus, Policy};
+use tokio::sync::watch;
+
+use crate::store::{Store, StoreError};
+
+/// How many units a lease takes at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Batch {
+    /// Adaptive: from 1 up to 0.1 % of the policy's smallest `max`.
+    Auto,
+    /// A fixed fraction of the policy's smallest `max` (at least 1 unit), e.g. `0.01`.
+    Fraction(f64),
+}
+
+/// Reservation settings (`local:` in the server's configuration).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct ReserveConfig {
+    /// The batch size.
+    pub batch: Batch,
+    /// The longest a lease serves (token buckets; a cap for the other algorithms too).
+    pub max_lease: Duration,
+}
+
+impl Default for ReserveConfig {
+    fn default() -> Self {
+        Self {
+            batch: Batch::Auto,
+            max_lease: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ReserveConfig {
+    /// Sets the batch.
+    pub fn batch(mut self, batch: Batch) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets the longest lease.
+    pub fn max_lease(mut self, max_lease: Duration) -> Self {
+        self.max_lease = max_lease;
+        self
+    }
+}
+
+/// The largest batch [`Batch::Auto`] grows to, as a fraction of the smallest `max`.
+pub const AUTO_BATCH_CAP: f64 = 0.001;
+
+/// What the layer did, since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReserveStats {
+    /// Checks answered from a lease (no store call).
+    pub local: u64,
+    /// Checks answered from the negative cache (no store call).
+    pub cached_denials: u64,
+    /// `acquire` calls made to fill leases.
+    pub fetches: u64,
+    /// Checks that waited for another caller's fetch and were served by it.
+    pub waited: u64,
+    /// Checks sent to the store as they are (a cost above the batch, a place not granted,
+    /// cost 0).
+    pub direct: u64,
+    /// Refunds of unused leased units.
+    pub refunds: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    local: AtomicU64,
+    cached_denials: AtomicU64,
+    fetches: AtomicU64,
+    waited: AtomicU64,
+    direct: AtomicU64,
+    refunds: AtomicU64,
+}
+
+/// A [`Store`] that leases units from `S` and serves decisions from them. See the
+/// [module docs](self).
+pub struct Reserving<S> {
+    inner: S,
+    config: ReserveConfig,
+    hasher: foldhash::fast::RandomState,
+    shards: Box<[Mutex<HashTable<Entry>>]>,
+    counters: Counters,
+}
+
+impl<S: Store> std::fmt::Debug for Reserving<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reserving")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Entry {
+    hash: u64,
+    policy: Arc<str>,
+    fingerprint: u64,
+    key: Box<str>,
+    lease: Arc<Mutex<Lease>>,
+}
+
+/// One (policy, key)'s lease.
+struct Lease {
+    /// Units held and not yet handed out.
+    tokens: u64,
+    /// Units taken by the current lease (for the batch's adaptation).
+    granted: u64,
+    /// When the current lease was taken.
+    started: u64,
+    /// The lease serves while `now < expires`.
+    expires: u64,
+    /// Giving unused units back is exact only while `now < refundable_until`.
+    refundable_until: u64,
+    /// The store's decision when the lease was taken (after the grant).
+    basis: Option<Decision>,
+    /// The next fetch's size.
+    batch: u64,
+    /// The fetch in flight, if any.
+    fetch: Option<InFlight>,
+    /// The negative cache.
+    denied: Option<Denial>,
+}
+
+struct InFlight {
+    /// The most the fetch may grant.
+    size: u64,
+    /// The costs of the fetcher (first) and the waiters, in order.
+    costs: Vec<u64>,
+    outcome: watch::Sender<Option<Arc<Fetched>>>,
+}
+
+/// What a fetch brought: the store's answer, and how many of the reserved places (in order)
+/// it covers.
+struct Fetched {
+    result: Result<Decision, StoreError>,
+    served: usize,
+}
+
+struct Denial {
+    cost: u64,
+    at: u64,
+    until: u64,
+    decision: Decision,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The smallest `max` over the policy's limits.
+fn smallest_max(policy: &Policy) -> u64 {
+    policy.limits().iter().map(|l| l.max()).min().unwrap_or(1)
+}
+
+/// A locally served decision: allowed, each limit reporting the store's remaining at the
+/// last fetch plus what this process still holds.
+fn local_decision(basis: &Decision, cost: u64, held: u64) -> Decision {
+    let limits = basis
+        .limits
+        .iter()
+        .map(|s| LimitStatus {
+            admits: true,
+            remaining: s.remaining.saturating_add(held).min(s.max),
+            retry_after_ms: Some(0),
+            ..*s
+        })
+        .collect();
+    Decision::new(true, cost, limits)
+}
+
+/// A cached refusal as of `now`: the same decision, its waits shortened by the time passed.
+fn cached_denial(d: &Denial, now: u64) -> Decision {
+    let passed = now.saturating_sub(d.at);
+    let limits = d
+        .decision
+        .limits
+        .iter()
+        .map(|s| LimitStatus {
+            retry_after_ms: s.retry_after_ms.map(|r| {
+                if s.admits {
+                    r
+                } else {
+                    r.saturating_sub(passed).max(1)
+                }
+            }),
+            ..*s
+        })
+        .collect();
+    Decision::new(false, d.cost, limits)
+}
+
+impl<S: Store> Reserving<S> {
+    /// Leases from `inner` as `config` says.
+    pub fn new(inner: S, config: ReserveConfig) -> Self {
+        let shards = (0..64).map(|_| Mutex::new(HashTable::new())).collect();
+        Self {
+            inner,
+            config,
+            hasher: foldhash::fast::RandomState::default(),
+            shards,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The backing store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// What the layer did so far.
+    pub fn stats(&self) -> ReserveStats {
+        let c = &self.counters;
+        ReserveStats {
+            local: c.local.load(Ordering::Relaxed),
+            cached_denials: c.cached_denials.load(Ordering::Relaxed),
+            fetches: c.fetches.load(Ordering::Relaxed),
+            waited: c.waited.load(Ordering::Relaxed),
+            direct: c.direct.load(Ordering::Relaxed),
+            refunds: c.refunds.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The batch limits for `policy`: (first batch, largest batch).
+    fn batch_bounds(&self, policy: &Policy) -> (u64, u64) {
+        let smallest = smallest_max(policy) as f64;
+        match self.config.batch {
+            Batch::Auto => (1, ((smallest * AUTO_BATCH_CAP) as u64).max(1)),
+            Batch::Fraction(f) => {
+                let b = ((smallest * f) as u64).max(1);
+                (b, b)
+            }
+        }
+    }
+
+    /// The lease of (policy, key), created empty if missing.
+    fn lease(&self, policy: &Policy, key: &str) -> Arc<Mutex<Lease>> {
+        let hash = self.hasher.hash_one((policy.name(), key));
+        let shard = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
+        let mut table = lock(shard);
+        let eq = |e: &Entry| {
+            e.hash == hash
+                && e.fingerprint == policy.fingerprint()
+                && *e.policy == *policy.name()
+                && *e.key == *key
+        };
+        if let Some(e) = table.find(hash, eq) {
+            return e.lease.clone();
+        }
+        let (first, _) = self.batch_bounds(policy);
+        let lease = Arc::new(Mutex::new(Lease {
+            tokens: 0,
+            granted: 0,
+            started: 0,
+            expires: 0,
+            refundable_until: 0,
+            basis: None,
+            batch: first,
+            fetch: None,
+            denied: None,
+        }));
+        table.insert_unique(
+            hash,
+            Entry {
+                hash,
+                policy: policy.name_arc().clone(),
+                fingerprint: policy.fingerprint(),
+                key: key.into(),
+                lease: lease.clone(),
+            },
+            |e| e.hash,
+        );
+        lease
+    }
+
+    /// Until when a lease taken at `now` with store decision `d` serves, and until when its
+    /// unused units may be given back exactly.
+    fn lifetime(&self, policy: &Policy, d: &Decision, now: u64) -> (u64, u64) {
+        let cap = now
+            .saturating_add(u64::try_from(self.config.max_lease.as_millis()).unwrap_or(u64::MAX));
+        let mut exact_until = u64::MAX;
+        for (limit, status) in policy.limits().iter().zip(&d.limits) {
+            let until = match limit.algorithm() {
+                // Used any time before the window closes, a unit counts in the same window.
+                Algorithm::FixedWindow => status.reset_ms,
+                // Within the bucket it was recorded in, a unit counts the same.
+                Algorithm::SlidingWindow => {
+                    let p = limit.precision_ms();
+                    now - now % p + p
+                }
+                // A bucket's units were available when taken; the lease is bounded by time.
+                _ => u64::MAX,
+            };
+            exact_until = exact_until.min(until);
+        }
+        (exact_until.min(cap), exact_until)
+    }
+
+    /// Ends the lease if it has expired; returns units to give back (if still exact).
+    fn expire(&self, lease: &mut Lease, now: u64) -> u64 {
+        if now < lease.expires || lease.tokens == 0 {
+            if now >= lease.expires {
+                lease.basis = None;
+            }
+            return 0;
+        }
+        let unused = std::mem::take(&mut lease.tokens);
+        if unused * 2 > lease.granted && self.config.batch == Batch::Auto {
+            lease.batch = (lease.batch / 2).max(1);
+        }
+        lease.basis = None;
+        if now < lease.refundable_until {
+            unused
+        } else {
+            0
+        }
+    }
+
+    async fn give_back(&self, policy: &Policy, key: &str, units: u64, now: u64) {
+        if units == 0 {
+            return;
+        }
+        self.counters.refunds.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.inner.refund(policy, key, units, now).await {
+            // Not given back: under-admission until the window ends, never over-admission.
+            tracing::debug!(policy = policy.name(), error = %e, units, "could not give leased units back");
+        }
+    }
+
+    async fn direct(
+        &self,
+        lease: Option<&Mutex<Lease>>,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        self.counters.direct.fetch_add(1, Ordering::Relaxed);
+        let d = self.inner.check(policy, key, cost, now).await?;
+        if let Some(lease) = lease {
+            remember_denial(&mut lock(lease), &d, now);
+        }
+        Ok(d)
+    }
+
+    /// Gives back every lease's unused units (where still exact) and forgets the leases: for a
+    /// graceful shutdown.
+    pub async fn release(&self, policies: &[Policy], now: u64) {
+        let mut back = Vec::new();
+        for shard in self.shards.iter() {
+            let mut table = lock(shard);
+            for e in table.iter() {
+                let mut lease = lock(&e.lease);
+                let units = std::mem::take(&mut lease.tokens);
+                if units > 0 && now < lease.refundable_until {
+                    back.push((e.policy.clone(), e.fingerprint, e.key.clone(), units));
+                }
+            }
+            table.clear();
+        }
+        for (name, fingerprint, key, units) in back {
+            if let Some(p) = policies
+                .iter()
+                .find(|p| *p.name() == *name && p.fingerprint() == fingerprint)
+            {
+                self.give_back(p, &key, units, now).await;
+            }
+        }
+    }
+
+    /// Drops leases that hold nothing and whose lease and cached denial are over (bounded
+    /// memory). Returns how many were dropped.
+    pub fn sweep(&self, now: u64) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut table = lock(shard);
+            let before = table.len();
+            table.retain(|e| {
+                let lease = lock(&e.lease);
+                lease.tokens > 0 && now < lease.expires
+                    || lease.fetch.is_some()
+                    || lease.denied.as_ref().is_some_and(|d| now < d.until)
+            });
+            dropped += before - table.len();
+        }
+        dropped
+    }
+
+    /// Number of (policy, key) leases held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether no lease is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Caches a refusal that can pass later.
+fn remember_denial(lease: &mut Lease, d: &Decision, now: u64) {
+    if d.allowed {
+        lease.denied = None;
+    } else if let Some(wait) = d.retry_after_ms().filter(|&w| w > 0) {
+        lease.denied = Some(Denial {
+            cost: d.cost,
+            at: now,
+            until: now.saturating_add(wait),
+            decision: d.clone(),
+        });
+    }
+}
+
+/// Publishes an abandoned fetch (its caller was dropped) so waiters ask the store themselves.
+struct FetchGuard<'a> {
+    lease: &'a Mutex<Lease>,
+    armed: bool,
+}
+
+impl Drop for FetchGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut lease = lock(self.lease);
+            if let Some(f) = lease.fetch.take() {
+                let _ = f.outcome.send(Some(Arc::new(Fetched {
+                    result: Err(StoreError::Unavailable(
+                        "the fetch of a lease was abandoned".to_owned(),
+                    )),
+                    served: 0,
+                })));
+            }
+        }
+    }
+}
+
+impl<S: Store> Store for Reserving<S> {
+    async fn check(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let now = now_ms;
+        let (_, largest) = self.batch_bounds(policy);
+        if cost == 0 || cost > largest {
+            return self.direct(None, policy, key, cost, now).await;
+        }
+        let lease = self.lease(policy, key);
+        enum Next {
+            Fetch(u64, u64),
+            Wait(watch::Receiver<Option<Arc<Fetched>>>, usize),
+            Direct,
+        }
+        let (next, give_back) = {
+            let mut l = lock(&lease);
+            let give_back = self.expire(&mut l, now);
+            let Lease { tokens, basis, .. } = &mut *l;
+            if *tokens >= cost
+                && let Some(basis) = basis
+            {
+                *tokens -= cost;
+                let d = local_decision(basis, cost, *tokens);
+                drop(l);
+                self.counters.local.fetch_add(1, Ordering::Relaxed);
+                return Ok(d);
+            }
+            if let Some(denied) = &l.denied
+                && now < denied.until
+                && denied.cost == cost
+            {
+                let d = cached_denial(denied, now);
+                drop(l);
+                self.counters.cached_denials.fetch_add(1, Ordering::Relaxed);
+                return Ok(d);
+            }
+            let next = match &mut l.fetch {
+                Some(f) if f.costs.iter().sum::<u64>() + cost <= f.size => {
+                    f.costs.push(cost);
+                    Next::Wait(f.outcome.subscribe(), f.costs.len() - 1)
+                }
+                Some(_) => Next::Direct,
+                None => {
+                    // The lease ran dry: was it used up quickly? Then take more next time.
+                    if self.config.batch == Batch::Auto
+                        && l.granted > 0
+                        && l.tokens == 0
+                        && now < l.expires
+                        && now.saturating_sub(l.started) * 2 < l.expires - l.started
+                    {
+                        l.batch = (l.batch + l.batch.div_ceil(2)).min(largest);
+                    }
+                    let size = l.batch.max(cost);
+                    let (tx, _) = watch::channel(None);
+                    l.fetch = Some(InFlight {
+                        size,
+                        costs: vec![cost],
+                        outcome: tx,
+                    });
+                    Next::Fetch(cost, size)
+                }
+            };
+            (next, give_back)
+        };
+        self.give_back(policy, key, give_back, now).await;
+        match next {
+            Next::Direct => self.direct(Some(&lease), policy, key, cost, now).await,
+            Next::Wait(mut rx, place) => {
+                let fetched = match rx.wait_for(Option::is_some).await {
+                    Ok(v) => v.clone(),
+                    Err(_) => None,
+                };
+                match fetched {
+                    Some(f) if place < f.served => {
+                        let l = lock(&lease);
+                        let basis = match &f.result {
+                            Ok(d) => l.basis.as_ref().unwrap_or(d).clone(),
+                            Err(e) => return Err(e.clone()),
+                        };
+                        let d = local_decision(&basis, cost, l.tokens);
+                        drop(l);
+                        self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                        Ok(d)
+                    }
+                    Some(f) => match &f.result {
+                        Err(e) => Err(e.clone()),
+                        // The same cost was refused: so is this one, by the same decision.
+                        Ok(d) if !d.allowed && d.cost == cost => Ok(d.clone()),
+                        // Not covered by the grant: ask the store.
+                        Ok(_) => self.direct(Some(&lease), policy, key, cost, now).await,
+                    },
+                    None => self.direct(Some(&lease), policy, key, cost, now).await,
+                }
+            }
+            Next::Fetch(min, size) => {
+                let mut guard = FetchGuard {
+                    lease: &lease,
+                    armed: true,
+                };
+                self.counters.fetches.fetch_add(1, Ordering::Relaxed);
+                let result = self.inner.acquire(policy, key, min, size, now).await;
+                guard.armed = false;
+                let mut l = lock(&lease);
+                let Some(f) = l.fetch.take() else {
+                    // Unreachable: only the fetcher (or its guard) takes the fetch.
+                    return result;
+                };
+                let mut served = 0;
+                let reply = match &result {
+                    Ok(d) if d.allowed => {
+                        // Serve the places in order while the grant covers them.
+                        let mut left = d.cost;
+                        for &c in &f.costs {
+                            if c > left {
+                                break;
+                            }
+                            left -= c;
+                            served += 1;
+                        }
+                        let (expires, exact) = self.lifetime(policy, d, now);
+                        l.tokens = left;
+                        l.granted = d.cost;
+                        l.started = now;
+                        l.expires = expires;
+                        l.refundable_until = exact;
+                        l.basis = Some(d.clone());
+                        l.denied = None;
+                        Ok(local_decision(d, cost, left))
+                    }
+                    Ok(d) => {
+                        remember_denial(&mut l, d, now);
+                        Ok(d.clone())
+                    }
+                    Err(e) => Err(e.clone()),
+                };
+                let _ = f.outcome.send(Some(Arc::new(Fetched { result, served })));
+                reply
+            }
+        }
+    }
+
+    async fn peek(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.inner.peek(policy, key, cost, now_ms).await
+    }
+
+    async fn refund(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.inner.refund(policy, key, cost, now_ms).await
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        {
+            let lease = self.lease(policy, key);
+            let mut l = lock(&lease);
+            l.tokens = 0;
+            l.basis = None;
+            l.denied = None;
+        }
+        self.inner.forget(policy, key).await
+    }
+
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &str,
+        min: u64,
+        max: u64,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        self.inner.acquire(policy, key, min, max, now_ms).await
+    }
+}
