@@ -1,0 +1,288 @@
+//! [`RateLimit`]: the service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around another.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use sluice::headers::{self, Field, Sets};
+use sluice::{Clock, Decision, Degraded, Error, MAX_KEY_LEN, Policy, Store, SystemClock};
+use tower_service::Service;
+
+use crate::layer::Config;
+use crate::response::{self, RateLimitBody};
+
+/// Rate limits the requests of an inner HTTP service: checks each request's key against a
+/// Sluice policy before calling the inner service, and answers 429 itself when the policy
+/// refuses. Made by [`RateLimitLayer`](crate::RateLimitLayer).
+pub struct RateLimit<T, S, C = SystemClock> {
+    inner: T,
+    config: Arc<Config<S, C>>,
+}
+
+impl<T, S, C> RateLimit<T, S, C> {
+    pub(crate) fn new(inner: T, config: Arc<Config<S, C>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+}
+
+impl<T: Clone, S, C> Clone for RateLimit<T, S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<T: fmt::Debug, S, C> fmt::Debug for RateLimit<T, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<T, S, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<T, S, C>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    T::Future: Send,
+    T::Error: 'static,
+    S: Store + 'static,
+    C: Clock,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = T::Error;
+    type Future = ResponseFuture<ResBody, T::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // `self.inner` is the instance `poll_ready` made ready: take it for this request and
+        // leave a fresh clone behind for the next `poll_ready`.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture {
+            inner: Box::pin(handle(Arc::clone(&self.config), inner, request)),
+        }
+    }
+}
+
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// The future of a [`RateLimit`] call.
+///
+/// Boxed: it awaits the store's future, whose type cannot be named (the `Store` trait returns
+/// `impl Future`). One allocation per request, measured by the crate's `layer` bench.
+pub struct ResponseFuture<B, E> {
+    inner: BoxedResponse<B, E>,
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// One request, start to end.
+async fn handle<T, S, C, ReqBody, ResBody>(
+    config: Arc<Config<S, C>>,
+    mut inner: T,
+    request: Request<ReqBody>,
+) -> Result<Response<RateLimitBody<ResBody>>, T::Error>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Store,
+    C: Clock,
+{
+    let (parts, body) = request.into_parts();
+    let Some(policy) = config.policy.choose(&parts) else {
+        let response = inner.call(Request::from_parts(parts, body)).await?;
+        return Ok(response.map(RateLimitBody::inner));
+    };
+    let policy: &Policy = &policy;
+
+    let key: Cow<'_, str> = match config.key.extract(&parts) {
+        Some(key) if (1..=MAX_KEY_LEN).contains(&key.len()) => Cow::Owned(key),
+        found => match &config.fallback_key {
+            Some(fallback) => Cow::Borrowed(&**fallback),
+            None => {
+                let detail = missing_key(config.key.description(), found.as_deref());
+                return Ok(own(response::bad_request(detail)));
+            }
+        },
+    };
+    let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
+
+    let decision = match config.limiter.check_policy(policy, &key, cost).await {
+        Ok(d) => d,
+        Err(Error::Store(e)) => {
+            tracing::warn!(policy = policy.name(), error = %e, "rate limit store failed; answering 503");
+            return Ok(own(response::store_unavailable(policy)));
+        }
+        Err(e @ (Error::InvalidKey(_) | Error::InvalidCost(_))) => {
+            return Ok(own(response::bad_request(e.to_string())));
+        }
+        Err(e) => return Ok(own(response::internal(e.to_string()))),
+    };
+
+    if !decision.allowed {
+        let mut response = match &config.on_denied {
+            Some(f) => f(&decision, policy),
+            None => response::too_many_requests(&decision, policy),
+        };
+        let now_ms = config.limiter.clock().now_ms();
+        decorate(&config, response.headers_mut(), policy, &decision, now_ms);
+        return Ok(response.map(RateLimitBody::full));
+    }
+
+    let response = inner.call(Request::from_parts(parts, body)).await?;
+    let (mut head, body) = response.into_parts();
+    let mut shown = decision;
+    // Nothing was recorded for a cost of 0 or for a request let through without the store.
+    if cost > 0 && shown.degraded != Some(Degraded::Open) && (config.refund_if)(&head) {
+        match config.limiter.refund_policy(policy, &key, cost).await {
+            // Show the state after the refund, unless only the refund was decided without
+            // the store (its numbers would describe another store).
+            Ok(after) if after.degraded == shown.degraded => shown = after,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(policy = policy.name(), error = %e, "rate limit refund failed; the request stays counted");
+            }
+        }
+    }
+    let now_ms = config.limiter.clock().now_ms();
+    decorate(&config, &mut head.headers, policy, &shown, now_ms);
+    Ok(Response::from_parts(head, RateLimitBody::inner(body)))
+}
+
+/// A response the layer wrote, in the service's body type.
+fn own<B>(response: Response<bytes::Bytes>) -> Response<RateLimitBody<B>> {
+    response.map(RateLimitBody::full)
+}
+
+/// The 400 detail for a request without a usable key.
+fn missing_key(what: &str, found: Option<&str>) -> String {
+    match found {
+        None => format!("this endpoint is rate limited by {what}, and the request has none"),
+        Some(key) => format!(
+            "this endpoint is rate limited by {what}, which must be 1 to {MAX_KEY_LEN} bytes; got {} bytes",
+            key.len()
+        ),
+    }
+}
+
+/// The header names `sluice::headers` renders, built at compile time, indexed by
+/// `Field as usize`.
+static NAMES: [HeaderName; 8] = [
+    HeaderName::from_static(Field::Limit.name()),
+    HeaderName::from_static(Field::Remaining.name()),
+    HeaderName::from_static(Field::Used.name()),
+    HeaderName::from_static(Field::Reset.name()),
+    HeaderName::from_static(Field::Resource.name()),
+    HeaderName::from_static(Field::RetryAfter.name()),
+    HeaderName::from_static(Field::RateLimitPolicy.name()),
+    HeaderName::from_static(Field::RateLimit.name()),
+];
+
+fn name_of(field: Field) -> &'static HeaderName {
+    &NAMES[field as usize]
+}
+
+/// Adds the enabled rate-limit headers, `Retry-After` on a denial, and the degraded marker.
+///
+/// Layers may be stacked (per IP outside, per user inside): the IETF fields are lists, so
+/// each layer appends its items; GitHub's set can describe one limit only, so a layer replaces
+/// a set already present only when its own `remaining` is lower (the set then describes the
+/// tightest limit of all the layers, as it describes the binding limit of one policy). A
+/// `Retry-After` already present (set by a custom denial) is kept.
+fn decorate<S, C>(
+    config: &Config<S, C>,
+    headers: &mut HeaderMap,
+    policy: &Policy,
+    d: &Decision,
+    now_ms: u64,
+) {
+    if let (Some(name), Some(how)) = (&config.degraded_header, d.degraded) {
+        headers.insert(name.clone(), HeaderValue::from_static(how.as_str()));
+    }
+    // An open decision was made without any data: its numbers (every limit whole) would
+    // only mislead a client pacing itself by them.
+    if d.degraded == Some(Degraded::Open) {
+        return;
+    }
+    let tighter = || {
+        headers
+            .get(name_of(Field::Remaining))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_none_or(|present| d.remaining() < present)
+    };
+    let sets = Sets {
+        github: config.github_headers && tighter(),
+        retry_after: !headers.contains_key(name_of(Field::RetryAfter)),
+        ietf: config.ietf_headers,
+    };
+    headers.reserve(8);
+    headers::render(policy, d, now_ms, sets, |field, value| {
+        // Rendered values are visible ASCII; a failure cannot happen and would only drop
+        // the header.
+        let Ok(value) = HeaderValue::from_str(value) else {
+            return;
+        };
+        let name = name_of(field).clone();
+        match field {
+            // Structured Field lists: field lines combine.
+            Field::RateLimitPolicy | Field::RateLimit => {
+                headers.append(name, value);
+            }
+            _ => {
+                headers.insert(name, value);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_name_table_is_indexed_by_field() {
+        for field in Field::ALL {
+            assert_eq!(name_of(field).as_str(), field.name());
+        }
+    }
+}
