@@ -131,6 +131,7 @@ pub async fn run(
             _ => None,
         };
         let insurance = shared.insurance().clone();
+        let reserving = shared.reserving().cloned();
         background.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -140,6 +141,9 @@ pub async fn run(
                     memory.sweep(now);
                 }
                 insurance.sweep(now);
+                if let Some(reserving) = &reserving {
+                    reserving.sweep(now);
+                }
             }
         });
     }
@@ -167,7 +171,7 @@ pub async fn run(
         None => None,
     };
     tracing::info!(http = %listeners.http.local_addr()?, "sluice serving");
-    let app = http::router(shared);
+    let app = http::router(shared.clone());
     let served = axum::serve(listeners.http, app)
         .with_graceful_shutdown(stopped(stop_rx))
         .await;
@@ -175,6 +179,11 @@ pub async fn run(
         grpc.await??;
     }
     background.shutdown().await;
+    if let Some(reserving) = shared.reserving() {
+        // Leased units nobody used go back to the store, so other processes can use them.
+        let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
+        reserving.release(&policies, SystemClock.now_ms()).await;
+    }
     served?;
     tracing::info!("sluice stopped");
     Ok(())

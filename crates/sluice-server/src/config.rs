@@ -133,6 +133,8 @@ pub struct RlsSettings {
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Local token reservation (`local.enabled`), with its settings.
+    pub local: Option<sluice::ReserveConfig>,
     /// HTTP listen address.
     pub http: SocketAddr,
     /// gRPC listen address.
@@ -299,8 +301,35 @@ struct RawLocal {
     #[serde(default)]
     enabled: bool,
     #[serde(default)]
-    #[allow(dead_code)]
     batch: Option<serde_yaml_ng::Value>,
+}
+
+/// `local.batch`: `auto` or a fraction of max in (0, 1].
+fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> {
+    let batch = match &raw.batch {
+        None => sluice::Batch::Auto,
+        Some(serde_yaml_ng::Value::String(s)) if s == "auto" => sluice::Batch::Auto,
+        Some(serde_yaml_ng::Value::Number(n)) => match n.as_f64() {
+            Some(f) if f > 0.0 && f <= 1.0 => sluice::Batch::Fraction(f),
+            _ => {
+                return Err(format!(
+                    "local.batch: {n} is not a fraction of max; expected a number in (0, 1], \
+                     e.g. 0.01, or auto"
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "local.batch: expected auto or a fraction of max such as 0.01, got {}",
+                serde_yaml_ng::to_string(other)
+                    .unwrap_or_default()
+                    .trim_end()
+            ));
+        }
+    };
+    Ok(raw
+        .enabled
+        .then(|| sluice::ReserveConfig::default().batch(batch)))
 }
 
 #[derive(Deserialize, Default)]
@@ -376,13 +405,7 @@ impl Config {
             });
         }
         let store = store_config(raw.store).map_err(err)?;
-        if raw.local.enabled {
-            return Err(err(
-                "local.enabled: local token reservation is not in this build yet; remove it or \
-                 set it to false"
-                    .to_owned(),
-            ));
-        }
+        let local = local_config(raw.local).map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
         Ok(Self {
             http: match raw.listen.http {
@@ -398,6 +421,7 @@ impl Config {
                 config_dir: r.config_dir,
             }),
             store,
+            local,
         })
     }
 

@@ -458,6 +458,9 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
     metrics::circuits(shared.store());
+    if let Some(reserving) = shared.reserving() {
+        metrics::reservation(reserving.stats());
+    }
     match metrics::render() {
         Some(text) => {
             let mut r = (StatusCode::OK, text).into_response();

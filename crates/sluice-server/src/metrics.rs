@@ -11,6 +11,7 @@
 //! | `sluice_store_errors_total` | store, kind (timeout/unavailable/corrupt/other): failed Redis calls |
 //! | `sluice_store_circuit_state` (gauge) | store: 0 closed, 1 open, 2 half-open |
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
+//! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |
 //! | `sluice_config_reloads_total` | result (ok/error) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
@@ -72,6 +73,20 @@ pub fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'stati
 /// Records how long a decision took (store call and failure mode included).
 pub fn decision_latency(op: &'static str, took: Duration) {
     metrics::histogram!("sluice_decision_latency_seconds", "op" => op).record(took.as_secs_f64());
+}
+
+/// Publishes the reservation layer's counters (called before rendering).
+pub fn reservation(stats: sluice::ReserveStats) {
+    for (what, n) in [
+        ("local", stats.local),
+        ("cached_denial", stats.cached_denials),
+        ("waited", stats.waited),
+        ("direct", stats.direct),
+        ("fetch", stats.fetches),
+        ("refund", stats.refunds),
+    ] {
+        metrics::counter!("sluice_reserve_total", "what" => what).absolute(n);
+    }
 }
 
 /// Publishes each shard's circuit breaker (called before rendering).

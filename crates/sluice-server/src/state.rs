@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use sluice::{Clock, Limiter, MemoryStore, SharedStore, SystemClock};
+use sluice::{Clock, Limiter, MemoryStore, Reserving, SharedStore, SystemClock};
 use sluice_redis::{RedisStore, ShardedStore};
 
 use crate::config::Config;
@@ -45,10 +45,11 @@ impl Snapshot {
     fn new(
         config: &Config,
         store: &StoreHandle,
+        decide: &SharedStore,
         insurance: &Arc<MemoryStore>,
         rls: Option<Arc<RlsConfig>>,
     ) -> Self {
-        let limiter = Limiter::new(store.shared())
+        let limiter = Limiter::new(decide.clone())
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         Self {
@@ -102,6 +103,10 @@ pub struct ReloadStatus {
 pub struct Shared {
     current: RwLock<Arc<Snapshot>>,
     store: StoreHandle,
+    /// What limiters decide with: the store, or the reservation layer over it.
+    decide: SharedStore,
+    /// The reservation layer (`local.enabled`), kept across reloads with its leases.
+    reserving: Option<Arc<Reserving<SharedStore>>>,
     /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
     insurance: Arc<MemoryStore>,
     store_config: crate::config::StoreConfig,
@@ -112,9 +117,19 @@ impl Shared {
     /// The first generation.
     pub fn new(config: &Config, store: StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
         let insurance = Arc::new(MemoryStore::new());
+        let reserving = config
+            .local
+            .map(|local| Arc::new(Reserving::new(store.shared(), local)));
+        let decide = match &reserving {
+            Some(r) => SharedStore::new(r.clone()),
+            None => store.shared(),
+        };
+        let first = Snapshot::new(config, &store, &decide, &insurance, rls);
         Self {
-            current: RwLock::new(Arc::new(Snapshot::new(config, &store, &insurance, rls))),
+            current: RwLock::new(Arc::new(first)),
             store,
+            decide,
+            reserving,
             insurance,
             store_config: config.store.clone(),
             status: RwLock::new(ReloadStatus {
@@ -134,7 +149,13 @@ impl Shared {
 
     /// Applies a new configuration's policies to requests that arrive from now on.
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        let next = Arc::new(Snapshot::new(config, &self.store, &self.insurance, rls));
+        let next = Arc::new(Snapshot::new(
+            config,
+            &self.store,
+            &self.decide,
+            &self.insurance,
+            rls,
+        ));
         match self.current.write() {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,
@@ -166,6 +187,11 @@ impl Shared {
     /// The store.
     pub fn store(&self) -> &StoreHandle {
         &self.store
+    }
+
+    /// The reservation layer, when `local.enabled`.
+    pub fn reserving(&self) -> Option<&Arc<Reserving<SharedStore>>> {
+        self.reserving.as_ref()
     }
 
     /// The insurance store of `on_store_error: local` policies.

@@ -71,6 +71,28 @@ local:
 }
 
 #[test]
+fn local_reservation_settings() {
+    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n  batch: 0.01\n").unwrap();
+    assert_eq!(
+        c.local,
+        Some(sluice::ReserveConfig::default().batch(sluice::Batch::Fraction(0.01)))
+    );
+    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n").unwrap();
+    assert_eq!(c.local, Some(sluice::ReserveConfig::default()));
+    let c = Config::parse("sluice.yaml", "local:\n  enabled: false\n  batch: auto\n").unwrap();
+    assert_eq!(c.local, None);
+    for (batch, says) in [("2", "not a fraction"), ("0", "not a fraction"), ("lots", "got lots")] {
+        let e = Config::parse(
+            "sluice.yaml",
+            &format!("local:\n  enabled: true\n  batch: {batch}\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("local.batch") && e.contains(says), "{e}");
+    }
+}
+
+#[test]
 fn cluster_and_sentinel_layouts() {
     let c = Config::parse(
         "sluice.yaml",

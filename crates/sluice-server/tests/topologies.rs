@@ -160,3 +160,48 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
     assert!(metrics.contains(&state), "{state} not in\n{metrics}");
     s.stop().await;
 }
+
+/// `local.enabled`: a hot key's checks are served from leases, the counters show it in
+/// /metrics, and Redis sees a fraction of the calls; the window is still exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_reservation_serves_hot_keys_from_memory() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "policies:\n  hot:\n    limits:\n      - {{ max: 100, per: 1h }}\nlocal:\n  enabled: true\n  batch: 0.1\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n",
+        redis.url()
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    let mut allowed = 0;
+    for _ in 0..150 {
+        let (status, body) = check(&c, &s, "hot", "k").await;
+        if status == StatusCode::OK {
+            allowed += 1;
+            assert!(body["remaining"].as_u64().unwrap() <= 100 - allowed, "{body}");
+        }
+    }
+    assert_eq!(allowed, 100, "exactly max, in batches of 10");
+    let fcalls = match redis.info_field("commandstats", "cmdstat_fcall").unwrap() {
+        Some(v) => v
+            .split("calls=")
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap(),
+        None => panic!("no FCALL at all"),
+    };
+    // 10 batches of 10, then one refusal that the negative cache repeats.
+    assert!(fcalls <= 12, "{fcalls} script calls for 150 checks");
+    let (_, metrics) = text(&c, format!("{}/metrics", s.url)).await;
+    let local = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_reserve_total{what=\"local\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no local counter in\n{metrics}"));
+    assert_eq!(local, 90);
+    s.stop().await;
+}
