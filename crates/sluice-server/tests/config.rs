@@ -81,7 +81,11 @@ fn local_reservation_settings() {
     assert_eq!(c.local, Some(sluice::ReserveConfig::default()));
     let c = Config::parse("sluice.yaml", "local:\n  enabled: false\n  batch: auto\n").unwrap();
     assert_eq!(c.local, None);
-    for (batch, says) in [("2", "not a fraction"), ("0", "not a fraction"), ("lots", "got lots")] {
+    for (batch, says) in [
+        ("2", "not a fraction"),
+        ("0", "not a fraction"),
+        ("lots", "got lots"),
+    ] {
         let e = Config::parse(
             "sluice.yaml",
             &format!("local:\n  enabled: true\n  batch: {batch}\n"),

@@ -180,7 +180,10 @@ async fn local_reservation_serves_hot_keys_from_memory() {
         let (status, body) = check(&c, &s, "hot", "k").await;
         if status == StatusCode::OK {
             allowed += 1;
-            assert!(body["remaining"].as_u64().unwrap() <= 100 - allowed, "{body}");
+            assert!(
+                body["remaining"].as_u64().unwrap() <= 100 - allowed,
+                "{body}"
+            );
         }
     }
     assert_eq!(allowed, 100, "exactly max, in batches of 10");
