@@ -44,6 +44,8 @@ struct Probe {
     most_in_flight: AtomicUsize,
     gate: Option<Arc<Semaphore>>,
     slow: bool,
+    /// The `max` of every acquire, in order.
+    batches: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Store for Probe {
@@ -70,6 +72,7 @@ impl Store for Probe {
         now: u64,
     ) -> Result<Decision, StoreError> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.batches.lock().unwrap().push(max);
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(n, Ordering::SeqCst);
         if let Some(gate) = &self.gate {
@@ -372,4 +375,23 @@ async fn four_hosts_never_over_admit() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn auto_batches_grow_when_used_up_and_shrink_when_left_unused() {
+    let p = policy(LimitSpec::fixed_window(100_000, 3_600_000)); // auto cap: 0.1 % = 100
+    let store = Reserving::new(Probe::default(), ReserveConfig::default());
+    for _ in 0..400 {
+        assert!(store.check(&p, "k", 1, T0).await.unwrap().allowed);
+    }
+    let grown = store.inner().batches.lock().unwrap().clone();
+    assert_eq!(grown[..6], [1, 2, 3, 5, 8, 12], "x1.5 per quickly used lease: {grown:?}");
+    assert_eq!(*grown.last().unwrap(), 100, "capped at 0.1 % of max: {grown:?}");
+    // One more check, then the lease ends (max_lease, 1 s) almost all unused: half next time.
+    let held_before = store.inner().batches.lock().unwrap().len();
+    store.check(&p, "k", 1, T0 + 10).await.unwrap();
+    store.check(&p, "k", 1, T0 + 1_010).await.unwrap();
+    let batches = store.inner().batches.lock().unwrap().clone();
+    assert!(batches.len() > held_before, "{batches:?}");
+    assert_eq!(*batches.last().unwrap(), 50, "{batches:?}");
 }
