@@ -31,6 +31,10 @@
 //! - **Negative cache.** A key the store refused is answered locally as refused (same
 //!   decision, `retry_after` counting down) until its `retry_after`, for requests of the same
 //!   cost, without touching the store.
+//!
+//! `peek`, `refund`, `acquire` and `forget` go to the backing store (a peek sees leased units
+//! as used). Every key checked gets an entry: call [`Reserving::sweep`] now and then (the
+//! server does, every second) to drop the idle ones.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
