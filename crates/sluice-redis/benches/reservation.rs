@@ -62,9 +62,10 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
     let policy = Policy::from_specs("api", vec![LimitSpec::fixed_window(MAX, 1_000)]).unwrap();
     let mut limiters = Vec::new();
     for _ in 0..HOSTS {
-        let store = RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
-            .await
-            .unwrap();
+        let store =
+            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
+                .await
+                .unwrap();
         let store = if reserve {
             SharedStore::new(Reserving::new(
                 store,
@@ -102,7 +103,11 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
                     n += 1;
                     if hot {
                         hot_n += 1;
-                        let w = windows.entry(k).or_default().entry(d.reset_ms()).or_default();
+                        let w = windows
+                            .entry(k)
+                            .or_default()
+                            .entry(d.reset_ms())
+                            .or_default();
                         w.0 += u64::from(d.allowed);
                         w.1 += 1;
                     }
@@ -222,7 +227,11 @@ fn svg(series: &[(&str, &str, Vec<u64>)], bars: &[(String, &str, f64)]) -> Strin
         );
     }
     s.push_str("</svg>\n");
-    s.replacen(&format!("width='{w}'"), &format!("width='{}'", w + 340.0), 1)
+    s.replacen(
+        &format!("width='{w}'"),
+        &format!("width='{}'", w + 340.0),
+        1,
+    )
 }
 
 fn main() {
@@ -253,8 +262,16 @@ fn main() {
         for reserve in [false, true] {
             let r = rt.block_on(run(&server, reserve, mix, secs));
             let (n, over, mean, worst) = accuracy(&r);
-            let load = if mix { "Zipf 100k keys + 4 hot keys" } else { "4 hot keys" };
-            let mode = if reserve { "reservation (batch 0.25 % of max)" } else { "direct" };
+            let load = if mix {
+                "Zipf 100k keys + 4 hot keys"
+            } else {
+                "4 hot keys"
+            };
+            let mode = if reserve {
+                "reservation (batch 0.25 % of max)"
+            } else {
+                "direct"
+            };
             println!(
                 "| {load} | {mode} | {:.0} | {:.4} | {n} | {over} | {mean:.2} % | {worst:.2} % |",
                 r.decisions as f64 / r.secs,
@@ -290,7 +307,8 @@ fn main() {
             }
         }
     }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/reservation.svg");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/reservation.svg");
     std::fs::write(&path, svg(&plot, &bars)).unwrap();
     println!("\nplot: {}", path.display());
 }

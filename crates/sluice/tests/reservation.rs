@@ -385,8 +385,16 @@ async fn auto_batches_grow_when_used_up_and_shrink_when_left_unused() {
         assert!(store.check(&p, "k", 1, T0).await.unwrap().allowed);
     }
     let grown = store.inner().batches.lock().unwrap().clone();
-    assert_eq!(grown[..6], [1, 2, 3, 5, 8, 12], "x1.5 per quickly used lease: {grown:?}");
-    assert_eq!(*grown.last().unwrap(), 100, "capped at 0.1 % of max: {grown:?}");
+    assert_eq!(
+        grown[..6],
+        [1, 2, 3, 5, 8, 12],
+        "x1.5 per quickly used lease: {grown:?}"
+    );
+    assert_eq!(
+        *grown.last().unwrap(),
+        100,
+        "capped at 0.1 % of max: {grown:?}"
+    );
     // One more check, then the lease ends (max_lease, 1 s) almost all unused: half next time.
     let held_before = store.inner().batches.lock().unwrap().len();
     store.check(&p, "k", 1, T0 + 10).await.unwrap();
