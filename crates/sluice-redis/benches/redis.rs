@@ -7,17 +7,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::NOW;
 use hdrhistogram::Histogram;
-use sluice::{LimitSpec, Policy, Store};
+use sluice::{LimitSpec, Policy};
 use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
 
 const KEYS: u64 = 10_000;
-const NOW: u64 = 1_700_000_000_000;
 
 fn policy() -> Policy {
     Policy::from_specs(
@@ -61,43 +63,9 @@ async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, 
         .await
         .unwrap(),
     );
-    let policy = Arc::new(policy());
+    let policy = policy();
     let before = commandstats(server);
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|t| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move {
-                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
-                let mut n = 0u64;
-                let mut key = String::with_capacity(32);
-                while Instant::now() < deadline {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    key.clear();
-                    use std::fmt::Write;
-                    write!(key, "bench:{}", rng % KEYS).unwrap();
-                    let t0 = Instant::now();
-                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
-                    hist.record(t0.elapsed().as_micros() as u64).unwrap();
-                    assert!(d.allowed);
-                    n += 1;
-                }
-                (n, hist)
-            })
-        })
-        .collect();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-    let mut decisions = 0;
-    for t in tasks {
-        let (n, h) = t.await.unwrap();
-        decisions += n;
-        hist.add(h).unwrap();
-    }
-    let secs = started.elapsed().as_secs_f64();
+    let (decisions, hist, secs) = common::load(store, &policy, concurrency, secs, KEYS).await;
     let after = commandstats(server);
     let delta = |name: &str| {
         let now = after.get(name).copied().unwrap_or_default();

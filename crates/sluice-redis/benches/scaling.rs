@@ -7,16 +7,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use hdrhistogram::Histogram;
+use std::time::Duration;
+
+use common::NOW;
 use sluice::{LimitSpec, Policy, Store};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use sluice_testkit::RedisServer;
 
 const KEYS: u64 = 100_000;
-const NOW: u64 = 1_700_000_000_000;
 const CONCURRENCY: usize = 64;
 
 /// (calls, µs) of the script commands (FCALL, FCALL_RO, EVALSHA) from INFO commandstats.
@@ -73,44 +73,9 @@ async fn throughput(servers: &[RedisServer], secs: u64, policy: &Policy) -> Thro
         shards.push(connect(s).await);
     }
     let store = ShardedStore::new(shards).unwrap();
-    let policy = Arc::new(policy.clone());
     let before: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
     let cpu_before: f64 = servers.iter().map(cpu_seconds).sum();
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|t| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move {
-                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
-                let mut n = 0u64;
-                let mut key = String::with_capacity(32);
-                while Instant::now() < deadline {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    key.clear();
-                    use std::fmt::Write;
-                    write!(key, "bench:{}", rng % KEYS).unwrap();
-                    let t0 = Instant::now();
-                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
-                    hist.record(t0.elapsed().as_micros() as u64).unwrap();
-                    assert!(d.allowed);
-                    n += 1;
-                }
-                (n, hist)
-            })
-        })
-        .collect();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-    let mut decisions = 0;
-    for t in tasks {
-        let (n, h) = t.await.unwrap();
-        decisions += n;
-        hist.add(h).unwrap();
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let (decisions, hist, elapsed) = common::load(store, policy, CONCURRENCY, secs, KEYS).await;
     let after: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
     let cpu = servers.iter().map(cpu_seconds).sum::<f64>() - cpu_before;
     let per_shard: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.0 - b.0).collect();

@@ -1,0 +1,57 @@
+//! The load loop the Redis benches share: `concurrency` tasks checking random keys (uniform
+//! over `keys`) for `secs` seconds, every decision an admission.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use sluice::{Policy, Store};
+
+/// The `now` every bench check passes (the app clock, fixed: windows never close).
+pub(crate) const NOW: u64 = 1_700_000_000_000;
+
+/// Decisions made, their latency in µs, and the seconds the run took.
+pub(crate) async fn load<S: Store + Clone + 'static>(
+    store: S,
+    policy: &Policy,
+    concurrency: usize,
+    secs: u64,
+    keys: u64,
+) -> (u64, Histogram<u64>, f64) {
+    let policy = Arc::new(policy.clone());
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut n = 0u64;
+                let mut key = String::with_capacity(32);
+                while Instant::now() < deadline {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    key.clear();
+                    use std::fmt::Write;
+                    write!(key, "bench:{}", rng % keys).unwrap();
+                    let t0 = Instant::now();
+                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
+                    hist.record(t0.elapsed().as_micros() as u64).unwrap();
+                    assert!(d.allowed);
+                    n += 1;
+                }
+                (n, hist)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut decisions = 0;
+    for t in tasks {
+        let (n, h) = t.await.unwrap();
+        decisions += n;
+        hist.add(h).unwrap();
+    }
+    (decisions, hist, started.elapsed().as_secs_f64())
+}
