@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::{Clock, MemoryStore, StoreError, SystemClock};
+use sluice::{Clock, MemoryStore, StoreError};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
@@ -14,7 +14,7 @@ use crate::config::{ClockConfig, Config, ReadFrom, RedisLayout, StoreConfig};
 use crate::grpc::RlsService;
 use crate::http;
 use crate::rls::RlsConfig;
-use crate::state::{Shared, StoreHandle};
+use crate::state::{ServerClock, Shared, StoreHandle};
 
 /// How often the configuration file is checked for changes.
 pub const RELOAD_POLL: Duration = Duration::from_millis(500);
@@ -43,7 +43,11 @@ pub fn load_rls(config: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
     let Some(settings) = &config.rls else {
         return Ok(None);
     };
-    let rls = RlsConfig::load_dir(&settings.config_dir)?;
+    let options = crate::rls::LoadOptions {
+        merge_domains: settings.merge_domains,
+        ignore_dot_files: settings.ignore_dot_files,
+    };
+    let rls = RlsConfig::load_dir_with(&settings.config_dir, &options)?;
     for w in rls.warnings() {
         tracing::warn!(warning = %w, "rate limit configuration");
     }
@@ -108,11 +112,30 @@ pub async fn run(
     config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_with_clock(
+        listeners,
+        config,
+        config_file,
+        shutdown,
+        ServerClock::system(),
+    )
+    .await
+}
+
+/// [`run`] deciding with `clock` instead of the system clock: tests pass a manual clock to
+/// put windows where they want them.
+pub async fn run_with_clock(
+    listeners: Listeners,
+    config: Config,
+    config_file: Option<PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    clock: ServerClock,
+) -> anyhow::Result<()> {
     // Install the recorder before the first request so that no early metric is lost.
     let _ = crate::metrics::handle();
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
-    let shared = Arc::new(Shared::new(&config, store, rls));
+    let shared = Arc::new(Shared::new(&config, store, rls, clock.clone()));
     // One shutdown signal for both servers.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -132,11 +155,12 @@ pub async fn run(
         };
         let insurance = shared.insurance().clone();
         let reserving = shared.reserving().cloned();
+        let clock = clock.clone();
         background.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let now = SystemClock.now_ms();
+                let now = clock.now_ms();
                 if let Some(memory) = &memory {
                     memory.sweep(now);
                 }
@@ -156,6 +180,11 @@ pub async fn run(
             let (health, health_service) = tonic_health::server::health_reporter();
             health
                 .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
+                .await;
+            // The name the reference service registers its health under, so that probes
+            // written for it keep working.
+            health
+                .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
                 .await;
             let server = tonic::transport::Server::builder()
                 .add_service(health_service)
@@ -182,7 +211,7 @@ pub async fn run(
     if let Some(reserving) = shared.reserving() {
         // Leased units nobody used go back to the store, so other processes can use them.
         let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
-        reserving.release(&policies, SystemClock.now_ms()).await;
+        reserving.release(&policies, clock.now_ms()).await;
     }
     served?;
     tracing::info!("sluice stopped");

@@ -240,7 +240,12 @@ impl Driver {
                         }],
                         ..RateLimitDescriptor::default()
                     }],
-                    hits_addend: u32::try_from(cost).unwrap_or(u32::MAX),
+                    // As Envoy sends it: unset (0, which means 1) unless the cost is larger.
+                    hits_addend: if cost == 1 {
+                        0
+                    } else {
+                        u32::try_from(cost).unwrap_or(u32::MAX)
+                    },
                 };
                 let r = client.should_rate_limit(request).await?.into_inner();
                 Ok(r.overall_code == Code::Ok as i32)

@@ -128,6 +128,35 @@ pub enum StoreConfig {
 pub struct RlsSettings {
     /// The directory of Envoy ratelimit YAML files.
     pub config_dir: PathBuf,
+    /// Every over-limit answer becomes `OK` (statuses unchanged): the reference's global
+    /// `SHADOW_MODE`.
+    pub shadow_mode: bool,
+    /// Every descriptor is in quota mode: the reference's `GLOBAL_QUOTA_MODE`.
+    pub quota_mode: bool,
+    /// The headers Sluice asks Envoy to add to the client's response.
+    pub response_headers: ResponseHeaders,
+    /// Merge files that define the same domain: the reference's `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+    /// Skip files and directories whose name starts with `.`: the reference's
+    /// `RUNTIME_IGNOREDOTFILES` (for Kubernetes ConfigMap mounts).
+    pub ignore_dot_files: bool,
+}
+
+/// Which rate-limit headers `ShouldRateLimit` answers in `response_headers_to_add`, for Envoy
+/// to add to the client's response (allowed or limited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseHeaders {
+    /// None.
+    Off,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11): one item
+    /// per limited descriptor.
+    #[default]
+    Ietf,
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (draft 03) for the
+    /// descriptor closest to its limit: what the reference sends with
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    Draft03,
 }
 
 /// A whole, valid configuration.
@@ -272,6 +301,16 @@ struct RawListen {
 #[serde(deny_unknown_fields)]
 struct RawRls {
     config_dir: PathBuf,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    response_headers: ResponseHeaders,
+    #[serde(default)]
+    merge_domains: bool,
+    #[serde(default)]
+    ignore_dot_files: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -419,6 +458,11 @@ impl Config {
             policies,
             rls: raw.rls.map(|r| RlsSettings {
                 config_dir: r.config_dir,
+                shadow_mode: r.shadow_mode,
+                quota_mode: r.quota_mode,
+                response_headers: r.response_headers,
+                merge_domains: r.merge_domains,
+                ignore_dot_files: r.ignore_dot_files,
             }),
             store,
             local,

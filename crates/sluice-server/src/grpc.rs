@@ -1,20 +1,39 @@
-//! Envoy's rate limit service, v3 (CONTRACT §4): `ShouldRateLimit` over the configured store,
-//! with `grpc.health.v1` on the same port.
+//! Envoy's rate limit service, v3: `ShouldRateLimit` over the configured store, with
+//! `grpc.health.v1` on the same port. What it answers, and where it differs from the reference
+//! service, is in docs/server.md ("Envoy, Istio, Envoy Gateway").
 //!
 //! The rules come from the reference service's YAML files ([`crate::rls`]); each matched rule
 //! is an aligned fixed window of `requests_per_unit` per unit, counted under the reference's
-//! counter key. A request's descriptors are decided all-or-nothing: every matched descriptor
-//! is checked; if one that is not in shadow mode is over its limit, the charges already made
-//! for the others are refunded, so only admitted requests count. (Each descriptor is its own
-//! key, so this is two steps, not one atomic script: between them another request may see a
-//! charge that is then refunded, which can only make it stricter, never looser.)
-//! `hits_addend` is the cost; a descriptor's own `hits_addend` overrides the request's, and 0
-//! reports without counting. A store failure is the gRPC error `UNAVAILABLE`, as the reference
-//! answers an error, so that Envoy's `failure_mode_deny` decides.
+//! counter key. A descriptor may carry its own limit (`RateLimitDescriptor.limit`), which
+//! replaces the configured rule as in the reference.
+//!
+//! **Cost.** As the reference's `GetHitsAddends`: a descriptor's own `hits_addend` when set
+//! (`0` there reports without counting), else the request's `hits_addend`, where `0` — what
+//! Envoy sends when nothing sets it, i.e. every ordinary request — means 1.
+//!
+//! **All or nothing.** A request's descriptors are decided together: every matched descriptor
+//! is checked; if the request is refused, the charges already made for the others are
+//! refunded, so only admitted requests count (the reference counts every descriptor of every
+//! request). Each descriptor is its own key, so this is two steps, not one atomic script:
+//! between them another request may see a charge that is then refunded, which can only make
+//! it stricter, never looser.
+//!
+//! **Overall code** (the reference's `shouldRateLimitWorker`): `OVER_LIMIT` when a descriptor
+//! that is not in quota mode is over its limit, or when every quota-mode descriptor is;
+//! per-rule `shadow_mode` turns a descriptor's over-limit status into `OK`; the global
+//! `rls.shadow_mode` turns the overall `OVER_LIMIT` into `OK` (the request then counts: it is
+//! admitted). A descriptor with `is_negative_hits` gives its hits back instead (never below
+//! zero used), whatever the others answer.
+//!
+//! A store failure is the gRPC error `UNAVAILABLE`, as the reference answers an error, so
+//! that Envoy's `failure_mode_deny` decides.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
 };
@@ -23,12 +42,26 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice::{Decision, LimitSpec, Policy};
+use sluice::{LimitSpec, Policy};
 use tonic::{Request, Response, Status};
 
+use crate::config::{ResponseHeaders, RlsSettings};
 use crate::metrics;
-use crate::rls::{Match, Rule};
-use crate::state::Shared;
+use crate::rls::{Match, Unit};
+use crate::state::{ServerLimiter, Shared, Snapshot};
+
+/// The metric label of a domain that is not configured: labels never carry what a client
+/// made up.
+static UNKNOWN_DOMAIN: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("unknown"));
+
+/// Policies built for `(window, requests per unit)` pairs are kept up to this many; beyond
+/// it (only request-carried limits can get there) a policy is built per request instead.
+const MAX_CACHED_POLICIES: usize = 4_096;
+
+/// Distinct per-rule statistics keys (`sluice_rls_hits_total{key}`) kept up to this many per
+/// process; later ones (only `detailed_metric`, `value_to_metric` and request-carried limits
+/// make keys from request values) are counted under `<domain>.other`.
+pub const MAX_STATS_KEYS: usize = 1_000;
 
 /// The gRPC service.
 #[derive(Debug)]
@@ -36,6 +69,8 @@ pub struct RlsService {
     shared: Arc<Shared>,
     /// One policy per (window, requests per unit), built on first use.
     policies: Mutex<HashMap<(u64, u32), Policy>>,
+    /// The statistics keys seen, bounded by [`MAX_STATS_KEYS`].
+    stats_keys: Mutex<HashSet<Arc<str>>>,
 }
 
 impl RlsService {
@@ -44,6 +79,7 @@ impl RlsService {
         Self {
             shared,
             policies: Mutex::new(HashMap::new()),
+            stats_keys: Mutex::new(HashSet::new()),
         }
     }
 
@@ -52,51 +88,111 @@ impl RlsService {
         RateLimitServiceServer::new(self)
     }
 
-    fn policy(&self, rule: &Rule) -> Option<Policy> {
-        let window = rule.window_ms()?;
-        let rpu = rule.requests_per_unit;
-        if rpu == 0 {
-            return None; // everything is over a limit of 0; nothing to count
-        }
+    /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed
+    /// window, named by the unit alone so that every rule of one unit counts a descriptor in
+    /// one counter, as the reference's cache key (entries and window start) does; changing
+    /// `requests_per_unit` on a reload keeps the count.
+    fn policy(&self, window: u64, requests_per_unit: u32) -> Option<Policy> {
         let mut cache = self.policies.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = cache.get(&(window, rpu)) {
+        if let Some(p) = cache.get(&(window, requests_per_unit)) {
             return Some(p.clone());
         }
-        let spec = LimitSpec::fixed_window(u64::from(rpu), window).aligned();
+        let spec = LimitSpec::fixed_window(u64::from(requests_per_unit), window).aligned();
         // Closed: a store failure reaches Envoy as an error and its `failure_mode_deny` decides.
-        let policy = Policy::from_specs(format!("rls:{window}:{rpu}"), vec![spec])
+        let policy = Policy::from_specs(format!("rls:{window}"), vec![spec])
             .ok()?
             .with_failure_mode(sluice::FailureMode::Closed);
-        cache.insert((window, rpu), policy.clone());
+        if cache.len() < MAX_CACHED_POLICIES {
+            cache.insert((window, requests_per_unit), policy.clone());
+        }
         Some(policy)
     }
+
+    /// The statistics label for a match: its statistics key while fewer than
+    /// [`MAX_STATS_KEYS`] have been seen, else `<domain>.other`.
+    fn stats_label(&self, domain: &Arc<str>, m: &Match) -> Arc<str> {
+        let mut seen = self.stats_keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = seen.get(m.stats_key.as_str()) {
+            return k.clone();
+        }
+        if seen.len() < MAX_STATS_KEYS {
+            let k: Arc<str> = Arc::from(m.stats_key.as_str());
+            seen.insert(k.clone());
+            return k;
+        }
+        Arc::from(format!("{domain}.other"))
+    }
 }
 
-fn proto_limit(rule: &Rule) -> RateLimit {
+fn proto_unit(unit: Option<Unit>) -> i32 {
+    unit.and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
+        .unwrap_or(ProtoUnit::Unknown) as i32
+}
+
+fn proto_limit(m: &Match) -> RateLimit {
     RateLimit {
-        name: rule.name.clone().unwrap_or_default(),
-        requests_per_unit: rule.requests_per_unit,
-        unit: rule
-            .unit
-            .and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
-            .unwrap_or(ProtoUnit::Unknown) as i32,
+        name: m.rule.name.clone().unwrap_or_default(),
+        requests_per_unit: m.rule.requests_per_unit,
+        unit: proto_unit(m.rule.unit),
     }
 }
 
-fn duration_ms(ms: u64) -> ProtoDuration {
+/// Whole seconds, as the reference answers `duration_until_reset` (`CalculateReset`); a
+/// window ends on a second, so rounding up loses nothing.
+fn duration_secs(secs: u64) -> ProtoDuration {
     ProtoDuration {
-        seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
-        nanos: i32::try_from((ms % 1_000) * 1_000_000).unwrap_or(0),
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
     }
+}
+
+/// A request descriptor's limit, as a rule's unit: `None` when it carries none, an error
+/// naming the descriptor when its unit is not one.
+fn carried_limit(i: usize, d: &RateLimitDescriptor) -> Result<Option<(u32, Unit)>, Status> {
+    let Some(limit) = &d.limit else {
+        return Ok(None);
+    };
+    let unit = ProtoUnit::try_from(limit.unit).ok().and_then(|u| {
+        Unit::ALL
+            .into_iter()
+            .find(|x| x.proto_name() == u.as_str_name())
+    });
+    match unit {
+        Some(unit) => Ok(Some((limit.requests_per_unit, unit))),
+        None => Err(Status::invalid_argument(format!(
+            "descriptors[{i}].limit.unit is {}: expected one of SECOND, MINUTE, HOUR, DAY, \
+             WEEK, MONTH, YEAR",
+            limit.unit
+        ))),
+    }
+}
+
+/// The cost of one descriptor, as the reference's `GetHitsAddends`.
+fn hits(request_hits: u32, d: &RateLimitDescriptor) -> u64 {
+    d.hits_addend
+        .as_ref()
+        .map_or(u64::from(request_hits.max(1)), |v| v.value)
 }
 
 /// One descriptor's part of the answer.
 struct Part {
     status: DescriptorStatus,
-    /// Over its limit and not in shadow mode: the request is over the limit.
-    refuses: bool,
+    /// The rule that applied (none for unmatched, replaced and unlimited descriptors).
+    found: Option<Match>,
+    /// Counted as a quota-mode descriptor (the rule's `quota_mode`, or the global one).
+    quota: bool,
+    /// Over its limit, shadow mode or not.
+    limited: bool,
     /// A charge to give back if the request is refused.
     charge: Option<(Policy, String, u64)>,
+    /// Whole seconds until the descriptor's window ends.
+    reset_secs: u64,
+}
+
+impl Part {
+    fn over(&self) -> bool {
+        self.status.code == Code::OverLimit as i32
+    }
 }
 
 #[tonic::async_trait]
@@ -105,7 +201,34 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let snapshot = self.shared.snapshot();
         let req = request.into_inner();
+        let label = snapshot
+            .rls
+            .as_ref()
+            .and_then(|rls| rls.domain_label(&req.domain))
+            .cloned()
+            .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
+        let answer = self.answer(&snapshot, &label, req).await;
+        metrics::decision_latency("should_rate_limit", started.elapsed());
+        let outcome = match &answer {
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => "denied",
+            Ok(_) => "allowed",
+            Err(_) => "error",
+        };
+        metrics::decision(&label, "should_rate_limit", outcome);
+        answer.map(Response::new)
+    }
+}
+
+impl RlsService {
+    async fn answer(
+        &self,
+        snapshot: &Snapshot,
+        label: &Arc<str>,
+        req: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         if req.domain.is_empty() {
             return Err(Status::invalid_argument(
                 "rate limit domain must not be empty",
@@ -116,33 +239,38 @@ impl RateLimitService for RlsService {
                 "rate limit descriptor list must not be empty",
             ));
         }
-        let snapshot = self.shared.snapshot();
-        let Some(rls) = snapshot.rls.clone() else {
+        let (Some(rls), Some(settings)) = (&snapshot.rls, &snapshot.rls_settings) else {
             return Err(Status::failed_precondition(
                 "this sluice has no Envoy rate limit configuration; set rls.config_dir",
             ));
         };
-        let entries: Vec<Vec<(String, String)>> = req
+        let entries: Vec<Vec<(&str, &str)>> = req
             .descriptors
             .iter()
             .map(|d| {
                 d.entries
                     .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
                     .collect()
             })
             .collect();
-        let matches = rls.get_limits(&req.domain, &entries);
+        let mut asked = Vec::with_capacity(entries.len());
+        for (i, (d, e)) in req.descriptors.iter().zip(&entries).enumerate() {
+            asked.push((e.as_slice(), carried_limit(i, d)?));
+        }
+        let matches = rls.resolve(&req.domain, &asked);
         let now = snapshot.now_ms();
         let limiter = &snapshot.limiter;
         let mut parts = Vec::with_capacity(matches.len());
         let mut failure = None;
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
-            let cost = descriptor
-                .hits_addend
-                .as_ref()
-                .map_or(u64::from(req.hits_addend), |v| v.value);
-            match self.decide(limiter, found, cost, now).await {
+            let cost = hits(req.hits_addend, descriptor);
+            let part = if descriptor.is_negative_hits {
+                self.give_back(limiter, found, cost, now).await
+            } else {
+                self.decide(limiter, settings, found, cost, now).await
+            };
+            match part {
                 Ok(part) => parts.push(part),
                 Err(e) => {
                     failure = Some(e);
@@ -150,8 +278,13 @@ impl RateLimitService for RlsService {
                 }
             }
         }
-        let over = parts.iter().any(|p| p.refuses);
-        if over || failure.is_some() {
+        let failed_rate = parts.iter().filter(|p| p.over() && !p.quota).count();
+        let quota_total = parts.iter().filter(|p| p.quota).count();
+        let failed_quota = parts.iter().filter(|p| p.over() && p.quota).count();
+        let over = failed_rate > 0 || (quota_total > 0 && quota_total == failed_quota);
+        // Under the global shadow mode the request passes, so its charges stand.
+        let refused = over && !settings.shadow_mode;
+        if refused || failure.is_some() {
             // All or nothing: give back what the other descriptors were charged.
             for part in &mut parts {
                 if let Some((policy, key, cost)) = part.charge.take() {
@@ -174,31 +307,137 @@ impl RateLimitService for RlsService {
                 "the rate limit store cannot answer: {e}"
             )));
         }
-        metrics::decision(
-            &Arc::from(req.domain.as_str()),
-            "should_rate_limit",
-            if over { "denied" } else { "allowed" },
-        );
-        Ok(Response::new(RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        for (part, descriptor) in parts.iter().zip(&req.descriptors) {
+            if let Some(m) = &part.found
+                && !descriptor.is_negative_hits
+            {
+                let cost = hits(req.hits_addend, descriptor);
+                let result = match (part.limited, m.rule.shadow_mode) {
+                    (true, true) => "shadow_mode",
+                    (true, false) => "over_limit",
+                    (false, _) => "within_limit",
+                };
+                metrics::rls_hits(label, &self.stats_label(label, m), result, cost);
+            }
+        }
+        let response_headers_to_add = match settings.response_headers {
+            ResponseHeaders::Off => Vec::new(),
+            ResponseHeaders::Ietf => ietf_headers(&parts),
+            ResponseHeaders::Draft03 => draft03_headers(&parts),
+        };
+        Ok(RateLimitResponse {
+            overall_code: if over && !settings.shadow_mode {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32,
             statuses: parts.into_iter().map(|p| p.status).collect(),
+            response_headers_to_add,
             ..RateLimitResponse::default()
-        }))
+        })
     }
-}
 
-impl RlsService {
     async fn decide(
         &self,
-        limiter: &sluice::Limiter<sluice::SharedStore>,
+        limiter: &ServerLimiter,
+        settings: &RlsSettings,
+        found: Option<Match>,
+        cost: u64,
+        now: u64,
+    ) -> Result<Part, sluice::Error> {
+        let Some(m) = found else {
+            // No rule (or one replaced by another): OK, and a quota-mode descriptor under the
+            // global quota mode, as in the reference.
+            return Ok(Part {
+                status: DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                },
+                found: None,
+                quota: settings.quota_mode,
+                limited: false,
+                charge: None,
+                reset_secs: 0,
+            });
+        };
+        let rule = &m.rule;
+        let (Some(window), false) = (rule.window_ms(), rule.unlimited) else {
+            return Ok(Part {
+                status: DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                },
+                found: None,
+                quota: false,
+                limited: false,
+                charge: None,
+                reset_secs: 0,
+            });
+        };
+        let quota = settings.quota_mode || rule.quota_mode;
+        let reset_secs = sluice::headers::secs_up(window - now % window);
+        let code = |over: bool| {
+            if over && !rule.shadow_mode {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            }
+        };
+        let Some(policy) = self.policy(window, rule.requests_per_unit) else {
+            // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
+            // no limit of 0 can be built, and nothing is counted.
+            return Ok(Part {
+                status: DescriptorStatus {
+                    code: code(true) as i32,
+                    current_limit: Some(proto_limit(&m)),
+                    limit_remaining: 0,
+                    duration_until_reset: Some(duration_secs(reset_secs)),
+                    ..DescriptorStatus::default()
+                },
+                found: Some(m),
+                quota,
+                limited: true,
+                charge: None,
+                reset_secs,
+            });
+        };
+        let d = limiter.check_policy(&policy, &m.counter_key, cost).await?;
+        // An over-limit status says 0 remaining, as the reference's does, even when a
+        // smaller cost would still fit.
+        let remaining = if d.allowed { d.binding().remaining } else { 0 };
+        Ok(Part {
+            status: DescriptorStatus {
+                code: code(!d.allowed) as i32,
+                current_limit: Some(proto_limit(&m)),
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(duration_secs(reset_secs)),
+                ..DescriptorStatus::default()
+            },
+            charge: (d.allowed && cost > 0).then(|| (policy, m.counter_key.clone(), cost)),
+            found: Some(m),
+            quota,
+            limited: !d.allowed,
+            reset_secs,
+        })
+    }
+
+    /// A descriptor with `is_negative_hits`: its hits go back to its counter (never below
+    /// zero used); it is always `OK` and takes no part in the overall code.
+    async fn give_back(
+        &self,
+        limiter: &ServerLimiter,
         found: Option<Match>,
         cost: u64,
         now: u64,
     ) -> Result<Part, sluice::Error> {
         let ok = |status| Part {
             status,
-            refuses: false,
+            found: None,
+            quota: false,
+            limited: false,
             charge: None,
+            reset_secs: 0,
         };
         let Some(m) = found else {
             return Ok(ok(DescriptorStatus {
@@ -206,51 +445,107 @@ impl RlsService {
                 ..DescriptorStatus::default()
             }));
         };
-        let rule = &m.rule;
-        if rule.unlimited {
+        let (Some(window), false) = (m.rule.window_ms(), m.rule.unlimited) else {
             return Ok(ok(DescriptorStatus {
                 code: Code::Ok as i32,
                 limit_remaining: u32::MAX,
                 ..DescriptorStatus::default()
             }));
-        }
-        let window = rule.window_ms().unwrap_or(1_000);
-        let until_reset = window - now % window;
-        let Some(policy) = self.policy(rule) else {
-            // requests_per_unit: 0 blocks everything (the reference's way to deny a client).
-            return Ok(Part {
-                status: DescriptorStatus {
-                    code: if rule.shadow_mode {
-                        Code::Ok
-                    } else {
-                        Code::OverLimit
-                    } as i32,
-                    current_limit: Some(proto_limit(rule)),
-                    limit_remaining: 0,
-                    duration_until_reset: Some(duration_ms(until_reset)),
-                    ..DescriptorStatus::default()
-                },
-                refuses: !rule.shadow_mode && cost > 0,
-                charge: None,
-            });
         };
-        let d: Decision = limiter.check_policy(&policy, &m.counter_key, cost).await?;
-        let s = d.binding();
-        let over = !d.allowed;
-        Ok(Part {
-            status: DescriptorStatus {
-                code: if over && !rule.shadow_mode {
-                    Code::OverLimit
-                } else {
-                    Code::Ok
-                } as i32,
-                current_limit: Some(proto_limit(rule)),
-                limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
-                duration_until_reset: Some(duration_ms(s.reset_ms.saturating_sub(now))),
-                ..DescriptorStatus::default()
-            },
-            refuses: over && !rule.shadow_mode,
-            charge: (d.allowed && cost > 0).then(|| (policy, m.counter_key.clone(), cost)),
-        })
+        let reset_secs = sluice::headers::secs_up(window - now % window);
+        let remaining = match self.policy(window, m.rule.requests_per_unit) {
+            Some(policy) => {
+                limiter
+                    .refund_policy(&policy, &m.counter_key, cost)
+                    .await?
+                    .binding()
+                    .remaining
+            }
+            None => 0,
+        };
+        Ok(ok(DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(proto_limit(&m)),
+            limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(duration_secs(reset_secs)),
+            ..DescriptorStatus::default()
+        }))
     }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    }
+}
+
+/// The item name of a descriptor's limit in the IETF headers: the rule's `name`, else its
+/// configured key (`domain.key_value.key`), never a value the client chose unless the
+/// configuration keys on it.
+fn item_name(m: &Match) -> &str {
+    m.rule.name.as_deref().unwrap_or(&m.rule.full_key)
+}
+
+/// `RateLimit-Policy` and `RateLimit` with one item per limited descriptor, in request order
+/// (draft-ietf-httpapi-ratelimit-headers-11: `q` quota and `w` window in seconds; `r`
+/// remaining and `t` seconds until the window ends).
+fn ietf_headers(parts: &[Part]) -> Vec<HeaderValue> {
+    let mut policy = String::new();
+    let mut state = String::new();
+    for part in parts {
+        let (Some(m), Some(limit)) = (&part.found, &part.status.current_limit) else {
+            continue;
+        };
+        let name = sluice::headers::sf_string(item_name(m));
+        let window = m.rule.unit.map_or(0, Unit::seconds);
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        policy.push_str(&format!("{name};q={};w={window}", limit.requests_per_unit));
+        state.push_str(&format!(
+            "{name};r={};t={}",
+            part.status.limit_remaining, part.reset_secs
+        ));
+    }
+    if policy.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        header("RateLimit-Policy", policy),
+        header("RateLimit", state),
+    ]
+}
+
+/// The reference's draft-03 headers for the descriptor closest to its limit: the one with the
+/// least `limit_remaining`, or the last descriptor over its limit that is not in quota mode.
+fn draft03_headers(parts: &[Part]) -> Vec<HeaderValue> {
+    let mut chosen: Option<&Part> = None;
+    let mut least = u32::MAX;
+    for part in parts {
+        if part.status.current_limit.is_some() && part.status.limit_remaining < least {
+            chosen = Some(part);
+            least = part.status.limit_remaining;
+        }
+        if part.over() && !part.quota {
+            chosen = Some(part);
+            least = 0;
+        }
+    }
+    let Some(part) = chosen else {
+        return Vec::new();
+    };
+    let Some(limit) = &part.status.current_limit else {
+        return Vec::new();
+    };
+    vec![
+        header("RateLimit-Limit", limit.requests_per_unit.to_string()),
+        header(
+            "RateLimit-Remaining",
+            part.status.limit_remaining.to_string(),
+        ),
+        header("RateLimit-Reset", part.reset_secs.to_string()),
+    ]
 }

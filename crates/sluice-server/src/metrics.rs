@@ -1,11 +1,13 @@
 //! Prometheus metrics at `/metrics`.
 //!
-//! Labels are bounded: a policy name and store names (from the configuration), an outcome, an
-//! operation; never the key, whose cardinality is the users'.
+//! Labels are bounded: a policy name, an Envoy domain and store names (from the
+//! configuration), an outcome, an operation; never the key, whose cardinality is the users',
+//! and never a domain a client made up (`unknown`). The full list is in docs/server.md.
 //!
 //! | metric | labels |
 //! |---|---|
-//! | `sluice_decisions_total` | policy, op (check/peek/refund), outcome (allowed/denied/degraded/error) |
+//! | `sluice_decisions_total` | policy (or configured Envoy domain, else `unknown`), op (check/peek/refund/should_rate_limit), outcome (allowed/denied/degraded/error) |
+//! | `sluice_rls_hits_total` | domain, key (a rule's statistics key, at most `grpc::MAX_STATS_KEYS`), result (within_limit/over_limit/shadow_mode) |
 //! | `sluice_decision_latency_seconds` (histogram) | op: the whole decision, any store, failure mode included |
 //! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `sluice-redis`) |
 //! | `sluice_store_errors_total` | store, kind (timeout/unavailable/corrupt/other): failed Redis calls |
@@ -68,6 +70,18 @@ pub fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'stati
     // An `Arc<str>` label is a reference count, not an allocation per request.
     metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome)
         .increment(1);
+}
+
+/// Counts one Envoy descriptor's hits under its rule's statistics key (the reference's
+/// per-rule `total_hits` split by result: `within_limit`, `over_limit`, `shadow_mode`).
+pub fn rls_hits(
+    domain: &std::sync::Arc<str>,
+    key: &std::sync::Arc<str>,
+    result: &'static str,
+    hits: u64,
+) {
+    metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result)
+        .increment(hits);
 }
 
 /// Records how long a decision took (store call and failure mode included).

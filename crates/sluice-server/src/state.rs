@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use sluice::{Clock, Limiter, MemoryStore, Reserving, SharedStore, SystemClock};
+use sluice::{Clock, Limiter, MemoryStore, Reserving, SharedStore};
 use sluice_redis::{RedisStore, ShardedStore};
 
 use crate::config::Config;
@@ -31,14 +31,47 @@ impl StoreHandle {
     }
 }
 
+/// The server's clock: the system clock, or a test's manual clock.
+#[derive(Clone)]
+pub struct ServerClock(Arc<dyn Clock>);
+
+impl ServerClock {
+    /// A server deciding on `clock`.
+    pub fn new(clock: impl Clock) -> Self {
+        Self(Arc::new(clock))
+    }
+
+    /// The operating system's clock.
+    pub fn system() -> Self {
+        Self::new(sluice::SystemClock)
+    }
+}
+
+impl Clock for ServerClock {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+}
+
+impl std::fmt::Debug for ServerClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerClock")
+    }
+}
+
+/// The limiter every request goes through.
+pub type ServerLimiter = Limiter<SharedStore, ServerClock>;
+
 /// One configuration generation: policies (with their failure modes) over the store.
 #[derive(Debug)]
 pub struct Snapshot {
     /// The limiter with this generation's policies.
-    pub limiter: Limiter<SharedStore>,
+    pub limiter: ServerLimiter,
     store: StoreHandle,
     /// Envoy rate limit service rules, when `rls.config_dir` is set.
     pub rls: Option<Arc<RlsConfig>>,
+    /// The `rls` settings that go with them.
+    pub rls_settings: Option<crate::config::RlsSettings>,
 }
 
 impl Snapshot {
@@ -48,20 +81,23 @@ impl Snapshot {
         decide: &SharedStore,
         insurance: &Arc<MemoryStore>,
         rls: Option<Arc<RlsConfig>>,
+        clock: &ServerClock,
     ) -> Self {
         let limiter = Limiter::new(decide.clone())
+            .with_clock(clock.clone())
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         Self {
             limiter,
             store: store.clone(),
             rls,
+            rls_settings: config.rls.clone(),
         }
     }
 
     /// The limiter's clock.
     pub fn now_ms(&self) -> u64 {
-        SystemClock.now_ms()
+        self.limiter.clock().now_ms()
     }
 
     /// Whether every store shard answers; the error names those that do not.
@@ -111,11 +147,17 @@ pub struct Shared {
     insurance: Arc<MemoryStore>,
     store_config: crate::config::StoreConfig,
     status: RwLock<ReloadStatus>,
+    clock: ServerClock,
 }
 
 impl Shared {
-    /// The first generation.
-    pub fn new(config: &Config, store: StoreHandle, rls: Option<Arc<RlsConfig>>) -> Self {
+    /// The first generation, deciding with `clock`.
+    pub fn new(
+        config: &Config,
+        store: StoreHandle,
+        rls: Option<Arc<RlsConfig>>,
+        clock: ServerClock,
+    ) -> Self {
         let insurance = Arc::new(MemoryStore::new());
         let reserving = config
             .local
@@ -124,7 +166,7 @@ impl Shared {
             Some(r) => SharedStore::new(r.clone()),
             None => store.shared(),
         };
-        let first = Snapshot::new(config, &store, &decide, &insurance, rls);
+        let first = Snapshot::new(config, &store, &decide, &insurance, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
             store,
@@ -136,6 +178,7 @@ impl Shared {
                 generation: 1,
                 last_error: None,
             }),
+            clock,
         }
     }
 
@@ -155,6 +198,7 @@ impl Shared {
             &self.decide,
             &self.insurance,
             rls,
+            &self.clock,
         ));
         match self.current.write() {
             Ok(mut g) => *g = next,
@@ -192,6 +236,11 @@ impl Shared {
     /// The reservation layer, when `local.enabled`.
     pub fn reserving(&self) -> Option<&Arc<Reserving<SharedStore>>> {
         self.reserving.as_ref()
+    }
+
+    /// The server's clock.
+    pub fn clock(&self) -> &ServerClock {
+        &self.clock
     }
 
     /// The insurance store of `on_store_error: local` policies.

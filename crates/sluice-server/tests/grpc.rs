@@ -6,6 +6,7 @@
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
@@ -71,6 +72,19 @@ impl Server {
         self.inner.stop().await;
     }
 
+    /// Asks with every descriptor's own `hits_addend` set to 0: reports, counts nothing.
+    async fn peek(&mut self, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
+        let mut req = request("edge", descriptors, 1);
+        for d in &mut req.descriptors {
+            d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        }
+        self.client
+            .should_rate_limit(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     async fn ask(&mut self, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitResponse {
         self.client
             .should_rate_limit(request("edge", descriptors, hits))
@@ -134,8 +148,8 @@ async fn descriptors_are_all_or_nothing_and_hits_addend_is_the_cost() {
         &[("remote_address", "1.1.1.1")],
         &[("user", "u1"), ("plan", "free")],
     ];
-    // hits_addend 0 reports without counting.
-    let r = s.ask(both, 0).await;
+    // A descriptor hits_addend of 0 reports without counting.
+    let r = s.peek(both).await;
     assert_eq!(
         (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
         (3, 2)
@@ -152,7 +166,7 @@ async fn descriptors_are_all_or_nothing_and_hits_addend_is_the_cost() {
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::Ok as i32);
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
-    let r = s.ask(&[&[("remote_address", "1.1.1.1")]], 0).await;
+    let r = s.peek(&[&[("remote_address", "1.1.1.1")]]).await;
     assert_eq!(
         r.statuses[0].limit_remaining, 1,
         "the refused request was not counted"
@@ -164,6 +178,68 @@ async fn descriptors_are_all_or_nothing_and_hits_addend_is_the_cost() {
     let r = s.client.should_rate_limit(req).await.unwrap().into_inner();
     assert_eq!(r.statuses[0].limit_remaining, 0);
     s.stop().await;
+}
+
+/// What Envoy sends for an ordinary request: `hits_addend` left unset (0 on the wire), which
+/// the reference service counts as 1. Over the memory store and over Redis.
+async fn envoy_default_requests_count_one(extra_config: &str) {
+    let mut s = start_with(extra_config).await;
+    let envoy_request = || RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "remote_address".to_owned(),
+                value: "10.1.2.3".to_owned(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        ..RateLimitRequest::default()
+    };
+    assert_eq!(envoy_request().hits_addend, 0, "the field is unset");
+    // A descriptor hits_addend of 0 (the wrapper set) only reports.
+    let r = s.peek(&[&[("remote_address", "10.1.2.3")]]).await;
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = s
+            .client
+            .should_rate_limit(envoy_request())
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push((
+            r.overall_code,
+            r.statuses[0].code,
+            r.statuses[0].limit_remaining,
+        ));
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        seen,
+        vec![(ok, ok, 2), (ok, ok, 1), (ok, ok, 0), (over, over, 0)]
+    );
+    // Reporting when nothing is left: OK with nothing remaining, as in the reference.
+    let r = s.peek(&[&[("remote_address", "10.1.2.3")]]).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (ok, 0));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn envoy_default_requests_count_one_in_memory() {
+    envoy_default_requests_count_one("").await;
+}
+
+#[tokio::test]
+async fn envoy_default_requests_count_one_over_redis() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    envoy_default_requests_count_one(&format!(
+        "store:\n  backend: redis\n  shards:\n    - primary: {}\n",
+        redis.url()
+    ))
+    .await;
 }
 
 #[tokio::test]
@@ -232,6 +308,18 @@ async fn invalid_requests_and_health() {
         r.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+    // The name the reference service registers, for probes written for it.
+    let r = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     s.stop().await;
 }
 
@@ -247,7 +335,7 @@ async fn editing_the_rule_files_reloads_them() {
             .map(|l| l.requests_per_unit)
     };
     assert_eq!(
-        limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await),
+        limit_of(&s.peek(&[&[("remote_address", "r")]]).await),
         Some(3)
     );
     std::fs::write(
@@ -256,7 +344,7 @@ async fn editing_the_rule_files_reloads_them() {
     )
     .unwrap();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await) != Some(7) {
+    while limit_of(&s.peek(&[&[("remote_address", "r")]]).await) != Some(7) {
         if tokio::time::Instant::now() >= deadline {
             let url = format!("{}/v1/policies", s.http_url);
             let p: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
@@ -280,7 +368,7 @@ async fn editing_the_rule_files_reloads_them() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(
-        limit_of(&s.ask(&[&[("remote_address", "r")]], 0).await),
+        limit_of(&s.peek(&[&[("remote_address", "r")]]).await),
         Some(7)
     );
     s.stop().await;
@@ -323,5 +411,271 @@ async fn a_stalled_redis_store_is_unavailable_to_envoy() {
         assert!(tokio::time::Instant::now() < deadline, "no recovery");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    s.stop().await;
+}
+
+const QUOTA_YAML: &str = r#"
+domain: quota
+descriptors:
+  - key: tenant
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: team
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: path
+    rate_limit: { name: per_path, unit: hour, requests_per_unit: 5 }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+"#;
+
+/// 2026-01-01T00:10:00Z: ten minutes into an hour, so windows end at known distances.
+const TEN_PAST: u64 = 1_767_225_600_000 + 600_000;
+
+async fn start_quota(extra_config: &str) -> (common::TestServer, RateLimitServiceClient<Channel>) {
+    let config = format!("rls:\n  config_dir: ratelimit-config\n{extra_config}");
+    let server = common::TestServer::start_with_clock(
+        &config,
+        &[("ratelimit-config/quota.yaml", QUOTA_YAML)],
+        sluice::ManualClock::new(TEN_PAST),
+    )
+    .await;
+    let client = RateLimitServiceClient::new(server.channel().await);
+    (server, client)
+}
+
+async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: RateLimitRequest,
+) -> RateLimitResponse {
+    client.should_rate_limit(req).await.unwrap().into_inner()
+}
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+/// `quota_mode` as the reference implements it: the request is over the limit only when a
+/// normal descriptor is, or when every quota-mode descriptor is.
+#[tokio::test]
+async fn quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
+    let (s, mut c) = start_quota("").await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let r = call(&mut c, request("quota", &[&[("tenant", "a")]], 0)).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (ok, 0));
+    // The only quota descriptor is over: over the limit.
+    let r = call(&mut c, request("quota", &[&[("tenant", "a")]], 0)).await;
+    assert_eq!((r.overall_code, r.statuses[0].code), (over, over));
+    // One of two quota descriptors over: OK, the over one keeps its status, the other counts.
+    let both: &[&[(&str, &str)]] = &[&[("tenant", "a")], &[("team", "x")]];
+    let r = call(&mut c, request("quota", both, 0)).await;
+    assert_eq!(r.overall_code, ok);
+    assert_eq!((r.statuses[0].code, r.statuses[1].code), (over, ok));
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    // A normal descriptor over the limit refuses whatever the quota descriptors say.
+    let with_blocked: &[&[(&str, &str)]] = &[&[("team", "y")], &[("blocked", "b")]];
+    let r = call(&mut c, request("quota", with_blocked, 0)).await;
+    assert_eq!(r.overall_code, over);
+    s.stop().await;
+}
+
+/// The global quota mode makes every descriptor a quota descriptor; the global shadow mode
+/// turns every over-limit answer into OK (statuses unchanged).
+#[tokio::test]
+async fn global_quota_and_shadow_modes() {
+    let (s, mut c) = start_quota("  quota_mode: true\n").await;
+    let r = call(
+        &mut c,
+        request("quota", &[&[("blocked", "b")], &[("path", "/")]], 0),
+    )
+    .await;
+    assert_eq!(
+        r.overall_code,
+        Code::Ok as i32,
+        "not every quota descriptor is over"
+    );
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    s.stop().await;
+
+    let (s, mut c) = start_quota("  shadow_mode: true\n").await;
+    let r = call(&mut c, request("quota", &[&[("blocked", "b")]], 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    s.stop().await;
+}
+
+/// `RateLimitDescriptor.limit`: the request's own limit, for configured domains, counted in
+/// the counter of its entries.
+#[tokio::test]
+async fn a_descriptor_may_carry_its_own_limit() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (s, mut c) = start_quota("").await;
+    let with_limit = |domain: &str, unit: i32| {
+        let mut req = request(domain, &[&[("anything", "x")]], 0);
+        req.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit,
+        });
+        req
+    };
+    let minute = ProtoUnit::Minute as i32;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = call(&mut c, with_limit("quota", minute)).await;
+        let limit = r.statuses[0].current_limit.clone().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (2, minute));
+        assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 60);
+        seen.push((r.overall_code, r.statuses[0].limit_remaining));
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(seen, vec![(ok, 1), (ok, 0), (over, 0)]);
+    // An unknown domain has no limits, carried or not.
+    let r = call(&mut c, with_limit("elsewhere", minute)).await;
+    assert_eq!(r.overall_code, ok);
+    assert!(r.statuses[0].current_limit.is_none());
+    // A unit that is not one is refused, naming the descriptor.
+    let e = c
+        .should_rate_limit(with_limit("quota", 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("descriptors[0].limit.unit"),
+        "{}",
+        e.message()
+    );
+    s.stop().await;
+}
+
+/// `response_headers_to_add`: the IETF fields by default, the reference's draft-03 names on
+/// request, none when off; on allowed and limited answers alike.
+#[tokio::test]
+async fn response_headers_for_envoy_to_add() {
+    let path: &[&[(&str, &str)]] = &[&[("path", "/a")], &[("team", "t")]];
+    let (s, mut c) = start_quota("").await;
+    let r = call(&mut c, request("quota", path, 0)).await;
+    assert_eq!(
+        headers(&r),
+        vec![
+            (
+                "RateLimit-Policy".to_owned(),
+                "\"per_path\";q=5;w=3600, \"quota.team\";q=2;w=60".to_owned()
+            ),
+            (
+                "RateLimit".to_owned(),
+                "\"per_path\";r=4;t=3000, \"quota.team\";r=1;t=60".to_owned()
+            ),
+        ]
+    );
+    let r = call(&mut c, request("quota", &[&[("blocked", "b")]], 0)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(headers(&r)[1].1, "\"quota.blocked\";r=0;t=1");
+    s.stop().await;
+
+    let (s, mut c) = start_quota("  response_headers: draft03\n").await;
+    let r = call(&mut c, request("quota", path, 0)).await;
+    assert_eq!(
+        headers(&r),
+        vec![
+            ("RateLimit-Limit".to_owned(), "2".to_owned()),
+            ("RateLimit-Remaining".to_owned(), "1".to_owned()),
+            ("RateLimit-Reset".to_owned(), "60".to_owned()),
+        ],
+        "the descriptor closest to its limit"
+    );
+    s.stop().await;
+
+    let (s, mut c) = start_quota("  response_headers: off\n").await;
+    let r = call(&mut c, request("quota", path, 0)).await;
+    assert!(r.response_headers_to_add.is_empty());
+    s.stop().await;
+}
+
+/// `is_negative_hits` gives hits back (never below zero used) and is always OK.
+#[tokio::test]
+async fn negative_hits_give_back() {
+    let (s, mut c) = start_quota("").await;
+    for _ in 0..3 {
+        call(&mut c, request("quota", &[&[("path", "/n")]], 0)).await;
+    }
+    let mut req = request("quota", &[&[("path", "/n")]], 2);
+    req.descriptors[0].is_negative_hits = true;
+    let r = call(&mut c, req.clone()).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    let r = call(&mut c, req).await;
+    assert_eq!(r.statuses[0].limit_remaining, 5, "never below zero used");
+    s.stop().await;
+}
+
+/// Metric labels come from the configuration: 1,000 made-up domains add no series, and
+/// gRPC decisions are timed and their failures counted.
+#[tokio::test]
+async fn grpc_metrics_are_bounded_by_the_configuration() {
+    let (s, mut c) = start_quota("").await;
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", s.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    for i in 0..1_000 {
+        let r = call(
+            &mut c,
+            request(&format!("made-up-{i}"), &[&[("k", "v")]], 0),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    call(&mut c, request("quota", &[&[("path", "/m")]], 0)).await;
+    let e = c.should_rate_limit(request("quota", &[], 0)).await;
+    assert!(e.is_err());
+    let text = metrics().await;
+    assert!(!text.contains("made-up"), "a client-made label:\n{text}");
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_decisions_total{") && l.contains("should_rate_limit"))
+        .collect();
+    for line in &series {
+        assert!(
+            ["policy=\"quota\"", "policy=\"edge\"", "policy=\"unknown\""]
+                .iter()
+                .any(|p| line.contains(p)),
+            "{line}"
+        );
+    }
+    assert!(series.len() <= 9, "{series:#?}");
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains("policy=\"unknown\"") && l.contains("outcome=\"allowed\"")),
+        "{series:#?}"
+    );
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains("policy=\"quota\"") && l.contains("outcome=\"error\"")),
+        "{series:#?}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l
+                .starts_with("sluice_decision_latency_seconds_count{op=\"should_rate_limit\"}")),
+        "no gRPC latency:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("sluice_rls_hits_total{")
+            && l.contains("domain=\"quota\"")
+            && l.contains("key=\"quota.path\"")
+            && l.contains("result=\"within_limit\"")),
+        "no per-rule hits:\n{text}"
+    );
     s.stop().await;
 }

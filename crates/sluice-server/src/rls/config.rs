@@ -28,6 +28,7 @@ pub(super) const VALID_KEYS: &[&str] = &[
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
+    "metadata",
 ];
 
 const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
@@ -41,6 +42,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
+    "metadata",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &["requests_per_unit", "unit", "unlimited", "name", "replaces"];
 const REPLACES_FIELDS: &[&str] = &["name"];
@@ -298,6 +300,12 @@ impl Decoder<'_> {
                 ));
             }
             let child = join(path, key);
+            if key == "metadata" {
+                // Free-form, as in the reference: its keys and values are not validated.
+                // (It feeds the reference's RESPONSE_DYNAMIC_METADATA, which Sluice does not
+                // send; see docs/server.md.)
+                continue;
+            }
             match &value.kind {
                 NodeKind::Seq(items) => {
                     for (i, item) in items.iter().enumerate() {

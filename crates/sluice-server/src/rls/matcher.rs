@@ -21,6 +21,8 @@ pub(super) struct Domain {
     root: DescriptorNode,
     file: String,
     line: Option<usize>,
+    /// The domain's name, shared, for metric labels.
+    pub(super) label: Arc<str>,
 }
 
 /// One descriptor of the configuration (`rateLimitDescriptor`).
@@ -128,6 +130,7 @@ pub(super) fn load_file(
         }),
         file: file.to_owned(),
         line: root.domain_line,
+        label: Arc::from(root.domain.as_str()),
     };
     let prefix = format!("{}.", root.domain);
     loader.load_descriptors(&mut domain.root, &prefix, root.descriptors)?;

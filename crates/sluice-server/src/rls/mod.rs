@@ -43,8 +43,10 @@
 //!   `shouldRateLimitWorker` in `src/service/ratelimit.go`, `GetResponseDescriptorStatus` in
 //!   `src/limiter/base_limiter.go`): see [`RlsConfig::get_limits`] and [`Rule`].
 //!
-//! Not here: the limit override a request descriptor may carry (`descriptor.limit`), which
-//! bypasses the configuration, and the service-level handling of the response codes.
+//! * **The limit a request descriptor carries** (`descriptor.limit`, checked first in
+//!   `GetLimit`): see [`RlsConfig::override_limit`].
+//!
+//! Not here: the service-level handling of the response codes (`crate::grpc`).
 
 mod config;
 mod error;
@@ -423,6 +425,98 @@ impl RlsConfig {
             .collect();
         matcher::apply_replaces(&mut matches);
         matches
+    }
+}
+
+/// One descriptor of a request: its entries, and the limit it carries (requests per unit,
+/// unit) if any.
+pub type Asked<'a, K, V> = (&'a [(K, V)], Option<(u32, Unit)>);
+
+impl RlsConfig {
+    /// The rule a request descriptor's own `limit` sets (`RateLimitDescriptor.limit`, which
+    /// Envoy fills from a route's `limit` override), as the reference's `GetLimit` builds it:
+    /// for a configured domain only (`None` otherwise), whatever the configuration says for
+    /// the entries, never in shadow or quota mode, and named by no rule, so no `replaces`
+    /// removes it. It counts in the counter of the same entries (the reference's cache key is
+    /// the domain, the entries and the window start whatever the limit), so an override with
+    /// the unit of a configured rule shares that rule's count. Its statistics key is the
+    /// reference's `descriptorKey`: `domain.key1_value1.key2` (a `_value` only when the value
+    /// is not empty).
+    pub fn override_limit<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        domain: &str,
+        entries: &[(K, V)],
+        requests_per_unit: u32,
+        unit: Unit,
+    ) -> Option<Match> {
+        self.domains.get(domain)?;
+        let mut full_key = String::new();
+        let mut counter_key = format!("{domain}_");
+        for (key, value) in entries {
+            let (key, value) = (key.as_ref(), value.as_ref());
+            if !full_key.is_empty() {
+                full_key.push('.');
+            }
+            full_key.push_str(key);
+            if !value.is_empty() {
+                full_key.push('_');
+                full_key.push_str(value);
+            }
+            counter_key.push_str(key);
+            counter_key.push('_');
+            counter_key.push_str(value);
+            counter_key.push('_');
+        }
+        let full_key = format!("{domain}.{full_key}");
+        Some(Match {
+            rule: Arc::new(Rule {
+                domain: domain.to_owned(),
+                name: None,
+                unit: Some(unit),
+                requests_per_unit,
+                unlimited: false,
+                shadow_mode: false,
+                quota_mode: false,
+                detailed_metric: false,
+                replaces: Vec::new(),
+                full_key: full_key.clone(),
+                file: "the request".to_owned(),
+                line: None,
+                path: "descriptor.limit".to_owned(),
+            }),
+            counter_key,
+            stats_key: full_key,
+        })
+    }
+
+    /// The rules for all descriptors of one request, each with the limit it may carry: the
+    /// carried limit when there is one ([`RlsConfig::override_limit`]), else the configured
+    /// rule ([`RlsConfig::get_limit`]); then `replaces` as in [`RlsConfig::get_limits`].
+    pub fn resolve<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        domain: &str,
+        descriptors: &[Asked<'_, K, V>],
+    ) -> Vec<Option<Match>> {
+        let mut matches: Vec<Option<Match>> = descriptors
+            .iter()
+            .map(|(entries, limit)| match limit {
+                Some((rpu, unit)) => self.override_limit(domain, entries, *rpu, *unit),
+                None => self.get_limit(domain, entries),
+            })
+            .collect();
+        matcher::apply_replaces(&mut matches);
+        matches
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The configured domain named `domain`, as a shared string for metric labels: labels
+    /// come from the configuration, never from what a client sends.
+    pub fn domain_label(&self, domain: &str) -> Option<&Arc<str>> {
+        self.domains.get(domain).map(|d| &d.label)
     }
 }
 

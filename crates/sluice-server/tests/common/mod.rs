@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sluice_server::app::{self, Listeners};
 use sluice_server::config::Config;
+use sluice_server::state::ServerClock;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -28,6 +29,20 @@ impl TestServer {
     /// Writes `config` to `sluice.yaml` and each `(relative path, text)` beside it, starts the
     /// server on free ports and returns once both APIs answer (polled, never slept on).
     pub async fn start(config: &str, files: &[(&str, &str)]) -> Self {
+        Self::start_on(config, files, ServerClock::system()).await
+    }
+
+    /// [`TestServer::start`] with the server deciding on `clock` (its clones share the time,
+    /// so the test moves the server's time with the clone it keeps).
+    pub async fn start_with_clock(
+        config: &str,
+        files: &[(&str, &str)],
+        clock: sluice::ManualClock,
+    ) -> Self {
+        Self::start_on(config, files, ServerClock::new(clock)).await
+    }
+
+    async fn start_on(config: &str, files: &[(&str, &str)], clock: ServerClock) -> Self {
         let dir = tempfile::tempdir().unwrap();
         for (path, text) in files {
             let path = dir.path().join(path);
@@ -42,7 +57,7 @@ impl TestServer {
         let url = format!("http://{}", http.local_addr().unwrap());
         let grpc_url = format!("http://{}", grpc.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(app::run(
+        let done = tokio::spawn(app::run_with_clock(
             Listeners {
                 http,
                 grpc: Some(grpc),
@@ -52,6 +67,7 @@ impl TestServer {
             async move {
                 let _ = stopped.await;
             },
+            clock,
         ));
         let server = Self {
             url,
