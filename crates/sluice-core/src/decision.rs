@@ -76,6 +76,10 @@ pub struct Decision {
     pub limits: Vec<LimitStatus>,
     /// `None` when the store decided; otherwise how the decision was made without it.
     pub degraded: Option<Degraded>,
+    /// The instant (ms since the epoch) it was decided at: the store's "now" (Redis `TIME`
+    /// under `clock: redis`). Everything rendered from the decision — headers, durations
+    /// until reset — derives from it, never from a second reading of a clock.
+    pub now_ms: u64,
 }
 
 impl Decision {
@@ -83,7 +87,7 @@ impl Decision {
     /// refusing limit with the largest `retry_after` (never-fits counts as the largest); when
     /// allowed, the limit with the least `remaining`. Ties go to the shorter `per`, then to
     /// the earlier limit.
-    pub fn new(allowed: bool, cost: u64, limits: Vec<LimitStatus>) -> Self {
+    pub fn new(allowed: bool, cost: u64, limits: Vec<LimitStatus>, now_ms: u64) -> Self {
         let binding = if allowed {
             position_min_by_key(&limits, |s| (s.remaining, s.per_ms))
         } else {
@@ -102,6 +106,7 @@ impl Decision {
             binding,
             limits,
             degraded: None,
+            now_ms,
         }
     }
 
@@ -124,7 +129,7 @@ impl Decision {
             .collect();
         Self {
             degraded: Some(Degraded::Open),
-            ..Self::new(true, cost, limits)
+            ..Self::new(true, cost, limits, now_ms)
         }
     }
 

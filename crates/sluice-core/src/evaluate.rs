@@ -52,13 +52,13 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
             }
         }
         return Evaluation {
-            decision: Decision::new(false, cost, statuses),
+            decision: Decision::new(false, cost, statuses, now),
             writes: None,
         };
     }
     let changed = writes.iter().any(Option::is_some);
     Evaluation {
-        decision: Decision::new(true, cost, statuses),
+        decision: Decision::new(true, cost, statuses, now),
         writes: changed.then_some(writes),
     }
 }
@@ -113,7 +113,7 @@ pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Ev
     }
     let changed = writes.iter().any(Option::is_some);
     Evaluation {
-        decision: Decision::new(true, 0, statuses),
+        decision: Decision::new(true, 0, statuses, now),
         writes: changed.then_some(writes),
     }
 }

@@ -1004,6 +1004,9 @@ fn parse_reply(reply: &Value, policy: &Policy, op: Op, cost: u64) -> Result<Deci
         )));
     }
     let allowed = int(&items[0]).ok_or_else(|| bad("allowed"))? == 1;
+    let now = int(&items[1])
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| bad("now"))?;
     let mut statuses = Vec::with_capacity(limits.len());
     for (i, limit) in limits.iter().enumerate() {
         let f = &items[2 + 4 * i..6 + 4 * i];
@@ -1020,7 +1023,7 @@ fn parse_reply(reply: &Value, policy: &Policy, op: Op, cost: u64) -> Result<Deci
             retry_after_ms: u64::try_from(retry).ok(),
         });
     }
-    Ok(Decision::new(allowed, cost, statuses))
+    Ok(Decision::new(allowed, cost, statuses, now))
 }
 
 impl Store for RedisStore {

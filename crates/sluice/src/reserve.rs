@@ -203,7 +203,7 @@ fn smallest_max(policy: &Policy) -> u64 {
 
 /// A locally served decision: allowed, each limit reporting the store's remaining at the
 /// last fetch plus what this process still holds.
-fn local_decision(basis: &Decision, cost: u64, held: u64) -> Decision {
+fn local_decision(basis: &Decision, cost: u64, held: u64, now: u64) -> Decision {
     let limits = basis
         .limits
         .iter()
@@ -214,7 +214,7 @@ fn local_decision(basis: &Decision, cost: u64, held: u64) -> Decision {
             ..*s
         })
         .collect();
-    Decision::new(true, cost, limits)
+    Decision::new(true, cost, limits, now)
 }
 
 /// A cached refusal as of `now`: the same decision, its waits shortened by the time passed.
@@ -235,7 +235,7 @@ fn cached_denial(d: &Denial, now: u64) -> Decision {
             ..*s
         })
         .collect();
-    Decision::new(false, d.cost, limits)
+    Decision::new(false, d.cost, limits, now)
 }
 
 impl<S: Store> Reserving<S> {
@@ -508,7 +508,7 @@ impl<S: Store> Store for Reserving<S> {
                 && let Some(basis) = basis
             {
                 *tokens -= cost;
-                let d = local_decision(basis, cost, *tokens);
+                let d = local_decision(basis, cost, *tokens, now);
                 drop(l);
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
                 return Ok(d);
@@ -565,7 +565,7 @@ impl<S: Store> Store for Reserving<S> {
                             Ok(d) => l.basis.as_ref().unwrap_or(d).clone(),
                             Err(e) => return Err(e.clone()),
                         };
-                        let d = local_decision(&basis, cost, l.tokens);
+                        let d = local_decision(&basis, cost, l.tokens, now);
                         drop(l);
                         self.counters.waited.fetch_add(1, Ordering::Relaxed);
                         Ok(d)
@@ -613,7 +613,7 @@ impl<S: Store> Store for Reserving<S> {
                         l.refundable_until = exact;
                         l.basis = Some(d.clone());
                         l.denied = None;
-                        Ok(local_decision(d, cost, left))
+                        Ok(local_decision(d, cost, left, now))
                     }
                     Ok(d) => {
                         remember_denial(&mut l, d, now);
