@@ -1,4 +1,4 @@
-//! The three algorithms of CONTRACT §2 as pure functions of `(limit, state, cost, now)`.
+//! The three algorithms of docs/algorithms.md as pure functions of `(limit, state, cost, now)`.
 //!
 //! Each returns the state to store (`Some` only when something must be written: the cost was
 //! admitted and is above zero) and the [`Outcome`] this limit reports. All-or-nothing over a
@@ -324,7 +324,7 @@ fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
 
 /// `token_bucket` as GCRA: `max` tokens refill evenly over `per` into a bucket of `burst`.
 /// `reset` is when the bucket is full again; a refused cost's `retry_after` is when it fits.
-/// A cost above `max` never fits (CONTRACT §2.4), nor one above `burst`.
+/// A cost above `max` never fits (docs/algorithms.md#all-or-nothing), nor one above `burst`.
 pub fn token_bucket(
     limit: &Limit,
     state: Option<&TokenBucketState>,

@@ -83,10 +83,10 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Assembles a decision, choosing the binding limit (CONTRACT §2): when denied, the
-    /// refusing limit with the largest `retry_after` (never-fits counts as the largest); when
-    /// allowed, the limit with the least `remaining`. Ties go to the shorter `per`, then to
-    /// the earlier limit.
+    /// Assembles a decision, choosing the binding limit (docs/algorithms.md#the-binding-limit):
+    /// when denied, the refusing limit with the largest `retry_after` (never-fits counts as the
+    /// largest); when allowed, the limit with the least `remaining`. Ties go to the shorter
+    /// `per`, then to the earlier limit.
     pub fn new(allowed: bool, cost: u64, limits: Vec<LimitStatus>, now_ms: u64) -> Self {
         let binding = if allowed {
             position_min_by_key(&limits, |s| (s.remaining, s.per_ms))

@@ -1,8 +1,8 @@
-//! A whole policy for one key: all-or-nothing over its limits (CONTRACT §2).
+//! A whole policy for one key: all-or-nothing over its limits (docs/algorithms.md#all-or-nothing).
 //!
 //! `states[i]` is the stored state of `policy.limits()[i]`; a missing index means no state.
-//! A store reads the states, calls one of these functions and writes back what
-//! [`Evaluation::writes`] says, all in one atomic step.
+//! A store reads the states, calls one of these functions (or [`apply`] with an [`Op`]) and
+//! writes back what [`Evaluation::writes`] says, all in one atomic step.
 
 use crate::algorithms::{self, Outcome};
 use crate::decision::{Decision, LimitStatus};
@@ -17,6 +17,79 @@ const EMPTY: LimitState = LimitState::Empty;
 
 fn state_at(states: &[LimitState], i: usize) -> &LimitState {
     states.get(i).unwrap_or(&EMPTY)
+}
+
+/// One operation on the state of a (policy, key): what a store is asked to do, as a value.
+///
+/// Every store runs one `Op` per call, atomically over all the limits of the policy; wrappers
+/// (reservation, circuit breaking, sharding) pass it on without looking inside unless they
+/// must. New operations may be added: match with a `_` arm outside this crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Records `cost` in every limit if all admit, nowhere otherwise ([`check`]).
+    Check {
+        /// Units asked for; 0 records nothing and reports the state.
+        cost: u64,
+    },
+    /// The decision a check of `cost` would get, recording nothing ([`peek`]). A store may
+    /// answer it from a replica.
+    Peek {
+        /// Units asked about.
+        cost: u64,
+    },
+    /// Gives `cost` back to the current windows, never below zero used ([`refund`]).
+    Refund {
+        /// Units given back.
+        cost: u64,
+    },
+    /// Takes as many units as every limit admits now, at least `min` and at most `max`
+    /// ([`acquire`]): how a process leases a batch. The decision's `cost` is the amount taken.
+    Acquire {
+        /// The least worth taking; when even this does not fit, a refused check of `min`.
+        min: u64,
+        /// The most to take.
+        max: u64,
+    },
+}
+
+impl Op {
+    /// The units the operation is about: the cost, or an acquire's `min`.
+    pub fn cost(self) -> u64 {
+        match self {
+            Op::Check { cost } | Op::Peek { cost } | Op::Refund { cost } => cost,
+            Op::Acquire { min, .. } => min,
+        }
+    }
+
+    /// Whether the operation only reads (a peek): it may go to a replica and never writes.
+    pub fn is_read_only(self) -> bool {
+        matches!(self, Op::Peek { .. })
+    }
+
+    /// `check`, `peek`, `refund` or `acquire`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Check { .. } => "check",
+            Op::Peek { .. } => "peek",
+            Op::Refund { .. } => "refund",
+            Op::Acquire { .. } => "acquire",
+        }
+    }
+}
+
+/// Runs `op` on the states of one (policy, key): the function of this module it names. A peek
+/// never writes.
+pub fn apply(policy: &Policy, states: &[LimitState], op: Op, now: u64) -> Evaluation {
+    match op {
+        Op::Check { cost } => check(policy, states, cost, now),
+        Op::Peek { cost } => Evaluation {
+            decision: peek(policy, states, cost, now),
+            writes: None,
+        },
+        Op::Refund { cost } => refund(policy, states, cost, now),
+        Op::Acquire { min, max } => acquire(policy, states, min, max, now),
+    }
 }
 
 /// A decision and what to store because of it.
@@ -68,9 +141,9 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
 /// `min` does not fit, this is a (refused) check of `min` and records nothing. The decision's
 /// `cost` is the amount taken.
 ///
-/// Every algorithm's `remaining` is exactly the largest cost it would admit now (CONTRACT §2),
-/// so the amount is the least `remaining` over the limits, capped by `max` and by each limit's
-/// `max` (a cost above it never fits).
+/// Every algorithm's `remaining` is exactly the largest cost it would admit now
+/// (docs/algorithms.md#what-every-limit-reports), so the amount is the least `remaining` over
+/// the limits, capped by `max` and by each limit's `max` (a cost above it never fits).
 pub fn acquire(policy: &Policy, states: &[LimitState], min: u64, max: u64, now: u64) -> Evaluation {
     let grant = grantable(policy, &peek(policy, states, 0, now), max);
     if grant >= min && grant > 0 {

@@ -1,4 +1,4 @@
-//! Unit tests at the boundaries of each algorithm (CONTRACT §2).
+//! Unit tests at the boundaries of each algorithm (docs/algorithms.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use common::NOW;
-use sluice::{LimitSpec, Policy, Store};
+use sluice::{LimitSpec, Policy, StoreExt};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use sluice_testkit::RedisServer;
 

@@ -14,7 +14,7 @@
 //!   key still shares it (they share everything before it), so the rule holds for any key.
 //! - The policy name is length-prefixed, so `(policy "a", key "b:c")` and
 //!   `(policy "a:b", key "c")` can never share state.
-//! - The state tag ([`sluice_core::Limit::state_tag`]) names the shape of the limit (algorithm,
+//! - The state tag ([`sluice::Limit::state_tag`]) names the shape of the limit (algorithm,
 //!   window, precision…): a configuration change that reshapes a limit starts from fresh state
 //!   instead of misreading old state, and changing only a window's `max` keeps its count.
 //! - The prefix (default `sluice:`) must not contain `{` or `}`, which would move the hash tag.

@@ -4,7 +4,15 @@
 //! must agree. Each decision is one call of a Lua function (`scripts/sluice.lua`) that mirrors
 //! `sluice_core`'s algorithms field for field; a differential test runs the same operation
 //! sequences through both and requires identical decisions. Key naming, and why it works on
-//! Redis Cluster, is in [`keys`].
+//! Redis Cluster, is in [`keys`]. [`ShardedStore`] spreads keys over several stores.
+//!
+//! Inside: `config` (what [`RedisConfig`] holds), `topology` (standalone with replicas,
+//! Sentinel, Cluster), `script` (the Lua code and how it is loaded), `codec` (a call's
+//! arguments and reply, the wire format documented at the top of `scripts/sluice.lua`),
+//! `error` (Redis errors to [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
+//!
+//! Feature `serde`: [`ReadFrom`] and [`ClockSource`] deserialize from `snake_case` names
+//! (`replicas`, `primary`; `app`, `redis`), for configuration files.
 //!
 //! ```no_run
 //! use sluice::{Limiter, LimitSpec, Policy};
@@ -21,11 +29,17 @@
 //! # Ok(()) }
 //! ```
 
+mod codec;
+mod config;
+mod error;
 pub mod keys;
 mod script;
 mod sharded;
 mod store;
+mod topology;
 
+pub use config::{ClockSource, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Topology};
+pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;
-pub use sharded::{ShardedStore, rendezvous};
-pub use store::{ClockSource, ReadFrom, RedisConfig, RedisStore, Topology};
+pub use sharded::{ShardedStore, rendezvous, validate_shard_names};
+pub use store::RedisStore;

@@ -1,11 +1,17 @@
-//! The Lua code, loaded once: a Redis Function library, or one script per operation for
-//! EVALSHA.
+//! The Lua code: a Redis Function library, or one script per operation for EVALSHA; how it
+//! is loaded onto a node and which command runs an operation.
 //!
 //! Both forms come from `scripts/sluice.lua`. The library's name carries a hash of the code
 //! (`sluice_1a2b3c4d`), so two Sluice versions sharing one Redis during a rolling upgrade load
-//! two libraries side by side instead of replacing each other's.
+//! two libraries side by side instead of replacing each other's. A call's arguments and its
+//! reply are encoded and decoded by the [codec](crate::codec).
 
 use std::fmt::Write;
+use std::time::Duration;
+
+use sluice::Op;
+
+use crate::error::{Failure, query};
 
 /// The shared Lua source.
 const SOURCE: &str = include_str!("../scripts/sluice.lua");
@@ -23,9 +29,9 @@ pub enum ScriptMode {
     EvalSha,
 }
 
-/// One of the operations.
+/// The code's entry points: one function (or script) per kind of [`Op`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
+pub(crate) enum Entry {
     Check,
     Peek,
     Refund,
@@ -33,78 +39,144 @@ pub(crate) enum Op {
     Acquire,
 }
 
-impl Op {
-    pub(crate) const ALL: [Op; 4] = [Op::Check, Op::Peek, Op::Refund, Op::Acquire];
+impl Entry {
+    const ALL: [Entry; 4] = [Entry::Check, Entry::Peek, Entry::Refund, Entry::Acquire];
 
-    fn name(self) -> &'static str {
-        match self {
-            Op::Check => "check",
-            Op::Peek => "peek",
-            Op::Refund => "refund",
-            Op::Acquire => "acquire",
+    /// The entry point that runs `op`; `None` for an operation the script does not know.
+    pub(crate) fn of(op: Op) -> Option<Entry> {
+        match op {
+            Op::Check { .. } => Some(Entry::Check),
+            Op::Peek { .. } => Some(Entry::Peek),
+            Op::Refund { .. } => Some(Entry::Refund),
+            Op::Acquire { .. } => Some(Entry::Acquire),
+            _ => None,
         }
     }
 
-    pub(crate) fn read_only(self) -> bool {
-        self == Op::Peek
+    fn name(self) -> &'static str {
+        match self {
+            Entry::Check => "check",
+            Entry::Peek => "peek",
+            Entry::Refund => "refund",
+            Entry::Acquire => "acquire",
+        }
+    }
+
+    fn read_only(self) -> bool {
+        self == Entry::Peek
     }
 }
 
-/// The loaded forms of the code.
+/// The loaded forms of the code, and how they are loaded and called.
 #[derive(Debug, Clone)]
 pub(crate) struct Code {
+    mode: ScriptMode,
     /// `sluice_<hash>`.
     pub(crate) library: String,
     /// The `FUNCTION LOAD` body.
-    pub(crate) library_source: String,
-    /// Per operation: the EVAL script and its SHA1.
+    library_source: String,
+    /// Per entry point: the function name.
+    functions: [String; 4],
+    /// Per entry point: the EVAL script and its SHA1.
     scripts: [(String, String); 4],
 }
 
 impl Code {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(mode: ScriptMode) -> Self {
         let library = format!("sluice_{:08x}", fnv1a32(SOURCE.as_bytes()));
         let body = SOURCE.replace("__LIB__", &library);
+        let functions = Entry::ALL.map(|e| format!("{library}_{}", e.name()));
         let mut library_source = format!("#!lua name={library}\n{body}\n");
-        for op in Op::ALL {
-            let flags = if op.read_only() {
+        for (entry, function) in Entry::ALL.iter().zip(&functions) {
+            let flags = if entry.read_only() {
                 ", flags = {'no-writes', 'allow-stale'}"
             } else {
                 ""
             };
             let _ = writeln!(
                 library_source,
-                "redis.register_function{{function_name = '{library}_{name}', callback = \
+                "redis.register_function{{function_name = '{function}', callback = \
                  function(keys, args) return run('{name}', keys, args) end{flags}}}",
-                name = op.name()
+                name = entry.name()
             );
         }
-        let scripts = Op::ALL.map(|op| {
-            let shebang = if op.read_only() {
+        let scripts = Entry::ALL.map(|e| {
+            let shebang = if e.read_only() {
                 "#!lua flags=no-writes,allow-stale\n"
             } else {
                 "#!lua\n"
             };
-            let text = format!("{shebang}{body}\nreturn run('{}', KEYS, ARGV)\n", op.name());
+            let text = format!("{shebang}{body}\nreturn run('{}', KEYS, ARGV)\n", e.name());
             let sha = redis::Script::new(&text).get_hash().to_owned();
             (text, sha)
         });
         Self {
+            mode,
             library,
             library_source,
+            functions,
             scripts,
         }
     }
 
-    /// The function name of `op`.
-    pub(crate) fn function(&self, op: Op) -> String {
-        format!("{}_{}", self.library, op.name())
+    /// How the code is loaded and called.
+    pub(crate) fn mode(&self) -> ScriptMode {
+        self.mode
     }
 
-    /// The EVAL script of `op` and its SHA1.
-    pub(crate) fn script(&self, op: Op) -> (&str, &str) {
-        let (text, sha) = &self.scripts[op as usize];
-        (text, sha)
+    /// The start of the command that runs `entry`, before its keys and arguments:
+    /// `FCALL <function>` or `EVALSHA <sha>`, their `_RO` forms for a replica.
+    pub(crate) fn invocation(&self, entry: Entry, on_replica: bool) -> redis::Cmd {
+        let i = entry as usize;
+        match self.mode {
+            ScriptMode::Function => {
+                let mut c = redis::cmd(if on_replica { "FCALL_RO" } else { "FCALL" });
+                c.arg(&self.functions[i]);
+                c
+            }
+            ScriptMode::EvalSha => {
+                let mut c = redis::cmd(if on_replica { "EVALSHA_RO" } else { "EVALSHA" });
+                c.arg(&self.scripts[i].1);
+                c
+            }
+        }
+    }
+
+    /// The commands that load the code: `FUNCTION LOAD REPLACE <library>`, or a
+    /// `SCRIPT LOAD` per script.
+    fn load_commands(&self) -> Vec<redis::Cmd> {
+        match self.mode {
+            ScriptMode::Function => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&self.library_source);
+                vec![load]
+            }
+            ScriptMode::EvalSha => self
+                .scripts
+                .iter()
+                .map(|(text, _)| {
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(text);
+                    load
+                })
+                .collect(),
+        }
+    }
+
+    /// Loads the code through `conn`: one node's connection (the function library on a
+    /// primary replicates; scripts go to every node), or a Cluster's, whose client sends
+    /// `FUNCTION LOAD` to every primary and `SCRIPT LOAD` to every node. Loading compiles the
+    /// code, so it may take longer than a decision: at least 2 s whatever `timeout` says.
+    pub(crate) async fn load<C: redis::aio::ConnectionLike>(
+        &self,
+        conn: &mut C,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let timeout = timeout.max(Duration::from_secs(2));
+        for cmd in self.load_commands() {
+            query(conn, &cmd, timeout).await?;
+        }
+        Ok(())
     }
 }
 

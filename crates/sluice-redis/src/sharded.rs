@@ -9,15 +9,16 @@
 //! another host (a new URL) moves that shard's keys: give hosts stable names. A shard found
 //! through Sentinel is named `sentinel:<master>`, so a failover moves nothing.
 //!
-//! Each shard sits behind its own [`CircuitBreaker`]: a shard that keeps failing is skipped
-//! at once (its keys get their policy's failure mode without waiting for a timeout) and
-//! probed until it answers, while the other shards carry on untouched.
+//! Each Redis shard sits behind its own [`CircuitBreaker`]: a shard that keeps failing is
+//! skipped at once (its keys get their policy's failure mode without waiting for a timeout)
+//! and probed until it answers, while the other shards carry on untouched. The sharding
+//! itself works over any [`Store`] ([`ShardedStore::named`]).
 
 use std::future::Future;
 use std::sync::Arc;
 
 use sluice::breaker::{BreakerConfig, CircuitBreaker};
-use sluice::{Decision, Policy, Store, StoreError};
+use sluice::{Decision, Op, Policy, Store, StoreError};
 
 use crate::keys;
 use crate::store::RedisStore;
@@ -54,18 +55,46 @@ pub fn rendezvous<S: AsRef<str>>(shards: &[S], tag: &str) -> usize {
     best.0
 }
 
-/// A [`Store`] over several [`RedisStore`] shards: each decision goes, whole, to the shard
-/// that owns its key, through that shard's circuit breaker.
-#[derive(Debug, Clone)]
-pub struct ShardedStore {
-    shards: Arc<[CircuitBreaker<RedisStore>]>,
+/// Checks that shard names (the identities rendezvous hashing scores) are distinct: two
+/// shards of one name would split one shard's keys unpredictably. The error says which shard
+/// repeats which name, for a configuration error.
+pub fn validate_shard_names<N: AsRef<str>>(names: &[N]) -> Result<(), String> {
+    for (i, name) in names.iter().enumerate() {
+        let name = name.as_ref();
+        if names[..i].iter().any(|n| n.as_ref() == name) {
+            return Err(format!(
+                "shard {i} (`{name}`) is listed twice; each shard needs its own primary"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A [`Store`] over several shards: each decision goes, whole, to the shard that owns its key.
+///
+/// A shard is any [`Store`]; by default each is a [`RedisStore`] behind its own
+/// [`CircuitBreaker`] ([`ShardedStore::new`]). [`ShardedStore::named`] shards over any stores.
+#[derive(Debug)]
+pub struct ShardedStore<S = CircuitBreaker<RedisStore>> {
+    shards: Arc<[S]>,
     names: Arc<[String]>,
     prefix: String,
 }
 
+impl<S> Clone for ShardedStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shards: self.shards.clone(),
+            names: self.names.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}
+
 impl ShardedStore {
     /// Shards over `shards` (at least one), which must share a key prefix, each behind a
-    /// circuit breaker with the default [`BreakerConfig`].
+    /// circuit breaker with the default [`BreakerConfig`]. A shard is named by
+    /// [`RedisStore::name`].
     pub fn new(shards: Vec<RedisStore>) -> Result<Self, StoreError> {
         Self::with_breaker(shards, BreakerConfig::default())
     }
@@ -75,46 +104,57 @@ impl ShardedStore {
         shards: Vec<RedisStore>,
         breaker: BreakerConfig,
     ) -> Result<Self, StoreError> {
-        let Some(first) = shards.first() else {
-            return Err(StoreError::Backend(
-                "a sharded store needs at least one shard".to_owned(),
-            ));
-        };
-        let prefix = first.key_prefix().to_owned();
+        let prefix = shards
+            .first()
+            .map_or(keys::DEFAULT_PREFIX, RedisStore::key_prefix)
+            .to_owned();
         if let Some(other) = shards.iter().find(|s| s.key_prefix() != prefix) {
             return Err(StoreError::Backend(format!(
                 "every shard needs the same key prefix: `{prefix}` and `{}`",
                 other.key_prefix()
             )));
         }
-        let names: Vec<String> = shards.iter().map(|s| s.name().to_owned()).collect();
-        if let Some((i, name)) = names
-            .iter()
-            .enumerate()
-            .find(|(i, n)| names[..*i].contains(n))
-        {
-            return Err(StoreError::Backend(format!(
-                "shard {i} (`{name}`) is listed twice; each shard needs its own primary"
-            )));
-        }
-        let shards = shards
-            .into_iter()
-            .map(|s| {
+        Self::named(
+            &prefix,
+            shards.into_iter().map(|s| {
                 let name = s.name().to_owned();
-                CircuitBreaker::new(s, name, breaker)
-            })
-            .collect();
+                (name.clone(), CircuitBreaker::new(s, name, breaker))
+            }),
+        )
+    }
+}
+
+impl<S: Store> ShardedStore<S> {
+    /// Shards over `(name, store)` pairs (at least one, [distinct
+    /// names](validate_shard_names)). A key's shard is chosen by its name and the key's hash
+    /// tag under `key_prefix`, as [`ShardedStore::new`] does for Redis shards.
+    pub fn named(
+        key_prefix: &str,
+        shards: impl IntoIterator<Item = (String, S)>,
+    ) -> Result<Self, StoreError> {
+        let (names, shards): (Vec<String>, Vec<S>) = shards.into_iter().unzip();
+        if shards.is_empty() {
+            return Err(StoreError::Backend(
+                "a sharded store needs at least one shard".to_owned(),
+            ));
+        }
+        validate_shard_names(&names).map_err(StoreError::Backend)?;
         Ok(Self {
-            shards,
+            shards: shards.into(),
             names: names.into(),
-            prefix,
+            prefix: key_prefix.to_owned(),
         })
     }
 
-    /// The shards, in configuration order, each behind its circuit breaker
-    /// ([`CircuitBreaker::inner`] is the shard's [`RedisStore`]).
-    pub fn shards(&self) -> &[CircuitBreaker<RedisStore>] {
+    /// The shards, in configuration order (for the default shards, each a circuit breaker
+    /// whose [`CircuitBreaker::inner`] is the shard's [`RedisStore`]).
+    pub fn shards(&self) -> &[S] {
         &self.shards
+    }
+
+    /// The shards' names, in configuration order.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// The index of the shard that decides `key` under `policy`.
@@ -122,73 +162,36 @@ impl ShardedStore {
         rendezvous(&self.names, &keys::stem(&self.prefix, policy, key))
     }
 
-    /// Runs `call` on the shard that owns the key.
-    fn on_shard<'a, T, F>(
-        &'a self,
-        policy: &Policy,
-        key: &str,
-        call: impl FnOnce(&'a CircuitBreaker<RedisStore>) -> F,
-    ) -> F
-    where
-        F: Future<Output = Result<T, StoreError>>,
-    {
-        call(&self.shards[self.shard_for(policy, key)])
+    /// The shard that decides `key` under `policy`.
+    fn shard(&self, policy: &Policy, key: &str) -> &S {
+        &self.shards[self.shard_for(policy, key)]
     }
 }
 
-impl Store for ShardedStore {
-    async fn check(
+impl<S: Store> Store for ShardedStore<S> {
+    fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.on_shard(policy, key, |s| s.check(policy, key, cost, now_ms))
-            .await
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.shard(policy, key).call(policy, key, op, now_ms)
     }
 
-    async fn peek(
+    fn forget(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.on_shard(policy, key, |s| s.peek(policy, key, cost, now_ms))
-            .await
-    }
-
-    async fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.on_shard(policy, key, |s| s.refund(policy, key, cost, now_ms))
-            .await
-    }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.on_shard(policy, key, |s| s.forget(policy, key)).await
-    }
-
-    async fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.on_shard(policy, key, |s| s.acquire(policy, key, min, max, now_ms))
-            .await
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.shard(policy, key).forget(policy, key)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use sluice::{LimitSpec, MemoryStore, StoreExt};
+
     use super::*;
 
     const FROZEN: [usize; 5] = [0, 2, 0, 0, 0];
@@ -250,5 +253,77 @@ mod tests {
             .map(|t| rendezvous(&shards, t))
             .collect();
         assert_eq!(picks, FROZEN);
+    }
+
+    fn block<T>(f: impl Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store never waits"),
+        }
+    }
+
+    #[test]
+    fn any_store_can_be_a_shard_and_a_key_is_decided_by_its_own() {
+        let names = names(3);
+        let sharded = ShardedStore::named(
+            "app:",
+            names.iter().map(|n| (n.clone(), MemoryStore::new())),
+        )
+        .expect("distinct names");
+        assert_eq!(sharded.names(), names.as_slice());
+        let p = Policy::from_specs("api", vec![LimitSpec::fixed_window(2, 60_000)]).expect("valid");
+
+        // Placement: rendezvous over the names and the key's hash tag under the prefix.
+        let mut used = [false; 3];
+        for i in 0..60 {
+            let key = format!("user:{i}");
+            let owner = sharded.shard_for(&p, &key);
+            assert_eq!(owner, rendezvous(&names, &keys::stem("app:", &p, &key)));
+            used[owner] = true;
+        }
+        assert_eq!(used, [true; 3], "60 keys land on every shard");
+
+        // A decision is made, and recorded, by the key's shard alone.
+        let owner = sharded.shard_for(&p, "user:42");
+        assert!(
+            block(sharded.check(&p, "user:42", 2, 0))
+                .expect("memory")
+                .allowed
+        );
+        let held: Vec<usize> = sharded.shards().iter().map(MemoryStore::len).collect();
+        let mut expected = vec![0; 3];
+        expected[owner] = 1;
+        assert_eq!(held, expected);
+        let refused = block(sharded.check(&p, "user:42", 1, 0)).expect("memory");
+        assert!(!refused.allowed, "the owner remembers the first check");
+        assert_eq!(
+            block(sharded.shards()[owner].peek(&p, "user:42", 0, 0))
+                .expect("memory")
+                .remaining(),
+            0
+        );
+        block(sharded.forget(&p, "user:42")).expect("memory");
+        assert!(sharded.shards()[owner].is_empty());
+    }
+
+    #[test]
+    fn shards_need_distinct_names_and_at_least_one_shard() {
+        assert_eq!(validate_shard_names(&names(3)), Ok(()));
+        let twice = ["redis://a:6379", "redis://b:6379", "redis://a:6379"];
+        assert_eq!(
+            validate_shard_names(&twice),
+            Err(
+                "shard 2 (`redis://a:6379`) is listed twice; each shard needs its own primary"
+                    .to_owned()
+            )
+        );
+        let pairs = twice.map(|n| (n.to_owned(), MemoryStore::new()));
+        assert!(
+            matches!(ShardedStore::named("p:", pairs), Err(StoreError::Backend(m)) if m.contains("listed twice"))
+        );
+        let none: Vec<(String, MemoryStore)> = Vec::new();
+        assert!(ShardedStore::named("p:", none).is_err());
     }
 }

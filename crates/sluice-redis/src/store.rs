@@ -1,180 +1,22 @@
-//! `RedisStore`: one primary (decisions) and its replicas (peeks), one script call per decision.
+//! `RedisStore`: the [`Store`] on Redis. One call of the Lua code per operation, sent to the
+//! primary (or, for a peek, a replica) that [`topology`] keeps track of, with the arguments
+//! and reply of the [`codec`].
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::Value;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_read_routing::RandomReplicaStrategy;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::sentinel::Sentinel;
-use redis::{Client, RedisError, Value};
-use sluice::core::Algorithm;
-use sluice::{Decision, LimitStatus, Policy, Store, StoreError};
+use sluice::{Decision, Op, Policy, Store, StoreError};
 
+use crate::codec::{self, Codec};
+use crate::config::{ReadFrom, RedisConfig};
+use crate::error::{self, Failure, map_error, query};
 use crate::keys;
-use crate::script::{Code, Op, ScriptMode};
-
-/// Where peeks read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ReadFrom {
-    /// Peeks go to a replica (round robin), or to the primary when none is configured or the
-    /// replica cannot answer.
-    #[default]
-    Replicas,
-    /// Everything goes to the primary.
-    Primary,
-}
-
-/// Where "now" comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ClockSource {
-    /// The limiter's clock, passed to the script (testable with a manual clock).
-    #[default]
-    App,
-    /// Redis `TIME`, read inside the script: for fleets whose clocks disagree.
-    Redis,
-}
-
-/// Which Redis deployment a store talks to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Topology {
-    /// One primary (decisions) and its replicas (peeks), at fixed addresses.
-    Standalone {
-        /// The primary's URL, e.g. `redis://127.0.0.1:6379`.
-        primary: String,
-        /// Replica URLs, for peeks.
-        replicas: Vec<String>,
-    },
-    /// A primary and its replicas found through Redis Sentinel; a failover is followed
-    /// without a restart (the store asks the sentinels again when the primary fails).
-    Sentinel {
-        /// The monitored master's name (`sentinel monitor <name> …`).
-        master: String,
-        /// Sentinel URLs, e.g. `redis://127.0.0.1:26379`.
-        sentinels: Vec<String>,
-    },
-    /// A Redis Cluster, reached through any of its nodes; the client follows MOVED/ASK and
-    /// topology changes. Peeks read replicas when [`ReadFrom::Replicas`].
-    Cluster {
-        /// Seed node URLs.
-        nodes: Vec<String>,
-    },
-}
-
-/// How to reach and use Redis: where (the [`Topology`]) and how (timeouts, clock, keys).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct RedisConfig {
-    /// Where the data lives.
-    pub topology: Topology,
-    /// Where peeks read.
-    pub read_from: ReadFrom,
-    /// How long one call may take before it fails with [`StoreError::Timeout`].
-    pub timeout: Duration,
-    /// Where "now" comes from.
-    pub clock: ClockSource,
-    /// Prepended to every key (no braces).
-    pub key_prefix: String,
-    /// Keys expire this long after their state stops mattering. Expiry only cleans up (the
-    /// script compares stored times with now), so the margin only needs to cover clock
-    /// differences between the limiter and Redis. Default 1 s.
-    pub expiry_margin: Duration,
-    /// Function library or EVALSHA.
-    pub script_mode: ScriptMode,
-}
-
-impl RedisConfig {
-    /// A configuration for one primary with the defaults: 50 ms timeout, the app's clock,
-    /// prefix `sluice:`, functions.
-    pub fn new(primary: impl Into<String>) -> Self {
-        Self::with_topology(Topology::Standalone {
-            primary: primary.into(),
-            replicas: Vec::new(),
-        })
-    }
-
-    /// A primary (and replicas) found through Sentinel, with the defaults.
-    pub fn sentinel(
-        master: impl Into<String>,
-        sentinels: impl IntoIterator<Item = impl Into<String>>,
-    ) -> Self {
-        Self::with_topology(Topology::Sentinel {
-            master: master.into(),
-            sentinels: sentinels.into_iter().map(Into::into).collect(),
-        })
-    }
-
-    /// A Redis Cluster reached through `nodes`, with the defaults.
-    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        Self::with_topology(Topology::Cluster {
-            nodes: nodes.into_iter().map(Into::into).collect(),
-        })
-    }
-
-    /// A configuration for `topology` with the defaults.
-    pub fn with_topology(topology: Topology) -> Self {
-        Self {
-            topology,
-            read_from: ReadFrom::Replicas,
-            timeout: Duration::from_millis(50),
-            clock: ClockSource::App,
-            key_prefix: keys::DEFAULT_PREFIX.to_owned(),
-            expiry_margin: Duration::from_secs(1),
-            script_mode: ScriptMode::Function,
-        }
-    }
-
-    /// Sets the replicas of a [`Topology::Standalone`] primary, for peeks (other topologies
-    /// find their replicas themselves; there this does nothing).
-    pub fn replicas(mut self, urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        if let Topology::Standalone { replicas, .. } = &mut self.topology {
-            *replicas = urls.into_iter().map(Into::into).collect();
-        }
-        self
-    }
-
-    /// Sets where peeks read.
-    pub fn read_from(mut self, read_from: ReadFrom) -> Self {
-        self.read_from = read_from;
-        self
-    }
-
-    /// Sets the per-call timeout.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets the clock source.
-    pub fn clock(mut self, clock: ClockSource) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Sets the key prefix.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Sets the expiry margin.
-    pub fn expiry_margin(mut self, margin: Duration) -> Self {
-        self.expiry_margin = margin;
-        self
-    }
-
-    /// Sets how the code is loaded and called.
-    pub fn script_mode(mut self, mode: ScriptMode) -> Self {
-        self.script_mode = mode;
-        self
-    }
-}
+use crate::script::{Code, Entry, ScriptMode};
+use crate::topology::{self, Backend, Node, Nodes};
 
 /// A [`Store`] on Redis: one primary with optional replicas (at fixed addresses or found
 /// through Sentinel), or a Redis Cluster.
@@ -198,45 +40,7 @@ struct Inner {
     next_replica: AtomicUsize,
     config: RedisConfig,
     code: Code,
-    margin_ms: String,
-}
-
-enum Backend {
-    /// A primary and replicas; with `sentinel`, they are replaced after a failover.
-    Direct {
-        nodes: RwLock<Arc<Nodes>>,
-        sentinel: Option<SentinelWatch>,
-    },
-    /// A Redis Cluster: the client routes each call by its keys' slot.
-    Cluster { conn: ClusterConnection },
-}
-
-/// The nodes a direct store talks to now.
-struct Nodes {
-    primary: Node,
-    replicas: Vec<Node>,
-}
-
-/// Asks the sentinels for the current primary when the one in use fails.
-struct SentinelWatch {
-    master: String,
-    sentinel: tokio::sync::Mutex<Sentinel>,
-    /// One lookup at a time, and not more often than every [`REDISCOVER_EVERY`].
-    looking: AtomicBool,
-    last_lookup: Mutex<Option<Instant>>,
-}
-
-/// The shortest time between two Sentinel lookups.
-const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
-
-/// How long one Sentinel lookup may take: twice the call timeout, within these bounds. The
-/// lookup checks the named primary's role, and a stalled old primary must not hold it long.
-const SENTINEL_TIMEOUT_BOUNDS: (Duration, Duration) =
-    (Duration::from_millis(100), Duration::from_secs(1));
-
-struct Node {
-    url: String,
-    conn: ConnectionManager,
+    codec: Codec,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -249,118 +53,14 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Why one command failed: no answer in time, or an error from the client or the server.
-enum Failure {
-    Timeout(Duration),
-    Redis(RedisError),
-}
-
-impl Failure {
-    /// The store error, naming `what` (a node or a key) in the message.
-    fn into_store_error(self, what: &str) -> StoreError {
-        match self {
-            Failure::Timeout(after) => StoreError::Timeout(after),
-            Failure::Redis(e) => map_error(&e, what),
-        }
-    }
-
-    /// Whether the node may no longer be the primary, or be gone: worth asking Sentinel.
-    fn suggests_failover(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => true,
-            Failure::Redis(e) => {
-                e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    || e.is_timeout()
-                    || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
-            }
-        }
-    }
-}
-
-/// Sends one command on a shared connection, bounded by `timeout`.
-async fn query<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    cmd: &redis::Cmd,
-    timeout: Duration,
-) -> Result<Value, Failure> {
-    match tokio::time::timeout(timeout, cmd.query_async::<Value>(conn)).await {
-        Err(_) => Err(Failure::Timeout(timeout)),
-        Ok(result) => result.map_err(Failure::Redis),
-    }
-}
-
-impl Node {
-    /// Sends one command on the node's shared connection, bounded by `timeout`.
-    async fn query(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<Value, Failure> {
-        query(&mut self.conn.clone(), cmd, timeout).await
-    }
-}
-
-fn node(url: &str, timeout: Duration) -> Result<Node, StoreError> {
-    let client = Client::open(url)
-        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
-    node_from_client(url.to_owned(), client, timeout)
-}
-
-fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<Node, StoreError> {
-    // Reconnect quickly: a restarted node must be usable again well within a second. The
-    // circuit breaker, not the connection, is what spares a dead node its traffic.
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-        .set_response_timeout(None)
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(100));
-    let conn = ConnectionManager::new_lazy_with_config(client, config)
-        .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
-    Ok(Node { url, conn })
-}
-
-/// `redis://host:port` of a client's address.
-fn client_url(client: &Client) -> String {
-    match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
-        other => other.to_string(),
-    }
-}
-
-/// Asks the sentinels for `master`'s primary and replicas (bounded in time).
-async fn discover(
-    sentinel: &mut Sentinel,
-    master: &str,
-    timeout: Duration,
-) -> Result<Nodes, StoreError> {
-    let limit = (timeout * 2).clamp(SENTINEL_TIMEOUT_BOUNDS.0, SENTINEL_TIMEOUT_BOUNDS.1);
-    let primary = match tokio::time::timeout(limit, sentinel.async_master_for(master, None)).await {
-        Err(_) => {
-            return Err(StoreError::Unavailable(format!(
-                "sentinels did not name a primary for `{master}` within {}ms",
-                limit.as_millis()
-            )));
-        }
-        Ok(Err(e)) => {
-            return Err(StoreError::Unavailable(format!(
-                "sentinels cannot name a primary for `{master}`: {e}"
-            )));
-        }
-        Ok(Ok(primary)) => primary,
-    };
-    // Replicas are for peeks only, and one may be the stalled old primary: a lookup that
-    // fails or hangs leaves none (peeks then read the primary) rather than delaying the
-    // switch to the new primary.
-    let replicas =
-        match tokio::time::timeout(limit, sentinel.async_get_replica_clients(master, None)).await {
-            Ok(Ok(replicas)) => replicas,
-            _ => Vec::new(),
-        };
-    let primary = node_from_client(client_url(&primary), primary, timeout)?;
-    let replicas = replicas
-        .into_iter()
-        .map(|c| node_from_client(client_url(&c), c, timeout))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Nodes { primary, replicas })
+/// One operation on its way to a node.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    policy: &'a Policy,
+    key: &'a str,
+    op: Op,
+    entry: Entry,
+    now_ms: u64,
 }
 
 impl RedisStore {
@@ -369,111 +69,37 @@ impl RedisStore {
     /// if no sentinel names one) or the configuration is invalid.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         keys::validate_prefix(&config.key_prefix).map_err(StoreError::Backend)?;
-        let (backend, name) = match &config.topology {
-            Topology::Standalone { primary, replicas } => {
-                let nodes = Nodes {
-                    primary: node(primary, config.timeout)?,
-                    replicas: replicas
-                        .iter()
-                        .map(|url| node(url, config.timeout))
-                        .collect::<Result<Vec<_>, _>>()?,
-                };
-                let backend = Backend::Direct {
-                    nodes: RwLock::new(Arc::new(nodes)),
-                    sentinel: None,
-                };
-                (backend, primary.clone())
-            }
-            Topology::Sentinel { master, sentinels } => {
-                if sentinels.is_empty() {
-                    return Err(StoreError::Backend(
-                        "sentinel: at least one sentinel URL is needed".to_owned(),
-                    ));
-                }
-                let mut sentinel = Sentinel::build(sentinels.clone()).map_err(|e| {
-                    StoreError::Backend(format!("invalid sentinel URLs {sentinels:?}: {e}"))
-                })?;
-                let nodes = discover(&mut sentinel, master, config.timeout).await?;
-                tracing::info!(master = %master, primary = %nodes.primary.url, "sentinel named the primary");
-                let backend = Backend::Direct {
-                    nodes: RwLock::new(Arc::new(nodes)),
-                    sentinel: Some(SentinelWatch {
-                        master: master.clone(),
-                        sentinel: tokio::sync::Mutex::new(sentinel),
-                        looking: AtomicBool::new(false),
-                        last_lookup: Mutex::new(None),
-                    }),
-                };
-                (backend, format!("sentinel:{master}"))
-            }
-            Topology::Cluster { nodes } => {
-                let Some(first) = nodes.first() else {
-                    return Err(StoreError::Backend(
-                        "cluster: at least one node URL is needed".to_owned(),
-                    ));
-                };
-                let mut builder = ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(config.timeout.max(Duration::from_millis(500)))
-                    .response_timeout(config.timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100);
-                if config.read_from == ReadFrom::Replicas {
-                    builder = builder.read_routing_strategy(RandomReplicaStrategy);
-                }
-                let client = builder.build().map_err(|e| {
-                    StoreError::Backend(format!("invalid cluster node URLs {nodes:?}: {e}"))
-                })?;
-                let conn = tokio::time::timeout(
-                    config.timeout.max(Duration::from_secs(2)),
-                    client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
-                .map_err(|e| StoreError::Unavailable(format!("cluster {first}: {e}")))?;
-                (Backend::Cluster { conn }, format!("cluster:{first}"))
-            }
-        };
-        let margin_ms = config.expiry_margin.as_millis().to_string();
+        let backend = Backend::connect(&config).await?;
+        let name = config.topology.name();
         let store = Self {
             inner: Arc::new(Inner {
                 backend,
                 label: metrics::SharedString::from(name.clone()),
                 name,
                 next_replica: AtomicUsize::new(0),
+                code: Code::new(config.script_mode),
+                codec: Codec::new(&config),
                 config,
-                code: Code::new(),
-                margin_ms,
             }),
         };
-        match &store.inner.backend {
-            Backend::Direct { nodes, .. } => {
-                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
-                store.load(&nodes.primary).await?;
-                if store.inner.config.script_mode == ScriptMode::EvalSha {
-                    for replica in &nodes.replicas {
-                        // A replica that is down now gets the scripts when it first answers
-                        // NOSCRIPT.
-                        if let Err(e) = store.load(replica).await {
-                            tracing::warn!(replica = %replica.url, error = %e, "could not load scripts");
-                        }
-                    }
-                }
-            }
-            Backend::Cluster { conn } => store.load_cluster(conn).await?,
-        }
+        let inner = &store.inner;
+        inner
+            .backend
+            .load(&inner.code, inner.config.timeout, &inner.name)
+            .await?;
         Ok(store)
     }
 
     /// The store's identity: the primary's URL, `sentinel:<master>` or `cluster:<first
-    /// node>` (a shard's name for client-side sharding).
+    /// node>` ([`Topology::name`](crate::Topology::name); a shard's name for client-side
+    /// sharding).
     pub fn name(&self) -> &str {
         &self.inner.name
     }
 
     /// The URL of the primary in use now (for a Cluster, its first seed node).
     pub fn primary_url(&self) -> String {
-        match self.nodes() {
+        match self.inner.backend.nodes() {
             Some(nodes) => nodes.primary.url.clone(),
             None => self
                 .inner
@@ -494,12 +120,31 @@ impl RedisStore {
         &self.inner.code.library
     }
 
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    pub(crate) fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn code(&self) -> &Code {
+        &self.inner.code
+    }
+
     /// The exact command a `check` sends (`FCALL …` or `EVALSHA …`), as strings: for
     /// benchmarks that replay it through `redis-benchmark` as the physical baseline.
     #[doc(hidden)]
     pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
-        let cmd = self.build_call(Op::Check, policy, key, cost, 0, now_ms, false);
-        cmd.args_iter()
+        let call = Call {
+            policy,
+            key,
+            op: Op::Check { cost },
+            entry: Entry::Check,
+            now_ms,
+        };
+        self.command(&call, false)
+            .args_iter()
             .filter_map(|a| match a {
                 redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
                 _ => None,
@@ -540,280 +185,40 @@ impl RedisStore {
         }
     }
 
-    /// The nodes in use now (`None` for a Cluster, whose client keeps its own).
-    fn nodes(&self) -> Option<Arc<Nodes>> {
-        match &self.inner.backend {
-            Backend::Direct { nodes, .. } => {
-                Some(nodes.read().unwrap_or_else(|p| p.into_inner()).clone())
-            }
-            Backend::Cluster { .. } => None,
-        }
-    }
-
-    /// Asks the sentinels (in the background, at most every [`REDISCOVER_EVERY`]) whether
-    /// another node is the primary now, and switches to it. Does nothing without Sentinel.
-    fn rediscover_soon(&self) {
-        let Backend::Direct {
-            sentinel: Some(watch),
-            ..
-        } = &self.inner.backend
-        else {
-            return;
-        };
-        {
-            let mut last = watch.last_lookup.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| t.elapsed() < REDISCOVER_EVERY) {
-                return;
-            }
-            if watch.looking.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
-        let store = self.clone();
-        tokio::spawn(async move {
-            store.rediscover().await;
-            if let Backend::Direct {
-                sentinel: Some(watch),
-                ..
-            } = &store.inner.backend
-            {
-                watch.looking.store(false, Ordering::Release);
-            }
-        });
-    }
-
-    async fn rediscover(&self) {
-        let Backend::Direct {
-            nodes,
-            sentinel: Some(watch),
-        } = &self.inner.backend
-        else {
-            return;
-        };
-        let found = {
-            let mut sentinel = watch.sentinel.lock().await;
-            discover(&mut sentinel, &watch.master, self.inner.config.timeout).await
-        };
-        let found = match found {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::debug!(master = %watch.master, error = %e, "sentinel lookup failed");
-                return;
-            }
-        };
-        let current = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let same_replicas = current.replicas.len() == found.replicas.len()
-            && current
-                .replicas
-                .iter()
-                .zip(&found.replicas)
-                .all(|(a, b)| a.url == b.url);
-        if current.primary.url == found.primary.url && same_replicas {
-            return;
-        }
-        if current.primary.url != found.primary.url {
-            // The library replicates, but a promoted node may have been restarted empty.
-            if let Err(e) = self.load(&found.primary).await {
-                tracing::warn!(master = %watch.master, primary = %found.primary.url, error = %e, "could not load the code on the new primary");
-            }
-            tracing::warn!(master = %watch.master, from = %current.primary.url, to = %found.primary.url, "sentinel failover: switching primary");
-        }
-        *nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(found);
-    }
-
-    /// Loads the code on `node`: the function library on the primary (it replicates), or the
-    /// scripts on any node.
-    async fn load(&self, node: &Node) -> Result<(), StoreError> {
-        let result = query(
-            &mut node.conn.clone(),
-            &self.load_command(),
-            self.load_timeout(),
-        )
-        .await;
-        let result = match (result, self.inner.config.script_mode) {
-            (Ok(_), ScriptMode::EvalSha) => self.load_remaining_scripts(node).await,
-            (result, _) => result,
-        };
-        result.map(drop).map_err(|f| f.into_store_error(&node.url))
-    }
-
-    /// Loads the code on every primary of a Cluster (scripts: on every node).
-    async fn load_cluster(&self, conn: &ClusterConnection) -> Result<(), StoreError> {
-        let mut conn = conn.clone();
-        // `FUNCTION LOAD` and `SCRIPT LOAD` are routed to all primaries / all nodes by the
-        // client, which fails if one fails.
-        let mut result = query(&mut conn, &self.load_command(), self.load_timeout()).await;
-        if result.is_ok() && self.inner.config.script_mode == ScriptMode::EvalSha {
-            for op in &Op::ALL[1..] {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(self.inner.code.script(*op).0);
-                result = query(&mut conn, &load, self.load_timeout()).await;
-                if result.is_err() {
-                    break;
-                }
-            }
-        }
-        result
-            .map(drop)
-            .map_err(|f| f.into_store_error(&self.inner.name))
-    }
-
-    /// Loading compiles the code: allow it more than one decision's timeout.
-    fn load_timeout(&self) -> Duration {
-        self.inner.config.timeout.max(Duration::from_secs(2))
-    }
-
-    /// `FUNCTION LOAD REPLACE <library>`, or `SCRIPT LOAD` of the first script.
-    fn load_command(&self) -> redis::Cmd {
-        let code = &self.inner.code;
-        match self.inner.config.script_mode {
-            ScriptMode::Function => {
-                let mut load = redis::cmd("FUNCTION");
-                load.arg("LOAD").arg("REPLACE").arg(&code.library_source);
-                load
-            }
-            ScriptMode::EvalSha => {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(code.script(Op::ALL[0]).0);
-                load
-            }
-        }
-    }
-
-    async fn load_remaining_scripts(&self, node: &Node) -> Result<Value, Failure> {
-        let mut last = Ok(Value::Nil);
-        for op in &Op::ALL[1..] {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(self.inner.code.script(*op).0);
-            last = node.query(&load, self.load_timeout()).await;
-            if last.is_err() {
-                break;
-            }
-        }
-        last
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn build_call(
-        &self,
-        op: Op,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        batch: u64,
-        now_ms: u64,
-        on_replica: bool,
-    ) -> redis::Cmd {
-        let inner = &self.inner;
-        let code = &inner.code;
-        let keys = keys::policy_keys(&inner.config.key_prefix, policy, key);
-        let mut cmd = match inner.config.script_mode {
-            ScriptMode::Function => {
-                let mut c = redis::cmd(if on_replica { "FCALL_RO" } else { "FCALL" });
-                c.arg(code.function(op));
-                c
-            }
-            ScriptMode::EvalSha => {
-                let mut c = redis::cmd(if on_replica { "EVALSHA_RO" } else { "EVALSHA" });
-                c.arg(code.script(op).1);
-                c
-            }
-        };
-        cmd.arg(keys.len()).arg(&keys);
-        match inner.config.clock {
-            ClockSource::App => cmd.arg(now_ms),
-            ClockSource::Redis => cmd.arg("redis"),
-        };
-        cmd.arg(cost)
-            .arg(&inner.margin_ms)
-            .arg(policy.limits().len());
-        for limit in policy.limits() {
-            let alg = match limit.algorithm() {
-                Algorithm::FixedWindow if limit.align() => 2,
-                Algorithm::FixedWindow => 1,
-                Algorithm::SlidingWindow => 3,
-                _ => 4,
-            };
-            let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
-            let tau = u128::from(limit.burst()) * per;
-            // The bucket's step. A check uses it only for costs it may admit (cost <= max;
-            // larger ones are refused first). A refund of `burst` or more empties the bucket
-            // whatever the cost, so capping it there keeps the step below 2^53 ms for Lua.
-            // An acquire passes the step of one unit; the script scales it to the amount it
-            // takes (at most max).
-            let capped = match op {
-                Op::Refund => cost.min(limit.burst()),
-                Op::Acquire => 1,
-                _ => cost.min(limit.max()),
-            };
-            let step = u128::from(capped) * per;
-            cmd.arg(alg)
-                .arg(limit.max())
-                .arg(limit.per_ms())
-                .arg(limit.precision_ms())
-                .arg(limit.burst())
-                .arg((tau / max).to_string())
-                .arg((tau % max).to_string())
-                .arg((step / max).to_string())
-                .arg((step % max).to_string());
-        }
-        if op == Op::Acquire {
-            cmd.arg(batch);
-        }
+    /// The command that runs `call` (`FCALL_RO`/`EVALSHA_RO` on a replica).
+    fn command(&self, call: &Call<'_>, on_replica: bool) -> redis::Cmd {
+        let mut cmd = self.inner.code.invocation(call.entry, on_replica);
+        self.inner
+            .codec
+            .encode(&mut cmd, call.policy, call.key, call.op, call.now_ms);
         cmd
-    }
-
-    /// [`RedisStore::call_unmeasured`], measured: `sluice_store_latency_seconds{store}` and
-    /// `sluice_store_errors_total{store, kind}` through the `metrics` facade (recorded only if
-    /// the application installed a recorder).
-    async fn call(
-        &self,
-        op: Op,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        batch: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        let started = Instant::now();
-        let result = self
-            .call_unmeasured(op, policy, key, cost, batch, now_ms)
-            .await;
-        let label = self.inner.label.clone();
-        metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
-            .record(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            let kind = match e {
-                StoreError::Timeout(_) => "timeout",
-                StoreError::Unavailable(_) => "unavailable",
-                StoreError::Corrupt { .. } => "corrupt",
-                _ => "other",
-            };
-            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => kind)
-                .increment(1);
-        }
-        result
     }
 
     /// Runs `op` on the primary, or on a replica for a peek when configured; reloads the code
     /// once if the node does not know it (after `FUNCTION FLUSH`, `SCRIPT FLUSH` or a restart).
-    async fn call_unmeasured(
+    async fn run(
         &self,
-        op: Op,
         policy: &Policy,
         key: &str,
-        cost: u64,
-        batch: u64,
+        op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
+        let Some(entry) = Entry::of(op) else {
+            return Err(StoreError::Backend(format!(
+                "the Redis store cannot run {op:?}"
+            )));
+        };
+        let call = Call {
+            policy,
+            key,
+            op,
+            entry,
+            now_ms,
+        };
         let inner = &self.inner;
-        let on_replica = op == Op::Peek && inner.config.read_from == ReadFrom::Replicas;
+        let on_replica = op.is_read_only() && inner.config.read_from == ReadFrom::Replicas;
         let reply = match &inner.backend {
-            Backend::Cluster { conn } => {
-                self.call_cluster(conn, op, policy, key, cost, batch, now_ms, on_replica)
-                    .await?
-            }
+            Backend::Cluster { conn } => self.call_cluster(conn, &call, on_replica).await?,
             Backend::Direct { nodes, .. } => {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 let mut answered = None;
@@ -821,10 +226,7 @@ impl RedisStore {
                     let i =
                         inner.next_replica.fetch_add(1, Ordering::Relaxed) % nodes.replicas.len();
                     let replica = &nodes.replicas[i];
-                    match self
-                        .call_on(&nodes, replica, true, op, policy, key, cost, batch, now_ms)
-                        .await
-                    {
+                    match self.call_on(&nodes, replica, true, &call).await {
                         Ok(v) => answered = Some(v),
                         // A peek is a read: the primary answers it as well (with fresher data).
                         Err(e) => {
@@ -834,63 +236,45 @@ impl RedisStore {
                 }
                 match answered {
                     Some(v) => v,
-                    None => {
-                        self.call_on(
-                            &nodes,
-                            &nodes.primary,
-                            false,
-                            op,
-                            policy,
-                            key,
-                            cost,
-                            batch,
-                            now_ms,
-                        )
-                        .await?
-                    }
+                    None => self.call_on(&nodes, &nodes.primary, false, &call).await?,
                 }
             }
         };
-        parse_reply(&reply, policy, op, cost)
+        codec::decode(&reply, policy, op)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Sends `call` to `node` (one of `nodes`), loading the code once if it is missing.
     async fn call_on(
         &self,
         nodes: &Nodes,
         node: &Node,
         on_replica: bool,
-        op: Op,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        batch: u64,
-        now_ms: u64,
+        call: &Call<'_>,
     ) -> Result<Value, StoreError> {
-        let cmd = self.build_call(op, policy, key, cost, batch, now_ms, on_replica);
-        let timeout = self.inner.config.timeout;
-        let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
+        let cmd = self.command(call, on_replica);
+        let inner = &self.inner;
+        let timeout = inner.config.timeout;
         let failed = |f: Failure| {
             if !on_replica && f.suggests_failover() {
                 self.rediscover_soon();
             }
-            f.into_store_error(&what())
+            f.into_store_error(&keys::stem(&inner.config.key_prefix, call.policy, call.key))
         };
         match node.query(&cmd, timeout).await {
             Ok(v) => Ok(v),
-            Err(Failure::Redis(e)) if code_missing(&e) => {
+            Err(f) if f.is_code_missing() => {
                 // Nothing ran: the node did not know the code. Load it and try once more.
-                let functions = self.inner.config.script_mode == ScriptMode::Function;
+                let functions = inner.code.mode() == ScriptMode::Function;
                 if on_replica && functions {
                     // Functions replicate from the primary; the caller falls back to it.
-                    self.load(&nodes.primary).await?;
+                    nodes.primary.load(&inner.code, timeout).await?;
                     return Err(StoreError::Backend(format!(
                         "{}: function library missing",
                         node.url
                     )));
                 }
-                self.load(if functions { &nodes.primary } else { node })
-                    .await?;
+                let target = if functions { &nodes.primary } else { node };
+                target.load(&inner.code, timeout).await?;
                 node.query(&cmd, timeout).await.map_err(failed)
             }
             Err(f) => Err(failed(f)),
@@ -899,28 +283,23 @@ impl RedisStore {
 
     /// [`RedisStore::call_on`] for a Cluster: the client routes by the keys' slot (`FCALL_RO`
     /// to a replica when reading from replicas) and follows MOVED/ASK.
-    #[allow(clippy::too_many_arguments)]
     async fn call_cluster(
         &self,
         conn: &ClusterConnection,
-        op: Op,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        batch: u64,
-        now_ms: u64,
+        call: &Call<'_>,
         on_replica: bool,
     ) -> Result<Value, StoreError> {
-        let cmd = self.build_call(op, policy, key, cost, batch, now_ms, on_replica);
-        let timeout = self.inner.config.timeout;
-        let what = || keys::stem(&self.inner.config.key_prefix, policy, key);
+        let cmd = self.command(call, on_replica);
+        let inner = &self.inner;
+        let timeout = inner.config.timeout;
+        let what = || keys::stem(&inner.config.key_prefix, call.policy, call.key);
         let mut conn = conn.clone();
         match query(&mut conn, &cmd, timeout).await {
             Ok(v) => Ok(v),
-            Err(Failure::Redis(e)) if code_missing(&e) => {
+            Err(f) if f.is_code_missing() => {
                 // A node restarted empty (functions replicate, but a new or flushed primary
                 // may not have them): load everywhere and try once more.
-                self.load_cluster(&conn).await?;
+                topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
                 query(&mut conn, &cmd, timeout)
                     .await
                     .map_err(|f| f.into_store_error(&what()))
@@ -930,142 +309,27 @@ impl RedisStore {
     }
 }
 
-/// The node does not have the code: `NOSCRIPT`, or `ERR Function not found`.
-fn code_missing(e: &RedisError) -> bool {
-    e.code() == Some("NOSCRIPT")
-        || e.detail().is_some_and(|d| d.contains("Function not found"))
-        || e.to_string().contains("Function not found")
-}
-
-fn map_error(e: &RedisError, what: &str) -> StoreError {
-    if e.is_timeout() {
-        return StoreError::Unavailable(format!("{what}: {e}"));
-    }
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return StoreError::Unavailable(format!("{what}: {e}"));
-    }
-    let text = e.to_string();
-    if e.code() == Some("WRONGTYPE") {
-        return StoreError::Corrupt {
-            key: what.to_owned(),
-            detail: "a key of this policy holds a value of the wrong Redis type".to_owned(),
-        };
-    }
-    if let Some(at) = text.find("SLUICE_CORRUPT ") {
-        let detail = text[at + "SLUICE_CORRUPT ".len()..].to_owned();
-        return StoreError::Corrupt {
-            key: what.to_owned(),
-            detail,
-        };
-    }
-    if matches!(
-        e.code(),
-        Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY")
-    ) {
-        return StoreError::Unavailable(format!("{what}: {e}"));
-    }
-    StoreError::Backend(format!("{what}: {text}"))
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    }
-}
-
-/// Turns the script's reply into a decision (the binding limit is chosen here, by the same
-/// function the memory store uses).
-fn parse_reply(reply: &Value, policy: &Policy, op: Op, cost: u64) -> Result<Decision, StoreError> {
-    let bad = |what: &str| {
-        StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad("not an array"));
-    };
-    let limits = policy.limits();
-    let expected = 2 + 4 * limits.len() + usize::from(op == Op::Acquire);
-    // The decision's cost: what was asked; a refund reports the state (cost 0); an acquire
-    // the amount it took (its last value).
-    let cost = match op {
-        Op::Refund => 0,
-        Op::Acquire => items
-            .last()
-            .and_then(int)
-            .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| bad("the amount taken"))?,
-        _ => cost,
-    };
-    if items.len() != expected {
-        return Err(bad(&format!(
-            "{} values for {} limits",
-            items.len(),
-            limits.len()
-        )));
-    }
-    let allowed = int(&items[0]).ok_or_else(|| bad("allowed"))? == 1;
-    let now = int(&items[1])
-        .and_then(|n| u64::try_from(n).ok())
-        .ok_or_else(|| bad("now"))?;
-    let mut statuses = Vec::with_capacity(limits.len());
-    for (i, limit) in limits.iter().enumerate() {
-        let f = &items[2 + 4 * i..6 + 4 * i];
-        let n = |j: usize| int(&f[j]).ok_or_else(|| bad("a limit's field"));
-        let u = |j: usize| n(j).and_then(|v| u64::try_from(v).map_err(|_| bad("a negative field")));
-        let retry = n(3)?;
-        statuses.push(LimitStatus {
-            max: limit.max(),
-            per_ms: limit.per_ms(),
-            algorithm: limit.algorithm(),
-            admits: n(0)? == 1,
-            remaining: u(1)?,
-            reset_ms: u(2)?,
-            retry_after_ms: u64::try_from(retry).ok(),
-        });
-    }
-    Ok(Decision::new(allowed, cost, statuses, now))
-}
-
 impl Store for RedisStore {
-    async fn check(
+    /// [`Store::call`], measured: `sluice_store_latency_seconds{store}` and
+    /// `sluice_store_errors_total{store, kind}` through the `metrics` facade (recorded only if
+    /// the application installed a recorder).
+    async fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.call(Op::Check, policy, key, cost, 0, now_ms).await
-    }
-
-    async fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.call(Op::Peek, policy, key, cost, 0, now_ms).await
-    }
-
-    async fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.call(Op::Refund, policy, key, cost, 0, now_ms).await
-    }
-
-    async fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.call(Op::Acquire, policy, key, min, max, now_ms).await
+        let started = Instant::now();
+        let result = self.run(policy, key, op, now_ms).await;
+        let label = self.inner.label.clone();
+        metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => error::kind(e))
+                .increment(1);
+        }
+        result
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {

@@ -252,7 +252,7 @@ async fn apply<S: sluice::Store>(
             max,
         } => {
             // Through the store (the limiter has no acquire of its own), at the limiter's now.
-            use sluice::Clock;
+            use sluice::{Clock, StoreExt};
             let p = &policies[*policy];
             limiter
                 .store()

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::{Decision, LimitSpec, Limiter, ManualClock, Policy, Store, StoreError, SystemClock};
+use sluice::{
+    Decision, LimitSpec, Limiter, ManualClock, Policy, StoreError, StoreExt, SystemClock,
+};
 use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::{RedisServer, ReplicaSet};
 

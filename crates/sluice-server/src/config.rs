@@ -1,4 +1,4 @@
-//! The configuration file (CONTRACT §5), parsed and validated in one pass.
+//! The configuration file (docs/configuration.md), parsed and validated in one pass.
 //!
 //! Every value is checked while it is read, so an error carries the file, the line and the
 //! path of the value, e.g. `sluice.yaml:7:15: policies.api.limits[1].per: `0s` is not a

@@ -1,4 +1,4 @@
-//! The HTTP JSON API (CONTRACT §3).
+//! The HTTP JSON API (docs/api.md).
 //!
 //! Every answer is JSON (`content-type: application/json`), errors included:
 //! `{"error": {"code": "…", "message": "…"}}` with a message a person can act on. Bodies are
@@ -289,7 +289,7 @@ fn secs_up(ms: u64) -> u64 {
     ms.div_ceil(1_000)
 }
 
-/// The decision body (CONTRACT §3), in the contract's field order.
+/// The decision body (docs/api.md#the-decision-body), in the documented field order.
 #[derive(serde::Serialize)]
 struct DecisionBody<'a> {
     allowed: bool,
@@ -316,7 +316,7 @@ struct LimitBody {
     retry_after_ms: Option<u64>,
 }
 
-/// The decision body and headers (CONTRACT §3).
+/// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
 pub fn decision_response(
     status: StatusCode,
     policy: &Policy,

@@ -1,10 +1,9 @@
-//! The Sluice server: the HTTP JSON API (CONTRACT §3), configuration (§5) and the `sluice`
-//! command line (§6). `main` only parses the command line; [`app::run`] is the server, which
-//! tests start on port-0 listeners.
+//! The Sluice server: the HTTP JSON API, Envoy's rate limit gRPC API, configuration and
+//! metrics. [`app::run`] is the server, which tests start on port-0 listeners; the `sluice`
+//! binary (crate `sluice-cli`) only parses the command line and calls it. Only what serving
+//! needs is here: the load generator is `sluice-bench`.
 
 pub mod app;
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod grpc;
 pub mod http;

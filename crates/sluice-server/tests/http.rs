@@ -1,5 +1,5 @@
 //! End to end: the real server on port 0, a real HTTP client, every endpoint and error of
-//! CONTRACT §3, the headers of a full window, reloads and a graceful shutdown.
+//! docs/api.md, the headers of a full window, reloads and a graceful shutdown.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

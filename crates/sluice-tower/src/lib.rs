@@ -14,7 +14,7 @@
 //!    the [fallback key](RateLimitLayer::fallback_key).
 //! 3. **Charge when the request starts.** `check(policy, key, cost)` with cost 1 or
 //!    [a function of the request](RateLimitLayer::cost). All limits of the policy are decided
-//!    all-or-nothing (CONTRACT §2).
+//!    all-or-nothing (docs/algorithms.md#all-or-nothing).
 //! 4. **Denied:** `429 Too Many Requests`, `Retry-After` in seconds (omitted when the cost can
 //!    never fit), an `application/problem+json` body of the IETF rate-limit draft's
 //!    `quota-exceeded` type (see [`response`]), and the rate-limit headers; the inner service

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use common::{Inner, T0, header, json, request};
 use http::{HeaderName, StatusCode};
-use sluice::{Decision, FailureMode, LimitSpec, Limiter, ManualClock, Policy, Store, StoreError};
+use sluice::{
+    Decision, FailureMode, LimitSpec, Limiter, ManualClock, Op, Policy, Store, StoreError,
+};
 use sluice_tower::{KeyExtractor, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -32,13 +34,7 @@ impl Failing {
 }
 
 impl Store for Failing {
-    async fn check(&self, _: &Policy, _: &str, _: u64, _: u64) -> Result<Decision, StoreError> {
-        Err(self.error())
-    }
-    async fn peek(&self, _: &Policy, _: &str, _: u64, _: u64) -> Result<Decision, StoreError> {
-        Err(self.error())
-    }
-    async fn refund(&self, _: &Policy, _: &str, _: u64, _: u64) -> Result<Decision, StoreError> {
+    async fn call(&self, _: &Policy, _: &str, _: Op, _: u64) -> Result<Decision, StoreError> {
         Err(self.error())
     }
     async fn forget(&self, _: &Policy, _: &str) -> Result<(), StoreError> {

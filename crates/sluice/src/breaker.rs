@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_core::evaluate::Op;
 use sluice_core::{Decision, Policy};
 
 use crate::store::{Store, StoreError};
@@ -259,53 +260,18 @@ impl<S> CircuitBreaker<S> {
 }
 
 impl<S: Store> Store for CircuitBreaker<S> {
-    async fn check(
+    async fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.guarded(self.store.check(policy, key, cost, now_ms))
-            .await
-    }
-
-    async fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.guarded(self.store.peek(policy, key, cost, now_ms))
-            .await
-    }
-
-    async fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.guarded(self.store.refund(policy, key, cost, now_ms))
-            .await
+        self.guarded(self.store.call(policy, key, op, now_ms)).await
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.guarded(self.store.forget(policy, key)).await
-    }
-
-    async fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.guarded(self.store.acquire(policy, key, min, max, now_ms))
-            .await
     }
 }
 
@@ -316,7 +282,7 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
-    use crate::{LimitSpec, MemoryStore};
+    use crate::{LimitSpec, MemoryStore, StoreExt};
 
     /// A memory store that fails (transiently) while `down` is set, counting the calls that
     /// reached it.
@@ -328,36 +294,18 @@ mod tests {
     }
 
     impl Store for Flaky {
-        async fn check(
+        async fn call(
             &self,
             policy: &Policy,
             key: &str,
-            cost: u64,
+            op: Op,
             now_ms: u64,
         ) -> Result<Decision, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::Timeout(Duration::from_millis(50)));
             }
-            self.memory.check(policy, key, cost, now_ms).await
-        }
-        async fn peek(
-            &self,
-            policy: &Policy,
-            key: &str,
-            cost: u64,
-            now_ms: u64,
-        ) -> Result<Decision, StoreError> {
-            self.check(policy, key, cost, now_ms).await
-        }
-        async fn refund(
-            &self,
-            policy: &Policy,
-            key: &str,
-            cost: u64,
-            now_ms: u64,
-        ) -> Result<Decision, StoreError> {
-            self.memory.refund(policy, key, cost, now_ms).await
+            self.memory.call(policy, key, op, now_ms).await
         }
         async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
             self.memory.forget(policy, key).await

@@ -1,8 +1,8 @@
 //! The rate-limit response headers of a decision, as `(name, value)` pairs.
 //!
-//! One rendering ([`render`]) shared by the server (CONTRACT §3) and the tower layer, so both
-//! speak the same headers to the byte. Pure functions, no HTTP types: names are lowercase
-//! `&'static str` (valid for any HTTP library's `from_static`), values are visible ASCII.
+//! One rendering ([`render`]) shared by the server (docs/api.md#headers) and the tower layer,
+//! so both speak the same headers to the byte. Pure functions, no HTTP types: names are
+//! lowercase `&'static str` (valid for any HTTP library's `from_static`), values are visible ASCII.
 //!
 //! - GitHub's set ([`github`]): `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (Unix
 //!   seconds, rounded up) and `-resource` (the policy name), for the binding limit.

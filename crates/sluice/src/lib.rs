@@ -46,11 +46,12 @@ pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use limiter::{Error, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use reserve::{Batch, ReserveConfig, ReserveStats, Reserving};
+pub use sluice_core::evaluate::Op;
 pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
     LimitState, LimitStatus, ManualClock, Policy, SystemClock,
 };
-pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError};
+pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError, StoreExt};
 
 #[cfg(test)]
 mod test_support {

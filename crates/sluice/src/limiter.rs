@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use sluice_core::evaluate::Op;
 use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock};
 
 use crate::memory::MemoryStore;
 use crate::store::{Store, StoreError};
 
-/// The longest key, in bytes (CONTRACT §1).
+/// The longest key, in bytes (docs/algorithms.md#words).
 pub const MAX_KEY_LEN: usize = 512;
 
 /// Why a limiter call failed. Being limited is not an error: it is a denied [`Decision`].
@@ -64,14 +65,6 @@ pub struct Limiter<S, C = SystemClock> {
     clock: C,
     policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
     insurance: Arc<MemoryStore>,
-}
-
-/// Which operation failed over to a failure mode.
-#[derive(Clone, Copy)]
-enum Op {
-    Check,
-    Peek,
-    Refund,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {
@@ -147,10 +140,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 
     /// Checks `cost` units for `key` under policy `policy`, recording them if every limit
-    /// admits (CONTRACT §2). `cost = 0` records nothing and reports the state.
+    /// admits (docs/algorithms.md#all-or-nothing). `cost = 0` records nothing and reports
+    /// the state.
     pub async fn check(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let policy = self.lookup(policy)?;
-        self.check_policy(policy, key, cost).await
+        self.check_policy(self.lookup(policy)?, key, cost).await
     }
 
     /// [`Limiter::check`] with a policy the caller holds (one not registered by name).
@@ -160,29 +153,27 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
-        validate(key, cost)?;
-        let now = self.clock.now_ms();
-        match self.store.check(policy, key, cost, now).await {
-            Ok(d) => Ok(d),
-            Err(e) => self.failed(Op::Check, policy, key, cost, now, e).await,
-        }
+        self.call(policy, key, Op::Check { cost }).await
     }
 
     /// The decision a check of `cost` would get now; records nothing.
     pub async fn peek(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let policy = self.lookup(policy)?;
-        validate(key, cost)?;
-        let now = self.clock.now_ms();
-        match self.store.peek(policy, key, cost, now).await {
-            Ok(d) => Ok(d),
-            Err(e) => self.failed(Op::Peek, policy, key, cost, now, e).await,
-        }
+        self.peek_policy(self.lookup(policy)?, key, cost).await
+    }
+
+    /// [`Limiter::peek`] with a policy the caller holds.
+    pub async fn peek_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.call(policy, key, Op::Peek { cost }).await
     }
 
     /// Gives `cost` back to the key's current windows, never below zero used.
     pub async fn refund(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let policy = self.lookup(policy)?;
-        self.refund_policy(policy, key, cost).await
+        self.refund_policy(self.lookup(policy)?, key, cost).await
     }
 
     /// [`Limiter::refund`] with a policy the caller holds.
@@ -192,12 +183,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
-        validate(key, cost)?;
-        let now = self.clock.now_ms();
-        match self.store.refund(policy, key, cost, now).await {
-            Ok(d) => Ok(d),
-            Err(e) => self.failed(Op::Refund, policy, key, cost, now, e).await,
-        }
+        self.call(policy, key, Op::Refund { cost }).await
     }
 
     /// Forgets the key's state under the policy.
@@ -207,13 +193,23 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Ok(self.store.forget(policy, key).await?)
     }
 
+    /// Validates the request and runs `op` on the store now, applying the policy's failure
+    /// mode if the store cannot answer.
+    async fn call(&self, policy: &Policy, key: &str, op: Op) -> Result<Decision, Error> {
+        validate(key, op.cost())?;
+        let now = self.clock.now_ms();
+        match self.store.call(policy, key, op, now).await {
+            Ok(d) => Ok(d),
+            Err(e) => self.failed(policy, key, op, now, e).await,
+        }
+    }
+
     /// Applies the policy's failure mode to a store error.
     async fn failed(
         &self,
-        op: Op,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now: u64,
         error: StoreError,
     ) -> Result<Decision, Error> {
@@ -221,14 +217,9 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             return Err(Error::Store(error));
         }
         match policy.failure_mode() {
-            FailureMode::Open => Ok(Decision::fail_open(policy, cost, now)),
+            FailureMode::Open => Ok(Decision::fail_open(policy, op.cost(), now)),
             FailureMode::Local => {
-                let insurance = &self.insurance;
-                let decided = match op {
-                    Op::Check => insurance.check(policy, key, cost, now).await,
-                    Op::Peek => insurance.peek(policy, key, cost, now).await,
-                    Op::Refund => insurance.refund(policy, key, cost, now).await,
-                };
+                let decided = self.insurance.call(policy, key, op, now).await;
                 Ok(decided?.degraded(Degraded::Local))
             }
             // Closed, and any mode added later: refuse to decide.

@@ -17,7 +17,8 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
-use sluice_core::{Decision, Limit, LimitState, Policy, evaluate};
+use sluice_core::evaluate::{self, Op};
+use sluice_core::{Decision, Limit, LimitState, Policy};
 
 use crate::store::{Store, StoreError};
 
@@ -267,53 +268,20 @@ impl ShardInner {
 }
 
 impl Store for MemoryStore {
-    fn check(
+    fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(Ok(self.update(policy, key, now_ms, |states| {
-            evaluate::check(policy, states, cost, now_ms)
-        })))
-    }
-
-    fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(Ok(self.read(policy, key, |states| {
-            evaluate::peek(policy, states, cost, now_ms)
-        })))
-    }
-
-    fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(Ok(self.update(policy, key, now_ms, |states| {
-            evaluate::refund(policy, states, cost, now_ms)
-        })))
-    }
-
-    fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(Ok(self.update(policy, key, now_ms, |states| {
-            evaluate::acquire(policy, states, min, max, now_ms)
-        })))
+        let decide = |states: &[LimitState]| evaluate::apply(policy, states, op, now_ms);
+        let decision = if op.is_read_only() {
+            self.read(policy, key, |states| decide(states).decision)
+        } else {
+            self.update(policy, key, now_ms, decide)
+        };
+        ready(Ok(decision))
     }
 
     fn forget(
@@ -335,6 +303,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::StoreExt;
     use sluice_core::LimitSpec;
 
     const T0: u64 = 1_700_000_000_000;

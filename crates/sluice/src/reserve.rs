@@ -2,7 +2,7 @@
 //! store that serves most decisions of hot keys from memory.
 //!
 //! Per (policy, key) the process holds a **lease**: units taken from the backing store with
-//! one [`Store::acquire`] call (at least the request's cost, at most the batch, so the last
+//! one [`Op::Acquire`] call (at least the request's cost, at most the batch, so the last
 //! units of a window are still handed out). Leased units are already recorded in the store,
 //! so the fleet never admits more than `max`; the price is under-admission: units leased
 //! but not used before the lease ends (at most processes × batch per window). See
@@ -19,7 +19,7 @@
 //!   used it when it was taken: a fixed window until its reset, a sliding window until the
 //!   end of the current precision bucket, a token bucket at most [`ReserveConfig::max_lease`]
 //!   (default 1 s, also a cap for the others). Units left when a lease ends early are given
-//!   back ([`Store::refund`]) while that is still exact; [`Reserving::release`] gives every
+//!   back ([`Op::Refund`]) while that is still exact; [`Reserving::release`] gives every
 //!   lease back at shutdown.
 //! - **Batch.** [`Batch::Fraction`] of the smallest `max` of the policy, or [`Batch::Auto`]:
 //!   starts at 1, grows ×1.5 when a lease is used up within half its lifetime, halves when a
@@ -42,10 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hashbrown::HashTable;
+use sluice_core::evaluate::Op;
 use sluice_core::{Algorithm, Decision, LimitStatus, Policy};
 use tokio::sync::watch;
 
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreExt};
 
 /// How many units a lease takes at once.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -481,15 +482,15 @@ impl Drop for FetchGuard<'_> {
     }
 }
 
-impl<S: Store> Store for Reserving<S> {
-    async fn check(
+impl<S: Store> Reserving<S> {
+    /// A check served from the lease when it can be (the module docs say how).
+    async fn check_leased(
         &self,
         policy: &Policy,
         key: &str,
         cost: u64,
-        now_ms: u64,
+        now: u64,
     ) -> Result<Decision, StoreError> {
-        let now = now_ms;
         let (_, largest) = self.batch_bounds(policy);
         if cost == 0 || cost > largest {
             return self.direct(None, policy, key, cost, now).await;
@@ -626,25 +627,21 @@ impl<S: Store> Store for Reserving<S> {
             }
         }
     }
+}
 
-    async fn peek(
+impl<S: Store> Store for Reserving<S> {
+    async fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.inner.peek(policy, key, cost, now_ms).await
-    }
-
-    async fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.inner.refund(policy, key, cost, now_ms).await
+        match op {
+            Op::Check { cost } => self.check_leased(policy, key, cost, now_ms).await,
+            // Peeks (which see leased units as used), refunds and acquires.
+            _ => self.inner.call(policy, key, op, now_ms).await,
+        }
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
@@ -656,16 +653,5 @@ impl<S: Store> Store for Reserving<S> {
             l.denied = None;
         }
         self.inner.forget(policy, key).await
-    }
-
-    async fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.inner.acquire(policy, key, min, max, now_ms).await
     }
 }

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_core::evaluate::Op;
 use sluice_core::{Decision, Policy};
 
 /// A store failed to answer. Being rate limited is never an error: it is a [`Decision`].
@@ -39,40 +40,26 @@ impl StoreError {
 
 /// Where the state of every (policy, key) lives.
 ///
-/// Each method is **one atomic operation** over all the limits of a policy for one key: the
-/// store reads the limits' states, evaluates them with [`sluice_core::evaluate`] (or a script
-/// that mirrors it) at `now_ms`, and writes back what changed, with no other decision for the
-/// same key interleaved. A store that keeps its own time (`clock: redis`) may ignore `now_ms`.
+/// [`Store::call`] runs **one atomic operation** ([`Op`]) over all the limits of a policy for
+/// one key: the store reads the limits' states, evaluates them with
+/// [`sluice_core::evaluate::apply`] (or a script that mirrors it) at `now_ms`, and writes back
+/// what changed, with no other decision for the same key interleaved. A store that keeps its
+/// own time (`clock: redis`) may ignore `now_ms`.
 ///
-/// Implementations: [`crate::MemoryStore`] here; the Redis stores in `sluice-redis`. Wrappers
-/// (the reservation layer, fault handling) implement `Store` over a `Store`. For a store chosen
-/// at run time, erase the type with [`SharedStore`].
+/// The request is a value, so a wrapper (the reservation layer, the circuit breaker, sharding)
+/// writes one `call` and passes on every operation, including ones added later; it looks
+/// inside only at the operations it changes. Callers use the one-line helpers of
+/// [`StoreExt`] (`store.check(policy, key, cost, now)`).
+///
+/// Implementations: [`crate::MemoryStore`] here; the Redis stores in `sluice-redis`. For a
+/// store chosen at run time, erase the type with [`SharedStore`].
 pub trait Store: Send + Sync {
-    /// Checks `cost` against every limit of `policy` for `key`; records it everywhere if all
-    /// admit, nowhere otherwise.
-    fn check(
+    /// Runs `op` on `key`'s state under `policy`, atomically, at `now_ms`.
+    fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
-
-    /// The decision a check of `cost` would get, recording nothing. May read a replica.
-    fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
-
-    /// Gives `cost` back to the key's current windows (never below zero used).
-    fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
@@ -82,14 +69,45 @@ pub trait Store: Send + Sync {
         policy: &Policy,
         key: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
 
-    /// Takes as many units as every limit admits now, at least `min` and at most `max`, in
-    /// one atomic operation ([`sluice_core::evaluate::acquire`]): how a process leases a batch
-    /// of tokens. The decision's `cost` is the amount taken; when even `min` does not fit it
-    /// is a refused check of `min`, recording nothing.
-    ///
-    /// The default takes exactly `min` (a plain check): correct, but never a batch. The
-    /// stores of this project take the batch.
+/// Calls of each [`Op`] by name, for every [`Store`]: each is [`Store::call`] with that
+/// operation, nothing more (a store cannot override them).
+pub trait StoreExt: Store {
+    /// [`Op::Check`]: records `cost` in every limit if all admit, nowhere otherwise.
+    fn check(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.call(policy, key, Op::Check { cost }, now_ms)
+    }
+
+    /// [`Op::Peek`]: the decision a check of `cost` would get, recording nothing.
+    fn peek(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.call(policy, key, Op::Peek { cost }, now_ms)
+    }
+
+    /// [`Op::Refund`]: gives `cost` back to the key's current windows.
+    fn refund(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.call(policy, key, Op::Refund { cost }, now_ms)
+    }
+
+    /// [`Op::Acquire`]: takes between `min` and `max` units, as many as every limit admits.
     fn acquire(
         &self,
         policy: &Policy,
@@ -98,40 +116,21 @@ pub trait Store: Send + Sync {
         max: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let _ = max;
-        self.check(policy, key, min, now_ms)
+        self.call(policy, key, Op::Acquire { min, max }, now_ms)
     }
 }
 
+impl<S: Store + ?Sized> StoreExt for S {}
+
 impl<S: Store + ?Sized> Store for Arc<S> {
-    fn check(
+    fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        (**self).check(policy, key, cost, now_ms)
-    }
-
-    fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        (**self).peek(policy, key, cost, now_ms)
-    }
-
-    fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        (**self).refund(policy, key, cost, now_ms)
+        (**self).call(policy, key, op, now_ms)
     }
 
     fn forget(
@@ -141,17 +140,6 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).forget(policy, key)
     }
-
-    fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        (**self).acquire(policy, key, min, max, now_ms)
-    }
 }
 
 /// A boxed future, for the object-safe [`DynStore`].
@@ -160,28 +148,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The object-safe form of [`Store`], implemented for every `Store`. Use it through
 /// [`SharedStore`].
 pub trait DynStore: Send + Sync {
-    /// [`Store::check`], boxed.
-    fn check_boxed<'a>(
+    /// [`Store::call`], boxed.
+    fn call_boxed<'a>(
         &'a self,
         policy: &'a Policy,
         key: &'a str,
-        cost: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
-    /// [`Store::peek`], boxed.
-    fn peek_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
-    /// [`Store::refund`], boxed.
-    fn refund_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
     /// [`Store::forget`], boxed.
@@ -190,46 +162,17 @@ pub trait DynStore: Send + Sync {
         policy: &'a Policy,
         key: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// [`Store::acquire`], boxed.
-    fn acquire_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
-    fn check_boxed<'a>(
+    fn call_boxed<'a>(
         &'a self,
         policy: &'a Policy,
         key: &'a str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.check(policy, key, cost, now_ms))
-    }
-
-    fn peek_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.peek(policy, key, cost, now_ms))
-    }
-
-    fn refund_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.refund(policy, key, cost, now_ms))
+        Box::pin(self.call(policy, key, op, now_ms))
     }
 
     fn forget_boxed<'a>(
@@ -238,17 +181,6 @@ impl<S: Store> DynStore for S {
         key: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.forget(policy, key))
-    }
-
-    fn acquire_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.acquire(policy, key, min, max, now_ms))
     }
 }
 
@@ -270,48 +202,17 @@ impl std::fmt::Debug for SharedStore {
 }
 
 impl Store for SharedStore {
-    async fn check(
+    async fn call(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.0.check_boxed(policy, key, cost, now_ms).await
-    }
-
-    async fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.0.peek_boxed(policy, key, cost, now_ms).await
-    }
-
-    async fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.0.refund_boxed(policy, key, cost, now_ms).await
+        self.0.call_boxed(policy, key, op, now_ms).await
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.0.forget_boxed(policy, key).await
-    }
-
-    async fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.0.acquire_boxed(policy, key, min, max, now_ms).await
     }
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Policy,
-    Store, StoreError,
+    Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Op,
+    Policy, Store, StoreError,
 };
 
 /// A memory store that answers with `failure` while `down` is set.
@@ -36,17 +36,9 @@ impl Switch {
 }
 
 impl Store for Switch {
-    async fn check(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
+    async fn call(&self, p: &Policy, k: &str, op: Op, now: u64) -> Result<Decision, StoreError> {
         self.gate()?;
-        self.memory.check(p, k, c, now).await
-    }
-    async fn peek(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
-        self.gate()?;
-        self.memory.peek(p, k, c, now).await
-    }
-    async fn refund(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
-        self.gate()?;
-        self.memory.refund(p, k, c, now).await
+        self.memory.call(p, k, op, now).await
     }
     async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
         self.gate()?;

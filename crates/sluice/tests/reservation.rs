@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    Batch, Decision, LimitSpec, MemoryStore, Policy, ReserveConfig, Reserving, Store, StoreError,
+    Batch, Decision, LimitSpec, MemoryStore, Op, Policy, ReserveConfig, Reserving, Store,
+    StoreError, StoreExt,
 };
 use tokio::sync::Semaphore;
 
@@ -49,28 +50,19 @@ struct Probe {
 }
 
 impl Store for Probe {
-    async fn check(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        self.memory.check(p, k, c, now).await
-    }
-    async fn peek(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
-        self.memory.peek(p, k, c, now).await
-    }
-    async fn refund(&self, p: &Policy, k: &str, c: u64, now: u64) -> Result<Decision, StoreError> {
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        self.memory.refund(p, k, c, now).await
-    }
-    async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
-        self.memory.forget(p, k).await
-    }
-    async fn acquire(
-        &self,
-        p: &Policy,
-        k: &str,
-        min: u64,
-        max: u64,
-        now: u64,
-    ) -> Result<Decision, StoreError> {
+    async fn call(&self, p: &Policy, k: &str, op: Op, now: u64) -> Result<Decision, StoreError> {
+        let max = match op {
+            Op::Check { .. } => {
+                self.checks.fetch_add(1, Ordering::SeqCst);
+                return self.memory.call(p, k, op, now).await;
+            }
+            Op::Refund { .. } => {
+                self.refunds.fetch_add(1, Ordering::SeqCst);
+                return self.memory.call(p, k, op, now).await;
+            }
+            Op::Acquire { max, .. } => max,
+            _ => return self.memory.call(p, k, op, now).await,
+        };
         self.acquires.fetch_add(1, Ordering::SeqCst);
         self.batches.lock().unwrap().push(max);
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -81,9 +73,12 @@ impl Store for Probe {
         if self.slow {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let d = self.memory.acquire(p, k, min, max, now).await;
+        let d = self.memory.call(p, k, op, now).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         d
+    }
+    async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
+        self.memory.forget(p, k).await
     }
 }
 

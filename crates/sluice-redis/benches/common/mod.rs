@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use sluice::{Policy, Store};
+use sluice::{Policy, Store, StoreExt};
 
 /// The `now` every bench check passes (the app clock, fixed: windows never close).
 pub(crate) const NOW: u64 = 1_700_000_000_000;

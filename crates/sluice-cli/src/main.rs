@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sluice_server::app::{self, Listeners};
-use sluice_server::cli::{self, Cli, Command, ConfigCommand, LogFormat};
+mod cli;
+
+use cli::{Cli, Command, ConfigCommand, LogFormat};
 use sluice_server::config::Config;
 
 fn main() -> ExitCode {
@@ -47,7 +49,7 @@ fn main() -> ExitCode {
                 })
             }
             Command::Bench(args) => {
-                let report = sluice_server::bench::run(&args).await?;
+                let report = sluice_bench::run(&args).await?;
                 if args.json {
                     println!("{}", report.to_json(&args));
                 } else {

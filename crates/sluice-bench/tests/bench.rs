@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use clap::Parser;
-use sluice_server::bench::{self, BenchArgs};
+use sluice_bench::{self as bench, BenchArgs};
 
+#[path = "../../sluice-server/tests/common/mod.rs"]
 mod common;
 
 #[derive(Parser)]

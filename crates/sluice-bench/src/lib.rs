@@ -22,7 +22,7 @@ use serde_json::json;
 use sluice::{LimitSpec, Limiter, MemoryStore, Policy, SharedStore};
 use sluice_redis::{RedisConfig, RedisStore};
 
-use crate::config::PositiveDuration;
+use sluice_server::config::PositiveDuration;
 
 /// What to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,26 +1,26 @@
-//! The `sluice` command line (CONTRACT §6).
+//! The `sluice` command line (docs/configuration.md lists every command and flag).
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, DEMO};
+use sluice_server::config::{Config, DEMO};
 
 /// Sluice: a distributed rate limiter.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Sluice: a distributed rate limiter")]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Log formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Lines for people.
     Human,
     /// One JSON object per line.
@@ -29,7 +29,7 @@ pub enum LogFormat {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the servers. Without --config: the in-memory store and a demo policy.
     Serve {
         /// The configuration file (YAML).
@@ -53,7 +53,7 @@ pub enum Command {
     },
     /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
     /// latency. Stops by itself after --duration or --requests.
-    Bench(crate::bench::BenchArgs),
+    Bench(sluice_bench::BenchArgs),
     /// Configuration tools.
     Config {
         /// What to do with a configuration.
@@ -64,7 +64,7 @@ pub enum Command {
 
 /// `sluice config …`.
 #[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// Validate a configuration file; exits non-zero with the reasons.
     Check {
         /// The file.
@@ -73,7 +73,7 @@ pub enum ConfigCommand {
 }
 
 /// Loads the configuration for `serve`, or the demo one.
-pub fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
+pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
     match file {
         Some(path) => Ok(Config::load(path)?),
         None => {
@@ -91,7 +91,7 @@ pub fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
 
 /// `sluice check`: one decision from a running server, printed as JSON; exit code 0 when
 /// allowed, 1 when denied, 2 on errors.
-pub async fn check(url: &str, policy: &str, key: &str, cost: u64) -> anyhow::Result<bool> {
+pub(crate) async fn check(url: &str, policy: &str, key: &str, cost: u64) -> anyhow::Result<bool> {
     let body = serde_json::json!({"policy": policy, "key": key, "cost": cost});
     let response = reqwest::Client::new()
         .post(format!("{}/v1/check", url.trim_end_matches('/')))

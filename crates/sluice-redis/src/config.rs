@@ -1,0 +1,234 @@
+//! How to reach and use Redis: [`RedisConfig`] (the [`Topology`], where peeks read, the
+//! clock, timeouts, keys) and its defaults.
+
+use std::time::Duration;
+
+use crate::keys::DEFAULT_PREFIX;
+use crate::script::ScriptMode;
+
+/// How long one call may take by default before it fails with
+/// [`StoreError::Timeout`](sluice::StoreError::Timeout): a decision is one round trip, so a
+/// healthy Redis answers well within it, and a stalled one costs a request no more than this
+/// before the policy's failure mode applies.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Keys expire this long after their state stops mattering, by default.
+const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
+
+/// Where peeks read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum ReadFrom {
+    /// Peeks go to a replica (round robin), or to the primary when none is configured or the
+    /// replica cannot answer.
+    #[default]
+    Replicas,
+    /// Everything goes to the primary.
+    Primary,
+}
+
+/// Where "now" comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum ClockSource {
+    /// The limiter's clock, passed to the script (testable with a manual clock).
+    #[default]
+    App,
+    /// Redis `TIME`, read inside the script: for fleets whose clocks disagree.
+    Redis,
+}
+
+/// Which Redis deployment a store talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One primary (decisions) and its replicas (peeks), at fixed addresses.
+    Standalone {
+        /// The primary's URL, e.g. `redis://127.0.0.1:6379`.
+        primary: String,
+        /// Replica URLs, for peeks.
+        replicas: Vec<String>,
+    },
+    /// A primary and its replicas found through Redis Sentinel; a failover is followed
+    /// without a restart (the store asks the sentinels again when the primary fails).
+    Sentinel {
+        /// The monitored master's name (`sentinel monitor <name> …`).
+        master: String,
+        /// Sentinel URLs, e.g. `redis://127.0.0.1:26379`.
+        sentinels: Vec<String>,
+    },
+    /// A Redis Cluster, reached through any of its nodes; the client follows MOVED/ASK and
+    /// topology changes. Peeks read replicas when [`ReadFrom::Replicas`].
+    Cluster {
+        /// Seed node URLs.
+        nodes: Vec<String>,
+    },
+}
+
+impl Topology {
+    /// The name of a store on this topology ([`RedisStore::name`](crate::RedisStore::name)),
+    /// known before connecting: the primary's URL, `sentinel:<master>` or
+    /// `cluster:<first node>`. It names a shard of a [`ShardedStore`](crate::ShardedStore), so
+    /// a configuration can check shards with
+    /// [`validate_shard_names`](crate::validate_shard_names) before connecting.
+    pub fn name(&self) -> String {
+        match self {
+            Topology::Standalone { primary, .. } => primary.clone(),
+            Topology::Sentinel { master, .. } => format!("sentinel:{master}"),
+            Topology::Cluster { nodes } => {
+                format!("cluster:{}", nodes.first().map_or("", String::as_str))
+            }
+        }
+    }
+}
+
+/// How to reach and use Redis: where (the [`Topology`]) and how (timeouts, clock, keys).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Where the data lives.
+    pub topology: Topology,
+    /// Where peeks read.
+    pub read_from: ReadFrom,
+    /// How long one call may take before it fails with
+    /// [`StoreError::Timeout`](sluice::StoreError::Timeout). Default [`DEFAULT_TIMEOUT`].
+    pub timeout: Duration,
+    /// Where "now" comes from.
+    pub clock: ClockSource,
+    /// Prepended to every key (no braces).
+    pub key_prefix: String,
+    /// Keys expire this long after their state stops mattering. Expiry only cleans up (the
+    /// script compares stored times with now), so the margin only needs to cover clock
+    /// differences between the limiter and Redis. Default 1 s.
+    pub expiry_margin: Duration,
+    /// Function library or EVALSHA.
+    pub script_mode: ScriptMode,
+}
+
+impl RedisConfig {
+    /// A configuration for one primary with the defaults: [`DEFAULT_TIMEOUT`], the app's
+    /// clock, prefix [`DEFAULT_PREFIX`], functions.
+    pub fn new(primary: impl Into<String>) -> Self {
+        Self::with_topology(Topology::Standalone {
+            primary: primary.into(),
+            replicas: Vec::new(),
+        })
+    }
+
+    /// A primary (and replicas) found through Sentinel, with the defaults.
+    pub fn sentinel(
+        master: impl Into<String>,
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self::with_topology(Topology::Sentinel {
+            master: master.into(),
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// A Redis Cluster reached through `nodes`, with the defaults.
+    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::with_topology(Topology::Cluster {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// A configuration for `topology` with the defaults.
+    pub fn with_topology(topology: Topology) -> Self {
+        Self {
+            topology,
+            read_from: ReadFrom::default(),
+            timeout: DEFAULT_TIMEOUT,
+            clock: ClockSource::default(),
+            key_prefix: DEFAULT_PREFIX.to_owned(),
+            expiry_margin: DEFAULT_EXPIRY_MARGIN,
+            script_mode: ScriptMode::default(),
+        }
+    }
+
+    /// Sets the replicas of a [`Topology::Standalone`] primary, for peeks (other topologies
+    /// find their replicas themselves; there this does nothing).
+    pub fn replicas(mut self, urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        if let Topology::Standalone { replicas, .. } = &mut self.topology {
+            *replicas = urls.into_iter().map(Into::into).collect();
+        }
+        self
+    }
+
+    /// Sets where peeks read.
+    pub fn read_from(mut self, read_from: ReadFrom) -> Self {
+        self.read_from = read_from;
+        self
+    }
+
+    /// Sets the per-call timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the clock source.
+    pub fn clock(mut self, clock: ClockSource) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets the key prefix.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the expiry margin.
+    pub fn expiry_margin(mut self, margin: Duration) -> Self {
+        self.expiry_margin = margin;
+        self
+    }
+
+    /// Sets how the code is loaded and called.
+    pub fn script_mode(mut self, mode: ScriptMode) -> Self {
+        self.script_mode = mode;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topology_names_its_store_before_connecting() {
+        let standalone = RedisConfig::new("redis://10.0.0.1:6379").replicas(["redis://r:6379"]);
+        assert_eq!(standalone.topology.name(), "redis://10.0.0.1:6379");
+        let sentinel = RedisConfig::sentinel("main", ["redis://s1:26379", "redis://s2:26379"]);
+        assert_eq!(sentinel.topology.name(), "sentinel:main");
+        let cluster = RedisConfig::cluster(["redis://c1:7000", "redis://c2:7000"]);
+        assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn read_from_and_clock_deserialize_from_snake_case_names() {
+        use serde::Deserialize;
+        use serde::de::value::{Error, StrDeserializer};
+
+        fn parse<T: for<'de> Deserialize<'de>>(name: &str) -> Result<T, Error> {
+            T::deserialize(StrDeserializer::<Error>::new(name))
+        }
+        assert_eq!(parse::<ReadFrom>("replicas"), Ok(ReadFrom::Replicas));
+        assert_eq!(parse::<ReadFrom>("primary"), Ok(ReadFrom::Primary));
+        assert_eq!(parse::<ClockSource>("app"), Ok(ClockSource::App));
+        assert_eq!(parse::<ClockSource>("redis"), Ok(ClockSource::Redis));
+        assert!(parse::<ClockSource>("Redis").is_err());
+    }
+}
