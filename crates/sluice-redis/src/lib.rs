@@ -41,5 +41,5 @@ mod topology;
 pub use config::{ClockSource, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Topology};
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;
-pub use sharded::{ShardedStore, rendezvous, validate_shard_names};
+pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};
 pub use store::RedisStore;

@@ -55,16 +55,38 @@ pub fn rendezvous<S: AsRef<str>>(shards: &[S], tag: &str) -> usize {
     best.0
 }
 
+/// Two shards of one name: the error of [`validate_shard_names`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateShard {
+    /// The position of the second shard of that name.
+    pub index: usize,
+    /// The repeated name.
+    pub name: String,
+}
+
+impl std::fmt::Display for DuplicateShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {} (`{}`) is listed twice; each shard needs its own primary",
+            self.index, self.name
+        )
+    }
+}
+
+impl std::error::Error for DuplicateShard {}
+
 /// Checks that shard names (the identities rendezvous hashing scores) are distinct: two
 /// shards of one name would split one shard's keys unpredictably. The error says which shard
 /// repeats which name, for a configuration error.
-pub fn validate_shard_names<N: AsRef<str>>(names: &[N]) -> Result<(), String> {
+pub fn validate_shard_names<N: AsRef<str>>(names: &[N]) -> Result<(), DuplicateShard> {
     for (i, name) in names.iter().enumerate() {
         let name = name.as_ref();
         if names[..i].iter().any(|n| n.as_ref() == name) {
-            return Err(format!(
-                "shard {i} (`{name}`) is listed twice; each shard needs its own primary"
-            ));
+            return Err(DuplicateShard {
+                index: i,
+                name: name.to_owned(),
+            });
         }
     }
     Ok(())
@@ -138,7 +160,7 @@ impl<S: Store> ShardedStore<S> {
                 "a sharded store needs at least one shard".to_owned(),
             ));
         }
-        validate_shard_names(&names).map_err(StoreError::Backend)?;
+        validate_shard_names(&names).map_err(|e| StoreError::Backend(e.to_string()))?;
         Ok(Self {
             shards: shards.into(),
             names: names.into(),
@@ -312,12 +334,11 @@ mod tests {
     fn shards_need_distinct_names_and_at_least_one_shard() {
         assert_eq!(validate_shard_names(&names(3)), Ok(()));
         let twice = ["redis://a:6379", "redis://b:6379", "redis://a:6379"];
+        let e = validate_shard_names(&twice).unwrap_err();
+        assert_eq!((e.index, e.name.as_str()), (2, "redis://a:6379"));
         assert_eq!(
-            validate_shard_names(&twice),
-            Err(
-                "shard 2 (`redis://a:6379`) is listed twice; each shard needs its own primary"
-                    .to_owned()
-            )
+            e.to_string(),
+            "shard 2 (`redis://a:6379`) is listed twice; each shard needs its own primary"
         );
         let pairs = twice.map(|n| (n.to_owned(), MemoryStore::new()));
         assert!(

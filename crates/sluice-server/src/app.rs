@@ -10,7 +10,7 @@ use sluice::{Clock, MemoryStore, StoreError};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
-use crate::config::{ClockConfig, Config, ReadFrom, RedisLayout, StoreConfig};
+use crate::config::{Config, RedisLayout, StoreConfig};
 use crate::grpc::RlsService;
 use crate::http;
 use crate::rls::RlsConfig;
@@ -66,16 +66,10 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             key_prefix,
         } => {
             let settings = |rc: RedisConfig| {
-                rc.read_from(match read_from {
-                    ReadFrom::Replicas => sluice_redis::ReadFrom::Replicas,
-                    ReadFrom::Primary => sluice_redis::ReadFrom::Primary,
-                })
-                .timeout(*timeout)
-                .clock(match clock {
-                    ClockConfig::App => sluice_redis::ClockSource::App,
-                    ClockConfig::Redis => sluice_redis::ClockSource::Redis,
-                })
-                .key_prefix(key_prefix.clone())
+                rc.read_from(*read_from)
+                    .timeout(*timeout)
+                    .clock(*clock)
+                    .key_prefix(key_prefix.clone())
             };
             match layout {
                 RedisLayout::Shards(shards) => {

@@ -48,27 +48,9 @@ impl PolicyConfig {
     }
 }
 
-/// Where peeks read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReadFrom {
-    /// Replicas when configured.
-    #[default]
-    Replicas,
-    /// Always the primary.
-    Primary,
-}
-
-/// Where "now" comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClockConfig {
-    /// This process's clock.
-    #[default]
-    App,
-    /// Redis `TIME`.
-    Redis,
-}
+/// Where peeks read and where "now" comes from: the Redis library's own types, read from
+/// YAML through its `serde` feature, so both speak the same words.
+pub use sluice_redis::{ClockSource, ReadFrom};
 
 /// One primary and its replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -117,7 +99,7 @@ pub enum StoreConfig {
         /// Per-call timeout.
         timeout: Duration,
         /// Where "now" comes from.
-        clock: ClockConfig,
+        clock: ClockSource,
         /// Key prefix.
         key_prefix: String,
     },
@@ -329,7 +311,7 @@ struct RawStore {
     #[serde(default)]
     timeout: Option<PositiveDuration>,
     #[serde(default)]
-    clock: ClockConfig,
+    clock: ClockSource,
     #[serde(default)]
     key_prefix: Option<String>,
 }
@@ -495,17 +477,16 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
         "redis" => {
             let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
                 (false, None, None) => {
-                    let shards = raw.shards;
-                    for (i, a) in shards.iter().enumerate() {
-                        if shards[..i].iter().any(|b| b.primary == a.primary) {
-                            return Err(format!(
-                                "store.shards[{i}].primary: `{}` is listed twice; a shard is \
-                                 identified by its primary",
-                                a.primary
-                            ));
-                        }
-                    }
-                    RedisLayout::Shards(shards)
+                    // A shard is named by its primary (what rendezvous hashing scores).
+                    let names: Vec<&str> = raw.shards.iter().map(|s| s.primary.as_str()).collect();
+                    sluice_redis::validate_shard_names(&names).map_err(|e| {
+                        format!(
+                            "store.shards[{}].primary: `{}` is listed twice; a shard is \
+                             identified by its primary",
+                            e.index, e.name
+                        )
+                    })?;
+                    RedisLayout::Shards(raw.shards)
                 }
                 (true, Some(nodes), None) => {
                     if nodes.is_empty() {
@@ -535,13 +516,15 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
                         .to_owned());
                 }
             };
-            let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice:".to_owned());
+            let key_prefix = raw
+                .key_prefix
+                .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
             sluice_redis::keys::validate_prefix(&key_prefix)
                 .map_err(|e| format!("store.key_prefix: {e}"))?;
             Ok(StoreConfig::Redis {
                 layout,
                 read_from: raw.read_from,
-                timeout: raw.timeout.map_or(Duration::from_millis(50), |t| t.0),
+                timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),
                 clock: raw.clock,
                 key_prefix,
             })

@@ -137,6 +137,12 @@ fn proto_limit(m: &Match) -> RateLimit {
     }
 }
 
+/// Seconds from `now_ms` to the end of its aligned `window_ms`, rounded up, as the
+/// reference's `CalculateReset` counts them (the rls windows are aligned to the epoch).
+fn until_reset(window_ms: u64, now_ms: u64) -> u64 {
+    sluice::headers::secs_up(window_ms - now_ms % window_ms)
+}
+
 /// Whole seconds, as the reference answers `duration_until_reset` (`CalculateReset`); a
 /// window ends on a second, so rounding up loses nothing.
 fn duration_secs(secs: u64) -> ProtoDuration {
@@ -266,9 +272,10 @@ impl RlsService {
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
             let cost = hits(req.hits_addend, descriptor);
             let part = if descriptor.is_negative_hits {
-                self.give_back(limiter, found, cost, now).await
+                self.refund_descriptor(limiter, found, cost, now).await
             } else {
-                self.decide(limiter, settings, found, cost, now).await
+                self.check_descriptor(limiter, settings, found, cost, now)
+                    .await
             };
             match part {
                 Ok(part) => parts.push(part),
@@ -337,7 +344,7 @@ impl RlsService {
         })
     }
 
-    async fn decide(
+    async fn check_descriptor(
         &self,
         limiter: &ServerLimiter,
         settings: &RlsSettings,
@@ -376,7 +383,6 @@ impl RlsService {
             });
         };
         let quota = settings.quota_mode || rule.quota_mode;
-        let reset_secs = sluice::headers::secs_up(window - now % window);
         let code = |over: bool| {
             if over && !rule.shadow_mode {
                 Code::OverLimit
@@ -386,7 +392,9 @@ impl RlsService {
         };
         let Some(policy) = self.policy(window, rule.requests_per_unit) else {
             // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
-            // no limit of 0 can be built, and nothing is counted.
+            // no limit of 0 can be built, and nothing is counted, so no store has an instant:
+            // the server's clock tells the window's end.
+            let reset_secs = until_reset(window, now);
             return Ok(Part {
                 status: DescriptorStatus {
                     code: code(true) as i32,
@@ -403,6 +411,8 @@ impl RlsService {
             });
         };
         let d = limiter.check_policy(&policy, &m.counter_key, cost).await?;
+        // The window's end as seen by the store that decided (Redis TIME under clock: redis).
+        let reset_secs = until_reset(window, d.now_ms);
         // An over-limit status says 0 remaining, as the reference's does, even when a
         // smaller cost would still fit.
         let remaining = if d.allowed { d.binding().remaining } else { 0 };
@@ -424,7 +434,7 @@ impl RlsService {
 
     /// A descriptor with `is_negative_hits`: its hits go back to its counter (never below
     /// zero used); it is always `OK` and takes no part in the overall code.
-    async fn give_back(
+    async fn refund_descriptor(
         &self,
         limiter: &ServerLimiter,
         found: Option<Match>,
@@ -452,16 +462,12 @@ impl RlsService {
                 ..DescriptorStatus::default()
             }));
         };
-        let reset_secs = sluice::headers::secs_up(window - now % window);
-        let remaining = match self.policy(window, m.rule.requests_per_unit) {
+        let (remaining, reset_secs) = match self.policy(window, m.rule.requests_per_unit) {
             Some(policy) => {
-                limiter
-                    .refund_policy(&policy, &m.counter_key, cost)
-                    .await?
-                    .binding()
-                    .remaining
+                let d = limiter.refund_policy(&policy, &m.counter_key, cost).await?;
+                (d.binding().remaining, until_reset(window, d.now_ms))
             }
-            None => 0,
+            None => (0, until_reset(window, now)),
         };
         Ok(ok(DescriptorStatus {
             code: Code::Ok as i32,

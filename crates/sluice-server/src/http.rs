@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header}
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde_json::{Value, json};
+use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
 
 use crate::metrics;
@@ -204,22 +205,22 @@ fn type_name(v: &Value) -> &'static str {
 // ----- decisions ----------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+enum Endpoint {
     Check,
     Peek,
     Refund,
 }
 
 async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
-    decide(&s, Op::Check, body).await
+    answer(&s, Endpoint::Check, body).await
 }
 
 async fn peek(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
-    decide(&s, Op::Peek, body).await
+    answer(&s, Endpoint::Peek, body).await
 }
 
 async fn refund(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
-    decide(&s, Op::Refund, body).await
+    answer(&s, Endpoint::Refund, body).await
 }
 
 fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
@@ -232,7 +233,8 @@ fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
     )
 }
 
-async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) -> Response {
+/// Check, peek or refund: reads the body, asks the limiter, answers the decision.
+async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
     let req = match parse_request(body) {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
@@ -244,14 +246,14 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
     };
     let started = std::time::Instant::now();
     let result = match op {
-        Op::Check => limiter.check_policy(policy, &req.key, req.cost).await,
-        Op::Peek => limiter.peek(&req.policy, &req.key, req.cost).await,
-        Op::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+        Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
+        Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
+        Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
     };
     let op_name = match op {
-        Op::Check => "check",
-        Op::Peek => "peek",
-        Op::Refund => "refund",
+        Endpoint::Check => "check",
+        Endpoint::Peek => "peek",
+        Endpoint::Refund => "refund",
     };
     metrics::decision_latency(op_name, started.elapsed());
     match result {
@@ -262,12 +264,12 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
                 (None, false) => "denied",
             };
             metrics::decision(policy.name_arc(), op_name, outcome);
-            let status = if op == Op::Check && !d.allowed {
+            let status = if op == Endpoint::Check && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            decision_response(status, policy, &req.key, &d, snapshot.now_ms())
+            decision_response(status, policy, &req.key, &d)
         }
         Err(LimitError::Store(e)) => {
             metrics::decision(policy.name_arc(), op_name, "error");
@@ -283,10 +285,6 @@ async fn decide(shared: &Shared, op: Op, body: Result<Bytes, BytesRejection>) ->
         }
         Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     }
-}
-
-fn secs_up(ms: u64) -> u64 {
-    ms.div_ceil(1_000)
 }
 
 /// The decision body (docs/api.md#the-decision-body), in the documented field order.
@@ -317,13 +315,7 @@ struct LimitBody {
 }
 
 /// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
-pub fn decision_response(
-    status: StatusCode,
-    policy: &Policy,
-    key: &str,
-    d: &Decision,
-    now_ms: u64,
-) -> Response {
+pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Decision) -> Response {
     let b = d.binding();
     let body = DecisionBody {
         allowed: d.allowed,
@@ -356,7 +348,7 @@ pub fn decision_response(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    add_headers(response.headers_mut(), policy, d, now_ms);
+    add_headers(response.headers_mut(), policy, d);
     response
 }
 
@@ -367,9 +359,10 @@ fn set(headers: &mut HeaderMap, name: &'static str, value: String) {
 }
 
 /// GitHub's `X-RateLimit-*`, `Retry-After`, and the IETF draft's `RateLimit-Policy` and
-/// `RateLimit` (Structured Fields: one item per limit), rendered by [`sluice::headers`].
-pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision, now_ms: u64) {
-    for (name, value) in sluice::headers::all(policy, d, now_ms) {
+/// `RateLimit` (Structured Fields: one item per limit), rendered by [`sluice::headers`] under
+/// its rules (times from the decision's own instant; none for a decision that failed open).
+pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision) {
+    for (name, value) in sluice::headers::all(policy, d) {
         set(headers, name, value);
     }
 }

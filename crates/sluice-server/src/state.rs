@@ -78,12 +78,12 @@ impl Snapshot {
     fn new(
         config: &Config,
         store: &StoreHandle,
-        decide: &SharedStore,
+        deciding: &SharedStore,
         insurance: &Arc<MemoryStore>,
         rls: Option<Arc<RlsConfig>>,
         clock: &ServerClock,
     ) -> Self {
-        let limiter = Limiter::new(decide.clone())
+        let limiter = Limiter::new(deciding.clone())
             .with_clock(clock.clone())
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));

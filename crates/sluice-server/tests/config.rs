@@ -11,7 +11,7 @@ fn error(text: &str) -> String {
 }
 
 #[test]
-fn the_contract_example_is_accepted() {
+fn a_configuration_using_every_section_is_accepted() {
     let c = Config::parse(
         "sluice.yaml",
         r#"

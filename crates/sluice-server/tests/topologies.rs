@@ -161,6 +161,49 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
     s.stop().await;
 }
 
+/// One header rule for the server and the tower layer: a check let through because the shard
+/// is dead and the policy fails open has no numbers behind it, so it carries no rate-limit
+/// headers; the same check under `local` carries the insurance store's real numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_decision_carries_no_rate_limit_headers() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    let post = |policy: &str| {
+        c.post(format!("{}/v1/check", s.url))
+            .json(&json!({"policy": policy, "key": "k"}))
+            .send()
+    };
+    let r = post("api").await.unwrap();
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "2");
+
+    redis.kill().unwrap();
+    let open = post("api").await.unwrap();
+    let local = post("insured").await.unwrap();
+    let (open_headers, local_headers) = (open.headers().clone(), local.headers().clone());
+    let open_body: Value = open.json().await.unwrap();
+    s.stop().await;
+
+    assert_eq!(open_body["degraded"], true, "{open_body}");
+    for name in [
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit",
+        "ratelimit-policy",
+    ] {
+        assert!(!open_headers.contains_key(name), "{name}: {open_headers:?}");
+    }
+    assert_eq!(local_headers["x-ratelimit-remaining"], "2");
+    assert!(local_headers.contains_key("ratelimit"));
+}
+
 /// `local.enabled`: a hot key's checks are served from leases, the counters show it in
 /// /metrics, and Redis sees a fraction of the calls; the window is still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ const SKIP_MESSAGE: &str =
 
 /// What a test should do about the presence of `redis-server`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum Verdict {
     /// It is installed: run the test.
     Run,
     /// It is missing and not required: say so loudly and skip.
@@ -22,12 +22,12 @@ pub(crate) enum Decision {
     Fail,
 }
 
-/// The pure decision behind [`require_redis`].
-pub(crate) fn decide(found: bool, required: bool) -> Decision {
+/// The pure verdict behind [`require_redis`].
+pub(crate) fn verdict(found: bool, required: bool) -> Verdict {
     match (found, required) {
-        (true, _) => Decision::Run,
-        (false, false) => Decision::Skip,
-        (false, true) => Decision::Fail,
+        (true, _) => Verdict::Run,
+        (false, false) => Verdict::Skip,
+        (false, true) => Verdict::Fail,
     }
 }
 
@@ -72,15 +72,15 @@ fn is_executable(path: &Path) -> bool {
 ///   `eprintln!`, so the test harness's output capture does not hide it.
 pub fn require_redis() -> bool {
     let required = is_required(std::env::var(REQUIRE_REDIS_ENV).ok().as_deref());
-    match decide(on_path("redis-server"), required) {
-        Decision::Run => true,
-        Decision::Skip => {
+    match verdict(on_path("redis-server"), required) {
+        Verdict::Run => true,
+        Verdict::Skip => {
             let mut stderr = std::io::stderr().lock();
             // Nothing useful to do if stderr itself is gone.
             let _ = writeln!(stderr, "{SKIP_MESSAGE}");
             false
         }
-        Decision::Fail => panic!("{PANIC_MESSAGE}"),
+        Verdict::Fail => panic!("{PANIC_MESSAGE}"),
     }
 }
 
@@ -90,10 +90,10 @@ mod tests {
 
     #[test]
     fn the_decision_table() {
-        assert_eq!(decide(true, false), Decision::Run);
-        assert_eq!(decide(true, true), Decision::Run);
-        assert_eq!(decide(false, false), Decision::Skip);
-        assert_eq!(decide(false, true), Decision::Fail);
+        assert_eq!(verdict(true, false), Verdict::Run);
+        assert_eq!(verdict(true, true), Verdict::Run);
+        assert_eq!(verdict(false, false), Verdict::Skip);
+        assert_eq!(verdict(false, true), Verdict::Fail);
     }
 
     #[test]

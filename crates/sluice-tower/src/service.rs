@@ -163,8 +163,7 @@ where
             Some(f) => f(&decision, policy),
             None => response::too_many_requests(&decision, policy),
         };
-        let now_ms = config.limiter.clock().now_ms();
-        decorate(&config, response.headers_mut(), policy, &decision, now_ms);
+        decorate(&config, response.headers_mut(), policy, &decision);
         return Ok(response.map(RateLimitBody::full));
     }
 
@@ -183,8 +182,7 @@ where
             }
         }
     }
-    let now_ms = config.limiter.clock().now_ms();
-    decorate(&config, &mut head.headers, policy, &shown, now_ms);
+    decorate(&config, &mut head.headers, policy, &shown);
     Ok(Response::from_parts(head, RateLimitBody::inner(body)))
 }
 
@@ -228,20 +226,9 @@ fn name_of(field: Field) -> &'static HeaderName {
 /// a set already present only when its own `remaining` is lower (the set then describes the
 /// tightest limit of all the layers, as it describes the binding limit of one policy). A
 /// `Retry-After` already present (set by a custom denial) is kept.
-fn decorate<S, C>(
-    config: &Config<S, C>,
-    headers: &mut HeaderMap,
-    policy: &Policy,
-    d: &Decision,
-    now_ms: u64,
-) {
+fn decorate<S, C>(config: &Config<S, C>, headers: &mut HeaderMap, policy: &Policy, d: &Decision) {
     if let (Some(name), Some(how)) = (&config.degraded_header, d.degraded) {
         headers.insert(name.clone(), HeaderValue::from_static(how.as_str()));
-    }
-    // An open decision was made without any data: its numbers (every limit whole) would
-    // only mislead a client pacing itself by them.
-    if d.degraded == Some(Degraded::Open) {
-        return;
     }
     let tighter = || {
         headers
@@ -256,7 +243,7 @@ fn decorate<S, C>(
         ietf: config.ietf_headers,
     };
     headers.reserve(8);
-    headers::render(policy, d, now_ms, sets, |field, value| {
+    headers::render(policy, d, sets, |field, value| {
         // Rendered values are visible ASCII; a failure cannot happen and would only drop
         // the header.
         let Ok(value) = HeaderValue::from_str(value) else {

@@ -18,9 +18,8 @@
 //! # use sluice::core::evaluate;
 //!
 //! let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(10, 1_000)])?;
-//! let now = 1_700_000_000_000;
-//! let d: Decision = evaluate::check(&api, &[], 1, now).decision;
-//! let all = headers::all(&api, &d, now);
+//! let d: Decision = evaluate::check(&api, &[], 1, 1_700_000_000_000).decision;
+//! let all = headers::all(&api, &d);
 //! assert_eq!(all[1], ("x-ratelimit-remaining", "9".to_owned()));
 //! assert_eq!(all[5], ("ratelimit-policy", "\"api:0\";q=10;w=1".to_owned()));
 //! assert_eq!(all[6], ("ratelimit", "\"api:0\";r=9;t=1".to_owned()));
@@ -29,7 +28,7 @@
 
 use std::fmt::Write as _;
 
-use sluice_core::{Decision, Policy};
+use sluice_core::{Decision, Degraded, Policy};
 
 /// One header: a lowercase name and its value.
 pub type Header = (&'static str, String);
@@ -128,15 +127,24 @@ impl Sets {
 /// Writes the headers of `sets` for decision `d` under `policy`, calling `emit(field, value)`
 /// for each in [`Field::ALL`] order. Values are rendered into one reused buffer, so a caller
 /// that copies them into its own header type allocates nothing else; [`all`], [`github`],
-/// [`retry_after`] and [`ietf`] are this function collecting `String`s. `now_ms` turns reset
-/// instants into the seconds of the IETF `t` parameter.
-pub fn render(
-    policy: &Policy,
-    d: &Decision,
-    now_ms: u64,
-    sets: Sets,
-    mut emit: impl FnMut(Field, &str),
-) {
+/// [`retry_after`] and [`ietf`] are this function collecting `String`s.
+///
+/// Two rules hold for every caller:
+///
+/// - **One clock.** Every relative number (the IETF `t`) is counted from the instant the
+///   decision was made at ([`Decision::now_ms`]: the store's clock, Redis `TIME` under
+///   `clock: redis`), never from the caller's clock, so the headers agree with the decision
+///   however far the two clocks drift apart.
+/// - **No made-up numbers.** A decision let through without any data
+///   ([`Degraded::Open`]: the store could not answer and the policy fails open) renders
+///   nothing: its numbers (every limit whole) would only mislead a client pacing itself by
+///   them. A decision of the local insurance store ([`Degraded::Local`]) renders its own
+///   numbers, which are real.
+pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Field, &str)) {
+    if d.degraded == Some(Degraded::Open) {
+        return;
+    }
+    let now_ms = d.now_ms;
     let mut buf = String::with_capacity(64);
     // Writing to a String cannot fail.
     let mut field = |f: Field, write: &dyn Fn(&mut String)| {
@@ -192,11 +200,9 @@ pub fn render(
 }
 
 /// [`render`] into `(name, value)` pairs.
-fn collect(policy: &Policy, d: &Decision, now_ms: u64, sets: Sets) -> Vec<Header> {
+fn collect(policy: &Policy, d: &Decision, sets: Sets) -> Vec<Header> {
     let mut out = Vec::with_capacity(8);
-    render(policy, d, now_ms, sets, |f, v| {
-        out.push((f.name(), v.to_owned()))
-    });
+    render(policy, d, sets, |f, v| out.push((f.name(), v.to_owned())));
     out
 }
 
@@ -208,7 +214,7 @@ pub fn github(policy: &Policy, d: &Decision) -> Vec<Header> {
         retry_after: false,
         ietf: false,
     };
-    collect(policy, d, 0, sets)
+    collect(policy, d, sets)
 }
 
 /// `Retry-After` in seconds (at least 1) for a denied decision that can ever pass; `None`
@@ -222,14 +228,14 @@ pub fn retry_after(d: &Decision) -> Option<Header> {
 }
 
 /// The IETF draft's `RateLimit-Policy` and `RateLimit` fields, one list item per limit in the
-/// policy's order. `now_ms` turns each limit's reset instant into the seconds of `t`.
-pub fn ietf(policy: &Policy, d: &Decision, now_ms: u64) -> Vec<Header> {
+/// policy's order; `t` counts from the decision's own instant.
+pub fn ietf(policy: &Policy, d: &Decision) -> Vec<Header> {
     let sets = Sets {
         github: false,
         retry_after: false,
         ietf: true,
     };
-    collect(policy, d, now_ms, sets)
+    collect(policy, d, sets)
 }
 
 /// Appends `sf_string(item_name(policy, index))` to `out`.
@@ -252,8 +258,8 @@ fn push_sf_escaped(out: &mut String, s: &str) {
 
 /// Every header of a decision, as the server sends them: [`github`], then [`retry_after`] if
 /// any, then [`ietf`].
-pub fn all(policy: &Policy, d: &Decision, now_ms: u64) -> Vec<Header> {
-    collect(policy, d, now_ms, Sets::ALL)
+pub fn all(policy: &Policy, d: &Decision) -> Vec<Header> {
+    collect(policy, d, Sets::ALL)
 }
 
 /// The name of limit `index` of `policy` in the IETF fields, `"<policy>:<index>"` (unquoted),
@@ -314,7 +320,7 @@ mod tests {
         let p = two_limits();
         let d = run(&p, 1, 1);
         assert_eq!(
-            all(&p, &d, NOW),
+            all(&p, &d),
             vec![
                 ("x-ratelimit-limit", "2".to_owned()),
                 ("x-ratelimit-remaining", "1".to_owned()),
@@ -339,7 +345,13 @@ mod tests {
         let d = run(&p, 1, 3);
         assert!(!d.allowed);
         assert_eq!(retry_after(&d), Some(("retry-after", "1".to_owned())));
-        let h = all(&p, &d, NOW + 400);
+        let h = all(
+            &p,
+            &Decision {
+                now_ms: NOW + 400,
+                ..d.clone()
+            },
+        );
         assert_eq!(h[5], ("retry-after", "1".to_owned()));
         assert_eq!(h[1], ("x-ratelimit-remaining", "0".to_owned()));
         assert_eq!(h[2], ("x-ratelimit-used", "2".to_owned()));
@@ -360,15 +372,15 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.retry_after_ms(), None);
         assert_eq!(retry_after(&d), None);
-        assert_eq!(all(&p, &d, NOW).len(), 7);
+        assert_eq!(all(&p, &d).len(), 7);
     }
 
     #[test]
     fn sub_second_windows_advertise_one_second() {
         let p = Policy::from_specs("burst", vec![LimitSpec::fixed_window(5, 250)]).unwrap();
         let d = run(&p, 1, 1);
-        assert_eq!(ietf(&p, &d, NOW)[0].1, "\"burst:0\";q=5;w=1");
-        assert_eq!(ietf(&p, &d, NOW)[1].1, "\"burst:0\";r=4;t=1");
+        assert_eq!(ietf(&p, &d)[0].1, "\"burst:0\";q=5;w=1");
+        assert_eq!(ietf(&p, &d)[1].1, "\"burst:0\";r=4;t=1");
     }
 
     #[test]
@@ -381,7 +393,7 @@ mod tests {
     fn items_are_named_policy_colon_index_as_sf_strings() {
         let p = two_limits();
         let d = run(&p, 1, 1);
-        let fields = ietf(&p, &d, NOW);
+        let fields = ietf(&p, &d);
         let (quota, state) = (&fields[0].1, &fields[1].1);
         for (i, item) in quota.split(", ").enumerate() {
             assert!(item.starts_with(&format!("{};", sf_string(&item_name(&p, i)))));
@@ -400,20 +412,59 @@ mod tests {
             retry_after: true,
             ietf: true,
         };
-        render(&p, &d, NOW, sets, |f, v| seen.push((f, v.to_owned())));
+        render(&p, &d, sets, |f, v| seen.push((f, v.to_owned())));
         assert_eq!(
             seen.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
             [Field::RetryAfter, Field::RateLimitPolicy, Field::RateLimit]
         );
         let mut every = Vec::new();
-        render(&p, &d, NOW, Sets::ALL, |f, v| {
+        render(&p, &d, Sets::ALL, |f, v| {
             every.push((f.name(), v.to_owned()))
         });
-        assert_eq!(every, all(&p, &d, NOW));
+        assert_eq!(every, all(&p, &d));
         for (i, f) in Field::ALL.iter().enumerate() {
             assert_eq!(Field::ALL[*f as usize], *f);
             assert_eq!(f.name(), every[i].0);
         }
+    }
+
+    #[test]
+    fn times_count_from_the_decisions_own_instant() {
+        let p = two_limits();
+        let d = run(&p, 1, 1);
+        // The same decision, read 10 s later by a caller whose clock is ahead: `t` still
+        // counts from when it was decided.
+        let later = Decision {
+            now_ms: NOW + 10_000,
+            ..d.clone()
+        };
+        assert_eq!(
+            ietf(&p, &d)[1].1,
+            "\"api:0\";r=1;t=1, \"api:1\";r=99;t=3600"
+        );
+        assert_eq!(
+            ietf(&p, &later)[1].1,
+            "\"api:0\";r=1;t=0, \"api:1\";r=99;t=3590"
+        );
+    }
+
+    #[test]
+    fn an_open_decision_renders_nothing_and_a_local_one_its_numbers() {
+        let p = two_limits();
+        let open = Decision::fail_open(&p, 1, NOW);
+        assert_eq!(open.degraded, Some(Degraded::Open));
+        assert!(all(&p, &open).is_empty());
+        let mut seen = 0;
+        render(&p, &open, Sets::ALL, |_, _| seen += 1);
+        assert_eq!(seen, 0);
+        let local = Decision {
+            degraded: Some(Degraded::Local),
+            ..run(&p, 1, 1)
+        };
+        assert_eq!(
+            all(&p, &local)[1],
+            ("x-ratelimit-remaining", "1".to_owned())
+        );
     }
 
     #[test]

@@ -71,6 +71,38 @@ fn write_located(
     }
 }
 
+/// The valid key closest to a misspelt one, when one is close (for "did you mean").
+pub(super) fn suggestion(key: &str, valid_keys: &[&'static str]) -> Option<&'static str> {
+    let squash = |s: &str| {
+        s.chars()
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .collect::<String>()
+    };
+    let wanted = squash(key);
+    valid_keys
+        .iter()
+        .map(|valid| (edit_distance(&wanted, &squash(valid)), *valid))
+        .filter(|(distance, valid)| *distance <= 2.max(valid.len() / 4))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, valid)| valid)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous + usize::from(ca != *cb);
+            previous = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +113,18 @@ mod tests {
         assert_eq!(err.to_string(), "cfg/api.yaml:12: descriptors[0]: bad");
         let err = RlsConfigError::new("cfg/api.yaml", None, "bad");
         assert_eq!(err.to_string(), "cfg/api.yaml: bad");
+    }
+
+    #[test]
+    fn suggests_close_keys() {
+        use super::super::decode::VALID_KEYS as VALID;
+        assert_eq!(
+            suggestion("requestsperunit", VALID),
+            Some("requests_per_unit")
+        );
+        assert_eq!(suggestion("ratelimit", VALID), Some("rate_limit"));
+        assert_eq!(suggestion("shadowmode", VALID), Some("shadow_mode"));
+        assert_eq!(suggestion("descriptor", VALID), Some("descriptors"));
+        assert_eq!(suggestion("completely_different", VALID), None);
     }
 }

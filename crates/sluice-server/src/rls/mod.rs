@@ -48,9 +48,10 @@
 //!
 //! Not here: the service-level handling of the response codes (`crate::grpc`).
 
-mod config;
+mod decode;
 mod error;
 mod matcher;
+mod tree;
 mod yaml;
 
 use std::collections::BTreeMap;
@@ -262,7 +263,7 @@ pub struct LoadOptions {
 /// A loaded configuration: every domain of every file, ready for lookups.
 #[derive(Debug, Default)]
 pub struct RlsConfig {
-    domains: BTreeMap<String, matcher::Domain>,
+    domains: BTreeMap<String, tree::Domain>,
     warnings: Vec<RlsConfigWarning>,
 }
 
@@ -354,12 +355,12 @@ impl RlsConfig {
     ) -> Result<Self, RlsConfigError> {
         let mut decoded = Vec::with_capacity(files.len());
         for (name, text) in files {
-            let root = config::decode_file(name.as_ref(), text.as_ref(), &mut warnings)?;
+            let root = decode::decode_file(name.as_ref(), text.as_ref(), &mut warnings)?;
             decoded.push((name.as_ref(), root));
         }
         let mut domains = BTreeMap::new();
         for (name, root) in decoded {
-            matcher::load_file(
+            tree::load_file(
                 &mut domains,
                 name,
                 root,

@@ -534,6 +534,23 @@ impl<'de> Visitor<'de> for SeqVisitor<'_, 'de> {
     }
 }
 
+/// Byte offsets to 1-based lines.
+#[derive(Debug)]
+pub(super) struct Lines(Vec<usize>);
+
+impl Lines {
+    pub(super) fn new(text: &str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Self(starts)
+    }
+
+    pub(super) fn line(&self, offset: usize) -> usize {
+        self.0.partition_point(|&start| start <= offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

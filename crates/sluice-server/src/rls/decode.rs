@@ -7,8 +7,8 @@
 //! `Unmarshal` (a known key in the wrong place is ignored; a key written twice keeps its last
 //! value; fields take yaml.v2's conversions). Sluice reports the ignored cases as warnings.
 
-use super::error::{RlsConfigError, RlsConfigWarning};
-use super::yaml::{self, Node, NodeKind, Resolved};
+use super::error::{RlsConfigError, RlsConfigWarning, suggestion};
+use super::yaml::{self, Lines, Node, NodeKind, Resolved};
 
 /// The keys the reference accepts anywhere in a file (`validKeys` in `config_impl.go`, as of
 /// the version with `quota_mode`, `value_to_metric` and `share_threshold`).
@@ -89,23 +89,6 @@ pub(super) struct YamlRateLimit {
     pub(super) replaces: Vec<(String, Option<usize>)>,
     /// The line of `rate_limit:`.
     pub(super) line: Option<usize>,
-}
-
-/// Byte offsets to 1-based lines.
-#[derive(Debug)]
-struct Lines(Vec<usize>);
-
-impl Lines {
-    fn new(text: &str) -> Self {
-        let starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
-        Self(starts)
-    }
-
-    fn line(&self, offset: usize) -> usize {
-        self.0.partition_point(|&start| start <= offset)
-    }
 }
 
 /// One mapping entry after merge keys are applied: the key's text, the key and the value.
@@ -286,7 +269,7 @@ impl Decoder<'_> {
     fn validate_keys(&mut self, map: &Node, path: &str) -> Result<(), RlsConfigError> {
         for (key, key_node, value) in self.entries(map, path, Duplicates::Quiet)? {
             if !VALID_KEYS.contains(&key) {
-                let hint = suggestion(key)
+                let hint = suggestion(key, VALID_KEYS)
                     .map(|s| format!("did you mean `{s}`? "))
                     .unwrap_or_default();
                 return Err(self.error(
@@ -615,38 +598,6 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-/// The valid key closest to a misspelt one, when one is close.
-fn suggestion(key: &str) -> Option<&'static str> {
-    let squash = |s: &str| {
-        s.chars()
-            .filter(|c| c.is_alphanumeric())
-            .flat_map(char::to_lowercase)
-            .collect::<String>()
-    };
-    let wanted = squash(key);
-    VALID_KEYS
-        .iter()
-        .map(|valid| (edit_distance(&wanted, &squash(valid)), *valid))
-        .filter(|(distance, valid)| *distance <= 2.max(valid.len() / 4))
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, valid)| valid)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous + usize::from(ca != *cb);
-            previous = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
-        }
-    }
-    row[b.len()]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,15 +606,6 @@ mod tests {
         let mut warnings = Vec::new();
         let result = decode_file("t.yaml", text, &mut warnings);
         (result, warnings)
-    }
-
-    #[test]
-    fn suggests_close_keys() {
-        assert_eq!(suggestion("requestsperunit"), Some("requests_per_unit"));
-        assert_eq!(suggestion("ratelimit"), Some("rate_limit"));
-        assert_eq!(suggestion("shadowmode"), Some("shadow_mode"));
-        assert_eq!(suggestion("descriptor"), Some("descriptors"));
-        assert_eq!(suggestion("completely_different"), None);
     }
 
     #[test]

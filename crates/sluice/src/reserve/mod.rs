@@ -38,15 +38,21 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 use sluice_core::evaluate::Op;
-use sluice_core::{Algorithm, Decision, LimitStatus, Policy};
+use sluice_core::{Algorithm, Decision, Policy};
 use tokio::sync::watch;
 
 use crate::store::{Store, StoreError, StoreExt};
+
+mod lease;
+
+use lease::{
+    FetchGuard, Fetched, InFlight, Lease, cached_denial, local_decision, lock, remember_denial,
+};
 
 /// How many units a lease takes at once.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,94 +155,9 @@ struct Entry {
     lease: Arc<Mutex<Lease>>,
 }
 
-/// One (policy, key)'s lease.
-struct Lease {
-    /// Units held and not yet handed out.
-    tokens: u64,
-    /// Units taken by the current lease (for the batch's adaptation).
-    granted: u64,
-    /// When the current lease was taken.
-    started: u64,
-    /// The lease serves while `now < expires`.
-    expires: u64,
-    /// Giving unused units back is exact only while `now < refundable_until`.
-    refundable_until: u64,
-    /// The store's decision when the lease was taken (after the grant).
-    basis: Option<Decision>,
-    /// The next fetch's size.
-    batch: u64,
-    /// The fetch in flight, if any.
-    fetch: Option<InFlight>,
-    /// The negative cache.
-    denied: Option<Denial>,
-}
-
-struct InFlight {
-    /// The most the fetch may grant.
-    size: u64,
-    /// The costs of the fetcher (first) and the waiters, in order.
-    costs: Vec<u64>,
-    outcome: watch::Sender<Option<Arc<Fetched>>>,
-}
-
-/// What a fetch brought: the store's answer, and how many of the reserved places (in order)
-/// it covers.
-struct Fetched {
-    result: Result<Decision, StoreError>,
-    served: usize,
-}
-
-struct Denial {
-    cost: u64,
-    at: u64,
-    until: u64,
-    decision: Decision,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The smallest `max` over the policy's limits.
 fn smallest_max(policy: &Policy) -> u64 {
     policy.limits().iter().map(|l| l.max()).min().unwrap_or(1)
-}
-
-/// A locally served decision: allowed, each limit reporting the store's remaining at the
-/// last fetch plus what this process still holds.
-fn local_decision(basis: &Decision, cost: u64, held: u64, now: u64) -> Decision {
-    let limits = basis
-        .limits
-        .iter()
-        .map(|s| LimitStatus {
-            admits: true,
-            remaining: s.remaining.saturating_add(held).min(s.max),
-            retry_after_ms: Some(0),
-            ..*s
-        })
-        .collect();
-    Decision::new(true, cost, limits, now)
-}
-
-/// A cached refusal as of `now`: the same decision, its waits shortened by the time passed.
-fn cached_denial(d: &Denial, now: u64) -> Decision {
-    let passed = now.saturating_sub(d.at);
-    let limits = d
-        .decision
-        .limits
-        .iter()
-        .map(|s| LimitStatus {
-            retry_after_ms: s.retry_after_ms.map(|r| {
-                if s.admits {
-                    r
-                } else {
-                    r.saturating_sub(passed).max(1)
-                }
-            }),
-            ..*s
-        })
-        .collect();
-    Decision::new(false, d.cost, limits, now)
 }
 
 impl<S: Store> Reserving<S> {
@@ -443,42 +364,6 @@ impl<S: Store> Reserving<S> {
     /// Whether no lease is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// Caches a refusal that can pass later.
-fn remember_denial(lease: &mut Lease, d: &Decision, now: u64) {
-    if d.allowed {
-        lease.denied = None;
-    } else if let Some(wait) = d.retry_after_ms().filter(|&w| w > 0) {
-        lease.denied = Some(Denial {
-            cost: d.cost,
-            at: now,
-            until: now.saturating_add(wait),
-            decision: d.clone(),
-        });
-    }
-}
-
-/// Publishes an abandoned fetch (its caller was dropped) so waiters ask the store themselves.
-struct FetchGuard<'a> {
-    lease: &'a Mutex<Lease>,
-    armed: bool,
-}
-
-impl Drop for FetchGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let mut lease = lock(self.lease);
-            if let Some(f) = lease.fetch.take() {
-                let _ = f.outcome.send(Some(Arc::new(Fetched {
-                    result: Err(StoreError::Unavailable(
-                        "the fetch of a lease was abandoned".to_owned(),
-                    )),
-                    served: 0,
-                })));
-            }
-        }
     }
 }
 

@@ -1,0 +1,154 @@
+//! How to run a [`RedisCluster`](super::RedisCluster): [`ClusterOptions`].
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use super::{CLUSTER_TIMEOUT, DEFAULT_NODE_TIMEOUT, RedisCluster};
+use crate::{Error, ServerOptions};
+
+/// How to run a [`RedisCluster`]: how many primaries and replicas, the node timeout, extra
+/// arguments for every node, and how long to wait for the cluster to form.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use sluice_testkit::{ClusterOptions, RedisCluster};
+/// let cluster = RedisCluster::start_with(
+///     ClusterOptions::new()
+///         .primaries(3)
+///         .replicas_per_primary(2)
+///         .node_timeout(Duration::from_millis(2000))
+///         .args(["--maxmemory", "10mb"]),
+/// )?;
+/// # Ok::<(), sluice_testkit::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub(super) primaries: usize,
+    pub(super) replicas_per_primary: usize,
+    pub(super) node_timeout: Duration,
+    pub(super) args: Vec<OsString>,
+    pub(super) timeout: Duration,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            primaries: 3,
+            replicas_per_primary: 1,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            args: Vec::new(),
+            timeout: CLUSTER_TIMEOUT,
+        }
+    }
+}
+
+impl ClusterOptions {
+    /// Three primaries with one replica each, [`DEFAULT_NODE_TIMEOUT`], [`CLUSTER_TIMEOUT`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of primaries, at least 3 (`redis-cli --cluster create` refuses fewer).
+    pub fn primaries(mut self, n: usize) -> Self {
+        self.primaries = n;
+        self
+    }
+
+    /// The number of replicas of each primary (0 for none: no failover is then possible).
+    pub fn replicas_per_primary(mut self, n: usize) -> Self {
+        self.replicas_per_primary = n;
+        self
+    }
+
+    /// `--cluster-node-timeout`, in whole milliseconds (default [`DEFAULT_NODE_TIMEOUT`]).
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// One extra argument for every node, after the kit's (so it can override them).
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Extra arguments for every node.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// How long [`RedisCluster::start_with`] waits for `redis-cli` and then for the cluster to
+    /// be whole (default [`CLUSTER_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Starts a cluster with these options; see [`RedisCluster::start_with`].
+    pub fn start(self) -> Result<RedisCluster, Error> {
+        RedisCluster::start_with(self)
+    }
+
+    pub(super) fn node_count(&self) -> usize {
+        self.primaries * (1 + self.replicas_per_primary)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), Error> {
+        if self.primaries < 3 {
+            return Err(Error::InvalidArgument(format!(
+                "a cluster needs at least 3 primaries, not {}",
+                self.primaries
+            )));
+        }
+        if self.node_timeout.as_millis() == 0 {
+            return Err(Error::InvalidArgument(
+                "the node timeout must be at least 1 ms".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The options of every node, but the bus port (chosen per node and attempt).
+    pub(super) fn server_options(&self) -> ServerOptions {
+        ServerOptions::new()
+            .args([
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+                "nodes.conf".to_owned(),
+                "--cluster-node-timeout".to_owned(),
+                self.node_timeout.as_millis().to_string(),
+                "--cluster-replica-validity-factor".to_owned(),
+                "0".to_owned(),
+                "--cluster-allow-replica-migration".to_owned(),
+                "no".to_owned(),
+                "--repl-ping-replica-period".to_owned(),
+                "1".to_owned(),
+            ])
+            .args(self.args.iter().cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated() {
+        let err = ClusterOptions::new().primaries(2).validate().unwrap_err();
+        assert!(err.to_string().contains("at least 3 primaries"), "{err}");
+        let err = ClusterOptions::new()
+            .node_timeout(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        let options = ClusterOptions::new().replicas_per_primary(2);
+        options.validate().unwrap();
+        assert_eq!(options.node_count(), 9);
+    }
+}
