@@ -2,8 +2,14 @@
 //! and 64, for both ways of loading the code (Function library, EVALSHA), and in the same run
 //! `redis-benchmark` sending the very same FCALL as the physical baseline.
 //!
-//! `cargo bench -p sluice-redis --bench redis` (about a minute; `SLUICE_BENCH_SECS` sets the
-//! seconds per measurement, default 5). Prints a markdown table for docs/benchmarks.md.
+//! Then **Redis CPU per decision** by algorithm: `redis-benchmark` sends the store's own
+//! `FCALL` for a policy of each kind, and, in the same run, the smallest script a rate limiter
+//! can be (`EVALSHA` of `INCR` + `PEXPIRE`), and Redis's own accounting (INFO commandstats,
+//! `usec` per call, which includes the commands the script runs) gives the CPU of each.
+//!
+//! `cargo bench -p sluice-redis --bench redis` (about a minute and a half; `SLUICE_BENCH_SECS`
+//! sets the seconds per measurement, default 5). Prints markdown tables for
+//! docs/benchmarks.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -123,6 +129,94 @@ fn run_baseline(
     (n(1), n(4), n(6))
 }
 
+/// The smallest script a rate limiter can be: count, and let the key expire with its window.
+const MINIMAL_SCRIPT: &str =
+    "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 60000) return n";
+
+/// Redis's CPU per call of `command` (µs, INFO commandstats: the script and every command it
+/// runs), sent by `redis-benchmark` at concurrency 16 over 10 000 keys.
+fn redis_cpu_per_call(server: &RedisServer, command: &[String], calls: u64) -> f64 {
+    server.cmd(&["FLUSHALL"]).unwrap();
+    server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    run_baseline(server, command, 16, calls);
+    let stats = commandstats(server);
+    let (n, usec) = ["fcall", "evalsha"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .fold((0, 0), |(n, u), (cn, cu)| (n + cn, u + cu));
+    assert!(n >= calls, "{n} script calls counted, {calls} sent");
+    usec as f64 / n as f64
+}
+
+/// The Redis CPU table: each algorithm's check against the minimal script, measured
+/// alternately `rounds` times; the median of each is reported.
+fn redis_cpu_table(rt: &tokio::runtime::Runtime, server: &RedisServer, calls: u64, rounds: usize) {
+    let store = rt
+        .block_on(RedisStore::connect(RedisConfig::new(server.url())))
+        .unwrap();
+    let sha = match server.cmd(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("SCRIPT LOAD answered {other:?}"),
+    };
+    let minimal: Vec<String> = ["EVALSHA", &sha, "1", "bench:__rand_int__"]
+        .map(str::to_owned)
+        .to_vec();
+    let big = 1_000_000_000;
+    let cases: Vec<(&str, Policy)> = vec![
+        ("fixed_window", policy()),
+        (
+            "fixed_window, aligned (Envoy's)",
+            Policy::from_specs("b", vec![LimitSpec::fixed_window(big, 60_000).aligned()]).unwrap(),
+        ),
+        (
+            "token_bucket",
+            Policy::from_specs("b", vec![LimitSpec::token_bucket(big, 60_000)]).unwrap(),
+        ),
+        (
+            "sliding_window (60 buckets)",
+            Policy::from_specs("b", vec![LimitSpec::sliding_window(big, 60_000)]).unwrap(),
+        ),
+        (
+            "3 limits (1 s, 1 min, 1 h fixed)",
+            Policy::from_specs(
+                "b",
+                vec![
+                    LimitSpec::fixed_window(big, 1_000),
+                    LimitSpec::fixed_window(big, 60_000),
+                    LimitSpec::fixed_window(big, 3_600_000),
+                ],
+            )
+            .unwrap(),
+        ),
+    ];
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut base = Vec::new();
+    let mut each: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        base.push(redis_cpu_per_call(server, &minimal, calls));
+        for (i, (_, p)) in cases.iter().enumerate() {
+            let command = store.check_command(p, "bench:__rand_int__", 1, NOW);
+            each[i].push(redis_cpu_per_call(server, &command, calls));
+        }
+    }
+    let base = median(base);
+    println!();
+    println!(
+        "Redis CPU per decision (INFO commandstats, median of {rounds} alternating runs of {calls} calls, redis-benchmark -c 16 -r 10000):"
+    );
+    println!();
+    println!("| check | Redis µs/decision | × minimal script |");
+    println!("|---|---:|---:|");
+    println!("| minimal script (EVALSHA of INCR + PEXPIRE), the baseline | {base:.2} | 1.00 |");
+    for ((name, _), v) in cases.iter().zip(each) {
+        let us = median(v);
+        println!("| {name} | {us:.2} | {:.2} |", us / base);
+    }
+}
+
 fn main() {
     if !sluice_testkit::require_redis() {
         return;
@@ -142,6 +236,11 @@ fn main() {
         .build()
         .unwrap();
 
+    // `SLUICE_BENCH_ONLY=cpu`: the Redis CPU table alone.
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("cpu") {
+        redis_cpu_table(&rt, &server, 200_000, 3);
+        return;
+    }
     println!(
         "| concurrency | mode | decisions/s | p50 µs | p99 µs | scripts/decision | all commands/decision | server µs/decision | baseline redis-benchmark req/s | baseline p50 µs | baseline p99 µs | ratio |"
     );
@@ -179,4 +278,5 @@ fn main() {
             );
         }
     }
+    redis_cpu_table(&rt, &server, 200_000, 3);
 }
