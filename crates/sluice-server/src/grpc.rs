@@ -63,6 +63,16 @@ const MAX_CACHED_POLICIES: usize = 4_096;
 /// make keys from request values) are counted under `<domain>.other`.
 pub const MAX_STATS_KEYS: usize = 1_000;
 
+/// The most bytes of a `ShouldRateLimit` request message (an Envoy request is a few hundred);
+/// a larger one is refused by the transport before it is decoded.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+/// The most bytes of a request's domain.
+pub const MAX_DOMAIN_LEN: usize = 256;
+/// The most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// The most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 32;
+
 /// The gRPC service.
 #[derive(Debug)]
 pub struct RlsService {
@@ -85,7 +95,7 @@ impl RlsService {
 
     /// The tonic server for this service.
     pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+        RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 
     /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed
@@ -174,6 +184,40 @@ fn carried_limit(i: usize, d: &RateLimitDescriptor) -> Result<Option<(u32, Unit)
 }
 
 /// The cost of one descriptor, as the reference's `GetHitsAddends`.
+/// The request's bounds, each refused as `INVALID_ARGUMENT` naming the bound (docs/api.md,
+/// "Bounds"), before anything is matched or charged.
+fn check_bounds(req: &RateLimitRequest) -> Result<(), Status> {
+    let refuse = |what: String| Err(Status::invalid_argument(what));
+    if req.domain.len() > MAX_DOMAIN_LEN {
+        return refuse(format!(
+            "domain is {} bytes; at most {MAX_DOMAIN_LEN}",
+            req.domain.len()
+        ));
+    }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return refuse(format!(
+            "{} descriptors in one request; at most {MAX_DESCRIPTORS}",
+            req.descriptors.len()
+        ));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return refuse(format!(
+                "descriptors[{i}] has {} entries; at most {MAX_ENTRIES}",
+                d.entries.len()
+            ));
+        }
+        let cost = hits(req.hits_addend, d);
+        if cost > sluice::core::MAX_AMOUNT {
+            return refuse(format!(
+                "descriptors[{i}].hits_addend {cost} is too large; at most 2^53 ({})",
+                sluice::core::MAX_AMOUNT
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn hits(request_hits: u32, d: &RateLimitDescriptor) -> u64 {
     d.hits_addend
         .as_ref()
@@ -245,6 +289,7 @@ impl RlsService {
                 "rate limit descriptor list must not be empty",
             ));
         }
+        check_bounds(&req)?;
         let (Some(rls), Some(settings)) = (&snapshot.rls, &snapshot.rls_settings) else {
             return Err(Status::failed_precondition(
                 "this sluice has no Envoy rate limit configuration; set rls.config_dir",
@@ -265,6 +310,19 @@ impl RlsService {
             asked.push((e.as_slice(), carried_limit(i, d)?));
         }
         let matches = rls.resolve(&req.domain, &asked);
+        // Every counter key fits before anything is charged: all or nothing.
+        for (i, m) in matches.iter().enumerate() {
+            if let Some(m) = m
+                && m.counter_key.len() > sluice::MAX_KEY_LEN
+            {
+                return Err(Status::invalid_argument(format!(
+                    "descriptors[{i}]: its counter key (domain and entries) is {} bytes, more \
+                     than the {} a key may have; shorten the descriptor's values",
+                    m.counter_key.len(),
+                    sluice::MAX_KEY_LEN
+                )));
+            }
+        }
         let now = snapshot.now_ms();
         let limiter = &snapshot.limiter;
         let mut parts = Vec::with_capacity(matches.len());
@@ -306,13 +364,18 @@ impl RlsService {
                 }
             }
         }
-        if let Some(e) = failure {
+        match failure {
             // As in the reference service, a store failure is a gRPC error, so that Envoy's
             // `failure_mode_deny` decides whether the request passes.
-            tracing::warn!(error = %e, "store failed during ShouldRateLimit");
-            return Err(Status::unavailable(format!(
-                "the rate limit store cannot answer: {e}"
-            )));
+            Some(e @ sluice::Error::Store(_)) => {
+                tracing::warn!(error = %e, "store failed during ShouldRateLimit");
+                return Err(Status::unavailable(format!(
+                    "the rate limit store cannot answer: {e}"
+                )));
+            }
+            // The bounds are checked first; this is a backstop, never a store error.
+            Some(e) => return Err(Status::invalid_argument(e.to_string())),
+            None => {}
         }
         for (part, descriptor) in parts.iter().zip(&req.descriptors) {
             if let Some(m) = &part.found

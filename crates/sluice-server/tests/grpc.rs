@@ -323,6 +323,76 @@ async fn invalid_requests_and_health() {
     s.stop().await;
 }
 
+/// Every bound of a request is an `INVALID_ARGUMENT` that names it, before anything is
+/// charged: a long value that once reached the store as an invalid key (and came back as
+/// `UNAVAILABLE`, a store failure for Envoy) is refused up front.
+#[tokio::test]
+async fn request_bounds_are_invalid_arguments_and_charge_nothing() {
+    let mut s = start().await;
+    let refused = |r: Result<tonic::Response<RateLimitResponse>, tonic::Status>| {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        e.message().to_owned()
+    };
+    let long = "v".repeat(600);
+    // The first descriptor would be charged; the second's counter key is too long.
+    let m = refused(
+        s.client
+            .should_rate_limit(request(
+                "edge",
+                &[
+                    &[("remote_address", "10.9.9.9")],
+                    &[("remote_address", &long)],
+                ],
+                1,
+            ))
+            .await,
+    );
+    assert!(m.contains("descriptors[1]") && m.contains("512"), "{m}");
+    let r = s.ask(&[&[("remote_address", "10.9.9.9")]], 1).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "nothing was charged");
+
+    let m = refused(
+        s.client
+            .should_rate_limit(request(&"d".repeat(257), &[&[("a", "b")]], 1))
+            .await,
+    );
+    assert!(m.contains("domain") && m.contains("256"), "{m}");
+    let many: Vec<&[(&str, &str)]> = vec![&[("remote_address", "10.0.0.1")]; 65];
+    let m = refused(s.client.should_rate_limit(request("edge", &many, 1)).await);
+    assert!(m.contains("65 descriptors") && m.contains("64"), "{m}");
+    let entries: Vec<(&str, &str)> = vec![("k", "v"); 33];
+    let m = refused(
+        s.client
+            .should_rate_limit(request("edge", &[entries.as_slice()], 1))
+            .await,
+    );
+    assert!(m.contains("33 entries") && m.contains("32"), "{m}");
+    let mut huge = request("edge", &[&[("remote_address", "10.9.9.9")]], 1);
+    huge.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: u64::MAX });
+    let m = refused(s.client.should_rate_limit(huge).await);
+    assert!(m.contains("hits_addend") && m.contains("2^53"), "{m}");
+    let r = s.ask(&[&[("remote_address", "10.9.9.9")]], 1).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "only the one admitted request counted"
+    );
+
+    // A message over 64 KiB is refused by the transport, undecoded.
+    let e = s
+        .client
+        .should_rate_limit(request(
+            "edge",
+            &[&[("remote_address", &"x".repeat(70_000))]],
+            1,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    s.stop().await;
+}
+
 /// Editing a file of the rate limit directory reloads it; a broken edit keeps the last good
 /// rules.
 #[tokio::test]
