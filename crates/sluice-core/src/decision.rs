@@ -80,6 +80,10 @@ pub struct Decision {
     /// under `clock: redis`). Everything rendered from the decision — headers, durations
     /// until reset — derives from it, never from a second reading of a clock.
     pub now_ms: u64,
+    /// For an acquire by a holder ([`Op::Acquire`](crate::evaluate::Op::Acquire) with a
+    /// non-zero `holder`): how many distinct holders have acquired on this key within the
+    /// policy's shortest window, this one included. 0 otherwise.
+    pub holders: u32,
 }
 
 impl Decision {
@@ -107,6 +111,7 @@ impl Decision {
             limits,
             degraded: None,
             now_ms,
+            holders: 0,
         }
     }
 

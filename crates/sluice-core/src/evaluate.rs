@@ -50,6 +50,9 @@ pub enum Op {
         min: u64,
         /// The most to take.
         max: u64,
+        /// Who takes it: a process's holder id, so the store can count the distinct holders
+        /// of a key ([`Decision::holders`]); 0 takes anonymously and counts nobody.
+        holder: u64,
     },
 }
 
@@ -88,7 +91,7 @@ pub fn apply(policy: &Policy, states: &[LimitState], op: Op, now: u64) -> Evalua
             writes: None,
         },
         Op::Refund { cost } => refund(policy, states, cost, now),
-        Op::Acquire { min, max } => acquire(policy, states, min, max, now),
+        Op::Acquire { min, max, .. } => acquire(policy, states, min, max, now),
     }
 }
 

@@ -7,14 +7,17 @@
 -- last line calls `run` with the operation. `__LIB__` is replaced by the library's versioned
 -- name when loaded.
 --
--- KEYS[i]   the state of limit i of the policy, in the policy's order. All share one hash tag,
---           so the script runs on Redis Cluster too (keys.rs names them).
+-- KEYS[i]   the state of limit i of the policy, in the policy's order (`acquire` adds the
+--           holders set). All share one hash tag, so the script runs on Redis Cluster too (keys.rs names them).
 -- ARGV[1]   now in ms since the epoch, or "redis" to read Redis TIME inside the script
 -- ARGV[2]   cost (0 to 2^53)
 -- ARGV[3]   expiry margin in ms: a key expires this long after its state stops mattering
--- ARGV[4]   n, the number of limits (= #KEYS)
+-- ARGV[4]   n, the number of limits (= #KEYS; #KEYS - 1 for `acquire`)
 -- then 9 values per limit i, from 5 + 9*(i-1) (listed below),
--- and for `acquire` only, ARGV[5 + 9*n]: the most units to take (the cost is the least).
+-- and for `acquire` only, ARGV[5 + 9*n]: the most units to take (the cost is the least),
+-- ARGV[6 + 9*n] the holder id ("0": anonymous) and ARGV[7 + 9*n] how long (ms) a holder
+-- counts after its last acquire; KEYS[n + 1] is then the key's holders set (a sorted set:
+-- member holder id, score the instant it stops counting).
 --   algorithm  1 fixed_window, 2 fixed_window aligned, 3 sliding_window, 4 token_bucket
 --   max, per (ms), precision (ms; sliding), burst (bucket)
 --   tau_ms, tau_frac    (bucket) burst*per/max as whole ms + a numerator over max
@@ -30,7 +33,8 @@
 -- stored times with `now`, so a closed window that still exists is treated as closed.
 --
 -- Reply: { allowed (0/1), now, then per limit: admits (0/1), remaining, reset_ms,
---          retry_after_ms (-1 = never) }; `acquire` appends the amount it decided on.
+--          retry_after_ms (-1 = never) }; `acquire` appends the amount it decided on and
+--          the number of holders counting (this one included; 0 when anonymous).
 
 -- Redis loads a function library in a sandbox without the standard libraries: they are
 -- reached at call time, never captured at load time.
@@ -388,8 +392,8 @@ end
 local function parse(keys, args)
   local now = now_of(args[1])
   local cost, margin, n = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-  if now == nil or cost == nil or margin == nil or n == nil or n ~= #keys
-    or (#args ~= 4 + 9 * n and #args ~= 5 + 9 * n) then
+  if now == nil or cost == nil or margin == nil or n == nil
+    or not ((n == #keys and #args == 4 + 9 * n) or (n + 1 == #keys and #args == 7 + 9 * n)) then
     error('SLUICE_ARGS expected now, cost, margin, n and 9 values per limit for ' .. #keys .. ' keys', 0)
   end
   local limits = {}
@@ -492,6 +496,19 @@ local function acquire(keys, args, now, cost, margin, limits)
   end
   local reply = decide(keys, now, take, margin, limits, true)
   reply[#reply + 1] = take
+  -- The holders: this one counts until now + ttl; those past their time are dropped.
+  local holder, ttl, hk = args[6 + 9 * #limits], tonumber(args[7 + 9 * #limits]), keys[#limits + 1]
+  local holders = 0
+  if holder ~= '0' then
+    if ttl == nil or ttl < 1 then
+      error('SLUICE_ARGS acquire needs how long a holder counts', 0)
+    end
+    redis.call('ZADD', hk, fmt(now + ttl), holder)
+    redis.call('ZREMRANGEBYSCORE', hk, '-inf', fmt(now))
+    redis.call('PEXPIRE', hk, fmt(ttl + margin))
+    holders = redis.call('ZCARD', hk)
+  end
+  reply[#reply + 1] = holders
   return reply
 end
 

@@ -40,7 +40,10 @@ impl Codec {
         op: Op,
         now_ms: u64,
     ) {
-        let keys = keys::policy_keys(&self.prefix, policy, key);
+        let mut keys = keys::policy_keys(&self.prefix, policy, key);
+        if let Op::Acquire { .. } = op {
+            keys.push(keys::holders_key(&keys::stem(&self.prefix, policy, key)));
+        }
         cmd.arg(keys.len()).arg(&keys);
         match self.clock {
             ClockSource::App => cmd.arg(now_ms),
@@ -80,8 +83,15 @@ impl Codec {
                 .arg((step / max).to_string())
                 .arg((step % max).to_string());
         }
-        if let Op::Acquire { max, .. } = op {
-            cmd.arg(max);
+        if let Op::Acquire { max, holder, .. } = op {
+            // A holder counts for the policy's shortest window after its last acquire.
+            let ttl = policy
+                .limits()
+                .iter()
+                .map(|l| l.per_ms())
+                .min()
+                .unwrap_or(1);
+            cmd.arg(max).arg(holder.to_string()).arg(ttl);
         }
     }
 }
@@ -97,7 +107,8 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
     };
     let limits = policy.limits();
     let acquire = matches!(op, Op::Acquire { .. });
-    let expected = 2 + 4 * limits.len() + usize::from(acquire);
+    // An acquire appends the amount taken and the number of holders.
+    let expected = 2 + 4 * limits.len() + 2 * usize::from(acquire);
     if items.len() != expected {
         return Err(bad(&format!(
             "{} values for {} limits of a {}",
@@ -117,7 +128,7 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
     // the amount it took (its last value).
     let cost = match op {
         Op::Refund { .. } => 0,
-        Op::Acquire { .. } => uint(&items[expected - 1], "the amount taken")?,
+        Op::Acquire { .. } => uint(&items[expected - 2], "the amount taken")?,
         _ => op.cost(),
     };
     let allowed = int(&items[0], "allowed")? == 1;
@@ -135,7 +146,12 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
             retry_after_ms: u64::try_from(int(&f[3], "retry_after")?).ok(),
         });
     }
-    Ok(Decision::new(allowed, cost, statuses, now))
+    let mut decision = Decision::new(allowed, cost, statuses, now);
+    if acquire {
+        let holders = uint(&items[expected - 1], "holders")?;
+        decision.holders = u32::try_from(holders).unwrap_or(u32::MAX);
+    }
+    Ok(decision)
 }
 
 #[cfg(test)]
@@ -255,16 +271,22 @@ mod tests {
     }
 
     #[test]
-    fn an_acquire_passes_min_as_cost_the_step_of_one_unit_and_max_last() {
+    fn an_acquire_passes_min_as_cost_the_step_of_one_unit_max_and_the_holder_last() {
         let p = policy(vec![LimitSpec::token_bucket(3, 1_000).burst(5)]);
         let args = encoded(
             &codec(ClockSource::App),
             &p,
-            Op::Acquire { min: 2, max: 50 },
+            Op::Acquire {
+                min: 2,
+                max: 50,
+                holder: 77,
+            },
         );
         let expected = [
-            "1",
+            "2",
             "sluice:{3:api:user:42}:tb1000m3b5",
+            // The holders set, in the same hash tag.
+            "sluice:{3:api:user:42}:holders",
             "1700000000000",
             "2",
             "1500",
@@ -279,8 +301,11 @@ mod tests {
             // One unit: 1000/3 = 333 + 1/3.
             "333",
             "1",
-            // ARGV[5 + 9n]: the most to take.
+            // ARGV[5 + 9n]: the most to take; then the holder and how long it counts (the
+            // shortest window).
             "50",
+            "77",
+            "1000",
         ];
         assert_eq!(args, expected);
     }
@@ -335,11 +360,17 @@ mod tests {
         let d = decode(&ints(&state), &p, Op::Refund { cost: 4 }).expect("valid reply");
         assert_eq!(d.cost, 0);
         let mut taken = state.to_vec();
-        taken.push(5);
-        let d = decode(&ints(&taken), &p, Op::Acquire { min: 1, max: 8 }).expect("valid reply");
-        assert_eq!((d.allowed, d.cost), (true, 5));
-        // Without the amount, an acquire's reply is one value short.
-        assert!(decode(&ints(&state), &p, Op::Acquire { min: 1, max: 8 }).is_err());
+        taken.extend([5, 3]);
+        let acquire = Op::Acquire {
+            min: 1,
+            max: 8,
+            holder: 9,
+        };
+        let d = decode(&ints(&taken), &p, acquire).expect("valid reply");
+        assert_eq!((d.allowed, d.cost, d.holders), (true, 5, 3));
+        // Without the amount and the holders, an acquire's reply is two values short.
+        assert!(decode(&ints(&state), &p, acquire).is_err());
+        assert!(decode(&ints(&taken[..taken.len() - 1]), &p, acquire).is_err());
     }
 
     #[test]

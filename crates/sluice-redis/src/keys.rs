@@ -18,6 +18,9 @@
 //!   window, precision…): a configuration change that reshapes a limit starts from fresh state
 //!   instead of misreading old state, and changing only a window's `max` keeps its count.
 //! - The prefix (default `sluice:`) must not contain `{` or `}`, which would move the hash tag.
+//! - One more key per (policy, key), `<stem>:holders`, is written by `acquire` only: a sorted
+//!   set of the processes holding a lease on the key (member: holder id, score: when it stops
+//!   counting), so each can size its lease by its share of the error budget.
 
 use sluice::{Limit, Policy};
 
@@ -32,6 +35,11 @@ pub fn validate_prefix(prefix: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The key of the holders set of one (policy, key), given the stem.
+pub fn holders_key(stem: &str) -> String {
+    format!("{stem}:holders")
 }
 
 /// The hash-tagged stem shared by every limit's key of one (policy, key).

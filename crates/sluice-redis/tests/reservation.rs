@@ -132,3 +132,62 @@ async fn four_hosts_on_one_redis_never_over_admit_an_aligned_window() {
     }
     hot_key(LimitSpec::fixed_window(2_000, 1_000).aligned(), 20, 6_000).await;
 }
+
+/// Redis counts the holders of a key in its holders set: each acquire by a holder adds it
+/// for the policy's shortest window, anonymous acquires count nobody, an expired holder stops
+/// counting, and forgetting the key drops the set.
+#[tokio::test]
+async fn redis_counts_the_holders_of_a_key() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    use sluice::{Op, Store, StoreExt};
+    let server = RedisServer::start().unwrap();
+    let store = RedisStore::connect(RedisConfig::new(server.url()))
+        .await
+        .unwrap();
+    let p = Policy::from_specs(
+        "api",
+        vec![
+            LimitSpec::fixed_window(1_000, 60_000),
+            LimitSpec::fixed_window(10_000, 3_600_000),
+        ],
+    )
+    .unwrap();
+    let acquire = |holder: u64, now: u64| {
+        let (store, p) = (&store, &p);
+        async move {
+            store
+                .call(
+                    p,
+                    "k",
+                    Op::Acquire {
+                        min: 1,
+                        max: 10,
+                        holder,
+                    },
+                    now,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(acquire(7, T0).await.holders, 1);
+    assert_eq!(acquire(7, T0 + 1).await.holders, 1, "the same holder again");
+    let d = acquire(8, T0 + 2).await;
+    assert_eq!((d.holders, d.cost), (2, 10));
+    assert_eq!(acquire(0, T0 + 3).await.holders, 0, "anonymous");
+    // Holder 7 counts until T0 + 1 + 60 s (the shortest window), holder 8 until T0 + 2 + 60 s.
+    assert_eq!(acquire(9, T0 + 60_001).await.holders, 2, "7 has expired");
+    let members = server.cmd(&["ZCARD", "sluice:{3:api:k}:holders"]).unwrap();
+    assert_eq!(members, redis::Value::Int(2));
+    store.forget(&p, "k").await.unwrap();
+    let members = server.cmd(&["EXISTS", "sluice:{3:api:k}:holders"]).unwrap();
+    assert_eq!(members, redis::Value::Int(0));
+    // And a layer sends its holder id: two layers on one key are two holders.
+    let a = Reserving::new(store.clone(), ReserveConfig::default());
+    let b = Reserving::new(store.clone(), ReserveConfig::default());
+    a.check(&p, "k", 1, T0).await.unwrap();
+    b.check(&p, "k", 1, T0).await.unwrap();
+    assert_eq!(acquire(a.holder(), T0).await.holders, 2);
+}

@@ -323,9 +323,12 @@ struct RawLocal {
     enabled: bool,
     #[serde(default)]
     batch: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    max_error: Option<f64>,
 }
 
-/// `local.batch`: `auto` or a fraction of max in (0, 1].
+/// `local.batch`: `auto` or a fraction of max in (0, 1]; `local.max_error`: a fraction of max
+/// in (0, 1].
 fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> {
     let batch = match &raw.batch {
         None => sluice::Batch::Auto,
@@ -348,9 +351,21 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> 
             ));
         }
     };
-    Ok(raw
-        .enabled
-        .then(|| sluice::ReserveConfig::default().batch(batch)))
+    let max_error = match raw.max_error {
+        None => sluice::DEFAULT_MAX_ERROR,
+        Some(f) if f > 0.0 && f <= 1.0 => f,
+        Some(f) => {
+            return Err(format!(
+                "local.max_error: {f} is not a fraction of max; expected a number in (0, 1], \
+                 e.g. 0.01 (1 %)"
+            ));
+        }
+    };
+    Ok(raw.enabled.then(|| {
+        sluice::ReserveConfig::default()
+            .batch(batch)
+            .max_error(max_error)
+    }))
 }
 
 #[derive(Deserialize, Default)]

@@ -97,6 +97,30 @@ fn local_reservation_settings() {
 }
 
 #[test]
+fn local_error_budget() {
+    let c = Config::parse(
+        "sluice.yaml",
+        "local:\n  enabled: true\n  max_error: 0.05\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.local,
+        Some(sluice::ReserveConfig::default().max_error(0.05))
+    );
+    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n").unwrap();
+    assert_eq!(c.local.map(|l| l.max_error), Some(0.01));
+    for bad in ["0", "1.5", "-0.1"] {
+        let e = Config::parse(
+            "sluice.yaml",
+            &format!("local:\n  enabled: true\n  max_error: {bad}\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("local.max_error") && e.contains("(0, 1]"), "{e}");
+    }
+}
+
+#[test]
 fn cluster_and_sentinel_layouts() {
     let c = Config::parse(
         "sluice.yaml",

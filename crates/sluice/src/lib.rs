@@ -45,7 +45,7 @@ mod store;
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use limiter::{Error, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
-pub use reserve::{Batch, ReserveConfig, ReserveStats, Reserving};
+pub use reserve::{Batch, DEFAULT_MAX_ERROR, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::evaluate::Op;
 pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,

@@ -12,6 +12,7 @@
 //! and gives the table's memory back when it has shrunk to a quarter. [`MemoryStore::sweep`]
 //! sweeps every shard at once, for callers that want memory back while no traffic arrives.
 
+use std::collections::HashMap;
 use std::future::{Future, ready};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +32,16 @@ const MIN_SWEEP_LEN: usize = 1_024;
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
+    /// Who holds leases on which (policy, key): only acquires by a holder touch it (a few per
+    /// second per hot key), so one lock is enough.
+    holders: Mutex<Holders>,
+}
+
+/// Per (policy, key): each holder and the instant it stops counting.
+type Holders = HashMap<(Box<str>, Box<str>), Vec<(u64, u64)>>;
+
+fn lock_holders(m: &Mutex<Holders>) -> MutexGuard<'_, Holders> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One shard, on its own cache lines so that two cores locking neighbouring shards do not
@@ -93,6 +104,7 @@ impl MemoryStore {
             .collect();
         Self {
             shards,
+            holders: Mutex::new(HashMap::new()),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -110,7 +122,22 @@ impl MemoryStore {
     /// Drops every key whose state has expired at `now_ms` and gives unused table memory
     /// back. Returns how many keys were dropped.
     pub fn sweep(&self, now_ms: u64) -> usize {
+        lock_holders(&self.holders).retain(|_, hs| {
+            hs.retain(|&(_, until)| until > now_ms);
+            !hs.is_empty()
+        });
         self.shards.iter().map(|s| lock(s).sweep(now_ms)).sum()
+    }
+
+    /// Counts `holder` on (policy, key) until `now + the policy's shortest window` and returns
+    /// how many holders count now (as the Redis store's holders set does).
+    fn hold(&self, policy: &Policy, key: &str, holder: u64, now_ms: u64) -> u32 {
+        let ttl = policy.limits().iter().map(Limit::per_ms).min().unwrap_or(1);
+        let mut all = lock_holders(&self.holders);
+        let hs = all.entry((policy.name().into(), key.into())).or_default();
+        hs.retain(|&(h, until)| until > now_ms && h != holder);
+        hs.push((holder, now_ms.saturating_add(ttl)));
+        u32::try_from(hs.len()).unwrap_or(u32::MAX)
     }
 
     fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {
@@ -276,11 +303,16 @@ impl Store for MemoryStore {
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let decide = |states: &[LimitState]| evaluate::apply(policy, states, op, now_ms);
-        let decision = if op.is_read_only() {
+        let mut decision = if op.is_read_only() {
             self.read(policy, key, |states| decide(states).decision)
         } else {
             self.update(policy, key, now_ms, decide)
         };
+        if let Op::Acquire { holder, .. } = op
+            && holder != 0
+        {
+            decision.holders = self.hold(policy, key, holder, now_ms);
+        }
         ready(Ok(decision))
     }
 
@@ -296,6 +328,9 @@ impl Store for MemoryStore {
         }) {
             entry.remove();
         }
+        drop(inner);
+        lock_holders(&self.holders)
+            .remove(&(Box::<str>::from(policy.name()), Box::<str>::from(key)));
         ready(Ok(()))
     }
 }

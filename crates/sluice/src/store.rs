@@ -107,7 +107,8 @@ pub trait StoreExt: Store {
         self.call(policy, key, Op::Refund { cost }, now_ms)
     }
 
-    /// [`Op::Acquire`]: takes between `min` and `max` units, as many as every limit admits.
+    /// [`Op::Acquire`]: takes between `min` and `max` units, as many as every limit admits
+    /// (anonymously: holder 0).
     fn acquire(
         &self,
         policy: &Policy,
@@ -116,7 +117,16 @@ pub trait StoreExt: Store {
         max: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.call(policy, key, Op::Acquire { min, max }, now_ms)
+        self.call(
+            policy,
+            key,
+            Op::Acquire {
+                min,
+                max,
+                holder: 0,
+            },
+            now_ms,
+        )
     }
 }
 

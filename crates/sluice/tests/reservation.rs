@@ -374,8 +374,8 @@ async fn four_hosts_never_over_admit() {
 
 #[tokio::test]
 async fn auto_batches_grow_when_used_up_and_shrink_when_left_unused() {
-    let p = policy(LimitSpec::fixed_window(100_000, 3_600_000)); // auto cap: 0.1 % = 100
-    let store = Reserving::new(Probe::default(), ReserveConfig::default());
+    let p = policy(LimitSpec::fixed_window(100_000, 3_600_000)); // cap: 0.1 % = 100, one holder
+    let store = Reserving::new(Probe::default(), ReserveConfig::default().max_error(0.001));
     for _ in 0..400 {
         assert!(store.check(&p, "k", 1, T0).await.unwrap().allowed);
     }
@@ -397,4 +397,73 @@ async fn auto_batches_grow_when_used_up_and_shrink_when_left_unused() {
     let batches = store.inner().batches.lock().unwrap().clone();
     assert!(batches.len() > held_before, "{batches:?}");
     assert_eq!(*batches.last().unwrap(), 50, "{batches:?}");
+}
+
+/// The error budget (1 % of max by default) is split across the processes the store has seen
+/// acquire on the key: alone, a process's auto batch grows to the whole budget; once a second
+/// process leases on the same key, each grows only to half, so the leases held at once stay
+/// within the budget.
+#[tokio::test]
+async fn the_error_budget_is_split_across_the_holders_of_a_key() {
+    let p = policy(LimitSpec::fixed_window(100_000, 3_600_000)); // budget: 1 % = 1 000
+    let probe = Arc::new(Probe::default());
+    let a = Reserving::new(probe.clone(), ReserveConfig::default());
+    let b = Reserving::new(probe.clone(), ReserveConfig::default());
+    assert_ne!(a.holder(), b.holder());
+    // Units recorded in the store beyond those admitted: held in leases.
+    async fn held(probe: &Probe, p: &Policy, admitted: u64) -> u64 {
+        let remaining = probe
+            .memory
+            .peek(p, "hot", 0, T0)
+            .await
+            .unwrap()
+            .remaining();
+        100_000 - remaining - admitted
+    }
+
+    for _ in 0..10_000 {
+        assert!(a.check(&p, "hot", 1, T0).await.unwrap().allowed);
+    }
+    let alone = probe.batches.lock().unwrap().clone();
+    assert_eq!(
+        *alone.iter().max().unwrap(),
+        1_000,
+        "alone: the whole budget {alone:?}"
+    );
+    assert!(held(&probe, &p, 10_000).await <= 1_000);
+
+    for _ in 0..10_000 {
+        assert!(a.check(&p, "hot", 1, T0).await.unwrap().allowed);
+        assert!(b.check(&p, "hot", 1, T0).await.unwrap().allowed);
+    }
+    let both = probe.batches.lock().unwrap()[alone.len()..].to_vec();
+    // `a` learns of `b` at its first fetch of this phase (still sized for one holder; it
+    // gives the excess back at once); every other fetch is at most half the budget.
+    assert!(both.len() > 10, "{both:?}");
+    assert!(both.iter().filter(|&&n| n > 500).count() <= 1, "{both:?}");
+    assert_eq!(
+        *both.iter().rev().take(5).max().unwrap(),
+        500,
+        "grown to the share: {both:?}"
+    );
+    assert!(
+        probe.refunds.load(Ordering::SeqCst) >= 1,
+        "the excess went back"
+    );
+    assert!(held(&probe, &p, 30_000).await <= 1_000);
+    let d = probe
+        .memory
+        .call(
+            &p,
+            "hot",
+            Op::Acquire {
+                min: 0,
+                max: 0,
+                holder: a.holder(),
+            },
+            T0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(d.holders, 2, "the store counts both");
 }

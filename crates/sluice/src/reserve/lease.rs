@@ -10,6 +10,8 @@ use crate::store::StoreError;
 
 /// One (policy, key)'s lease.
 pub(super) struct Lease {
+    /// How many processes held leases on the key at the last fetch (at least 1).
+    pub(super) holders: u32,
     /// Units held and not yet handed out.
     pub(super) tokens: u64,
     /// Units taken by the current lease (for the batch's adaptation).

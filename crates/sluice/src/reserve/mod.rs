@@ -23,8 +23,12 @@
 //!   lease back at shutdown.
 //! - **Batch.** [`Batch::Fraction`] of the smallest `max` of the policy, or [`Batch::Auto`]:
 //!   starts at 1, grows ×1.5 when a lease is used up within half its lifetime, halves when a
-//!   lease ends more than half unused, and never exceeds 0.1 % of the smallest `max`.
-//!   Requests costing more than the batch bypass the lease.
+//!   lease ends more than half unused, and never exceeds this process's share of the **error
+//!   budget**: [`ReserveConfig::max_error`] (default 1 %) of the smallest `max`, divided by
+//!   the number of processes holding leases on the key. The store counts them: every
+//!   [`Op::Acquire`] carries this process's holder id, and the store answers how many
+//!   distinct holders acquired on the key within the policy's shortest window
+//!   ([`Decision::holders`]). Requests costing more than the share bypass the lease.
 //! - **Headers.** A decision served locally reports, per limit, the store's remaining at the
 //!   last fetch plus the units this process still holds: what this process can still hand
 //!   out, never above the truth by more than the leased amount.
@@ -58,7 +62,9 @@ use lease::{
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Batch {
-    /// Adaptive: from 1 up to 0.1 % of the policy's smallest `max`.
+    /// Adaptive: from 1 up to this process's share of the error budget
+    /// ([`ReserveConfig::max_error`] of the policy's smallest `max`, split across the
+    /// holders of the key).
     Auto,
     /// A fixed fraction of the policy's smallest `max` (at least 1 unit), e.g. `0.01`.
     Fraction(f64),
@@ -72,13 +78,21 @@ pub struct ReserveConfig {
     pub batch: Batch,
     /// The longest a lease serves (token buckets; a cap for the other algorithms too).
     pub max_lease: Duration,
+    /// The error budget of [`Batch::Auto`], as a fraction of the policy's smallest `max`: the
+    /// most units the fleet's leases may hold at once on one key (units leased and not used
+    /// before the window ends are not admitted: under-admission, never over-admission).
+    pub max_error: f64,
 }
+
+/// The default [`ReserveConfig::max_error`]: 1 % of the smallest `max`.
+pub const DEFAULT_MAX_ERROR: f64 = 0.01;
 
 impl Default for ReserveConfig {
     fn default() -> Self {
         Self {
             batch: Batch::Auto,
             max_lease: Duration::from_secs(1),
+            max_error: DEFAULT_MAX_ERROR,
         }
     }
 }
@@ -95,10 +109,13 @@ impl ReserveConfig {
         self.max_lease = max_lease;
         self
     }
-}
 
-/// The largest batch [`Batch::Auto`] grows to, as a fraction of the smallest `max`.
-pub const AUTO_BATCH_CAP: f64 = 0.001;
+    /// Sets the error budget of [`Batch::Auto`] (a fraction of the smallest `max`, in (0, 1]).
+    pub fn max_error(mut self, max_error: f64) -> Self {
+        self.max_error = max_error;
+        self
+    }
+}
 
 /// What the layer did, since it was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -133,6 +150,8 @@ struct Counters {
 pub struct Reserving<S> {
     inner: S,
     config: ReserveConfig,
+    /// This process's holder id (random, not 0), sent with every acquire.
+    holder: u64,
     hasher: foldhash::fast::RandomState,
     shards: Box<[Mutex<HashTable<Entry>>]>,
     counters: Counters,
@@ -164,10 +183,13 @@ impl<S: Store> Reserving<S> {
     /// Leases from `inner` as `config` says.
     pub fn new(inner: S, config: ReserveConfig) -> Self {
         let shards = (0..64).map(|_| Mutex::new(HashTable::new())).collect();
+        let hasher = foldhash::fast::RandomState::default();
         Self {
             inner,
             config,
-            hasher: foldhash::fast::RandomState::default(),
+            // Random per instance (the hasher's seed is), never 0 (anonymous).
+            holder: hasher.hash_one(std::process::id()) | 1,
+            hasher,
             shards,
             counters: Counters::default(),
         }
@@ -191,11 +213,20 @@ impl<S: Store> Reserving<S> {
         }
     }
 
-    /// The batch limits for `policy`: (first batch, largest batch).
-    fn batch_bounds(&self, policy: &Policy) -> (u64, u64) {
+    /// This process's holder id, as the store counts it.
+    pub fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    /// The batch limits for `policy` when `holders` processes hold leases on the key:
+    /// (first batch, largest batch).
+    fn batch_bounds(&self, policy: &Policy, holders: u32) -> (u64, u64) {
         let smallest = smallest_max(policy) as f64;
         match self.config.batch {
-            Batch::Auto => (1, ((smallest * AUTO_BATCH_CAP) as u64).max(1)),
+            Batch::Auto => {
+                let budget = smallest * self.config.max_error;
+                (1, ((budget / f64::from(holders.max(1))) as u64).max(1))
+            }
             Batch::Fraction(f) => {
                 let b = ((smallest * f) as u64).max(1);
                 (b, b)
@@ -217,8 +248,9 @@ impl<S: Store> Reserving<S> {
         if let Some(e) = table.find(hash, eq) {
             return e.lease.clone();
         }
-        let (first, _) = self.batch_bounds(policy);
+        let (first, _) = self.batch_bounds(policy, 1);
         let lease = Arc::new(Mutex::new(Lease {
+            holders: 1,
             tokens: 0,
             granted: 0,
             started: 0,
@@ -376,8 +408,8 @@ impl<S: Store> Reserving<S> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, StoreError> {
-        let (_, largest) = self.batch_bounds(policy);
-        if cost == 0 || cost > largest {
+        // The largest share any process may get (one holder); below, this key's own share.
+        if cost == 0 || cost > self.batch_bounds(policy, 1).1 {
             return self.direct(None, policy, key, cost, now).await;
         }
         let lease = self.lease(policy, key);
@@ -408,7 +440,10 @@ impl<S: Store> Reserving<S> {
                 self.counters.cached_denials.fetch_add(1, Ordering::Relaxed);
                 return Ok(d);
             }
+            // This process's share of the budget, now that the key's holders are known.
+            let largest = self.batch_bounds(policy, l.holders).1;
             let next = match &mut l.fetch {
+                _ if cost > largest => Next::Direct,
                 Some(f) if f.costs.iter().sum::<u64>() + cost <= f.size => {
                     f.costs.push(cost);
                     Next::Wait(f.outcome.subscribe(), f.costs.len() - 1)
@@ -424,6 +459,7 @@ impl<S: Store> Reserving<S> {
                     {
                         l.batch = (l.batch + l.batch.div_ceil(2)).min(largest);
                     }
+                    l.batch = l.batch.min(largest);
                     let size = l.batch.max(cost);
                     let (tx, _) = watch::channel(None);
                     l.fetch = Some(InFlight {
@@ -472,42 +508,61 @@ impl<S: Store> Reserving<S> {
                     armed: true,
                 };
                 self.counters.fetches.fetch_add(1, Ordering::Relaxed);
-                let result = self.inner.acquire(policy, key, min, size, now).await;
+                let acquire = Op::Acquire {
+                    min,
+                    max: size,
+                    holder: self.holder,
+                };
+                let result = self.inner.call(policy, key, acquire, now).await;
                 guard.armed = false;
-                let mut l = lock(&lease);
-                let Some(f) = l.fetch.take() else {
-                    // Unreachable: only the fetcher (or its guard) takes the fetch.
-                    return result;
-                };
-                let mut served = 0;
-                let reply = match &result {
-                    Ok(d) if d.allowed => {
-                        // Serve the places in order while the grant covers them.
-                        let mut left = d.cost;
-                        for &c in &f.costs {
-                            if c > left {
-                                break;
+                let (reply, excess) = {
+                    let mut l = lock(&lease);
+                    let Some(f) = l.fetch.take() else {
+                        // Unreachable: only the fetcher (or its guard) takes the fetch.
+                        return result;
+                    };
+                    let mut served = 0;
+                    let mut excess = 0;
+                    let reply = match &result {
+                        Ok(d) if d.allowed => {
+                            // Serve the places in order while the grant covers them.
+                            let mut left = d.cost;
+                            for &c in &f.costs {
+                                if c > left {
+                                    break;
+                                }
+                                left -= c;
+                                served += 1;
                             }
-                            left -= c;
-                            served += 1;
+                            let (expires, exact) = self.lifetime(policy, d, now);
+                            l.tokens = left;
+                            l.granted = d.cost;
+                            l.started = now;
+                            l.expires = expires;
+                            l.refundable_until = exact;
+                            l.basis = Some(d.clone());
+                            l.denied = None;
+                            // A store that does not count holders answers 0: alone, as far as
+                            // it knows.
+                            l.holders = d.holders.max(1);
+                            // More holders than this lease was sized for: keep only this
+                            // process's share of the budget and give the rest back at once.
+                            let share = self.batch_bounds(policy, l.holders).1;
+                            l.batch = l.batch.min(share);
+                            excess = l.tokens.saturating_sub(share);
+                            l.tokens -= excess;
+                            Ok(local_decision(d, cost, left, now))
                         }
-                        let (expires, exact) = self.lifetime(policy, d, now);
-                        l.tokens = left;
-                        l.granted = d.cost;
-                        l.started = now;
-                        l.expires = expires;
-                        l.refundable_until = exact;
-                        l.basis = Some(d.clone());
-                        l.denied = None;
-                        Ok(local_decision(d, cost, left, now))
-                    }
-                    Ok(d) => {
-                        remember_denial(&mut l, d, now);
-                        Ok(d.clone())
-                    }
-                    Err(e) => Err(e.clone()),
+                        Ok(d) => {
+                            remember_denial(&mut l, d, now);
+                            Ok(d.clone())
+                        }
+                        Err(e) => Err(e.clone()),
+                    };
+                    let _ = f.outcome.send(Some(Arc::new(Fetched { result, served })));
+                    (reply, excess)
                 };
-                let _ = f.outcome.send(Some(Arc::new(Fetched { result, served })));
+                self.give_back(policy, key, excess, now).await;
                 reply
             }
         }
