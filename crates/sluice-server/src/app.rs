@@ -165,6 +165,12 @@ pub async fn run_with_clock(
             }
         });
     }
+    if config.admin.is_none() {
+        tracing::warn!(
+            "no admin section: POST /v1/refund, DELETE /v1/keys and GET /v1/policies answer \
+             anyone who reaches the HTTP port (docs/security.md)"
+        );
+    }
     if let Some(path) = config_file {
         background.spawn(watch_config(path, shared.clone()));
     }

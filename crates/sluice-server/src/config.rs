@@ -144,6 +144,8 @@ pub enum ResponseHeaders {
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Who may use the admin routes (`admin`); `None`: anyone who reaches the port.
+    pub admin: Option<crate::admin::AdminConfig>,
     /// Local token reservation (`local.enabled`), with its settings.
     pub local: Option<sluice::ReserveConfig>,
     /// HTTP listen address.
@@ -381,6 +383,8 @@ struct RawConfig {
     store: RawStore,
     #[serde(default)]
     local: RawLocal,
+    #[serde(default)]
+    admin: Option<crate::admin::RawAdmin>,
 }
 
 impl Config {
@@ -392,7 +396,7 @@ impl Config {
             line: None,
             message: format!("cannot read the configuration: {e}"),
         })?;
-        let mut config = Self::parse(&file, &text)?;
+        let mut config = Self::parse_in(&file, &text, path.parent())?;
         if let Some(rls) = &mut config.rls
             && rls.config_dir.is_relative()
             && let Some(dir) = path.parent()
@@ -403,8 +407,14 @@ impl Config {
         Ok(config)
     }
 
-    /// Validates a configuration given as text; `file` names it in errors.
+    /// Validates a configuration given as text; `file` names it in errors. Relative files it
+    /// names (`admin.tokens_file`) are relative to the working directory.
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        Self::parse_in(file, text, None)
+    }
+
+    /// [`Config::parse`] with relative files relative to `base`.
+    fn parse_in(file: &str, text: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
@@ -442,6 +452,11 @@ impl Config {
         }
         let store = store_config(raw.store).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
+        let admin = raw
+            .admin
+            .map(|a| crate::admin::AdminConfig::resolve(a, base))
+            .transpose()
+            .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
         Ok(Self {
             http: match raw.listen.http {
@@ -463,6 +478,7 @@ impl Config {
             }),
             store,
             local,
+            admin,
         })
     }
 

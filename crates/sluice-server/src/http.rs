@@ -219,8 +219,32 @@ async fn peek(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>)
     answer(&s, Endpoint::Peek, body).await
 }
 
-async fn refund(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn refund(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if let Some(refused) = admin_only(&s, &headers, "POST /v1/refund", false) {
+        return refused;
+    }
     answer(&s, Endpoint::Refund, body).await
+}
+
+/// The `401` for a request to an admin route without one of the `admin` tokens
+/// (docs/security.md); `None` lets it through. Without an `admin` section every route is
+/// open; `/metrics` is an admin route only with `admin.protect_metrics`.
+fn admin_only(
+    shared: &Shared,
+    headers: &HeaderMap,
+    route: &str,
+    metrics: bool,
+) -> Option<Response> {
+    match &shared.snapshot().admin {
+        Some(admin) if (!metrics || admin.protect_metrics) && !admin.allows(headers) => {
+            Some(crate::admin::unauthorized(route))
+        }
+        _ => None,
+    }
 }
 
 fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
@@ -371,8 +395,12 @@ pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision) {
 
 async fn forget(
     State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
     Path((policy, key)): Path<(String, String)>,
 ) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "DELETE /v1/keys", false) {
+        return refused;
+    }
     let snapshot = shared.snapshot();
     if snapshot.limiter.policy(&policy).is_none() {
         return unknown_policy(&policy, &snapshot);
@@ -395,7 +423,10 @@ async fn forget(
     }
 }
 
-async fn policies(State(shared): State<Arc<Shared>>) -> Response {
+async fn policies(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/policies", false) {
+        return refused;
+    }
     let snapshot = shared.snapshot();
     let mut list: Vec<&Policy> = snapshot.limiter.policies().collect();
     list.sort_by(|a, b| a.name().cmp(b.name()));
@@ -449,7 +480,10 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
+async fn metrics_text(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "GET /metrics", true) {
+        return refused;
+    }
     metrics::circuits(shared.store());
     if let Some(reserving) = shared.reserving() {
         metrics::reservation(reserving.stats());

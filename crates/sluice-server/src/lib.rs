@@ -3,6 +3,7 @@
 //! binary (crate `sluice-cli`) only parses the command line and calls it. Only what serving
 //! needs is here: the load generator is `sluice-bench`.
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod grpc;

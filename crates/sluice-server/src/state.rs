@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub rls: Option<Arc<RlsConfig>>,
     /// The `rls` settings that go with them.
     pub rls_settings: Option<crate::config::RlsSettings>,
+    /// Who may use the admin routes (reloaded with the rest).
+    pub admin: Option<crate::admin::AdminConfig>,
 }
 
 impl Snapshot {
@@ -92,6 +94,7 @@ impl Snapshot {
             store: store.clone(),
             rls,
             rls_settings: config.rls.clone(),
+            admin: config.admin.clone(),
         }
     }
 
@@ -140,7 +143,7 @@ pub struct Shared {
     current: RwLock<Arc<Snapshot>>,
     store: StoreHandle,
     /// What limiters decide with: the store, or the reservation layer over it.
-    decide: SharedStore,
+    deciding: SharedStore,
     /// The reservation layer (`local.enabled`), kept across reloads with its leases.
     reserving: Option<Arc<Reserving<SharedStore>>>,
     /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
@@ -162,15 +165,15 @@ impl Shared {
         let reserving = config
             .local
             .map(|local| Arc::new(Reserving::new(store.shared(), local)));
-        let decide = match &reserving {
+        let deciding = match &reserving {
             Some(r) => SharedStore::new(r.clone()),
             None => store.shared(),
         };
-        let first = Snapshot::new(config, &store, &decide, &insurance, rls, &clock);
+        let first = Snapshot::new(config, &store, &deciding, &insurance, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
             store,
-            decide,
+            deciding,
             reserving,
             insurance,
             store_config: config.store.clone(),
@@ -195,7 +198,7 @@ impl Shared {
         let next = Arc::new(Snapshot::new(
             config,
             &self.store,
-            &self.decide,
+            &self.deciding,
             &self.insurance,
             rls,
             &self.clock,

@@ -715,3 +715,67 @@ async fn two_redis_shards_and_readiness_per_shard() {
     assert!(!message.contains("shard 0"), "{message}");
     s.stop().await;
 }
+
+/// With an `admin` section, what changes or reveals state needs a bearer token from it;
+/// checks and peeks stay open. `/metrics` joins the admin routes with `protect_metrics`.
+#[tokio::test]
+async fn admin_routes_need_a_bearer_token() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let config =
+        format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n  protect_metrics: true\n");
+    let s = Server::start(&config, &[("secrets/admin", &format!("# ops\n{TOKEN}\n"))]).await;
+    let c = Client::new();
+    let body = json!({"policy": "api", "key": "user:1"});
+    let check = post(&c, &format!("{}/v1/check", s.url), body.clone()).await;
+    assert_eq!(check.status(), StatusCode::OK);
+    let peek = post(&c, &format!("{}/v1/peek", s.url), body.clone()).await;
+    assert_eq!(peek.status(), StatusCode::OK);
+
+    let routes = [
+        (reqwest::Method::POST, "/v1/refund"),
+        (reqwest::Method::DELETE, "/v1/keys/api/user:1"),
+        (reqwest::Method::GET, "/v1/policies"),
+        (reqwest::Method::GET, "/metrics"),
+    ];
+    for (method, path) in &routes {
+        for auth in [None, Some("Bearer wrong-token-0123456789"), Some(TOKEN)] {
+            let mut req = c.request(method.clone(), format!("{}{path}", s.url));
+            if *method == reqwest::Method::POST {
+                req = req.json(&body);
+            }
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} {auth:?}"
+            );
+            assert_eq!(
+                header(&r, "www-authenticate").as_deref(),
+                Some("Bearer realm=\"sluice-admin\"")
+            );
+            let e: Value = r.json().await.unwrap();
+            assert_eq!(e["error"]["code"], "unauthorized");
+            assert!(!e.to_string().contains(TOKEN));
+        }
+        let mut req = c
+            .request(method.clone(), format!("{}{path}", s.url))
+            .bearer_auth(TOKEN);
+        if *method == reqwest::Method::POST {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
+        assert!(r.status().is_success(), "{method} {path}: {}", r.status());
+    }
+    // The admin calls took effect (refund, then forget): the key is whole again.
+    let whole = json!({"policy": "api", "key": "user:1", "cost": 0});
+    let d: Value = post(&c, &format!("{}/v1/peek", s.url), whole)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["remaining"], 3);
+    s.stop().await;
+}

@@ -1,0 +1,204 @@
+//! The admin surface: what changes or reveals state (refund, forgetting a key, the policy
+//! list, and `/metrics` if asked) answers only to a bearer token from the `admin` section.
+//!
+//! Tokens come from a file (one per line; blank lines and `#` comments ignored) or from an
+//! environment variable (comma-separated), never from the configuration text itself, so the
+//! file that holds the policies can be shared without the secrets. They are compared in
+//! constant time ([`subtle`]), never logged, and the `Debug` of [`AdminConfig`] shows only
+//! how many there are. The threat model is in docs/security.md.
+
+use std::path::{Path, PathBuf};
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+/// The shortest token accepted: 16 bytes, e.g. `openssl rand -hex 16` gives 32.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// `admin:` as written.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    #[serde(default)]
+    tokens_file: Option<PathBuf>,
+    #[serde(default)]
+    tokens_env: Option<String>,
+    #[serde(default)]
+    protect_metrics: bool,
+}
+
+/// Who may use the admin routes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    tokens: Vec<String>,
+    /// `/metrics` needs a token too (`admin.protect_metrics`).
+    pub protect_metrics: bool,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
+            .field("protect_metrics", &self.protect_metrics)
+            .finish()
+    }
+}
+
+impl AdminConfig {
+    /// Reads the tokens `raw` points at; a relative `tokens_file` is relative to `base`.
+    pub(crate) fn resolve(raw: RawAdmin, base: Option<&Path>) -> Result<Self, String> {
+        let text = match (&raw.tokens_file, &raw.tokens_env) {
+            (Some(file), None) => {
+                let path = match base {
+                    Some(dir) if file.is_relative() => dir.join(file),
+                    _ => file.clone(),
+                };
+                std::fs::read_to_string(&path).map_err(|e| {
+                    format!("admin.tokens_file: cannot read {}: {e}", path.display())
+                })?
+            }
+            (None, Some(var)) => std::env::var(var).map_err(|_| {
+                format!(
+                    "admin.tokens_env: the environment variable {var} is not set (or not UTF-8)"
+                )
+            })?,
+            _ => {
+                return Err(
+                    "admin: give exactly one of tokens_file (one token per line) and tokens_env \
+                     (the name of a variable holding comma-separated tokens)"
+                        .to_owned(),
+                );
+            }
+        };
+        let separator = if raw.tokens_env.is_some() { ',' } else { '\n' };
+        let tokens: Vec<String> = text
+            .split(separator)
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && !t.starts_with('#'))
+            .map(str::to_owned)
+            .collect();
+        if tokens.is_empty() {
+            return Err("admin: the token source holds no token".to_owned());
+        }
+        if let Some(i) = tokens.iter().position(|t| t.len() < MIN_TOKEN_LEN) {
+            // Which one, never what it is.
+            return Err(format!(
+                "admin: token {} is {} bytes; at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
+                i + 1,
+                tokens[i].len()
+            ));
+        }
+        Ok(Self {
+            tokens,
+            protect_metrics: raw.protect_metrics,
+        })
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <one of the tokens>`. Every token is
+    /// compared, in constant time, whatever matches first.
+    pub fn allows(&self, headers: &HeaderMap) -> bool {
+        let Some(presented) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        let presented = presented.trim().as_bytes();
+        self.tokens
+            .iter()
+            .fold(subtle::Choice::from(0), |any, t| {
+                any | t.as_bytes().ct_eq(presented)
+            })
+            .into()
+    }
+}
+
+/// `401 unauthorized` for an admin route without a valid token, with the challenge.
+pub(crate) fn unauthorized(route: &str) -> Response {
+    let mut r = crate::http::error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        format!(
+            "{route} is an admin route: send `Authorization: Bearer <token>` with a token from \
+             the server's admin.tokens_file or admin.tokens_env"
+        ),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn config(tokens: &[&str]) -> AdminConfig {
+        AdminConfig {
+            tokens: tokens.iter().map(|t| (*t).to_owned()).collect(),
+            protect_metrics: false,
+        }
+    }
+
+    fn bearer(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn only_a_listed_bearer_token_is_allowed() {
+        let c = config(&["0123456789abcdef", "fedcba9876543210"]);
+        assert!(c.allows(&bearer("Bearer 0123456789abcdef")));
+        assert!(c.allows(&bearer("Bearer fedcba9876543210")));
+        assert!(!c.allows(&bearer("Bearer 0123456789abcde")));
+        assert!(!c.allows(&bearer("Bearer 0123456789abcdef0")));
+        assert!(!c.allows(&bearer("Basic 0123456789abcdef")));
+        assert!(!c.allows(&bearer("0123456789abcdef")));
+        assert!(!c.allows(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn debug_never_shows_a_token() {
+        let shown = format!("{:?}", config(&["0123456789abcdef"]));
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        assert!(shown.contains("<1 redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn tokens_come_from_a_file_and_short_ones_are_refused_without_being_shown() {
+        let dir = std::env::temp_dir().join(format!("sluice-admin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("tokens"),
+            "# ops\n0123456789abcdef\n\nshort-secret\n",
+        )
+        .unwrap();
+        let raw = || RawAdmin {
+            tokens_file: Some(PathBuf::from("tokens")),
+            tokens_env: None,
+            protect_metrics: true,
+        };
+        let e = AdminConfig::resolve(raw(), Some(&dir)).unwrap_err();
+        assert!(
+            e.contains("token 2 is 12 bytes") && !e.contains("short-secret"),
+            "{e}"
+        );
+        std::fs::write(dir.join("tokens"), "0123456789abcdef\n").unwrap();
+        let c = AdminConfig::resolve(raw(), Some(&dir)).unwrap();
+        assert!(c.protect_metrics && c.allows(&bearer("Bearer 0123456789abcdef")));
+        let neither = RawAdmin::default();
+        assert!(
+            AdminConfig::resolve(neither, None)
+                .unwrap_err()
+                .contains("exactly one")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
