@@ -538,7 +538,7 @@ local function check_fixed(keys, args)
   local now = now_of(args[1])
   -- reply: allowed, now, then admits, remaining, reset, retry per limit (as `decide`).
   local reply = {1, now}
-  local new_reset, new_used = {}, {}
+  local new_reset, new_used, was_open = {}, {}, {}
   for i = 1, n do
     local key, o = keys[i], 9 * (i - 1)
     local max, per = tonumber(args[o + 6]), tonumber(args[o + 7])
@@ -580,7 +580,7 @@ local function check_fixed(keys, args)
       if not open and not aligned then
         nr = now + per
       end
-      new_reset[i], new_used[i] = nr, used + cost
+      new_reset[i], new_used[i], was_open[i] = nr, used + cost, open
       reply[b], reply[b + 1], reply[b + 2], reply[b + 3] = 1, remaining, r, 0
     end
   end
@@ -589,8 +589,19 @@ local function check_fixed(keys, args)
       if new_reset[i] then
         local b = 3 + 4 * (i - 1)
         reply[b + 1], reply[b + 2] = reply[b + 1] - cost, new_reset[i]
-        redis.call('HSET', keys[i], 'reset', fmt(new_reset[i]), 'used', fmt(new_used[i]))
-        redis.call('PEXPIRE', keys[i], fmt(new_reset[i] - now + margin))
+        if was_open[i] then
+          -- Inside an open window only `used` changes. Under Redis TIME the expiry set when
+          -- the window opened still holds; under the processes' own clocks it is set again
+          -- from this one's, so a process whose clock is behind the opener's still finds the
+          -- window until its own `now` reaches the stored end.
+          redis.call('HINCRBY', keys[i], 'used', fmt(cost))
+          if args[1] ~= 'redis' then
+            redis.call('PEXPIRE', keys[i], fmt(new_reset[i] - now + margin))
+          end
+        else
+          redis.call('HSET', keys[i], 'reset', fmt(new_reset[i]), 'used', fmt(new_used[i]))
+          redis.call('PEXPIRE', keys[i], fmt(new_reset[i] - now + margin))
+        end
       end
     end
   end
