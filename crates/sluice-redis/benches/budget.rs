@@ -19,10 +19,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+#[path = "common/calls.rs"]
+mod calls;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use calls::fcalls;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -33,21 +37,6 @@ use sluice_testkit::RedisServer;
 const HOSTS: usize = 2;
 const TASKS: usize = 8;
 const NOW: u64 = 1_700_000_000_000;
-
-fn fcalls(server: &RedisServer) -> u64 {
-    let text = server.info("commandstats").unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 struct Load {
     name: &'static str,

@@ -12,12 +12,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+#[path = "common/calls.rs"]
+mod calls;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use calls::fcalls;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -32,21 +36,6 @@ const HOT_KEYS: u64 = 4;
 const MAX: u64 = 5_000;
 /// 0.25 % of max: at most 4 hosts × 12 = 48 units (≈ 1 %) leased and unused per window.
 const BATCH: f64 = 0.0025;
-
-fn fcalls(server: &RedisServer) -> u64 {
-    let text = server.info("commandstats").unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 struct Run {
     decisions: u64,
