@@ -81,14 +81,35 @@ impl Topology {
     /// `cluster:<first node>`. It names a shard of a [`ShardedStore`](crate::ShardedStore), so
     /// a configuration can check shards with
     /// [`validate_shard_names`](crate::validate_shard_names) before connecting.
+    ///
+    /// Credentials in a URL (`redis://user:password@host`) are never part of it: names appear
+    /// in metrics, logs and errors ([`redact`]).
     pub fn name(&self) -> String {
         match self {
-            Topology::Standalone { primary, .. } => primary.clone(),
+            Topology::Standalone { primary, .. } => redact(primary),
             Topology::Sentinel { master, .. } => format!("sentinel:{master}"),
             Topology::Cluster { nodes } => {
-                format!("cluster:{}", nodes.first().map_or("", String::as_str))
+                format!(
+                    "cluster:{}",
+                    redact(nodes.first().map_or("", String::as_str))
+                )
             }
         }
+    }
+}
+
+/// `url` without its user information: `redis://user:secret@host:6379/0` becomes
+/// `redis://host:6379/0`. What Sluice shows of a URL (shard names, metric labels, logs,
+/// errors) goes through this, so an ACL password written in a URL never leaves it.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}{}", &url[..scheme_end], &rest[at + 1..]),
+        None => url.to_owned(),
     }
 }
 
@@ -213,6 +234,26 @@ mod tests {
         let sentinel = RedisConfig::sentinel("main", ["redis://s1:26379", "redis://s2:26379"]);
         assert_eq!(sentinel.topology.name(), "sentinel:main");
         let cluster = RedisConfig::cluster(["redis://c1:7000", "redis://c2:7000"]);
+        assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
+    }
+
+    #[test]
+    fn names_never_carry_credentials() {
+        assert_eq!(
+            redact("redis://alice:s3cret@10.0.0.1:6379/2"),
+            "redis://10.0.0.1:6379/2"
+        );
+        assert_eq!(redact("rediss://:s3cret@host:6380"), "rediss://host:6380");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        // An `@` after the authority is not user information.
+        assert_eq!(
+            redact("redis://host:6379/0?x=a@b"),
+            "redis://host:6379/0?x=a@b"
+        );
+        assert_eq!(redact("not a url"), "not a url");
+        let standalone = RedisConfig::new("redis://alice:s3cret@10.0.0.1:6379");
+        assert_eq!(standalone.topology.name(), "redis://10.0.0.1:6379");
+        let cluster = RedisConfig::cluster(["redis://bob:pw@c1:7000"]);
         assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
     }
 

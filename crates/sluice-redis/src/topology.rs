@@ -78,9 +78,11 @@ impl Node {
 }
 
 fn node(url: &str, timeout: Duration) -> Result<Node, StoreError> {
+    // Only the redacted URL is kept: it is what errors and logs show.
+    let shown = crate::config::redact(url);
     let client = Client::open(url)
-        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
-    node_from_client(url.to_owned(), client, timeout)
+        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{shown}`: {e}")))?;
+    node_from_client(shown, client, timeout)
 }
 
 fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<Node, StoreError> {
@@ -199,7 +201,13 @@ impl Backend {
                     builder = builder.read_routing_strategy(RandomReplicaStrategy);
                 }
                 let client = builder.build().map_err(|e| {
-                    StoreError::Backend(format!("invalid cluster node URLs {nodes:?}: {e}"))
+                    StoreError::Backend(format!(
+                        "invalid cluster node URLs {:?}: {e}",
+                        nodes
+                            .iter()
+                            .map(|n| crate::config::redact(n))
+                            .collect::<Vec<_>>()
+                    ))
                 })?;
                 let conn = tokio::time::timeout(
                     config.timeout.max(Duration::from_secs(2)),

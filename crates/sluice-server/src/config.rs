@@ -514,7 +514,8 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
                         format!(
                             "store.shards[{}].primary: `{}` is listed twice; a shard is \
                              identified by its primary",
-                            e.index, e.name
+                            e.index,
+                            sluice_redis::redact(&e.name)
                         )
                     })?;
                     RedisLayout::Shards(raw.shards)
