@@ -1,6 +1,7 @@
 //! How to reach and use Redis: [`RedisConfig`] (the [`Topology`], where peeks read, the
 //! clock, timeouts, keys) and its defaults.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::keys::DEFAULT_PREFIX;
@@ -134,6 +135,74 @@ pub struct RedisConfig {
     pub expiry_margin: Duration,
     /// Function library or EVALSHA.
     pub script_mode: ScriptMode,
+    /// Certificates for `rediss://` URLs; without them a `rediss://` server's certificate is
+    /// checked against the system's roots.
+    pub tls: Option<TlsFiles>,
+}
+
+/// Certificates for TLS towards Redis (`rediss://` URLs), as PEM files: the CA that signed
+/// the servers' certificates and, when the servers require client certificates
+/// (`tls-auth-clients yes`), this client's certificate and key. The server's name is the
+/// URL's host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// The CA certificate(s) that signed the servers' certificates.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub ca_file: Option<PathBuf>,
+    /// This client's certificate (with `key_file`).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cert_file: Option<PathBuf>,
+    /// This client's private key (with `cert_file`).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// Trusts `ca_file` for the servers' certificates.
+    pub fn ca(ca_file: impl Into<PathBuf>) -> Self {
+        Self {
+            ca_file: Some(ca_file.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Presents `cert_file` and `key_file` as this client's certificate.
+    pub fn client(mut self, cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
+        self.cert_file = Some(cert_file.into());
+        self.key_file = Some(key_file.into());
+        self
+    }
+
+    /// Reads the files into what the client takes; an error names the file.
+    pub(crate) fn load(&self) -> Result<redis::TlsCertificates, String> {
+        let read = |what: &str, path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| format!("tls.{what}: cannot read {}: {e}", path.display()))
+        };
+        let client_tls = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("cert_file", cert)?,
+                client_key: read("key_file", key)?,
+            }),
+            (None, None) => None,
+            _ => return Err("tls: give both cert_file and key_file, or neither".to_owned()),
+        };
+        let root_cert = self
+            .ca_file
+            .as_ref()
+            .map(|ca| read("ca_file", ca))
+            .transpose()?;
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
 }
 
 impl RedisConfig {
@@ -174,6 +243,7 @@ impl RedisConfig {
             key_prefix: DEFAULT_PREFIX.to_owned(),
             expiry_margin: DEFAULT_EXPIRY_MARGIN,
             script_mode: ScriptMode::default(),
+            tls: None,
         }
     }
 
@@ -213,6 +283,13 @@ impl RedisConfig {
     /// Sets the expiry margin.
     pub fn expiry_margin(mut self, margin: Duration) -> Self {
         self.expiry_margin = margin;
+        self
+    }
+
+    /// Sets the certificates for `rediss://` URLs (a CA, and a client certificate if the
+    /// servers require one).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
         self
     }
 

@@ -24,7 +24,7 @@ pub(crate) enum Backend {
     /// A primary and replicas; with `sentinel`, they are replaced after a failover.
     Direct {
         nodes: RwLock<Arc<Nodes>>,
-        sentinel: Option<SentinelWatch>,
+        sentinel: Option<Box<SentinelWatch>>,
     },
     /// A Redis Cluster: the client routes each call by its keys' slot.
     Cluster { conn: ClusterConnection },
@@ -73,16 +73,42 @@ impl Node {
     pub(crate) async fn load(&self, code: &Code, timeout: Duration) -> Result<(), StoreError> {
         code.load(&mut self.conn.clone(), timeout)
             .await
-            .map_err(|f| f.into_store_error(&self.url))
+            .map_err(|f| match f.into_store_error(&self.url) {
+                // What a TLS port does to a plaintext client: say what to change.
+                StoreError::Unavailable(m)
+                    if self.url.starts_with("redis://") && m.contains("reset by peer") =>
+                {
+                    StoreError::Unavailable(format!(
+                        "{m}; if this port serves TLS, use a rediss:// URL"
+                    ))
+                }
+                e => e,
+            })
     }
 }
 
-fn node(url: &str, timeout: Duration) -> Result<Node, StoreError> {
+fn node(
+    url: &str,
+    tls: Option<&redis::TlsCertificates>,
+    timeout: Duration,
+) -> Result<Node, StoreError> {
     // Only the redacted URL is kept: it is what errors and logs show.
     let shown = crate::config::redact(url);
-    let client = Client::open(url)
-        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{shown}`: {e}")))?;
+    let client = match tls {
+        Some(certs) if url.starts_with("rediss://") => Client::build_with_tls(url, certs.clone()),
+        _ => Client::open(url),
+    }
+    .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{shown}`: {e}")))?;
     node_from_client(shown, client, timeout)
+}
+
+/// The certificates of `config.tls`, read now; an error names the file.
+fn certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>, StoreError> {
+    config
+        .tls
+        .as_ref()
+        .map(|t| t.load().map_err(StoreError::Backend))
+        .transpose()
 }
 
 fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<Node, StoreError> {
@@ -150,11 +176,12 @@ impl Backend {
     pub(crate) async fn connect(config: &RedisConfig) -> Result<Backend, StoreError> {
         match &config.topology {
             Topology::Standalone { primary, replicas } => {
+                let certs = certificates(config)?;
                 let nodes = Nodes {
-                    primary: node(primary, config.timeout)?,
+                    primary: node(primary, certs.as_ref(), config.timeout)?,
                     replicas: replicas
                         .iter()
-                        .map(|url| node(url, config.timeout))
+                        .map(|url| node(url, certs.as_ref(), config.timeout))
                         .collect::<Result<Vec<_>, _>>()?,
                 };
                 let backend = Backend::Direct {
@@ -176,12 +203,12 @@ impl Backend {
                 tracing::info!(master = %master, primary = %nodes.primary.url, "sentinel named the primary");
                 let backend = Backend::Direct {
                     nodes: RwLock::new(Arc::new(nodes)),
-                    sentinel: Some(SentinelWatch {
+                    sentinel: Some(Box::new(SentinelWatch {
                         master: master.clone(),
                         sentinel: tokio::sync::Mutex::new(sentinel),
                         looking: AtomicBool::new(false),
                         last_lookup: Mutex::new(None),
-                    }),
+                    })),
                 };
                 Ok(backend)
             }
@@ -199,6 +226,9 @@ impl Backend {
                     .max_retry_wait(100);
                 if config.read_from == ReadFrom::Replicas {
                     builder = builder.read_routing_strategy(RandomReplicaStrategy);
+                }
+                if let Some(certs) = certificates(config)? {
+                    builder = builder.certs(certs);
                 }
                 let client = builder.build().map_err(|e| {
                     StoreError::Backend(format!(

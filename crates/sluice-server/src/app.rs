@@ -64,12 +64,18 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             timeout,
             clock,
             key_prefix,
+            tls,
         } => {
             let settings = |rc: RedisConfig| {
-                rc.read_from(*read_from)
+                let rc = rc
+                    .read_from(*read_from)
                     .timeout(*timeout)
                     .clock(*clock)
-                    .key_prefix(key_prefix.clone())
+                    .key_prefix(key_prefix.clone());
+                match tls {
+                    Some(files) => rc.tls(files.clone()),
+                    None => rc,
+                }
             };
             match layout {
                 RedisLayout::Shards(shards) => {

@@ -102,6 +102,9 @@ pub enum StoreConfig {
         clock: ClockSource,
         /// Key prefix.
         key_prefix: String,
+        /// Certificates for `rediss://` URLs (paths resolved against the configuration's
+        /// directory).
+        tls: Option<sluice_redis::TlsFiles>,
     },
 }
 
@@ -316,6 +319,8 @@ struct RawStore {
     clock: ClockSource,
     #[serde(default)]
     key_prefix: Option<String>,
+    #[serde(default)]
+    tls: Option<sluice_redis::TlsFiles>,
 }
 
 #[derive(Deserialize, Default)]
@@ -450,7 +455,7 @@ impl Config {
                 policy: policy.with_failure_mode(on_store_error),
             });
         }
-        let store = store_config(raw.store).map_err(err)?;
+        let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let admin = raw
             .admin
@@ -501,7 +506,7 @@ policies:
       - { max: 100, per: 1h }
 ";
 
-fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
+fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
     let backend = raw.backend.as_deref().unwrap_or("memory");
     match backend {
         "memory" => Ok(StoreConfig::Memory),
@@ -553,7 +558,22 @@ fn store_config(raw: RawStore) -> Result<StoreConfig, String> {
                 .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
             sluice_redis::keys::validate_prefix(&key_prefix)
                 .map_err(|e| format!("store.key_prefix: {e}"))?;
+            // Certificate paths are relative to the configuration file.
+            let tls = raw.tls.map(|mut t| {
+                for path in [&mut t.ca_file, &mut t.cert_file, &mut t.key_file]
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(dir) = base
+                        && path.is_relative()
+                    {
+                        *path = dir.join(&*path);
+                    }
+                }
+                t
+            });
             Ok(StoreConfig::Redis {
+                tls,
                 layout,
                 read_from: raw.read_from,
                 timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),

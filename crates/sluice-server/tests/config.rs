@@ -222,3 +222,24 @@ fn errors_name_file_line_and_value() {
     let e = error("policies:\n  'a b':\n    limits: [{ max: 1, per: 1s }]\n");
     assert!(e.contains("policies.a b"), "{e}");
 }
+
+#[test]
+fn redis_tls_files() {
+    let c = Config::parse(
+        "sluice.yaml",
+        "store:\n  backend: redis\n  shards: [{primary: rediss://r:6380}]\n  tls: {ca_file: ca.crt, cert_file: c.crt, key_file: c.key}\n",
+    )
+    .unwrap();
+    let StoreConfig::Redis { tls: Some(tls), .. } = c.store else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(tls.ca_file.as_deref(), Some(std::path::Path::new("ca.crt")));
+    assert_eq!(tls.key_file.as_deref(), Some(std::path::Path::new("c.key")));
+    let e = Config::parse(
+        "sluice.yaml",
+        "store:\n  backend: redis\n  shards: [{primary: rediss://r:6380}]\n  tls: {ca: x}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("store.tls") && e.contains("ca"), "{e}");
+}

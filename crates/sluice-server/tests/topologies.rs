@@ -251,3 +251,46 @@ async fn local_reservation_serves_hot_keys_from_memory() {
     assert_eq!(local, 90);
     s.stop().await;
 }
+
+/// `store.tls`: a `rediss://` shard with certificate files named relative to the
+/// configuration file; checks go over TLS with a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_tls_to_redis() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let certs = sluice_testkit::TlsCerts::generate().unwrap();
+    let tls_port = sluice_testkit::free_port().unwrap();
+    let _redis = sluice_testkit::ServerOptions::new()
+        .args(certs.server_args(tls_port, true))
+        .start()
+        .unwrap();
+    let (cert, key) = certs.client_files();
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap();
+    let (ca, cert, key) = (read(certs.ca_file()), read(cert), read(key));
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: rediss://127.0.0.1:{tls_port}\n  tls:\n    ca_file: tls/ca.crt\n    cert_file: tls/client.crt\n    key_file: tls/client.key\n"
+    );
+    let s = TestServer::start(
+        &config,
+        &[
+            ("tls/ca.crt", &ca),
+            ("tls/client.crt", &cert),
+            ("tls/client.key", &key),
+        ],
+    )
+    .await;
+    let c = Client::new();
+    for remaining in [2, 1, 0] {
+        let (status, body) = check(&c, &s, "api", "k").await;
+        assert_eq!(
+            (status, body["remaining"].as_u64()),
+            (StatusCode::OK, Some(remaining))
+        );
+    }
+    let (status, _) = check(&c, &s, "api", "k").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    s.stop().await;
+}

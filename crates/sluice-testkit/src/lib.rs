@@ -103,6 +103,7 @@ mod process;
 mod replica;
 pub mod sentinel;
 mod server;
+mod tls;
 mod wait;
 
 pub use cluster::{
@@ -120,6 +121,7 @@ pub use server::{
     CONNECT_TIMEOUT, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, ServerOptions,
     free_port,
 };
+pub use tls::TlsCerts;
 pub use wait::{POLL_INTERVAL, wait_until};
 
 /// Re-exported so users need not add the same version of the client themselves.
