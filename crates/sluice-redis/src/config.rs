@@ -138,6 +138,58 @@ pub struct RedisConfig {
     /// Certificates for `rediss://` URLs; without them a `rediss://` server's certificate is
     /// checked against the system's roots.
     pub tls: Option<TlsFiles>,
+    /// The user every node is logged in as, unless its URL names one.
+    pub credentials: Option<Credentials>,
+}
+
+/// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
+/// whose URLs carry none: so the password can come from a file or an environment variable
+/// instead of the URL. Its `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    username: Option<String>,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// `username` (None: the default user) with `password`.
+    pub fn new(username: Option<String>, password: impl Into<String>) -> Self {
+        Self {
+            username,
+            password: password.into(),
+        }
+    }
+
+    /// `url` logged in as this user, unless it already names one.
+    pub(crate) fn apply(&self, url: &str) -> String {
+        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            return url.to_owned();
+        };
+        if redact(url) != url {
+            return url.to_owned();
+        }
+        let user = self
+            .username
+            .as_deref()
+            .map(|u| utf8_percent_encode(u, NON_ALPHANUMERIC).to_string())
+            .unwrap_or_default();
+        let password = utf8_percent_encode(&self.password, NON_ALPHANUMERIC);
+        format!(
+            "{}{user}:{password}@{}",
+            &url[..scheme_end],
+            &url[scheme_end..]
+        )
+    }
 }
 
 /// Certificates for TLS towards Redis (`rediss://` URLs), as PEM files: the CA that signed
@@ -244,6 +296,7 @@ impl RedisConfig {
             expiry_margin: DEFAULT_EXPIRY_MARGIN,
             script_mode: ScriptMode::default(),
             tls: None,
+            credentials: None,
         }
     }
 
@@ -293,6 +346,12 @@ impl RedisConfig {
         self
     }
 
+    /// Logs in as `credentials` on every node whose URL names no user.
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
     /// Sets how the code is loaded and called.
     pub fn script_mode(mut self, mode: ScriptMode) -> Self {
         self.script_mode = mode;
@@ -312,6 +371,20 @@ mod tests {
         assert_eq!(sentinel.topology.name(), "sentinel:main");
         let cluster = RedisConfig::cluster(["redis://c1:7000", "redis://c2:7000"]);
         assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
+    }
+
+    #[test]
+    fn credentials_go_into_urls_without_user_information_and_never_show() {
+        let c = Credentials::new(Some("alice".to_owned()), "p@ss:w/rd");
+        assert_eq!(
+            c.apply("redis://h:6379/0"),
+            "redis://alice:p%40ss%3Aw%2Frd@h:6379/0"
+        );
+        assert_eq!(c.apply("rediss://bob:x@h:6379"), "rediss://bob:x@h:6379");
+        let default_user = Credentials::new(None, "pw");
+        assert_eq!(default_user.apply("redis://h:6379"), "redis://:pw@h:6379");
+        assert!(!format!("{c:?}").contains("p@ss"));
+        assert_eq!(redact(&c.apply("redis://h:6379")), "redis://h:6379");
     }
 
     #[test]

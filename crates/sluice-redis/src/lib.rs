@@ -38,7 +38,9 @@ mod sharded;
 mod store;
 mod topology;
 
-pub use config::{ClockSource, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, TlsFiles, Topology, redact};
+pub use config::{
+    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, TlsFiles, Topology, redact,
+};
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;
 pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};

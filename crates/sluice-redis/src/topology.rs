@@ -177,11 +177,15 @@ impl Backend {
         match &config.topology {
             Topology::Standalone { primary, replicas } => {
                 let certs = certificates(config)?;
+                let url = |u: &String| match &config.credentials {
+                    Some(c) => c.apply(u),
+                    None => u.clone(),
+                };
                 let nodes = Nodes {
-                    primary: node(primary, certs.as_ref(), config.timeout)?,
+                    primary: node(&url(primary), certs.as_ref(), config.timeout)?,
                     replicas: replicas
                         .iter()
-                        .map(|url| node(url, certs.as_ref(), config.timeout))
+                        .map(|u| node(&url(u), certs.as_ref(), config.timeout))
                         .collect::<Result<Vec<_>, _>>()?,
                 };
                 let backend = Backend::Direct {
@@ -218,7 +222,11 @@ impl Backend {
                         "cluster: at least one node URL is needed".to_owned(),
                     ));
                 };
-                let mut builder = ClusterClientBuilder::new(nodes.clone())
+                let seeds: Vec<String> = match &config.credentials {
+                    Some(c) => nodes.iter().map(|u| c.apply(u)).collect(),
+                    None => nodes.clone(),
+                };
+                let mut builder = ClusterClientBuilder::new(seeds)
                     .connection_timeout(config.timeout.max(Duration::from_millis(500)))
                     .response_timeout(config.timeout)
                     .retries(2)

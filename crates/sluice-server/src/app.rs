@@ -65,6 +65,7 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             clock,
             key_prefix,
             tls,
+            credentials,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
@@ -72,8 +73,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                     .timeout(*timeout)
                     .clock(*clock)
                     .key_prefix(key_prefix.clone());
-                match tls {
+                let rc = match tls {
                     Some(files) => rc.tls(files.clone()),
+                    None => rc,
+                };
+                match credentials {
+                    Some(c) => rc.credentials(c.clone()),
                     None => rc,
                 }
             };

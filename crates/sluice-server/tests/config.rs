@@ -243,3 +243,27 @@ fn redis_tls_files() {
     .to_string();
     assert!(e.contains("store.tls") && e.contains("ca"), "{e}");
 }
+
+#[test]
+fn redis_auth_needs_one_password_source() {
+    let base = "store:\n  backend: redis\n  shards: [{primary: redis://r:6379}]\n  auth:\n";
+    for (auth, says) in [
+        (
+            "    username: u\n",
+            "exactly one of password_file and password_env",
+        ),
+        (
+            "    password_file: /nonexistent/pw\n",
+            "store.auth.password_file: cannot read /nonexistent/pw",
+        ),
+        (
+            "    password_env: SLUICE_TEST_SURELY_UNSET_VARIABLE\n",
+            "SLUICE_TEST_SURELY_UNSET_VARIABLE is not set",
+        ),
+    ] {
+        let e = Config::parse("sluice.yaml", &format!("{base}{auth}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{e}");
+    }
+}

@@ -294,3 +294,46 @@ async fn the_api_over_tls_to_redis() {
     assert_eq!(status, StatusCode::OK, "{body}");
     s.stop().await;
 }
+
+/// `store.auth`: the ACL user's password read from a file (not the URL); checks run as
+/// that user, and the password shows nowhere (metrics, readiness).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_as_an_acl_user_with_a_password_file() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    const PASSWORD: &str = "file-s3cret-0123456789";
+    let redis = sluice_testkit::ServerOptions::new()
+        .args([
+            "--user",
+            "sluice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "+@all",
+        ])
+        .start()
+        .unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  auth:\n    username: sluice\n    password_file: secrets/redis\n",
+        redis.url()
+    );
+    let s = TestServer::start(&config, &[("secrets/redis", &format!("{PASSWORD}\n"))]).await;
+    let c = Client::new();
+    let (status, body) = check(&c, &s, "api", "k").await;
+    assert_eq!(
+        (status, body["remaining"].as_u64()),
+        (StatusCode::OK, Some(2))
+    );
+    let clients = match redis.cmd(&["CLIENT", "LIST"]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("CLIENT LIST answered {other:?}"),
+    };
+    assert!(clients.contains("user=sluice"), "{clients}");
+    for path in ["/metrics", "/readyz", "/v1/policies"] {
+        let (_, text) = text(&c, format!("{}{path}", s.url)).await;
+        assert!(!text.contains(PASSWORD), "{path}");
+    }
+    s.stop().await;
+}

@@ -34,6 +34,9 @@ pub struct ConfigError {
 
 pub use sluice::FailureMode;
 
+mod store;
+use store::{RawStore, store_config};
+
 /// A configured policy (its failure mode is part of the [`Policy`]).
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
@@ -87,6 +90,8 @@ pub enum RedisLayout {
 
 /// The store.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Built once per (re)load and matched a few times: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum StoreConfig {
     /// In this process.
     Memory,
@@ -105,6 +110,8 @@ pub enum StoreConfig {
         /// Certificates for `rediss://` URLs (paths resolved against the configuration's
         /// directory).
         tls: Option<sluice_redis::TlsFiles>,
+        /// The user for nodes whose URLs name none (`store.auth`).
+        credentials: Option<sluice_redis::Credentials>,
     },
 }
 
@@ -302,29 +309,6 @@ struct RawRls {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct RawStore {
-    #[serde(default)]
-    backend: Option<String>,
-    #[serde(default)]
-    shards: Vec<ShardConfig>,
-    #[serde(default)]
-    cluster: Option<Vec<String>>,
-    #[serde(default)]
-    sentinel: Option<SentinelConfig>,
-    #[serde(default)]
-    read_from: ReadFrom,
-    #[serde(default)]
-    timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    clock: ClockSource,
-    #[serde(default)]
-    key_prefix: Option<String>,
-    #[serde(default)]
-    tls: Option<sluice_redis::TlsFiles>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct RawLocal {
     #[serde(default)]
     enabled: bool,
@@ -505,87 +489,6 @@ policies:
       - { max: 5, per: 10s }
       - { max: 100, per: 1h }
 ";
-
-fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
-    let backend = raw.backend.as_deref().unwrap_or("memory");
-    match backend {
-        "memory" => Ok(StoreConfig::Memory),
-        "redis" => {
-            let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
-                (false, None, None) => {
-                    // A shard is named by its primary (what rendezvous hashing scores).
-                    let names: Vec<&str> = raw.shards.iter().map(|s| s.primary.as_str()).collect();
-                    sluice_redis::validate_shard_names(&names).map_err(|e| {
-                        format!(
-                            "store.shards[{}].primary: `{}` is listed twice; a shard is \
-                             identified by its primary",
-                            e.index,
-                            sluice_redis::redact(&e.name)
-                        )
-                    })?;
-                    RedisLayout::Shards(raw.shards)
-                }
-                (true, Some(nodes), None) => {
-                    if nodes.is_empty() {
-                        return Err("store.cluster: list at least one node URL".to_owned());
-                    }
-                    RedisLayout::Cluster(nodes)
-                }
-                (true, None, Some(sentinel)) => {
-                    if sentinel.nodes.is_empty() {
-                        return Err(
-                            "store.sentinel.nodes: list at least one sentinel URL".to_owned()
-                        );
-                    }
-                    if sentinel.master.is_empty() {
-                        return Err("store.sentinel.master: name the monitored master".to_owned());
-                    }
-                    RedisLayout::Sentinel(sentinel)
-                }
-                (true, None, None) => {
-                    return Err("store: the redis backend needs one of store.shards \
-                                (- primary: redis://host:port), store.cluster or store.sentinel"
-                        .to_owned());
-                }
-                _ => {
-                    return Err("store: give only one of store.shards, store.cluster and \
-                                store.sentinel"
-                        .to_owned());
-                }
-            };
-            let key_prefix = raw
-                .key_prefix
-                .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
-            sluice_redis::keys::validate_prefix(&key_prefix)
-                .map_err(|e| format!("store.key_prefix: {e}"))?;
-            // Certificate paths are relative to the configuration file.
-            let tls = raw.tls.map(|mut t| {
-                for path in [&mut t.ca_file, &mut t.cert_file, &mut t.key_file]
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(dir) = base
-                        && path.is_relative()
-                    {
-                        *path = dir.join(&*path);
-                    }
-                }
-                t
-            });
-            Ok(StoreConfig::Redis {
-                tls,
-                layout,
-                read_from: raw.read_from,
-                timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),
-                clock: raw.clock,
-                key_prefix,
-            })
-        }
-        other => Err(format!(
-            "store.backend: `{other}` is not a store; expected memory or redis"
-        )),
-    }
-}
 
 /// serde_yaml_ng appends " at line L column C"; the error already carries the location.
 fn strip_location(message: &str) -> String {

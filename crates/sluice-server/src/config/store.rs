@@ -1,0 +1,161 @@
+//! `store`: the raw section as written, and the validated [`StoreConfig`].
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ClockSource, ReadFrom};
+use super::{PositiveDuration, RedisLayout, SentinelConfig, ShardConfig, StoreConfig};
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    #[serde(default)]
+    backend: Option<String>,
+    #[serde(default)]
+    shards: Vec<ShardConfig>,
+    #[serde(default)]
+    cluster: Option<Vec<String>>,
+    #[serde(default)]
+    sentinel: Option<SentinelConfig>,
+    #[serde(default)]
+    read_from: ReadFrom,
+    #[serde(default)]
+    timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    clock: ClockSource,
+    #[serde(default)]
+    key_prefix: Option<String>,
+    #[serde(default)]
+    tls: Option<sluice_redis::TlsFiles>,
+    #[serde(default)]
+    auth: Option<RawAuth>,
+}
+
+/// `store.auth`: a Redis user whose password is read from a file or an environment variable.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password_file: Option<PathBuf>,
+    #[serde(default)]
+    password_env: Option<String>,
+}
+
+/// Reads `store.auth`'s password (a file's first line, or a variable), never showing it.
+fn credentials(raw: RawAuth, base: Option<&Path>) -> Result<sluice_redis::Credentials, String> {
+    let password = match (raw.password_file, raw.password_env) {
+        (Some(file), None) => {
+            let path = match base {
+                Some(dir) if file.is_relative() => dir.join(file),
+                _ => file,
+            };
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                format!(
+                    "store.auth.password_file: cannot read {}: {e}",
+                    path.display()
+                )
+            })?;
+            text.lines().next().unwrap_or_default().trim().to_owned()
+        }
+        (None, Some(var)) => std::env::var(&var).map_err(|_| {
+            format!(
+                "store.auth.password_env: the environment variable {var} is not set (or not UTF-8)"
+            )
+        })?,
+        _ => {
+            return Err(
+                "store.auth: give exactly one of password_file and password_env".to_owned(),
+            );
+        }
+    };
+    if password.is_empty() {
+        return Err("store.auth: the password is empty".to_owned());
+    }
+    Ok(sluice_redis::Credentials::new(raw.username, password))
+}
+
+pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
+    let backend = raw.backend.as_deref().unwrap_or("memory");
+    match backend {
+        "memory" => Ok(StoreConfig::Memory),
+        "redis" => {
+            let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
+                (false, None, None) => {
+                    // A shard is named by its primary (what rendezvous hashing scores).
+                    let names: Vec<&str> = raw.shards.iter().map(|s| s.primary.as_str()).collect();
+                    sluice_redis::validate_shard_names(&names).map_err(|e| {
+                        format!(
+                            "store.shards[{}].primary: `{}` is listed twice; a shard is \
+                             identified by its primary",
+                            e.index,
+                            sluice_redis::redact(&e.name)
+                        )
+                    })?;
+                    RedisLayout::Shards(raw.shards)
+                }
+                (true, Some(nodes), None) => {
+                    if nodes.is_empty() {
+                        return Err("store.cluster: list at least one node URL".to_owned());
+                    }
+                    RedisLayout::Cluster(nodes)
+                }
+                (true, None, Some(sentinel)) => {
+                    if sentinel.nodes.is_empty() {
+                        return Err(
+                            "store.sentinel.nodes: list at least one sentinel URL".to_owned()
+                        );
+                    }
+                    if sentinel.master.is_empty() {
+                        return Err("store.sentinel.master: name the monitored master".to_owned());
+                    }
+                    RedisLayout::Sentinel(sentinel)
+                }
+                (true, None, None) => {
+                    return Err("store: the redis backend needs one of store.shards \
+                                (- primary: redis://host:port), store.cluster or store.sentinel"
+                        .to_owned());
+                }
+                _ => {
+                    return Err("store: give only one of store.shards, store.cluster and \
+                                store.sentinel"
+                        .to_owned());
+                }
+            };
+            let key_prefix = raw
+                .key_prefix
+                .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
+            sluice_redis::keys::validate_prefix(&key_prefix)
+                .map_err(|e| format!("store.key_prefix: {e}"))?;
+            // Certificate paths are relative to the configuration file.
+            let tls = raw.tls.map(|mut t| {
+                for path in [&mut t.ca_file, &mut t.cert_file, &mut t.key_file]
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(dir) = base
+                        && path.is_relative()
+                    {
+                        *path = dir.join(&*path);
+                    }
+                }
+                t
+            });
+            let credentials = raw.auth.map(|a| credentials(a, base)).transpose()?;
+            Ok(StoreConfig::Redis {
+                tls,
+                credentials,
+                layout,
+                read_from: raw.read_from,
+                timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),
+                clock: raw.clock,
+                key_prefix,
+            })
+        }
+        other => Err(format!(
+            "store.backend: `{other}` is not a store; expected memory or redis"
+        )),
+    }
+}
