@@ -316,6 +316,21 @@ impl RedisServer {
             .map_err(|e| Error::redis(format!("`{}` on {}", args.join(" "), self.addr()), e))
     }
 
+    /// The users of the connected clients (`user=` of `CLIENT LIST`), e.g. to check that a
+    /// store logged in as an ACL user.
+    pub fn client_users(&self) -> Result<Vec<String>, Error> {
+        let mut conn = self.connection()?;
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut conn)
+            .map_err(|e| Error::redis(format!("`CLIENT LIST` on {}", self.addr()), e))?;
+        Ok(list
+            .lines()
+            .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("user=")))
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// The text of `INFO <section>`.
     pub fn info(&self, section: &str) -> Result<String, Error> {
         let mut conn = self.connection()?;
