@@ -19,14 +19,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-#[path = "common/calls.rs"]
-mod calls;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use calls::fcalls;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -70,7 +66,7 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
             ReserveConfig::default().max_error(max_error),
         )));
     }
-    let before = fcalls(server);
+    let before = server.command_calls("fcall").unwrap();
     let per_task = load.checks / (HOSTS * TASKS) as u64;
     let mut tasks = Vec::new();
     for (h, host) in hosts.iter().enumerate() {
@@ -103,7 +99,7 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
             e.1 += o;
         }
     }
-    let calls = fcalls(server) - before;
+    let calls = server.command_calls("fcall").unwrap() - before;
     let mut recorded = 0;
     for k in per_key.keys() {
         let d = hosts[0]

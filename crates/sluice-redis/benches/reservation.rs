@@ -12,16 +12,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-#[path = "common/calls.rs"]
-mod calls;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use calls::fcalls;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -65,7 +61,7 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
         };
         limiters.push(Arc::new(Limiter::new(store).with_policy(policy.clone())));
     }
-    let before = fcalls(server);
+    let before = server.command_calls("fcall").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let zipf = Zipf::new(100_000.0, 1.0).unwrap();
     let started = Instant::now();
@@ -128,7 +124,7 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
         }
     }
     out.secs = started.elapsed().as_secs_f64();
-    out.calls = fcalls(server) - before;
+    out.calls = server.command_calls("fcall").unwrap() - before;
     out
 }
 

@@ -79,20 +79,7 @@ async fn hot_key(spec: LimitSpec, batch: u64, windows_ms: u64) {
     }
     let counts: Vec<u64> = windows.values().copied().collect();
     let bound = HOSTS as u64 * batch;
-    let calls: u64 = {
-        let text = server.info("commandstats").unwrap();
-        text.lines()
-            .filter(|l| l.starts_with("cmdstat_fcall:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
+    let calls = server.command_calls("fcall").unwrap();
     let decisions = attempts.load(Ordering::SeqCst);
     println!(
         "{:?} max {max}, batch {batch}: admitted per window {counts:?} (bound {bound}); \

@@ -331,6 +331,24 @@ impl RedisServer {
             .collect())
     }
 
+    /// How many times `command` (lowercase, e.g. `fcall`) has run since start or the last
+    /// `CONFIG RESETSTAT`, from `INFO commandstats` (commands run inside scripts count too).
+    pub fn command_calls(&self, command: &str) -> Result<u64, Error> {
+        let prefix = format!("cmdstat_{command}:");
+        Ok(self
+            .info("commandstats")?
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|rest| {
+                rest.strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum())
+    }
+
     /// The text of `INFO <section>`.
     pub fn info(&self, section: &str) -> Result<String, Error> {
         let mut conn = self.connection()?;
