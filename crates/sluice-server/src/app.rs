@@ -26,16 +26,54 @@ pub struct Listeners {
     pub http: TcpListener,
     /// Envoy's rate limit gRPC API and gRPC health; `None` serves no gRPC.
     pub grpc: Option<TcpListener>,
+    /// The admin listener (`listen.admin`): when given, the admin routes are served here only.
+    pub admin: Option<TcpListener>,
 }
 
 impl Listeners {
-    /// Binds the configured addresses.
-    pub async fn bind(config: &Config) -> std::io::Result<Self> {
+    /// Binds the configured addresses; an error names the listener and its address.
+    pub async fn bind(config: &Config) -> anyhow::Result<Self> {
+        let bind = |what: &'static str, addr: std::net::SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.{what}: cannot listen on {addr}: {e}"))
+        };
         Ok(Self {
-            http: TcpListener::bind(config.http).await?,
-            grpc: Some(TcpListener::bind(config.grpc).await?),
+            http: bind("http", config.http).await?,
+            grpc: Some(bind("grpc", config.grpc).await?),
+            admin: match config.admin_http {
+                Some(addr) => Some(bind("admin", addr).await?),
+                None => None,
+            },
         })
     }
+}
+
+/// A running HTTP server's task.
+type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// Serves `app` on `listener`, over TLS when `tls` is given, until `stopped` completes.
+fn serve_http(
+    listener: TcpListener,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Serving> {
+    Ok(match tls {
+        Some(config) => {
+            let listener = crate::tls::TlsListener::new(listener, config.clone())?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            })
+        }
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+        }),
+    })
 }
 
 /// Reads the Envoy rate limit service files, if configured.
@@ -176,7 +214,7 @@ pub async fn run_with_clock(
             }
         });
     }
-    if config.admin.is_none() {
+    if config.admin.is_none() && listeners.admin.is_none() {
         tracing::warn!(
             "no admin section: POST /v1/refund, DELETE /v1/keys and GET /v1/policies answer \
              anyone who reaches the HTTP port (docs/security.md)"
@@ -185,9 +223,21 @@ pub async fn run_with_clock(
     if let Some(path) = config_file {
         background.spawn(watch_config(path, shared.clone()));
     }
+    // The certificates are read again at start: a file changed since the check is caught here.
+    let (http_tls, grpc_tls) = match &config.tls {
+        Some(tls) => (
+            Some(
+                tls.server_config(&[b"http/1.1"])
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            Some(tls.server_config(&[b"h2"]).map_err(anyhow::Error::msg)?),
+        ),
+        None => (None, None),
+    };
+    let scheme = if http_tls.is_some() { "https" } else { "http" };
     let grpc = match listeners.grpc {
         Some(listener) => {
-            tracing::info!(grpc = %listener.local_addr()?, "sluice serving Envoy's rate limit API");
+            tracing::info!(grpc = %listener.local_addr()?, tls = grpc_tls.is_some(), "sluice serving Envoy's rate limit API");
             let (health, health_service) = tonic_health::server::health_reporter();
             health
                 .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
@@ -200,31 +250,59 @@ pub async fn run_with_clock(
             let server = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(RlsService::new(shared.clone()).into_server());
-            // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            Some(tokio::spawn(server.serve_with_incoming_shutdown(
-                incoming,
-                stopped(stop_rx.clone()),
-            )))
+            let stop = stopped(stop_rx.clone());
+            Some(match &grpc_tls {
+                Some(config) => {
+                    let incoming =
+                        crate::tls::TlsListener::new(listener, config.clone())?.into_stream();
+                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
+                }
+                None => {
+                    // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                        .with_nodelay(Some(true));
+                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
+                }
+            })
         }
         None => None,
     };
-    tracing::info!(http = %listeners.http.local_addr()?, "sluice serving");
-    let app = http::router(shared.clone());
-    let served = axum::serve(listeners.http, app)
-        .with_graceful_shutdown(stopped(stop_rx))
-        .await;
+    let admin = match listeners.admin {
+        Some(listener) => {
+            tracing::info!(admin = %format!("{scheme}://{}", listener.local_addr()?), "sluice serving the admin routes");
+            let app = http::router_for(shared.clone(), http::Surface::All);
+            Some(serve_http(
+                listener,
+                http_tls.as_ref(),
+                app,
+                stopped(stop_rx.clone()),
+            )?)
+        }
+        None => None,
+    };
+    let surface = if admin.is_some() {
+        http::Surface::Public
+    } else {
+        http::Surface::All
+    };
+    tracing::info!(http = %format!("{scheme}://{}", listeners.http.local_addr()?), "sluice serving");
+    let app = http::router_for(shared.clone(), surface);
+    let served = serve_http(listeners.http, http_tls.as_ref(), app, stopped(stop_rx))?.await;
     if let Some(grpc) = grpc {
         grpc.await??;
     }
+    let admin_served = match admin {
+        Some(admin) => admin.await,
+        None => Ok(Ok(())),
+    };
     background.shutdown().await;
     if let Some(reserving) = shared.reserving() {
         // Leased units nobody used go back to the store, so other processes can use them.
         let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
         reserving.release(&policies, clock.now_ms()).await;
     }
-    served?;
+    served??;
+    admin_served??;
     tracing::info!("sluice stopped");
     Ok(())
 }

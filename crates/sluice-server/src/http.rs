@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -38,22 +38,67 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
 ];
 
+/// The admin routes: with a separate admin listener (`listen.admin`) they are served there
+/// only.
+pub const ADMIN_ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/refund"),
+    ("DELETE", "/v1/keys/{policy}/{key}"),
+    ("GET", "/v1/policies"),
+    ("GET", "/metrics"),
+];
+
+/// Which routes a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// Every route: the HTTP listener when there is no admin listener, and the admin listener.
+    All,
+    /// What any client may call (check, peek, health, the OpenAPI document); the
+    /// [`ADMIN_ROUTES`] answer `404 admin_listener`.
+    Public,
+}
+
 /// The routes of the HTTP API.
 pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    router_for(shared, Surface::All)
+}
+
+/// The routes `surface` serves.
+pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
+    let router = Router::new()
         .route("/v1/check", post(check))
         .route("/v1/peek", post(peek))
-        .route("/v1/refund", post(refund))
-        .route("/v1/keys/{policy}/{*key}", delete(forget))
-        .route("/v1/policies", get(policies))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi));
+    let router = match surface {
+        Surface::All => router
+            .route("/v1/refund", post(refund))
+            .route("/v1/keys/{policy}/{*key}", delete(forget))
+            .route("/v1/policies", get(policies))
+            .route("/metrics", get(metrics_text)),
+        Surface::Public => router
+            .route("/v1/refund", post(on_admin_listener))
+            .route("/v1/keys/{policy}/{*key}", delete(on_admin_listener))
+            .route("/v1/policies", get(on_admin_listener))
+            .route("/metrics", get(on_admin_listener)),
+    };
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared)
+}
+
+/// An admin route asked of the public listener when there is an admin listener.
+async fn on_admin_listener(method: Method, matched: MatchedPath) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "admin_listener",
+        format!(
+            "{method} {} is served on the admin listener only (listen.admin), not on this port",
+            matched.as_str().replace("{*key}", "{key}")
+        ),
+    )
 }
 
 /// The OpenAPI document of this API (also kept in docs/openapi.json).

@@ -11,3 +11,4 @@ pub mod http;
 pub mod metrics;
 pub mod rls;
 pub mod state;
+pub mod tls;

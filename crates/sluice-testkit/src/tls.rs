@@ -67,6 +67,15 @@ impl TlsCerts {
         self.dir.path().join("ca.crt")
     }
 
+    /// The server's certificate (for `localhost` and `127.0.0.1`) and key: for TLS listeners
+    /// other than Redis.
+    pub fn server_files(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("server.crt"),
+            self.dir.path().join("server.key"),
+        )
+    }
+
     /// The client's certificate and key.
     pub fn client_files(&self) -> (PathBuf, PathBuf) {
         (

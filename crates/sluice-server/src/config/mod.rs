@@ -162,6 +162,11 @@ pub struct Config {
     pub http: SocketAddr,
     /// gRPC listen address.
     pub grpc: SocketAddr,
+    /// The admin listener's address (`listen.admin`): when set, the admin routes are served
+    /// there only, and the HTTP address serves what any client may call.
+    pub admin_http: Option<SocketAddr>,
+    /// TLS on every listener (`listen.tls`).
+    pub tls: Option<crate::tls::ListenTls>,
     /// Policies by name, in name order.
     pub policies: Vec<PolicyConfig>,
     /// Envoy RLS settings, if any.
@@ -289,6 +294,10 @@ struct RawPolicy {
 struct RawListen {
     http: Option<SocketAddr>,
     grpc: Option<SocketAddr>,
+    #[serde(default)]
+    admin: Option<SocketAddr>,
+    #[serde(default)]
+    tls: Option<crate::tls::RawListenTls>,
 }
 
 #[derive(Deserialize)]
@@ -447,15 +456,40 @@ impl Config {
             .transpose()
             .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
+        let http = match raw.listen.http {
+            Some(a) => a,
+            None => default_addr(DEFAULT_HTTP)?,
+        };
+        let grpc = match raw.listen.grpc {
+            Some(a) => a,
+            None => default_addr(DEFAULT_GRPC)?,
+        };
+        let admin_http = raw.listen.admin;
+        let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
+        if clash(http, grpc) {
+            return Err(err(format!(
+                "listen: http and grpc are both {http}; give each its own port"
+            )));
+        }
+        if let Some(admin) = admin_http
+            && (clash(admin, http) || clash(admin, grpc))
+        {
+            return Err(err(format!(
+                "listen.admin: {admin} is also the http or grpc address; the admin listener \
+                 needs its own port"
+            )));
+        }
+        let tls = raw
+            .listen
+            .tls
+            .map(|t| crate::tls::ListenTls::resolve(t, base))
+            .transpose()
+            .map_err(err)?;
         Ok(Self {
-            http: match raw.listen.http {
-                Some(a) => a,
-                None => default_addr(DEFAULT_HTTP)?,
-            },
-            grpc: match raw.listen.grpc {
-                Some(a) => a,
-                None => default_addr(DEFAULT_GRPC)?,
-            },
+            http,
+            grpc,
+            admin_http,
+            tls,
             policies,
             rls: raw.rls.map(|r| RlsSettings {
                 config_dir: r.config_dir,

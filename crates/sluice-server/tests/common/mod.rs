@@ -17,6 +17,9 @@ pub struct TestServer {
     pub url: String,
     /// `http://127.0.0.1:<port>` of the gRPC API.
     pub grpc_url: String,
+    /// `http://127.0.0.1:<port>` of the admin listener, when the configuration has
+    /// `listen.admin` (its address is replaced by a free port).
+    pub admin_url: Option<String>,
     /// The configuration file (watched: writing it reloads).
     pub file: PathBuf,
     /// The directory holding it and any extra files.
@@ -43,6 +46,22 @@ impl TestServer {
     }
 
     async fn start_on(config: &str, files: &[(&str, &str)], clock: ServerClock) -> Self {
+        Self::start_full(config, files, clock, reqwest::Client::new()).await
+    }
+
+    /// [`TestServer::start`] for a configuration with `listen.tls`: URLs are `https://`, and
+    /// `client` (trusting the test CA, presenting a certificate if the server asks for one)
+    /// is what polls for readiness.
+    pub async fn start_tls(config: &str, files: &[(&str, &str)], client: reqwest::Client) -> Self {
+        Self::start_full(config, files, ServerClock::system(), client).await
+    }
+
+    async fn start_full(
+        config: &str,
+        files: &[(&str, &str)],
+        clock: ServerClock,
+        client: reqwest::Client,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         for (path, text) in files {
             let path = dir.path().join(path);
@@ -54,13 +73,26 @@ impl TestServer {
         let settings = Config::load(&file).unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", http.local_addr().unwrap());
-        let grpc_url = format!("http://{}", grpc.local_addr().unwrap());
+        let admin = match settings.admin_http {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}", http.local_addr().unwrap());
+        let grpc_url = format!("{scheme}://{}", grpc.local_addr().unwrap());
+        let admin_url = admin
+            .as_ref()
+            .map(|a| format!("{scheme}://{}", a.local_addr().unwrap()));
         let (stop, stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(app::run_with_clock(
             Listeners {
                 http,
                 grpc: Some(grpc),
+                admin,
             },
             settings,
             Some(file.clone()),
@@ -72,12 +104,12 @@ impl TestServer {
         let server = Self {
             url,
             grpc_url,
+            admin_url,
             file,
             dir,
             stop: Some(stop),
             done,
         };
-        let client = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while client
             .get(format!("{}/healthz", server.url))

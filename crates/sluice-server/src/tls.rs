@@ -1,0 +1,219 @@
+//! TLS on the server's own listeners (`listen.tls`): HTTP, gRPC and the admin listener answer
+//! over TLS with one certificate chain and key, and with `client_ca_file` require a client
+//! certificate signed by that CA (mutual TLS).
+//!
+//! rustls with the ring provider, as for Redis. Handshakes run in their own tasks, each bounded
+//! by [`HANDSHAKE_TIMEOUT`], so a client that connects and says nothing holds only its own
+//! socket, never the accept loop. A failed handshake is logged at debug level and dropped; the
+//! listener goes on.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client has to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepted connections waiting for `accept` (beyond it, handshaken clients wait in their task).
+const BACKLOG: usize = 256;
+
+/// `listen.tls` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListenTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    #[serde(default)]
+    client_ca_file: Option<PathBuf>,
+}
+
+/// The certificate, key and optional client CA the listeners serve TLS with (paths resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenTls {
+    /// The server's certificate chain (PEM, leaf first).
+    pub cert_file: PathBuf,
+    /// The server's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl ListenTls {
+    /// Resolves relative paths against `base` (the configuration file's directory) and checks
+    /// that the files are there and hold what they should, so `sluice config check` finds a
+    /// wrong path, not the first client.
+    pub(crate) fn resolve(raw: RawListenTls, base: Option<&Path>) -> Result<Self, String> {
+        let at = |p: PathBuf| match base {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p,
+        };
+        let tls = Self {
+            cert_file: at(raw.cert_file),
+            key_file: at(raw.key_file),
+            client_ca_file: raw.client_ca_file.map(at),
+        };
+        tls.server_config(&[])?;
+        Ok(tls)
+    }
+
+    /// A rustls server configuration offering `alpn` (e.g. `h2` for gRPC); every error names
+    /// the `listen.tls` field and file at fault.
+    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = certificates(&self.cert_file, "cert_file")?;
+        let key = PrivateKeyDer::from_pem_file(&self.key_file).map_err(|e| {
+            format!(
+                "listen.tls.key_file: no private key in {}: {e}",
+                self.key_file.display()
+            )
+        })?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("listen.tls: {e}"))?;
+        let builder = match &self.client_ca_file {
+            Some(file) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in certificates(file, "client_ca_file")? {
+                    roots.add(cert).map_err(|e| {
+                        format!(
+                            "listen.tls.client_ca_file: {} holds an unusable CA: {e}",
+                            file.display()
+                        )
+                    })?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("listen.tls.client_ca_file: {e}"))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| {
+            format!(
+                "listen.tls: the key in {} does not go with the certificate in {}: {e}",
+                self.key_file.display(),
+                self.cert_file.display()
+            )
+        })?;
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+}
+
+/// Every certificate of a PEM file; none is an error naming the field.
+fn certificates(file: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(file)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("listen.tls.{field}: cannot read {}: {e}", file.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "listen.tls.{field}: {} holds no PEM certificate",
+            file.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// A TCP listener whose connections come out TLS-terminated: for `axum::serve` (it is an
+/// [`axum::serve::Listener`]) and, through [`TlsListener::into_stream`], for tonic. Dropping it
+/// stops the accept loop.
+#[derive(Debug)]
+pub struct TlsListener {
+    local: std::net::SocketAddr,
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+    _accept_loop: AbortOnDrop,
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl TlsListener {
+    /// Starts accepting on `listener`, each handshake in its own task.
+    pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let (tx, accepted) = mpsc::channel(BACKLOG);
+        let acceptor = TlsAcceptor::from(config);
+        let accept_loop = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off rather than spin.
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            local,
+            accepted,
+            _accept_loop: AbortOnDrop(accept_loop),
+        })
+    }
+
+    /// The connections as a stream, for tonic's `serve_with_incoming`; the accept loop lives
+    /// as long as the stream.
+    pub fn into_stream(
+        self,
+    ) -> impl tokio_stream::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static
+    {
+        let guard = self._accept_loop;
+        tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::ReceiverStream::new(self.accepted),
+            move |(tls, _)| {
+                let _ = &guard;
+                Ok(tls)
+            },
+        )
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(conn) => conn,
+            // The accept loop holds a sender for as long as it runs; it only stops with this
+            // listener, so this is never reached while serving. Wait for shutdown.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}

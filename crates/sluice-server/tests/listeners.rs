@@ -1,0 +1,319 @@
+//! The server's own listeners: TLS on HTTP and gRPC (`listen.tls`, with and without client
+//! certificates), and a separate admin listener (`listen.admin`) that alone serves the routes
+//! that change or reveal state. Certificates come from the test kit (rcgen).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_server::config::Config;
+use sluice_testkit::TlsCerts;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+mod common;
+
+const RLS_YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+const TOKEN: &str = "admin-token-0123456789abcdef";
+
+fn tls_config(certs: &TlsCerts, mutual: bool) -> String {
+    let (cert, key) = certs.server_files();
+    let mut tls = format!(
+        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+        cert.display(),
+        key.display()
+    );
+    if mutual {
+        tls += &format!("    client_ca_file: {}\n", certs.ca_file().display());
+    }
+    format!(
+        "{tls}policies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\nrls:\n  config_dir: ratelimit-config\n"
+    )
+}
+
+fn https_client(certs: &TlsCerts, identity: bool) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(certs.ca_file()).unwrap()).unwrap();
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca);
+    if identity {
+        let (cert, key) = certs.client_files();
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    builder.build().unwrap()
+}
+
+async fn grpc_over_tls(
+    url: &str,
+    certs: &TlsCerts,
+    identity: bool,
+) -> Result<RateLimitServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(
+            std::fs::read(certs.ca_file()).unwrap(),
+        ))
+        .domain_name("localhost");
+    if identity {
+        let (cert, key) = certs.client_files();
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(cert).unwrap(),
+            std::fs::read(key).unwrap(),
+        ));
+    }
+    let channel = Endpoint::from_shared(url.to_owned())
+        .unwrap()
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(RateLimitServiceClient::new(channel))
+}
+
+fn envoy_request() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "remote_address".to_owned(),
+                value: "10.0.0.1".to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn check(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::Response> {
+    client
+        .post(format!("{url}/v1/check"))
+        .json(&json!({"policy": "api", "key": "k"}))
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn http_and_grpc_answer_over_tls_and_not_in_plaintext() {
+    let certs = TlsCerts::generate().unwrap();
+    let client = https_client(&certs, false);
+    let server = common::TestServer::start_tls(
+        &tls_config(&certs, false),
+        &[("ratelimit-config/edge.yaml", RLS_YAML)],
+        client.clone(),
+    )
+    .await;
+    assert!(server.url.starts_with("https://"), "{}", server.url);
+
+    // A client that connects and never says a word holds its own socket, not the listener.
+    let idle = tokio::net::TcpStream::connect(server.url.trim_start_matches("https://"))
+        .await
+        .unwrap();
+    let r = check(&client, &server.url).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 1);
+
+    // Plaintext HTTP to the TLS port gets no answer.
+    let plain = server.url.replacen("https://", "http://", 1);
+    assert!(check(&reqwest::Client::new(), &plain).await.is_err());
+    // A client that does not trust the server's CA is refused by its own side.
+    let other = TlsCerts::generate().unwrap();
+    assert!(
+        check(&https_client(&other, false), &server.url)
+            .await
+            .is_err()
+    );
+
+    // gRPC, as Envoy sends it over TLS (h2 by ALPN).
+    let mut rls = grpc_over_tls(&server.grpc_url, &certs, false)
+        .await
+        .unwrap();
+    let codes = codes_of(&mut rls, 3).await;
+    assert_eq!(
+        codes,
+        vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+    drop(idle);
+    server.stop().await;
+}
+
+async fn codes_of(
+    rls: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    n: usize,
+) -> Vec<i32> {
+    let mut codes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let response = rls.should_rate_limit(envoy_request()).await.unwrap();
+        codes.push(response.into_inner().overall_code);
+    }
+    codes
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_a_client_without_a_certificate() {
+    let certs = TlsCerts::generate().unwrap();
+    let client = https_client(&certs, true);
+    let server = common::TestServer::start_tls(
+        &tls_config(&certs, true),
+        &[("ratelimit-config/edge.yaml", RLS_YAML)],
+        client.clone(),
+    )
+    .await;
+    assert_eq!(
+        check(&client, &server.url).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert!(
+        check(&https_client(&certs, false), &server.url)
+            .await
+            .is_err(),
+        "no client certificate, no answer"
+    );
+    let mut rls = grpc_over_tls(&server.grpc_url, &certs, true).await.unwrap();
+    assert_eq!(codes_of(&mut rls, 1).await, vec![Code::Ok as i32]);
+    // Without a certificate the handshake fails; tonic may report it at connect or at the
+    // first call.
+    let refused = match grpc_over_tls(&server.grpc_url, &certs, false).await {
+        Err(_) => true,
+        Ok(mut rls) => rls.should_rate_limit(envoy_request()).await.is_err(),
+    };
+    assert!(refused, "gRPC without a client certificate was answered");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_admin_routes_are_served_on_the_admin_listener_only() {
+    let config = "listen:\n  admin: 127.0.0.1:0\nadmin:\n  tokens_file: tokens\npolicies:\n  api:\n    limits:\n      - { max: 2, per: 1m }\n";
+    let server = common::TestServer::start(config, &[("tokens", TOKEN)]).await;
+    let admin = server.admin_url.clone().unwrap();
+    let client = reqwest::Client::new();
+    let body = json!({"policy": "api", "key": "k"});
+
+    // The public port decides, and refuses the admin routes even with the token.
+    assert_eq!(
+        check(&client, &server.url).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let public = [
+        client.post(format!("{}/v1/refund", server.url)).json(&body),
+        client.delete(format!("{}/v1/keys/api/k", server.url)),
+        client.get(format!("{}/v1/policies", server.url)),
+        client.get(format!("{}/metrics", server.url)),
+    ];
+    for request in public {
+        let r = request.bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "admin_listener", "{e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("admin listener"),
+            "{e}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/openapi.json"] {
+        let r = client
+            .get(format!("{}{path}", server.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+    }
+
+    // The admin listener serves them, behind the token.
+    let refund = || client.post(format!("{admin}/v1/refund")).json(&body);
+    assert_eq!(
+        refund().send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let r = refund().bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 2);
+    let r = client
+        .get(format!("{admin}/v1/policies"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = client.get(format!("{admin}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("sluice_"));
+    // One state behind both: the refund gave back the public check's unit, so both ports
+    // peek the key as unused (a peek reports what would remain after one more request).
+    for url in [&server.url, &admin] {
+        let r = client
+            .post(format!("{url}/v1/peek"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 1, "{url}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn listener_settings_that_cannot_work_are_refused_naming_the_field() {
+    let certs = TlsCerts::generate().unwrap();
+    let (cert, key) = certs.server_files();
+    let (client_cert, _) = certs.client_files();
+    let refused = |text: String| Config::parse("sluice.yaml", &text).unwrap_err().to_string();
+
+    let e = refused(format!(
+        "listen:\n  tls:\n    cert_file: /nonexistent/server.crt\n    key_file: {}\n",
+        key.display()
+    ));
+    assert!(
+        e.contains("listen.tls.cert_file") && e.contains("/nonexistent/server.crt"),
+        "{e}"
+    );
+    let e = refused(format!(
+        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+        key.display(),
+        key.display()
+    ));
+    assert!(
+        e.contains("listen.tls.cert_file") && e.contains("no PEM certificate"),
+        "{e}"
+    );
+    let e = refused(format!(
+        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+        client_cert.display(),
+        key.display()
+    ));
+    assert!(e.contains("does not go with the certificate"), "{e}");
+    let e = refused(format!(
+        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+        cert.display(),
+        cert.display()
+    ));
+    assert!(e.contains("listen.tls.key_file"), "{e}");
+    let e = refused("listen:\n  http: 127.0.0.1:9000\n  admin: 127.0.0.1:9000\n".to_owned());
+    assert!(e.contains("listen.admin") && e.contains("own port"), "{e}");
+    let e = refused("listen:\n  http: 127.0.0.1:9000\n  grpc: 127.0.0.1:9000\n".to_owned());
+    assert!(e.contains("own port"), "{e}");
+
+    // A port already taken is an error naming the listener.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let config = Config::parse(
+        "sluice.yaml",
+        &format!("listen:\n  http: 127.0.0.1:0\n  grpc: 127.0.0.1:0\n  admin: {addr}\n"),
+    )
+    .unwrap();
+    let e = sluice_server::app::Listeners::bind(&config)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("listen.admin") && e.contains(&addr.to_string()),
+        "{e}"
+    );
+}
