@@ -178,6 +178,7 @@ pub async fn run_with_clock(
     let _ = crate::metrics::handle();
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
+    tracing::info!(store = %store.describe(), "store connected");
     let shared = Arc::new(Shared::new(&config, store, rls, clock.clone()));
     // One shutdown signal for both servers.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -22,6 +22,16 @@ pub enum StoreHandle {
 }
 
 impl StoreHandle {
+    /// What the store is, for the start-up log: `memory`, or the shards' names (never with
+    /// credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            StoreHandle::Memory(_) => "memory".to_owned(),
+            StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
+            StoreHandle::Cluster(c) => format!("redis {}", c.name()),
+        }
+    }
+
     fn shared(&self) -> SharedStore {
         match self {
             StoreHandle::Memory(m) => SharedStore::new(m.clone()),

@@ -1,0 +1,208 @@
+//! Secrets never show: the real `sluice` binary, serving with an admin token and a Redis ACL
+//! user's password, at debug log level, is driven through every route (with and without the
+//! token), through a Redis outage, a failed start with a wrong password and `config check`;
+//! then its whole log, every response body and the metrics are searched for the secrets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_testkit::ServerOptions;
+
+const TOKEN: &str = "adm1n-T0ken-5f3a9c0e7b21d4";
+const PASSWORD: &str = "redis-Pa55-8e1f0c7d2b9a";
+const WRONG: &str = "wr0ng-Pa55-77c1e9a0f3b2";
+
+fn sluice() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.env("RUST_LOG", "debug");
+    c
+}
+
+/// Starts `sluice serve`, its stderr into `log`.
+fn serve(config: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
+    let mut c = sluice();
+    c.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+/// `curl`-like: method, URL, optional bearer token and JSON body; (status, body).
+fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let (host, path) = addr.split_once('/').unwrap();
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = body.unwrap_or("");
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} /{path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn wait_ready(url: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "sluice serve exited");
+        if std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok()
+            && call("GET", &format!("{url}/readyz"), None, None).0 == 200
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "sluice serve never became ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_secret_free(what: &str, text: &str) {
+    for secret in [TOKEN, PASSWORD, WRONG] {
+        assert!(!text.contains(secret), "{what} shows a secret:\n{text}");
+    }
+}
+
+#[test]
+fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut redis = ServerOptions::new()
+        .args([
+            "--user",
+            "alice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "+@all",
+        ])
+        .start()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokens"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(dir.path().join("wrong"), format!("{WRONG}\n")).unwrap();
+    let http = sluice_testkit::free_port().unwrap();
+    let url = format!("http://127.0.0.1:{http}");
+    let config = |store: &str| {
+        format!(
+            "listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{}\nadmin:\n  tokens_file: tokens\n  protect_metrics: true\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\n    on_store_error: closed\nstore:\n  backend: redis\n{store}",
+            sluice_testkit::free_port().unwrap()
+        )
+    };
+    // The password in the URL.
+    let good = dir.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        config(&format!(
+            "  shards:\n    - primary: redis://alice:{PASSWORD}@127.0.0.1:{}\n",
+            redis.port()
+        )),
+    )
+    .unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = serve(&good, &log, &[]);
+    wait_ready(&url, &mut child);
+
+    let mut bodies = Vec::new();
+    let decision = r#"{"policy": "api", "key": "user:1"}"#;
+    for token in [None, Some("not-the-token-0123456789"), Some(TOKEN)] {
+        let calls = [
+            ("POST", "v1/check", Some(decision)),
+            ("POST", "v1/peek", Some(decision)),
+            ("POST", "v1/refund", Some(decision)),
+            ("DELETE", "v1/keys/api/user:1", None),
+            ("GET", "v1/policies", None),
+            ("GET", "metrics", None),
+            ("GET", "readyz", None),
+            ("POST", "v1/check", Some("{\"policy\": \"nope\"")),
+        ];
+        for (method, path, body) in calls {
+            let (status, text) = call(method, &format!("{url}/{path}"), token, body);
+            assert!(status < 500, "{method} {path}: {status} {text}");
+            if token == Some(TOKEN) && path == "metrics" {
+                assert!(text.contains("sluice_decisions_total"), "{text}");
+            }
+            bodies.push(format!("{method} {path} {status} {text}"));
+        }
+    }
+    // An outage: errors and `/readyz` name the server, redacted.
+    redis.kill().unwrap();
+    let (status, text) = call("POST", &format!("{url}/v1/check"), None, Some(decision));
+    assert_eq!(status, 503, "{text}");
+    bodies.push(text);
+    let (status, text) = call("GET", &format!("{url}/readyz"), None, None);
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", redis.port())),
+        "{text}"
+    );
+    bodies.push(text);
+    let (_, metrics) = call("GET", &format!("{url}/metrics"), Some(TOKEN), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    redis.restart().unwrap();
+
+    // A start refused for a wrong password (from store.auth), and `config check`.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        config(&format!(
+            "  auth:\n    username: alice\n    password_file: wrong\n  shards:\n    - primary: redis://127.0.0.1:{}\n",
+            redis.port()
+        )),
+    )
+    .unwrap();
+    let bad_log = dir.path().join("bad.log");
+    let status = serve(&bad, &bad_log, &[]).wait().unwrap();
+    assert!(!status.success());
+    let refused = std::fs::read_to_string(&bad_log).unwrap();
+    assert!(
+        refused.contains(&format!("127.0.0.1:{}", redis.port())),
+        "the failed start names the server: {refused}"
+    );
+    let checked = sluice()
+        .args(["config", "check"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    let checked = format!(
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let logged = std::fs::read_to_string(&log).unwrap();
+    // The log does name the server (so a leak would be there to see), redacted.
+    assert!(
+        logged.contains(&format!("redis://127.0.0.1:{}", redis.port())),
+        "the log names the server: {logged}"
+    );
+    assert_secret_free("the serve log", &logged);
+    assert_secret_free("the failed start's log", &refused);
+    assert_secret_free("config check", &checked);
+    assert_secret_free("the metrics", &metrics);
+    for body in &bodies {
+        assert_secret_free("a response", body);
+    }
+}
