@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod rls;
 pub mod state;
 pub mod tls;
+pub mod top;

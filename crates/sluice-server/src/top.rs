@@ -1,0 +1,474 @@
+//! Heavy hitters: per policy, the keys that used the most and were denied the most over a
+//! recent window, in memory bounded by configuration, not by traffic.
+//!
+//! Each (policy, measure) keeps a Space-Saving summary (Metwally, Agrawal, El Abbadi, 2005) of
+//! at most `capacity` counters. A key already counted adds to its counter; a new key, when the
+//! summary is full, takes over the smallest counter and inherits its count as its error. So
+//! for a stream of total weight `N`:
+//!
+//! - a counter never under-counts: `count − error ≤ true count ≤ count`;
+//! - `error ≤ N / capacity`, and every key whose true count exceeds `N / capacity` is held.
+//!
+//! "Recent" is two epochs of `window` each: the current one and the one before, summed when
+//! read, so a reading covers between one and two windows. Summaries are per process: each
+//! server reports what it decided. A fleet's view is the sum of its servers' answers for the
+//! same key (Space-Saving summaries add up with the errors adding up too); keeping them in
+//! Redis would cost a write per decision, which is what the store is sized by.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Space-Saving counters for one stream.
+#[derive(Debug, Clone)]
+pub struct SpaceSaving {
+    capacity: usize,
+    counters: Vec<Counter>,
+    index: HashMap<Arc<str>, usize>,
+    total: u64,
+}
+
+/// One held key: `count` over-estimates its true count by at most `error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counter {
+    /// The key.
+    pub key: Arc<str>,
+    /// Its estimated count (never below the true count).
+    pub count: u64,
+    /// How much of `count` may belong to keys it replaced.
+    pub error: u64,
+}
+
+impl SpaceSaving {
+    /// An empty summary holding at most `capacity` keys.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            counters: Vec::with_capacity(capacity.min(1_024)),
+            index: HashMap::with_capacity(capacity.min(1_024)),
+            total: 0,
+        }
+    }
+
+    /// Counts `weight` for `key`.
+    pub fn add(&mut self, key: &str, weight: u64) {
+        if self.capacity == 0 || weight == 0 {
+            return;
+        }
+        self.total = self.total.saturating_add(weight);
+        if let Some(&i) = self.index.get(key) {
+            let c = &mut self.counters[i];
+            c.count = c.count.saturating_add(weight);
+            return;
+        }
+        let key: Arc<str> = Arc::from(key);
+        if self.counters.len() < self.capacity {
+            self.index.insert(key.clone(), self.counters.len());
+            self.counters.push(Counter {
+                key,
+                count: weight,
+                error: 0,
+            });
+            return;
+        }
+        // Full: the new key takes over the smallest counter.
+        let Some((i, _)) = self
+            .counters
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| c.count)
+        else {
+            return;
+        };
+        let c = &mut self.counters[i];
+        self.index.remove(&c.key);
+        c.error = c.count;
+        c.count = c.count.saturating_add(weight);
+        c.key = key.clone();
+        self.index.insert(key, i);
+    }
+
+    /// The total weight counted.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// How many keys are held (at most the capacity).
+    pub fn len(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.counters.is_empty()
+    }
+
+    /// The held counters, largest first (ties by key).
+    pub fn top(&self, n: usize) -> Vec<Counter> {
+        let mut all = self.counters.clone();
+        sort(&mut all);
+        all.truncate(n);
+        all
+    }
+
+    /// Adds `other`'s counters to these (same key: counts and errors add; a key held by
+    /// one side only also takes the other side's smallest count as error, since it may have
+    /// been evicted there), keeping the `capacity` largest.
+    pub fn merged(&self, other: &SpaceSaving) -> Vec<Counter> {
+        let floor = |s: &SpaceSaving| {
+            if s.counters.len() < s.capacity {
+                0
+            } else {
+                s.counters.iter().map(|c| c.count).min().unwrap_or(0)
+            }
+        };
+        let (floor_a, floor_b) = (floor(self), floor(other));
+        let mut out: Vec<Counter> = self
+            .counters
+            .iter()
+            .map(|c| match other.index.get(&c.key) {
+                Some(&j) => Counter {
+                    key: c.key.clone(),
+                    count: c.count.saturating_add(other.counters[j].count),
+                    error: c.error.saturating_add(other.counters[j].error),
+                },
+                None => Counter {
+                    key: c.key.clone(),
+                    count: c.count.saturating_add(floor_b),
+                    error: c.error.saturating_add(floor_b),
+                },
+            })
+            .collect();
+        out.extend(
+            other
+                .counters
+                .iter()
+                .filter(|c| !self.index.contains_key(&c.key))
+                .map(|c| Counter {
+                    key: c.key.clone(),
+                    count: c.count.saturating_add(floor_a),
+                    error: c.error.saturating_add(floor_a),
+                }),
+        );
+        sort(&mut out);
+        out.truncate(self.capacity.max(other.capacity));
+        out
+    }
+}
+
+fn sort(counters: &mut [Counter]) {
+    counters.sort_unstable_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+}
+
+/// What a key is ranked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// Units admitted (a check's cost when allowed).
+    Used,
+    /// Checks denied.
+    Denied,
+}
+
+impl std::str::FromStr for Measure {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "used" => Ok(Measure::Used),
+            "denied" => Ok(Measure::Denied),
+            other => Err(format!("`by` must be `used` or `denied`, got `{other}`")),
+        }
+    }
+}
+
+/// Per policy, two epochs of two summaries (used, denied).
+#[derive(Debug)]
+struct PolicyTop {
+    epoch: u64,
+    current: [SpaceSaving; 2],
+    previous: [SpaceSaving; 2],
+}
+
+/// The heavy hitters of every policy, over a window.
+#[derive(Debug)]
+pub struct TopKeys {
+    capacity: usize,
+    window_ms: u64,
+    max_policies: usize,
+    policies: Mutex<HashMap<Arc<str>, PolicyTop>>,
+}
+
+/// A reading: the held keys, largest first, over `[from_ms, now]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reading {
+    /// The counters, largest first.
+    pub keys: Vec<Counter>,
+    /// The start of the period they cover.
+    pub from_ms: u64,
+    /// The total weight counted over that period.
+    pub total: u64,
+}
+
+/// Policies tracked at most (names come from the configuration; this bounds memory even if
+/// a configuration names a great many).
+pub const MAX_POLICIES: usize = 4_096;
+
+impl TopKeys {
+    /// `capacity` keys per policy and measure (0: nothing is kept), over epochs of `window_ms`.
+    pub fn new(capacity: usize, window_ms: u64) -> Self {
+        Self {
+            capacity,
+            window_ms: window_ms.max(1),
+            max_policies: MAX_POLICIES,
+            policies: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The number of keys kept per policy and measure.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The epoch length.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// Records a decision of `policy` for `key` at `now_ms`: `used` units admitted, or one
+    /// denial.
+    pub fn record(&self, policy: &Arc<str>, key: &str, allowed: bool, cost: u64, now_ms: u64) {
+        if self.capacity == 0 {
+            return;
+        }
+        let (measure, weight) = if allowed {
+            (Measure::Used, cost)
+        } else {
+            (Measure::Denied, 1)
+        };
+        if weight == 0 {
+            return;
+        }
+        let epoch = now_ms / self.window_ms;
+        let mut all = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        if !all.contains_key(policy) && all.len() >= self.max_policies {
+            return;
+        }
+        let capacity = self.capacity;
+        let top = all.entry(policy.clone()).or_insert_with(|| PolicyTop {
+            epoch,
+            current: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
+            previous: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
+        });
+        top.roll(epoch, capacity);
+        top.current[measure as usize].add(key, weight);
+    }
+
+    /// The `n` heaviest keys of `policy` by `measure`, over the current and previous epochs.
+    pub fn read(&self, policy: &str, measure: Measure, n: usize, now_ms: u64) -> Reading {
+        let epoch = now_ms / self.window_ms;
+        let from_ms = epoch.saturating_sub(1).saturating_mul(self.window_ms);
+        let mut all = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(top) = all.get_mut(policy) else {
+            return Reading {
+                keys: Vec::new(),
+                from_ms,
+                total: 0,
+            };
+        };
+        top.roll(epoch, self.capacity);
+        let (cur, prev) = (
+            &top.current[measure as usize],
+            &top.previous[measure as usize],
+        );
+        let mut keys = cur.merged(prev);
+        keys.truncate(n);
+        Reading {
+            keys,
+            from_ms,
+            total: cur.total().saturating_add(prev.total()),
+        }
+    }
+
+    /// Forgets every policy not in `keep` (after a reload).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut all = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|name, _| keep(name));
+    }
+}
+
+impl PolicyTop {
+    /// Moves to `epoch`: the current epoch becomes the previous one, or both are cleared when
+    /// more than one epoch has passed.
+    fn roll(&mut self, epoch: u64, capacity: usize) {
+        if epoch == self.epoch {
+            return;
+        }
+        let fresh = || [SpaceSaving::new(capacity), SpaceSaving::new(capacity)];
+        if epoch == self.epoch + 1 {
+            self.previous = std::mem::replace(&mut self.current, fresh());
+        } else if epoch > self.epoch {
+            self.previous = fresh();
+            self.current = fresh();
+        } else {
+            // A clock that went back: keep counting in the current epoch.
+            return;
+        }
+        self.epoch = epoch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A Zipf(s) sampler over `n` ranks from a uniform stream (inverse CDF), deterministic.
+    fn zipf_stream(n: usize, s: f64, len: usize, seed: u64) -> Vec<usize> {
+        let weights: Vec<f64> = (1..=n).map(|r| 1.0 / (r as f64).powf(s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut cdf = Vec::with_capacity(n);
+        let mut acc = 0.0;
+        for w in &weights {
+            acc += w / total;
+            cdf.push(acc);
+        }
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                // xorshift64*
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                let u = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+                cdf.partition_point(|&c| c < u).min(n - 1)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_a_zipf_stream_every_heavy_key_is_held_within_the_bound() {
+        let (keys, capacity, len) = (100_000, 200, 300_000);
+        let stream = zipf_stream(keys, 1.1, len, 0x5eed);
+        let mut exact = vec![0u64; keys];
+        let mut s = SpaceSaving::new(capacity);
+        for &r in &stream {
+            exact[r] += 1;
+            s.add(&format!("k{r}"), 1);
+        }
+        assert_eq!(s.total(), len as u64);
+        assert_eq!(s.len(), capacity);
+        let bound = len as u64 / capacity as u64;
+        let held: HashMap<String, Counter> = s
+            .top(capacity)
+            .into_iter()
+            .map(|c| (c.key.to_string(), c))
+            .collect();
+        let mut worst_error = 0u64;
+        for (rank, &truth) in exact.iter().enumerate() {
+            match held.get(&format!("k{rank}")) {
+                Some(c) => {
+                    assert!(c.count >= truth, "never under-counts: k{rank}");
+                    assert!(
+                        c.count - c.error <= truth,
+                        "the error covers the excess: k{rank}"
+                    );
+                    assert!(c.error <= bound);
+                    worst_error = worst_error.max(c.count - truth);
+                }
+                None => assert!(truth <= bound, "k{rank} ({truth}) is heavy but not held"),
+            }
+        }
+        // The ten heaviest keys come out in their true order, and no held count is more
+        // than N / capacity (0.5 % of the stream here) above the truth.
+        let top10: Vec<String> = s.top(10).iter().map(|c| c.key.to_string()).collect();
+        let truth10: Vec<String> = (0..10).map(|r| format!("k{r}")).collect();
+        assert_eq!(top10, truth10);
+        assert!(worst_error <= bound, "{worst_error} > {bound}");
+        eprintln!(
+            "zipf 1.1, {keys} keys, {len} events, capacity {capacity}: worst over-count of a \
+             held key {worst_error} ({:.3} % of the stream; bound {bound})",
+            worst_error as f64 * 100.0 / len as f64
+        );
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_capacity_whatever_the_traffic() {
+        let mut s = SpaceSaving::new(64);
+        for i in 0..1_000_000u64 {
+            s.add(&format!("distinct-key-{i}"), 1);
+        }
+        assert_eq!(s.len(), 64);
+        assert_eq!(s.index.len(), 64);
+        assert!(s.counters.capacity() <= 64);
+
+        let top = TopKeys::new(16, 1_000);
+        let p: Arc<str> = Arc::from("api");
+        for i in 0..100_000u64 {
+            top.record(&p, &format!("k{i}"), i % 3 != 0, 1, i / 10);
+        }
+        let all = top.policies.lock().unwrap();
+        let t = &all["api"];
+        for s in t.current.iter().chain(&t.previous) {
+            assert!(s.len() <= 16);
+        }
+    }
+
+    #[test]
+    fn readings_cover_the_current_and_previous_window_and_forget_older_ones() {
+        let top = TopKeys::new(8, 60_000);
+        let p: Arc<str> = Arc::from("api");
+        top.record(&p, "a", true, 5, 10_000);
+        top.record(&p, "b", false, 1, 10_000);
+        top.record(&p, "b", false, 1, 70_000);
+        top.record(&p, "a", true, 2, 70_000);
+        let used = top.read("api", Measure::Used, 10, 80_000);
+        assert_eq!(used.keys.len(), 1);
+        assert_eq!((used.keys[0].count, used.keys[0].error), (7, 0));
+        assert_eq!((used.total, used.from_ms), (7, 0));
+        let denied = top.read("api", Measure::Denied, 10, 80_000);
+        assert_eq!(denied.keys[0].count, 2);
+        // Two windows later, only what happened since counts.
+        top.record(&p, "c", true, 1, 130_000);
+        let used = top.read("api", Measure::Used, 10, 130_000);
+        assert_eq!(
+            used.keys.iter().map(|c| &*c.key).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        let used = top.read("api", Measure::Used, 10, 250_000);
+        assert!(used.keys.is_empty());
+        assert!(top.read("nope", Measure::Used, 10, 0).keys.is_empty());
+    }
+
+    #[test]
+    fn a_merge_never_under_counts() {
+        let mut a = SpaceSaving::new(2);
+        let mut b = SpaceSaving::new(2);
+        for (k, n) in [("x", 5), ("y", 3), ("z", 1)] {
+            for _ in 0..n {
+                a.add(k, 1);
+            }
+        }
+        for (k, n) in [("z", 4), ("y", 1)] {
+            for _ in 0..n {
+                b.add(k, 1);
+            }
+        }
+        // True totals: x 5, y 4, z 5.
+        let truth = |k: &str| match k {
+            "x" => 5,
+            "y" => 4,
+            _ => 5,
+        };
+        for c in a.merged(&b) {
+            assert!(c.count >= truth(&c.key), "{c:?}");
+            assert!(c.count - c.error <= truth(&c.key), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn measures_parse_and_name_what_is_wrong() {
+        assert_eq!("used".parse::<Measure>().unwrap(), Measure::Used);
+        assert_eq!("denied".parse::<Measure>().unwrap(), Measure::Denied);
+        assert!("top".parse::<Measure>().unwrap_err().contains("`top`"));
+    }
+}
