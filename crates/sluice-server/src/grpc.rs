@@ -387,7 +387,14 @@ impl RlsService {
                     (true, false) => "over_limit",
                     (false, _) => "within_limit",
                 };
-                metrics::rls_hits(label, &self.stats_label(label, m), result, cost);
+                let rule = self.stats_label(label, m);
+                metrics::rls_hits(label, &rule, result, cost);
+                // What was spent stands only if the request passed; a refused one was refunded.
+                if part.limited || !refused {
+                    self.shared
+                        .top()
+                        .record(&rule, &m.counter_key, !part.limited, cost, now);
+                }
             }
         }
         let response_headers_to_add = match settings.response_headers {

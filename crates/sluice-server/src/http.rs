@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -32,6 +32,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/refund"),
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
+    ("GET", "/v1/top"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
@@ -42,6 +43,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// only.
 pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/refund"),
+    ("GET", "/v1/top"),
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
     ("GET", "/metrics"),
@@ -75,11 +77,13 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/refund", post(refund))
             .route("/v1/keys/{policy}/{*key}", delete(forget))
             .route("/v1/policies", get(policies))
+            .route("/v1/top", get(top))
             .route("/metrics", get(metrics_text)),
         Surface::Public => router
             .route("/v1/refund", post(on_admin_listener))
             .route("/v1/keys/{policy}/{*key}", delete(on_admin_listener))
             .route("/v1/policies", get(on_admin_listener))
+            .route("/v1/top", get(on_admin_listener))
             .route("/metrics", get(on_admin_listener)),
     };
     router
@@ -333,6 +337,17 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
                 (None, false) => "denied",
             };
             metrics::decision(policy.name_arc(), op_name, outcome);
+            if op == Endpoint::Check {
+                // On the server's clock, as readings are (a decision's own instant may be
+                // Redis's).
+                shared.top().record(
+                    policy.name_arc(),
+                    &req.key,
+                    d.allowed,
+                    req.cost,
+                    snapshot.now_ms(),
+                );
+            }
             let status = if op == Endpoint::Check && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -506,6 +521,104 @@ async fn policies(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Resp
         &json!({
             "policies": policies,
             "config": {"generation": status.generation, "last_reload_error": status.last_error},
+        }),
+    )
+}
+
+/// The most `limit` keys `GET /v1/top` answers.
+pub const MAX_TOP_LIMIT: usize = 100;
+
+/// `GET /v1/top?policy=…&by=denied|used&limit=…`: a policy's (or an Envoy rule's) heaviest
+/// keys over the recent window, with what each has left now for configured policies.
+async fn top(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/top", false) {
+        return refused;
+    }
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let pairs: Vec<(String, String)> =
+        match serde_urlencoded::from_str(query.as_deref().unwrap_or("")) {
+            Ok(p) => p,
+            Err(e) => return bad(format!("the query string is not form-encoded: {e}")),
+        };
+    let (mut policy, mut by, mut limit) = (None, crate::top::Measure::Denied, 10usize);
+    for (name, value) in pairs {
+        match name.as_str() {
+            "policy" => policy = Some(value),
+            "by" => match value.parse() {
+                Ok(m) => by = m,
+                Err(e) => return bad(e),
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
+                _ => {
+                    return bad(format!(
+                        "`limit` must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"
+                    ));
+                }
+            },
+            other => {
+                return bad(format!(
+                    "unknown query parameter `{other}`; expected policy, by, limit"
+                ));
+            }
+        }
+    }
+    let Some(policy) = policy else {
+        return bad(
+            "`policy` is required: a configured policy, or an Envoy rule's statistics key \
+                    (e.g. `edge.remote_address`)"
+                .to_owned(),
+        );
+    };
+    let snapshot = shared.snapshot();
+    let configured = snapshot.limiter.policy(&policy);
+    if configured.is_none() && !shared.top().tracks(&policy) {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_policy",
+            format!(
+                "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
+                 {}; Envoy rules appear under their statistics key once they have seen traffic",
+                {
+                    let mut names: Vec<&str> =
+                        snapshot.limiter.policies().map(Policy::name).collect();
+                    names.sort_unstable();
+                    names.join(", ")
+                }
+            ),
+        );
+    }
+    let now = sluice::Clock::now_ms(shared.clock());
+    let reading = shared.top().read(&policy, by, limit, now);
+    let mut keys = Vec::with_capacity(reading.keys.len());
+    for c in &reading.keys {
+        let mut entry = json!({"key": &*c.key, "count": c.count, "error": c.error});
+        if let Some(p) = configured {
+            // What the key has left now (a peek of 0 records nothing); null if the store
+            // cannot say.
+            entry["remaining"] = match snapshot.limiter.peek_policy(p, &c.key, 0).await {
+                Ok(d) if d.degraded.is_none() => json!(d.remaining()),
+                _ => Value::Null,
+            };
+        }
+        keys.push(entry);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "policy": policy,
+            "by": match by {
+                crate::top::Measure::Used => "used",
+                crate::top::Measure::Denied => "denied",
+            },
+            "since_ms": reading.from_ms,
+            "total": reading.total,
+            "capacity": shared.top().capacity(),
+            "keys": keys,
         }),
     )
 }

@@ -161,6 +161,8 @@ pub struct Shared {
     store_config: crate::config::StoreConfig,
     status: RwLock<ReloadStatus>,
     clock: ServerClock,
+    /// The heavy hitters per policy (`top`); sized at start.
+    top: crate::top::TopKeys,
 }
 
 impl Shared {
@@ -192,7 +194,13 @@ impl Shared {
                 last_error: None,
             }),
             clock,
+            top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
         }
+    }
+
+    /// The heavy hitters per policy and per Envoy rule.
+    pub fn top(&self) -> &crate::top::TopKeys {
+        &self.top
     }
 
     /// The current generation (cheap: one reference count).

@@ -288,6 +288,13 @@ impl TopKeys {
         }
     }
 
+    /// Whether anything was recorded for `policy` (an Envoy rule appears once it has seen
+    /// traffic).
+    pub fn tracks(&self, policy: &str) -> bool {
+        let all = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        all.contains_key(policy)
+    }
+
     /// Forgets every policy not in `keep` (after a reload).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         let mut all = self.policies.lock().unwrap_or_else(|p| p.into_inner());

@@ -173,6 +173,8 @@ pub struct Config {
     pub rls: Option<RlsSettings>,
     /// The store.
     pub store: StoreConfig,
+    /// The heavy-hitter summaries (`top`).
+    pub top: TopSettings,
 }
 
 // ----- durations ----------------------------------------------------------------------------
@@ -318,6 +320,42 @@ struct RawRls {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawTop {
+    #[serde(default)]
+    capacity: Option<usize>,
+    #[serde(default)]
+    window: Option<PositiveDuration>,
+}
+
+/// `top`: how many keys per policy the heavy-hitter summaries hold, over what window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopSettings {
+    /// Keys held per policy and measure (0: none).
+    pub capacity: usize,
+    /// The epoch length: a reading covers one to two of them.
+    pub window_ms: u64,
+}
+
+/// The default `top.capacity`.
+pub const DEFAULT_TOP_CAPACITY: usize = 64;
+/// The largest `top.capacity`.
+pub const MAX_TOP_CAPACITY: usize = 10_000;
+
+fn top_config(raw: RawTop) -> Result<TopSettings, String> {
+    let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
+    if capacity > MAX_TOP_CAPACITY {
+        return Err(format!(
+            "top.capacity: at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"
+        ));
+    }
+    Ok(TopSettings {
+        capacity,
+        window_ms: raw.window.map_or(60_000, PositiveDuration::millis),
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawLocal {
     #[serde(default)]
     enabled: bool,
@@ -383,6 +421,8 @@ struct RawConfig {
     local: RawLocal,
     #[serde(default)]
     admin: Option<crate::admin::RawAdmin>,
+    #[serde(default)]
+    top: RawTop,
 }
 
 impl Config {
@@ -450,6 +490,7 @@ impl Config {
         }
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
+        let top = top_config(raw.top).map_err(err)?;
         let admin = raw
             .admin
             .map(|a| crate::admin::AdminConfig::resolve(a, base))
@@ -502,6 +543,7 @@ impl Config {
             store,
             local,
             admin,
+            top,
         })
     }
 

@@ -1,0 +1,169 @@
+//! `GET /v1/top`: the keys that are being limited, per policy and per Envoy rule, from the
+//! server's bounded heavy-hitter summaries, with what each has left.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+mod common;
+
+const TOKEN: &str = "top-admin-token-0123456789";
+const CONFIG: &str = "admin:\n  tokens_file: tokens\ntop:\n  capacity: 8\n  window: 1m\npolicies:\n  api:\n    limits:\n      - { max: 3, per: 1h }\nrls:\n  config_dir: ratelimit-config\n";
+const RLS_YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
+    let mut r = reqwest::Client::new().get(url);
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    let r = r.send().await.unwrap();
+    (r.status(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() {
+    let s = common::TestServer::start(
+        CONFIG,
+        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let check = |key: &'static str| {
+        c.post(format!("{}/v1/check", s.url))
+            .json(&json!({"policy": "api", "key": key}))
+            .send()
+    };
+    // "hot" is denied 5 times (3 admitted, then 5 refused); "warm" uses 2; "cold" 1.
+    for _ in 0..8 {
+        check("hot").await.unwrap();
+    }
+    for _ in 0..2 {
+        check("warm").await.unwrap();
+    }
+    check("cold").await.unwrap();
+
+    let (status, e) = get(&format!("{}/v1/top?policy=api", s.url), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{e}");
+
+    let (status, top) = get(
+        &format!("{}/v1/top?policy=api&by=denied", s.url),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{top}");
+    assert_eq!(top["by"], "denied");
+    assert_eq!(top["total"], 5);
+    assert_eq!(top["capacity"], 8);
+    let keys = top["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{top}");
+    assert_eq!(
+        keys[0],
+        json!({"key": "hot", "count": 5, "error": 0, "remaining": 0})
+    );
+
+    let (_, used) = get(
+        &format!("{}/v1/top?policy=api&by=used&limit=2", s.url),
+        Some(TOKEN),
+    )
+    .await;
+    let keys: Vec<(String, u64, u64)> = used["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().unwrap().to_owned(),
+                k["count"].as_u64().unwrap(),
+                k["remaining"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![("hot".to_owned(), 3, 0), ("warm".to_owned(), 2, 1)]
+    );
+    assert_eq!(used["total"], 6);
+
+    // An Envoy rule, under its statistics key; the counter key is what Envoy's descriptor
+    // made it.
+    let mut rls = RateLimitServiceClient::new(s.channel().await);
+    for _ in 0..4 {
+        rls.should_rate_limit(RateLimitRequest {
+            domain: "edge".to_owned(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".to_owned(),
+                    value: "10.0.0.9".to_owned(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let (status, rule) = get(
+        &format!("{}/v1/top?policy=edge.remote_address", s.url),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{rule}");
+    let keys = rule["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{rule}");
+    assert!(
+        keys[0]["key"].as_str().unwrap().contains("10.0.0.9"),
+        "{rule}"
+    );
+    assert_eq!(keys[0]["count"], 2);
+    assert!(keys[0].get("remaining").is_none(), "{rule}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_top_queries_name_what_is_wrong() {
+    let s = common::TestServer::start(
+        CONFIG,
+        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
+    )
+    .await;
+    for (query, expected) in [
+        ("", "`policy` is required"),
+        (
+            "policy=api&by=most",
+            "`by` must be `used` or `denied`, got `most`",
+        ),
+        (
+            "policy=api&limit=0",
+            "`limit` must be a whole number from 1 to 100",
+        ),
+        ("policy=api&limit=101", "got `101`"),
+        ("policy=api&sort=asc", "unknown query parameter `sort`"),
+    ] {
+        let (status, e) = get(&format!("{}/v1/top?{query}", s.url), Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {e}");
+        assert_eq!(e["error"]["code"], "invalid_request");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{query}: {message}");
+    }
+    let (status, e) = get(&format!("{}/v1/top?policy=nope", s.url), Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(e["error"]["code"], "unknown_policy");
+    // Before any traffic, a configured policy has an empty list, not an error.
+    let (status, top) = get(&format!("{}/v1/top?policy=api", s.url), Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(top["keys"], json!([]));
+    s.stop().await;
+}
+
+#[test]
+fn a_capacity_over_the_bound_is_refused() {
+    let e = sluice_server::config::Config::parse("sluice.yaml", "top:\n  capacity: 10001\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("top.capacity") && e.contains("10001"), "{e}");
+}
