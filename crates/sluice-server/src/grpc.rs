@@ -389,6 +389,14 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
+                self.shared.counts().count(
+                    &rule,
+                    if part.limited {
+                        crate::stats::Outcome::Denied
+                    } else {
+                        crate::stats::Outcome::Allowed
+                    },
+                );
                 // What was spent stands only if the request passed; a refused one was refunded.
                 if part.limited || !refused {
                     self.shared

@@ -33,6 +33,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
     ("GET", "/v1/top"),
+    ("GET", "/v1/stats"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
@@ -44,6 +45,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/refund"),
     ("GET", "/v1/top"),
+    ("GET", "/v1/stats"),
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
     ("GET", "/metrics"),
@@ -78,12 +80,14 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/keys/{policy}/{*key}", delete(forget))
             .route("/v1/policies", get(policies))
             .route("/v1/top", get(top))
+            .route("/v1/stats", get(stats))
             .route("/metrics", get(metrics_text)),
         Surface::Public => router
             .route("/v1/refund", post(on_admin_listener))
             .route("/v1/keys/{policy}/{*key}", delete(on_admin_listener))
             .route("/v1/policies", get(on_admin_listener))
             .route("/v1/top", get(on_admin_listener))
+            .route("/v1/stats", get(on_admin_listener))
             .route("/metrics", get(on_admin_listener)),
     };
     router
@@ -338,6 +342,12 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
             };
             metrics::decision(policy.name_arc(), op_name, outcome);
             if op == Endpoint::Check {
+                let counted = match (d.degraded, d.allowed) {
+                    (Some(_), _) => crate::stats::Outcome::Degraded,
+                    (None, true) => crate::stats::Outcome::Allowed,
+                    (None, false) => crate::stats::Outcome::Denied,
+                };
+                shared.counts().count(policy.name_arc(), counted);
                 // On the server's clock, as readings are (a decision's own instant may be
                 // Redis's).
                 shared.top().record(
@@ -357,6 +367,11 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
         }
         Err(LimitError::Store(e)) => {
             metrics::decision(policy.name_arc(), op_name, "error");
+            if op == Endpoint::Check {
+                shared
+                    .counts()
+                    .count(policy.name_arc(), crate::stats::Outcome::Error);
+            }
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -619,6 +634,61 @@ async fn top(
             "total": reading.total,
             "capacity": shared.top().capacity(),
             "keys": keys,
+        }),
+    )
+}
+
+/// `GET /v1/stats`: checks per policy and outcome since start, the store's shards (circuit,
+/// a ping's latency), reservation and reload status: what the dashboard polls.
+async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/stats", false) {
+        return refused;
+    }
+    let now = sluice::Clock::now_ms(shared.clock());
+    let policies = shared.counts().read();
+    let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
+        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    let store = match shared.store() {
+        crate::state::StoreHandle::Memory(m) => {
+            json!({"kind": "memory", "keys": m.len(), "shards": []})
+        }
+        crate::state::StoreHandle::Redis(sharded) => {
+            let mut shards = Vec::with_capacity(sharded.shards().len());
+            for shard in sharded.shards() {
+                let started = std::time::Instant::now();
+                let mut s = ping(started, shard.inner().ping().await);
+                s["name"] = json!(shard.name());
+                s["circuit"] = json!(shard.state().as_str());
+                s["opened_total"] = json!(shard.opened_total());
+                shards.push(s);
+            }
+            json!({"kind": "redis", "shards": shards})
+        }
+        crate::state::StoreHandle::Cluster(cluster) => {
+            let started = std::time::Instant::now();
+            let mut s = ping(started, cluster.ping().await);
+            s["name"] = json!(cluster.name());
+            json!({"kind": "cluster", "shards": [s]})
+        }
+    };
+    let reservation = shared.reserving().map(|r| {
+        let s = r.stats();
+        json!({
+            "local": s.local, "cached_denials": s.cached_denials, "fetches": s.fetches,
+            "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
+        })
+    });
+    let status = shared.reload_status();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "now_ms": now,
+            "policies": policies,
+            "store": store,
+            "reservation": reservation,
+            "config": {"generation": status.generation, "last_reload_error": status.last_error},
         }),
     )
 }

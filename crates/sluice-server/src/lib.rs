@@ -11,5 +11,6 @@ pub mod http;
 pub mod metrics;
 pub mod rls;
 pub mod state;
+pub mod stats;
 pub mod tls;
 pub mod top;

@@ -163,6 +163,8 @@ pub struct Shared {
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
     top: crate::top::TopKeys,
+    /// Checks per policy and outcome since start.
+    counts: crate::stats::DecisionCounts,
 }
 
 impl Shared {
@@ -195,7 +197,13 @@ impl Shared {
             }),
             clock,
             top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
+            counts: crate::stats::DecisionCounts::default(),
         }
+    }
+
+    /// Checks per policy (and Envoy rule) and outcome since start.
+    pub fn counts(&self) -> &crate::stats::DecisionCounts {
+        &self.counts
     }
 
     /// The heavy hitters per policy and per Envoy rule.

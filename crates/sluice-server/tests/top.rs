@@ -167,3 +167,59 @@ fn a_capacity_over_the_bound_is_refused() {
         .to_string();
     assert!(e.contains("top.capacity") && e.contains("10001"), "{e}");
 }
+
+#[tokio::test]
+async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
+    let s = common::TestServer::start(
+        CONFIG,
+        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
+    )
+    .await;
+    let c = reqwest::Client::new();
+    for _ in 0..5 {
+        c.post(format!("{}/v1/check", s.url))
+            .json(&json!({"policy": "api", "key": "k"}))
+            .send()
+            .await
+            .unwrap();
+    }
+    // Peeks and refunds are not checks.
+    c.post(format!("{}/v1/peek", s.url))
+        .json(&json!({"policy": "api", "key": "k"}))
+        .send()
+        .await
+        .unwrap();
+    let mut rls = RateLimitServiceClient::new(s.channel().await);
+    for _ in 0..3 {
+        rls.should_rate_limit(RateLimitRequest {
+            domain: "edge".to_owned(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".to_owned(),
+                    value: "10.0.0.7".to_owned(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let (status, e) = get(&format!("{}/v1/stats", s.url), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{e}");
+    let (status, stats) = get(&format!("{}/v1/stats", s.url), Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    assert_eq!(
+        stats["policies"]["api"],
+        json!({"allowed": 3, "denied": 2, "degraded": 0, "errors": 0})
+    );
+    assert_eq!(
+        stats["policies"]["edge.remote_address"],
+        json!({"allowed": 2, "denied": 1, "degraded": 0, "errors": 0})
+    );
+    assert_eq!(stats["store"]["kind"], "memory");
+    assert!(stats["store"]["keys"].as_u64().unwrap() >= 1, "{stats}");
+    assert_eq!(stats["config"]["generation"], 1);
+    assert_eq!(stats["reservation"], Value::Null);
+    s.stop().await;
+}

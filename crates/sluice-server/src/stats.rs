@@ -1,0 +1,124 @@
+//! Decision counts per policy and per Envoy rule, for `GET /v1/stats` and the dashboard: how
+//! many checks were allowed, denied, answered degraded (the store failed and the policy's
+//! `on_store_error` decided) or failed, since start. A reader turns two readings into rates.
+//!
+//! Names come from the configuration (policies, and Envoy rules' statistics keys, themselves
+//! capped at 1,000), and at most [`MAX_NAMES`] are counted.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// Names counted at most.
+pub const MAX_NAMES: usize = 4_096;
+
+/// What became of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted.
+    Allowed = 0,
+    /// Refused.
+    Denied = 1,
+    /// Decided without the store (`on_store_error: open` or `local`).
+    Degraded = 2,
+    /// The store failed and the policy fails closed.
+    Error = 3,
+}
+
+/// The counts of one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Counts {
+    /// Checks admitted.
+    pub allowed: u64,
+    /// Checks refused.
+    pub denied: u64,
+    /// Checks decided without the store.
+    pub degraded: u64,
+    /// Checks that failed.
+    pub errors: u64,
+}
+
+/// Counts per name.
+#[derive(Debug, Default)]
+pub struct DecisionCounts {
+    by_name: RwLock<HashMap<Arc<str>, Arc<[AtomicU64; 4]>>>,
+}
+
+impl DecisionCounts {
+    /// Counts one check of `name`.
+    pub fn count(&self, name: &Arc<str>, outcome: Outcome) {
+        let counters = {
+            let read = self.by_name.read().unwrap_or_else(|p| p.into_inner());
+            read.get(name).cloned()
+        };
+        let counters = match counters {
+            Some(c) => c,
+            None => {
+                let mut write = self.by_name.write().unwrap_or_else(|p| p.into_inner());
+                if write.len() >= MAX_NAMES && !write.contains_key(name) {
+                    return;
+                }
+                write.entry(name.clone()).or_default().clone()
+            }
+        };
+        counters[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every name's counts, by name.
+    pub fn read(&self) -> std::collections::BTreeMap<String, Counts> {
+        let read = self.by_name.read().unwrap_or_else(|p| p.into_inner());
+        read.iter()
+            .map(|(name, c)| {
+                let at = |o: Outcome| c[o as usize].load(Ordering::Relaxed);
+                (
+                    name.to_string(),
+                    Counts {
+                        allowed: at(Outcome::Allowed),
+                        denied: at(Outcome::Denied),
+                        degraded: at(Outcome::Degraded),
+                        errors: at(Outcome::Error),
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn counts_add_up_per_name_and_outcome() {
+        let c = DecisionCounts::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        for _ in 0..3 {
+            c.count(&a, Outcome::Allowed);
+        }
+        c.count(&a, Outcome::Denied);
+        c.count(&b, Outcome::Degraded);
+        c.count(&b, Outcome::Error);
+        let read = c.read();
+        assert_eq!(
+            read["a"],
+            Counts {
+                allowed: 3,
+                denied: 1,
+                degraded: 0,
+                errors: 0
+            }
+        );
+        assert_eq!((read["b"].degraded, read["b"].errors), (1, 1));
+    }
+
+    #[test]
+    fn names_are_bounded() {
+        let c = DecisionCounts::default();
+        for i in 0..(MAX_NAMES + 10) {
+            c.count(&Arc::from(format!("n{i}").as_str()), Outcome::Allowed);
+        }
+        assert_eq!(c.read().len(), MAX_NAMES);
+    }
+}
