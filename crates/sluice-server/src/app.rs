@@ -235,7 +235,6 @@ pub async fn run_with_clock(
         ),
         None => (None, None),
     };
-    let scheme = if http_tls.is_some() { "https" } else { "http" };
     let grpc = match listeners.grpc {
         Some(listener) => {
             tracing::info!(grpc = %listener.local_addr()?, tls = grpc_tls.is_some(), "sluice serving Envoy's rate limit API");
@@ -270,7 +269,7 @@ pub async fn run_with_clock(
     };
     let admin = match listeners.admin {
         Some(listener) => {
-            tracing::info!(admin = %format!("{scheme}://{}", listener.local_addr()?), "sluice serving the admin routes");
+            tracing::info!(admin = %listener.local_addr()?, tls = http_tls.is_some(), "sluice serving the admin routes");
             let app = http::router_for(shared.clone(), http::Surface::All);
             Some(serve_http(
                 listener,
@@ -286,7 +285,7 @@ pub async fn run_with_clock(
     } else {
         http::Surface::All
     };
-    tracing::info!(http = %format!("{scheme}://{}", listeners.http.local_addr()?), "sluice serving");
+    tracing::info!(http = %listeners.http.local_addr()?, tls = http_tls.is_some(), "sluice serving");
     let app = http::router_for(shared.clone(), surface);
     let served = serve_http(listeners.http, http_tls.as_ref(), app, stopped(stop_rx))?.await;
     if let Some(grpc) = grpc {
