@@ -34,6 +34,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/policies"),
     ("GET", "/v1/top"),
     ("GET", "/v1/stats"),
+    ("GET", "/ui"),
+    ("GET", "/ui/app.js"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
@@ -81,6 +83,8 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/policies", get(policies))
             .route("/v1/top", get(top))
             .route("/v1/stats", get(stats))
+            .route("/ui", get(ui_page))
+            .route("/ui/app.js", get(ui_script))
             .route("/metrics", get(metrics_text)),
         Surface::Public => router
             .route("/v1/refund", post(on_admin_listener))
@@ -88,6 +92,8 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/policies", get(on_admin_listener))
             .route("/v1/top", get(on_admin_listener))
             .route("/v1/stats", get(on_admin_listener))
+            .route("/ui", get(on_admin_listener))
+            .route("/ui/app.js", get(on_admin_listener))
             .route("/metrics", get(on_admin_listener)),
     };
     router
@@ -691,6 +697,39 @@ async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respons
             "config": {"generation": status.generation, "last_reload_error": status.last_error},
         }),
     )
+}
+
+/// The dashboard's page and script, in the binary: the page works offline.
+const UI_PAGE: &str = include_str!("ui/index.html");
+const UI_SCRIPT: &str = include_str!("ui/app.js");
+
+/// A static part of the dashboard, allowed to load nothing but this server's own resources.
+fn ui_asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = (StatusCode::OK, body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// `GET /ui`: the dashboard (docs/dashboard.md).
+async fn ui_page() -> Response {
+    ui_asset("text/html; charset=utf-8", UI_PAGE)
+}
+
+/// `GET /ui/app.js`: the dashboard's script.
+async fn ui_script() -> Response {
+    ui_asset("text/javascript; charset=utf-8", UI_SCRIPT)
 }
 
 async fn healthz() -> Response {
