@@ -275,22 +275,33 @@ async fn ask(
     nodes: Arc<NodeDialer>,
 ) -> Answer {
     let failed = |e: redis::RedisError| with_tls_hint(&url, format!("sentinel {url}: {e}"));
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("MASTER").arg(&master);
     let reply: Result<std::collections::HashMap<String, String>, String> = async {
-        let mut c = match conn.take() {
+        // A cached connection that broke (the sentinel restarted) is made again once, now.
+        let cached = conn.take();
+        let retry = cached.is_some();
+        let mut c = match cached {
             Some(c) => c,
             None => client
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(failed)?,
         };
-        let reply = redis::cmd("SENTINEL")
-            .arg("MASTER")
-            .arg(&master)
-            .query_async(&mut c)
-            .await;
+        let broken = |e: &redis::RedisError| e.is_io_error() || e.is_unrecoverable_error();
+        let reply = match cmd.query_async(&mut c).await {
+            Err(e) if retry && broken(&e) => {
+                c = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(failed)?;
+                cmd.query_async(&mut c).await
+            }
+            other => other,
+        };
         match reply {
             // A broken connection is made again next time.
-            Err(e) if e.is_io_error() || e.is_unrecoverable_error() => Err(failed(e)),
+            Err(e) if broken(&e) => Err(failed(e)),
             other => {
                 conn = Some(c);
                 other.map_err(failed)
