@@ -170,7 +170,13 @@ async fn sentinel_over_tls_with_acl_users_follows_a_forced_failover() {
     group.data_nodes()[old]
         .cmd(&["REPLICAOF", "127.0.0.1", &new_port.to_string()])
         .unwrap();
+    let demoted = Instant::now();
     let d = until_ok(&limiter, "k", Duration::from_secs(10)).await;
+    println!(
+        "sentinel over TLS: decisions continued on the new primary {:?} after the old one \
+         refused writes",
+        demoted.elapsed()
+    );
     assert_eq!(
         store.primary_url(),
         format!("rediss://127.0.0.1:{new_port}"),
