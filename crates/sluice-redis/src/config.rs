@@ -49,8 +49,9 @@ pub enum ClockSource {
     Redis,
 }
 
-/// Which Redis deployment a store talks to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which Redis deployment a store talks to. Its `Debug` shows URLs without their
+/// credentials ([`redact`]).
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Topology {
     /// One primary (decisions) and its replicas (peeks), at fixed addresses.
@@ -62,10 +63,16 @@ pub enum Topology {
     },
     /// A primary and its replicas found through Redis Sentinel; a failover is followed
     /// without a restart (the store asks the sentinels again when the primary fails).
+    ///
+    /// With `rediss://` sentinel URLs, the sentinels and the data nodes they name are reached
+    /// over TLS (with [`RedisConfig::tls`]); `redis://`, neither. The sentinels log in as
+    /// their URL's user or [`RedisConfig::sentinel_credentials`], the data nodes as
+    /// [`RedisConfig::credentials`].
     Sentinel {
         /// The monitored master's name (`sentinel monitor <name> …`).
         master: String,
-        /// Sentinel URLs, e.g. `redis://127.0.0.1:26379`.
+        /// Sentinel URLs, e.g. `redis://127.0.0.1:26379` or
+        /// `rediss://user:password@sentinel-1:26379`; all `redis://` or all `rediss://`.
         sentinels: Vec<String>,
     },
     /// A Redis Cluster, reached through any of its nodes; the client follows MOVED/ASK and
@@ -74,6 +81,28 @@ pub enum Topology {
         /// Seed node URLs.
         nodes: Vec<String>,
     },
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |urls: &[String]| urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
+        match self {
+            Topology::Standalone { primary, replicas } => f
+                .debug_struct("Standalone")
+                .field("primary", &redact(primary))
+                .field("replicas", &redacted(replicas))
+                .finish(),
+            Topology::Sentinel { master, sentinels } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", &redacted(sentinels))
+                .finish(),
+            Topology::Cluster { nodes } => f
+                .debug_struct("Cluster")
+                .field("nodes", &redacted(nodes))
+                .finish(),
+        }
+    }
 }
 
 impl Topology {
@@ -138,8 +167,14 @@ pub struct RedisConfig {
     /// Certificates for `rediss://` URLs; without them a `rediss://` server's certificate is
     /// checked against the system's roots.
     pub tls: Option<TlsFiles>,
-    /// The user every node is logged in as, unless its URL names one.
+    /// The user every data node is logged in as, unless its URL names one (with Sentinel:
+    /// the primary and replicas the sentinels name; not the sentinels themselves).
     pub credentials: Option<Credentials>,
+    /// The user every sentinel is logged in as, unless its URL names one
+    /// ([`Topology::Sentinel`] only). Separate from [`credentials`](Self::credentials):
+    /// sentinels usually have a password of their own (`requirepass` or an ACL user on the
+    /// sentinel), or none while the data nodes have one.
+    pub sentinel_credentials: Option<Credentials>,
 }
 
 /// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
@@ -297,6 +332,7 @@ impl RedisConfig {
             script_mode: ScriptMode::default(),
             tls: None,
             credentials: None,
+            sentinel_credentials: None,
         }
     }
 
@@ -349,6 +385,12 @@ impl RedisConfig {
     /// Logs in as `credentials` on every node whose URL names no user.
     pub fn credentials(mut self, credentials: Credentials) -> Self {
         self.credentials = Some(credentials);
+        self
+    }
+
+    /// Logs in as `credentials` on every sentinel whose URL names no user.
+    pub fn sentinel_credentials(mut self, credentials: Credentials) -> Self {
+        self.sentinel_credentials = Some(credentials);
         self
     }
 
@@ -405,6 +447,26 @@ mod tests {
         assert_eq!(standalone.topology.name(), "redis://10.0.0.1:6379");
         let cluster = RedisConfig::cluster(["redis://bob:pw@c1:7000"]);
         assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
+    }
+
+    #[test]
+    fn a_configuration_s_debug_shows_no_password() {
+        let shown = |config: RedisConfig| {
+            let debug = format!("{config:?}");
+            assert!(!debug.contains("s3cret"), "{debug}");
+            debug
+        };
+        let debug = shown(
+            RedisConfig::new("redis://alice:s3cret@p:6379").replicas(["rediss://:s3cret@r:6380"]),
+        );
+        assert!(debug.contains("redis://p:6379") && debug.contains("rediss://r:6380"));
+        let debug = shown(
+            RedisConfig::sentinel("main", ["rediss://watcher:s3cret@s1:26379"])
+                .credentials(Credentials::new(Some("alice".to_owned()), "s3cret"))
+                .sentinel_credentials(Credentials::new(None, "s3cret")),
+        );
+        assert!(debug.contains("rediss://s1:26379"), "{debug}");
+        shown(RedisConfig::cluster(["rediss://bob:s3cret@c1:7000"]));
     }
 
     #[cfg(feature = "serde")]

@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::Client;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::RandomReplicaStrategy;
-use redis::sentinel::Sentinel;
+use redis::{AsyncConnectionConfig, Client, Role};
 use sluice::StoreError;
 
-use crate::config::{ReadFrom, RedisConfig, Topology};
+use crate::config::{Credentials, ReadFrom, RedisConfig, Topology, redact};
 use crate::error::{Failure, query};
 use crate::script::{Code, ScriptMode};
 use crate::store::RedisStore;
@@ -39,7 +38,7 @@ pub(crate) struct Nodes {
 /// Asks the sentinels for the current primary when the one in use fails.
 pub(crate) struct SentinelWatch {
     master: String,
-    sentinel: tokio::sync::Mutex<Sentinel>,
+    sentinels: tokio::sync::Mutex<Sentinels>,
     /// One lookup at a time, and not more often than every [`REDISCOVER_EVERY`].
     looking: AtomicBool,
     last_lookup: Mutex<Option<Instant>>,
@@ -52,6 +51,17 @@ const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
 /// lookup checks the named primary's role, and a stalled old primary must not hold it long.
 const SENTINEL_TIMEOUT_BOUNDS: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(1));
+
+/// How long the first Sentinel lookup may take, when the store connects: no traffic waits
+/// for it yet, and it makes the first connections (TLS handshakes, logins) to the sentinels
+/// and the nodes they name.
+const FIRST_SENTINEL_LOOKUP: Duration = Duration::from_secs(2);
+
+/// How long a Sentinel lookup may take after a failure, for calls that time out after
+/// `timeout`.
+fn lookup_limit(timeout: Duration) -> Duration {
+    (timeout * 2).clamp(SENTINEL_TIMEOUT_BOUNDS.0, SENTINEL_TIMEOUT_BOUNDS.1)
+}
 
 /// One node and its shared, multiplexed connection.
 pub(crate) struct Node {
@@ -75,13 +85,7 @@ impl Node {
             .await
             .map_err(|f| match f.into_store_error(&self.url) {
                 // What a TLS port does to a plaintext client: say what to change.
-                StoreError::Unavailable(m)
-                    if self.url.starts_with("redis://") && m.contains("reset by peer") =>
-                {
-                    StoreError::Unavailable(format!(
-                        "{m}; if this port serves TLS, use a rediss:// URL"
-                    ))
-                }
+                StoreError::Unavailable(m) => StoreError::Unavailable(with_tls_hint(&self.url, m)),
                 e => e,
             })
     }
@@ -93,13 +97,29 @@ fn node(
     timeout: Duration,
 ) -> Result<Node, StoreError> {
     // Only the redacted URL is kept: it is what errors and logs show.
-    let shown = crate::config::redact(url);
-    let client = match tls {
+    node_from_client(redact(url), client(url, tls)?, timeout)
+}
+
+/// A client for `url`, with `tls`'s certificates if it is a `rediss://` URL.
+fn client(url: &str, tls: Option<&redis::TlsCertificates>) -> Result<Client, StoreError> {
+    match tls {
         Some(certs) if url.starts_with("rediss://") => Client::build_with_tls(url, certs.clone()),
         _ => Client::open(url),
     }
-    .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{shown}`: {e}")))?;
-    node_from_client(shown, client, timeout)
+    .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{}`: {e}", redact(url))))
+}
+
+/// `message` about a plaintext `url` that the server hung up on, with what a TLS port does to
+/// a plaintext client spelled out.
+fn with_tls_hint(url: &str, message: String) -> String {
+    let lower = message.to_lowercase();
+    if url.starts_with("redis://")
+        && (lower.contains("reset by peer") || lower.contains("broken pipe"))
+    {
+        format!("{message}; if this port serves TLS, use a rediss:// URL")
+    } else {
+        message
+    }
 }
 
 /// The certificates of `config.tls`, read now; an error names the file.
@@ -125,49 +145,312 @@ fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<No
     Ok(Node { url, conn })
 }
 
-/// `redis://host:port` of a client's address.
-fn client_url(client: &Client) -> String {
-    match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
-        other => other.to_string(),
+/// The sentinels of a [`Topology::Sentinel`], and how to reach the data nodes they name.
+///
+/// The lookup is Sluice's own rather than the `redis` crate's `Sentinel`: that one (1.x)
+/// takes no certificates for the sentinels nor for the nodes they name (`Sentinel::build`
+/// has no TLS variant; `SentinelClientBuilder` takes both, but hands out one node per call,
+/// never the list of replicas). Here the sentinels and the data nodes are reached with the
+/// configured CA and client certificate, and each with its own credentials.
+pub(crate) struct Sentinels {
+    links: Vec<SentinelLink>,
+    nodes: Arc<NodeDialer>,
+}
+
+/// One sentinel: its client, and its connection once made.
+struct SentinelLink {
+    /// Redacted: what errors show.
+    url: String,
+    client: Client,
+    conn: Option<MultiplexedConnection>,
+}
+
+/// How to reach a data node a sentinel names: over TLS when the sentinels are, with the
+/// configured certificates and the data nodes' credentials.
+struct NodeDialer {
+    scheme: &'static str,
+    certs: Option<redis::TlsCertificates>,
+    credentials: Option<Credentials>,
+    timeout: Duration,
+}
+
+impl NodeDialer {
+    /// The URL of the node at `host:port`, with the credentials.
+    fn url(&self, host: &str, port: u16) -> String {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        let url = format!("{}://{host}:{port}", self.scheme);
+        match &self.credentials {
+            Some(c) => c.apply(&url),
+            None => url,
+        }
+    }
+
+    /// Connects to `url` and asks its `ROLE`. Errors name the node (redacted).
+    async fn role(&self, url: &str) -> Result<Role, String> {
+        let shown = redact(url);
+        let client = client(url, self.certs.as_ref()).map_err(|e| e.to_string())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))));
+        let failed = |e: redis::RedisError| with_tls_hint(&shown, format!("{shown}: {e}"));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(failed)?;
+        redis::cmd("ROLE")
+            .query_async(&mut conn)
+            .await
+            .map_err(failed)
     }
 }
 
-/// Asks the sentinels for `master`'s primary and replicas (bounded in time).
+impl Sentinels {
+    /// The sentinels at `urls` (with `sentinel_credentials` where a URL names no user); the
+    /// data nodes are reached with `credentials`, over TLS if the sentinels are.
+    fn new(
+        urls: &[String],
+        certs: Option<redis::TlsCertificates>,
+        sentinel_credentials: Option<&Credentials>,
+        credentials: Option<Credentials>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        if urls.is_empty() {
+            return Err(StoreError::Backend(
+                "sentinel: at least one sentinel URL is needed".to_owned(),
+            ));
+        }
+        let tls = urls.iter().filter(|u| u.starts_with("rediss://")).count();
+        if tls != 0 && tls != urls.len() {
+            return Err(StoreError::Backend(format!(
+                "sentinel URLs {:?}: use rediss:// for all of them or for none (the data nodes \
+                 are reached over TLS when the sentinels are)",
+                urls.iter().map(|u| redact(u)).collect::<Vec<_>>()
+            )));
+        }
+        let links = urls
+            .iter()
+            .map(|url| {
+                let url = match sentinel_credentials {
+                    Some(c) => c.apply(url),
+                    None => url.clone(),
+                };
+                Ok(SentinelLink {
+                    client: client(&url, certs.as_ref())?,
+                    url: redact(&url),
+                    conn: None,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let nodes = NodeDialer {
+            scheme: if tls == 0 { "redis" } else { "rediss" },
+            certs,
+            credentials,
+            timeout,
+        };
+        Ok(Self {
+            links,
+            nodes: Arc::new(nodes),
+        })
+    }
+}
+
+/// What one sentinel said about the primary: the node it names, checked with `ROLE`.
+struct Answer {
+    sentinel: usize,
+    conn: Option<MultiplexedConnection>,
+    primary: Result<String, String>,
+}
+
+/// Asks one sentinel (connecting first if needed) for `master`'s address, and checks that
+/// the node there is a primary. Owns what it needs: the lookups run as tasks.
+async fn ask(
+    sentinel: usize,
+    url: String,
+    client: Client,
+    mut conn: Option<MultiplexedConnection>,
+    master: String,
+    nodes: Arc<NodeDialer>,
+) -> Answer {
+    let failed = |e: redis::RedisError| with_tls_hint(&url, format!("sentinel {url}: {e}"));
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("MASTER").arg(&master);
+    let reply: Result<std::collections::HashMap<String, String>, String> = async {
+        // A cached connection that broke (the sentinel restarted) is made again once, now.
+        let cached = conn.take();
+        let retry = cached.is_some();
+        let mut c = match cached {
+            Some(c) => c,
+            None => client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(failed)?,
+        };
+        let broken = |e: &redis::RedisError| e.is_io_error() || e.is_unrecoverable_error();
+        let reply = match cmd.query_async(&mut c).await {
+            Err(e) if retry && broken(&e) => {
+                c = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(failed)?;
+                cmd.query_async(&mut c).await
+            }
+            other => other,
+        };
+        match reply {
+            // A broken connection is made again next time.
+            Err(e) if broken(&e) => Err(failed(e)),
+            other => {
+                conn = Some(c);
+                other.map_err(failed)
+            }
+        }
+    }
+    .await;
+    let primary = reply.and_then(|info| {
+        let field = |name: &str| info.get(name).map(String::as_str);
+        let flags = field("flags").unwrap_or("");
+        let down = flags
+            .split(',')
+            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        match (
+            field("ip"),
+            field("port").and_then(|p| p.parse::<u16>().ok()),
+        ) {
+            (Some(ip), Some(port)) if !down => Ok(nodes.url(ip, port)),
+            _ => Err(format!(
+                "sentinel {url}: no primary for `{master}` that is up (flags `{flags}`)"
+            )),
+        }
+    });
+    let primary = match primary {
+        Ok(node) => match nodes.role(&node).await {
+            Ok(Role::Primary { .. }) => Ok(node),
+            Ok(_) => Err(format!(
+                "sentinel {url} names {} as the primary, which is not one (yet)",
+                redact(&node)
+            )),
+            Err(e) => Err(format!("primary named by sentinel {url}: {e}")),
+        },
+        Err(e) => Err(e),
+    };
+    Answer {
+        sentinel,
+        conn,
+        primary,
+    }
+}
+
+/// Asks the sentinels for `master`'s primary and replicas, within `limit` each: all
+/// sentinels at once, and the first primary named that says it is one wins.
 async fn discover(
-    sentinel: &mut Sentinel,
+    sentinels: &mut Sentinels,
     master: &str,
-    timeout: Duration,
+    limit: Duration,
 ) -> Result<Nodes, StoreError> {
-    let limit = (timeout * 2).clamp(SENTINEL_TIMEOUT_BOUNDS.0, SENTINEL_TIMEOUT_BOUNDS.1);
-    let primary = match tokio::time::timeout(limit, sentinel.async_master_for(master, None)).await {
-        Err(_) => {
-            return Err(StoreError::Unavailable(format!(
-                "sentinels did not name a primary for `{master}` within {}ms",
-                limit.as_millis()
-            )));
+    let mut lookups = tokio::task::JoinSet::new();
+    for (i, link) in sentinels.links.iter_mut().enumerate() {
+        lookups.spawn(ask(
+            i,
+            link.url.clone(),
+            link.client.clone(),
+            link.conn.take(),
+            master.to_owned(),
+            sentinels.nodes.clone(),
+        ));
+    }
+    let mut problems = Vec::new();
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut found = None;
+    while found.is_none() {
+        let answer = match tokio::time::timeout_at(deadline, lookups.join_next()).await {
+            Ok(Some(Ok(answer))) => answer,
+            Ok(Some(Err(e))) => {
+                problems.push(format!("a sentinel lookup failed: {e}"));
+                continue;
+            }
+            Ok(None) => break,
+            Err(_) => {
+                problems.push(format!("no answer within {}ms", limit.as_millis()));
+                break;
+            }
+        };
+        if let Some(link) = sentinels.links.get_mut(answer.sentinel) {
+            link.conn = answer.conn;
         }
-        Ok(Err(e)) => {
-            return Err(StoreError::Unavailable(format!(
-                "sentinels cannot name a primary for `{master}`: {e}"
-            )));
+        match answer.primary {
+            Ok(url) => found = Some((answer.sentinel, url)),
+            Err(e) => problems.push(e),
         }
-        Ok(Ok(primary)) => primary,
+    }
+    lookups.abort_all();
+    let Some((sentinel, primary)) = found else {
+        return Err(StoreError::Unavailable(format!(
+            "sentinels cannot name a primary for `{master}`: {}",
+            problems.join("; ")
+        )));
     };
     // Replicas are for peeks only, and one may be the stalled old primary: a lookup that
     // fails or hangs leaves none (peeks then read the primary) rather than delaying the
     // switch to the new primary.
-    let replicas =
-        match tokio::time::timeout(limit, sentinel.async_get_replica_clients(master, None)).await {
-            Ok(Ok(replicas)) => replicas,
-            _ => Vec::new(),
-        };
-    let primary = node_from_client(client_url(&primary), primary, timeout)?;
+    let replicas = tokio::time::timeout_at(
+        tokio::time::Instant::now() + limit,
+        replicas(sentinels, sentinel, master),
+    )
+    .await
+    .unwrap_or_default();
+    let nodes = &sentinels.nodes;
+    let primary = node(&primary, nodes.certs.as_ref(), nodes.timeout)?;
     let replicas = replicas
-        .into_iter()
-        .map(|c| node_from_client(client_url(&c), c, timeout))
+        .iter()
+        .map(|url| node(url, nodes.certs.as_ref(), nodes.timeout))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Nodes { primary, replicas })
+}
+
+/// The replicas of `master` that sentinel `i` lists as up and that say they are replicas
+/// (checked all at once), in its order; none if it cannot say.
+async fn replicas(sentinels: &mut Sentinels, i: usize, master: &str) -> Vec<String> {
+    let Some(conn) = sentinels.links.get_mut(i).and_then(|l| l.conn.as_mut()) else {
+        return Vec::new();
+    };
+    let listed: Vec<std::collections::HashMap<String, String>> = match redis::cmd("SENTINEL")
+        .arg("REPLICAS")
+        .arg(master)
+        .query_async(conn)
+        .await
+    {
+        Ok(listed) => listed,
+        Err(_) => return Vec::new(),
+    };
+    let mut checks = tokio::task::JoinSet::new();
+    for (n, info) in listed.iter().enumerate() {
+        let field = |name: &str| info.get(name).map(String::as_str);
+        let up = !field("flags")
+            .unwrap_or("")
+            .split(',')
+            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        if let (true, Some(ip), Some(port)) =
+            (up, field("ip"), field("port").and_then(|p| p.parse().ok()))
+        {
+            let nodes = sentinels.nodes.clone();
+            let url = nodes.url(ip, port);
+            checks.spawn(async move {
+                let role = nodes.role(&url).await;
+                (n, matches!(role, Ok(Role::Replica { .. })).then_some(url))
+            });
+        }
+    }
+    let mut replicas: Vec<(usize, String)> = checks
+        .join_all()
+        .await
+        .into_iter()
+        .filter_map(|(n, url)| url.map(|u| (n, u)))
+        .collect();
+    replicas.sort_by_key(|(n, _)| *n);
+    replicas.into_iter().map(|(_, url)| url).collect()
 }
 
 impl Backend {
@@ -195,21 +478,20 @@ impl Backend {
                 Ok(backend)
             }
             Topology::Sentinel { master, sentinels } => {
-                if sentinels.is_empty() {
-                    return Err(StoreError::Backend(
-                        "sentinel: at least one sentinel URL is needed".to_owned(),
-                    ));
-                }
-                let mut sentinel = Sentinel::build(sentinels.clone()).map_err(|e| {
-                    StoreError::Backend(format!("invalid sentinel URLs {sentinels:?}: {e}"))
-                })?;
-                let nodes = discover(&mut sentinel, master, config.timeout).await?;
+                let mut sentinels = Sentinels::new(
+                    sentinels,
+                    certificates(config)?,
+                    config.sentinel_credentials.as_ref(),
+                    config.credentials.clone(),
+                    config.timeout,
+                )?;
+                let nodes = discover(&mut sentinels, master, FIRST_SENTINEL_LOOKUP).await?;
                 tracing::info!(master = %master, primary = %nodes.primary.url, "sentinel named the primary");
                 let backend = Backend::Direct {
                     nodes: RwLock::new(Arc::new(nodes)),
                     sentinel: Some(Box::new(SentinelWatch {
                         master: master.clone(),
-                        sentinel: tokio::sync::Mutex::new(sentinel),
+                        sentinels: tokio::sync::Mutex::new(sentinels),
                         looking: AtomicBool::new(false),
                         last_lookup: Mutex::new(None),
                     })),
@@ -217,7 +499,7 @@ impl Backend {
                 Ok(backend)
             }
             Topology::Cluster { nodes } => {
-                let Some(first) = nodes.first() else {
+                let Some(first) = nodes.first().map(|n| redact(n)) else {
                     return Err(StoreError::Backend(
                         "cluster: at least one node URL is needed".to_owned(),
                     ));
@@ -241,10 +523,7 @@ impl Backend {
                 let client = builder.build().map_err(|e| {
                     StoreError::Backend(format!(
                         "invalid cluster node URLs {:?}: {e}",
-                        nodes
-                            .iter()
-                            .map(|n| crate::config::redact(n))
-                            .collect::<Vec<_>>()
+                        nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
                     ))
                 })?;
                 let conn = tokio::time::timeout(
@@ -253,7 +532,9 @@ impl Backend {
                 )
                 .await
                 .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
-                .map_err(|e| StoreError::Unavailable(format!("cluster {first}: {e}")))?;
+                .map_err(|e| {
+                    StoreError::Unavailable(with_tls_hint(&first, format!("cluster {first}: {e}")))
+                })?;
                 Ok(Backend::Cluster { conn })
             }
         }
@@ -355,8 +636,8 @@ impl RedisStore {
         };
         let timeout = self.config().timeout;
         let found = {
-            let mut sentinel = watch.sentinel.lock().await;
-            discover(&mut sentinel, &watch.master, timeout).await
+            let mut sentinels = watch.sentinels.lock().await;
+            discover(&mut sentinels, &watch.master, lookup_limit(timeout)).await
         };
         let found = match found {
             Ok(found) => found,
@@ -383,5 +664,62 @@ impl RedisStore {
             tracing::warn!(master = %watch.master, from = %current.primary.url, to = %found.primary.url, "sentinel failover: switching primary");
         }
         *nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(found);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dialer(scheme: &'static str, credentials: Option<Credentials>) -> NodeDialer {
+        NodeDialer {
+            scheme,
+            certs: None,
+            credentials,
+            timeout: Duration::from_millis(50),
+        }
+    }
+
+    #[test]
+    fn a_node_a_sentinel_names_is_reached_like_the_sentinels_with_the_data_credentials() {
+        let tls = dialer(
+            "rediss",
+            Some(Credentials::new(Some("alice".to_owned()), "pw")),
+        );
+        assert_eq!(tls.url("10.0.0.5", 6380), "rediss://alice:pw@10.0.0.5:6380");
+        let plain = dialer("redis", None);
+        assert_eq!(plain.url("10.0.0.5", 6379), "redis://10.0.0.5:6379");
+        assert_eq!(plain.url("fe80::1", 6379), "redis://[fe80::1]:6379");
+    }
+
+    #[test]
+    fn a_plaintext_url_the_server_hung_up_on_gets_the_tls_hint() {
+        let hinted = with_tls_hint("redis://h:6380", "h: Connection reset by peer".to_owned());
+        assert!(hinted.ends_with("use a rediss:// URL"), "{hinted}");
+        let hinted = with_tls_hint("redis://h:6380", "h: Broken pipe (os error 32)".to_owned());
+        assert!(hinted.ends_with("use a rediss:// URL"), "{hinted}");
+        let unchanged = "h: Connection reset by peer".to_owned();
+        assert_eq!(
+            with_tls_hint("rediss://h:6380", unchanged.clone()),
+            unchanged
+        );
+        let refused = "h: Connection refused".to_owned();
+        assert_eq!(with_tls_hint("redis://h:6380", refused.clone()), refused);
+    }
+
+    #[test]
+    fn sentinels_are_all_tls_or_none() {
+        let urls = [
+            "rediss://s1:26379".to_owned(),
+            "redis://s2:26379".to_owned(),
+        ];
+        let Err(e) = Sentinels::new(&urls, None, None, None, Duration::from_millis(50)) else {
+            panic!("a mix of rediss:// and redis:// sentinels was accepted");
+        };
+        assert!(e.to_string().contains("for all of them or for none"), "{e}");
+        let Err(e) = Sentinels::new(&[], None, None, None, Duration::from_millis(50)) else {
+            panic!("no sentinel was accepted");
+        };
+        assert!(e.to_string().contains("at least one sentinel"), "{e}");
     }
 }

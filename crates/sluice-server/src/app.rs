@@ -104,6 +104,7 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             key_prefix,
             tls,
             credentials,
+            sentinel_credentials,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
@@ -131,8 +132,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                     Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
                 }
                 RedisLayout::Sentinel(s) => {
-                    let rc = RedisConfig::sentinel(s.master.clone(), s.nodes.clone());
-                    let store = RedisStore::connect(settings(rc)).await?;
+                    let rc = settings(RedisConfig::sentinel(s.master.clone(), s.nodes.clone()));
+                    let rc = match sentinel_credentials {
+                        Some(c) => rc.sentinel_credentials(c.clone()),
+                        None => rc,
+                    };
+                    let store = RedisStore::connect(rc).await?;
                     Ok(StoreHandle::Redis(ShardedStore::new(vec![store])?))
                 }
                 RedisLayout::Cluster(nodes) => {

@@ -267,3 +267,46 @@ fn redis_auth_needs_one_password_source() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+#[test]
+fn sentinel_auth_is_for_the_sentinels_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("sentinel-pw");
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    let pw = pw.display();
+    let sentinel = format!(
+        "store:\n  backend: redis\n  sentinel: {{master: m, nodes: [rediss://s1:26379]}}\n  sentinel_auth:\n    username: watcher\n    password_file: {pw}\n"
+    );
+    let c = Config::parse("sluice.yaml", &sentinel).unwrap();
+    let StoreConfig::Redis {
+        sentinel_credentials: Some(creds),
+        credentials: None,
+        ..
+    } = &c.store
+    else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(
+        creds,
+        &sluice_redis::Credentials::new(Some("watcher".to_owned()), "s3cret")
+    );
+    assert!(!format!("{:?}", c.store).contains("s3cret"));
+    let shards = format!(
+        "store:\n  backend: redis\n  shards: [{{primary: redis://r:6379}}]\n  sentinel_auth:\n    password_file: {pw}\n"
+    );
+    let e = Config::parse("sluice.yaml", &shards)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("store.sentinel_auth: only for store.sentinel"),
+        "{e}"
+    );
+    let no_source = "store:\n  backend: redis\n  sentinel: {master: m, nodes: [redis://s1:26379]}\n  sentinel_auth:\n    username: watcher\n";
+    let e = Config::parse("sluice.yaml", no_source)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("store.sentinel_auth: give exactly one of password_file and password_env"),
+        "{e}"
+    );
+}

@@ -326,3 +326,66 @@ async fn the_api_as_an_acl_user_with_a_password_file() {
     }
     s.stop().await;
 }
+
+/// A Sentinel over TLS: sentinels and data nodes serve TLS and require client certificates,
+/// the sentinels log in as their own ACL user (`store.sentinel_auth`), the data nodes as
+/// another (`store.auth`), each password read from its own file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_a_tls_sentinel_with_separate_sentinel_auth() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    const DATA_PASSWORD: &str = "data-s3cret-0123456789";
+    const SENTINEL_PASSWORD: &str = "sentinel-s3cret-9876543210";
+    let user = |name: &str, password: &str| {
+        ["--user", name, "on", &format!(">{password}"), "~*", "+@all"].map(str::to_owned)
+    };
+    let certs = sluice_testkit::TlsCerts::generate().unwrap();
+    let group = tokio::task::block_in_place(|| {
+        sluice_testkit::SentinelOptions::new()
+            .sentinels(1)
+            .quorum(1)
+            .tls(&certs, true)
+            .data_args(user("sluice", DATA_PASSWORD))
+            .sentinel_args(user("watcher", SENTINEL_PASSWORD))
+            .start()
+    })
+    .unwrap();
+    let (cert, key) = certs.client_files();
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap();
+    let (ca, cert, key) = (read(certs.ca_file()), read(cert), read(key));
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  sentinel:\n    master: {}\n    nodes: [{}]\n  tls:\n    ca_file: tls/ca.crt\n    cert_file: tls/client.crt\n    key_file: tls/client.key\n  auth:\n    username: sluice\n    password_file: secrets/redis\n  sentinel_auth:\n    username: watcher\n    password_file: secrets/sentinel\n",
+        group.master_name(),
+        group.sentinel_tls_urls().join(", ")
+    );
+    let s = TestServer::start(
+        &config,
+        &[
+            ("tls/ca.crt", &ca),
+            ("tls/client.crt", &cert),
+            ("tls/client.key", &key),
+            ("secrets/redis", &format!("{DATA_PASSWORD}\n")),
+            ("secrets/sentinel", &format!("{SENTINEL_PASSWORD}\n")),
+        ],
+    )
+    .await;
+    let c = Client::new();
+    exactly_three(&c, &s, "k").await;
+    let primary = group
+        .data_node_index(group.current_primary_port().unwrap())
+        .unwrap();
+    let users = group.data_nodes()[primary].client_users().unwrap();
+    assert!(users.iter().any(|u| u == "sluice"), "{users:?}");
+    let users = group.sentinels()[0].client_users().unwrap();
+    assert!(users.iter().any(|u| u == "watcher"), "{users:?}");
+    for path in ["/metrics", "/readyz", "/v1/policies"] {
+        let (status, text) = text(&c, format!("{}{path}", s.url)).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        assert!(
+            !text.contains(DATA_PASSWORD) && !text.contains(SENTINEL_PASSWORD),
+            "{path}"
+        );
+    }
+    s.stop().await;
+}

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use crate::server::start_with_ports;
 use crate::wait::with_last_seen;
 use crate::{Error, RedisServer, ReplicaSet, ServerOptions, wait_until};
 
@@ -73,6 +74,8 @@ pub struct SentinelOptions {
     failover_timeout: Duration,
     parallel_syncs: usize,
     data_args: Vec<String>,
+    sentinel_args: Vec<String>,
+    tls: Option<Vec<String>>,
     timeout: Duration,
 }
 
@@ -87,6 +90,8 @@ impl Default for SentinelOptions {
             failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             parallel_syncs: 1,
             data_args: Vec::new(),
+            sentinel_args: Vec::new(),
+            tls: None,
             timeout: SENTINEL_TIMEOUT,
         }
     }
@@ -149,6 +154,30 @@ impl SentinelOptions {
         S: Into<String>,
     {
         self.data_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Extra arguments for every sentinel, e.g. an ACL user
+    /// (`["--user", "name", "on", ">password", "+@all"]`; the default user stays open for the
+    /// kit and for the sentinels among themselves).
+    pub fn sentinel_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sentinel_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Data nodes and sentinels also serve TLS, each on a port of its own
+    /// ([`RedisServer::tls_port`]), with `certs` (requiring client certificates when
+    /// `auth_clients`), and talk to one another over TLS (`--tls-replication yes`): replicas
+    /// replicate from the primary's TLS port, sentinels monitor the data nodes and greet
+    /// each other there, so the addresses the sentinels report are the TLS ports
+    /// ([`RedisServer::announced_port`]). The kit keeps using the plain ports. `certs` must
+    /// outlive the group.
+    pub fn tls(mut self, certs: &crate::TlsCerts, auth_clients: bool) -> Self {
+        self.tls = Some(certs.file_args(auth_clients));
         self
     }
 
@@ -238,14 +267,40 @@ impl SentinelGroup {
     /// replicas and the other sentinels, so that a failover can happen.
     pub fn start_with(options: SentinelOptions) -> Result<Self, Error> {
         options.validate()?;
-        let data_args: Vec<&str> = options.data_args.iter().map(String::as_str).collect();
-        let ReplicaSet { primary, replicas } =
-            ReplicaSet::start_with(options.replicas, &data_args)?;
+        let ReplicaSet { primary, replicas } = match &options.tls {
+            None => {
+                let data_args: Vec<&str> = options.data_args.iter().map(String::as_str).collect();
+                ReplicaSet::start_with(options.replicas, &data_args)?
+            }
+            Some(files) => start_tls_data_nodes(&options, files)?,
+        };
         let sentinel_options = ServerOptions::new()
-            .config(options.sentinel_config(primary.port()))
-            .arg("--sentinel");
-        let sentinels =
-            RedisServer::start_many(std::iter::repeat_n(sentinel_options, options.sentinels))?;
+            .config(options.sentinel_config(primary.announced_port()))
+            .arg("--sentinel")
+            .args(options.sentinel_args.iter().cloned());
+        let sentinels = match &options.tls {
+            None => {
+                RedisServer::start_many(std::iter::repeat_n(sentinel_options, options.sentinels))?
+            }
+            Some(files) => std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..options.sentinels)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start_with_ports(&sentinel_options, 1, Some(0), |ports| {
+                                tls_args(ports[0], files)
+                            })
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })?,
+        };
         let mut data = Vec::with_capacity(1 + replicas.len());
         data.push(primary);
         data.extend(replicas);
@@ -278,9 +333,10 @@ impl SentinelGroup {
         &mut self.data[index]
     }
 
-    /// The index of the data node listening on `port`, if it is one of this group's.
+    /// The index of the data node listening on `port` (its port or its TLS port), if it is
+    /// one of this group's.
     pub fn data_node_index(&self, port: u16) -> Option<usize> {
-        self.data.iter().position(|n| n.port() == port)
+        self.data.iter().position(|n| n.listens_on(port))
     }
 
     /// The sentinels.
@@ -302,8 +358,17 @@ impl SentinelGroup {
         self.sentinels.iter().map(RedisServer::url).collect()
     }
 
+    /// `rediss://127.0.0.1:TLS_PORT` of every sentinel, when the group serves TLS
+    /// ([`SentinelOptions::tls`]); empty otherwise.
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .filter_map(RedisServer::tls_url)
+            .collect()
+    }
+
     /// The primary's port, as the first reachable sentinel that answers reports it
-    /// (`SENTINEL get-master-addr-by-name`).
+    /// (`SENTINEL get-master-addr-by-name`): its TLS port when the group serves TLS.
     pub fn current_primary_port(&self) -> Result<u16, Error> {
         let mut last_error = None;
         for sentinel in self.sentinels.iter().filter(|s| s.is_reachable()) {
@@ -449,7 +514,9 @@ impl SentinelGroup {
                 }
             };
             for other in self.sentinels.iter().filter(|s| s.is_reachable()) {
-                if other.port() != sentinel.port() && !is_healthy(&others, other.port(), None) {
+                if other.port() != sentinel.port()
+                    && !is_healthy(&others, other.announced_port(), None)
+                {
                     problems.push(format!(
                         "sentinel {addr} does not know sentinel {} yet",
                         other.addr()
@@ -464,7 +531,9 @@ impl SentinelGroup {
                 }
             };
             for node in self.data.iter().filter(|n| n.is_reachable()) {
-                if node.port() != primary && !is_healthy(&replicas, node.port(), Some("ok")) {
+                if !node.listens_on(primary)
+                    && !is_healthy(&replicas, node.announced_port(), Some("ok"))
+                {
                     problems.push(format!(
                         "sentinel {addr} does not see {} as a linked replica yet",
                         node.addr()
@@ -521,6 +590,36 @@ impl SentinelGroup {
                 )
             })
     }
+}
+
+/// A primary and `options.replicas` replicas serving TLS and replicating over it, in sync.
+fn start_tls_data_nodes(options: &SentinelOptions, files: &[String]) -> Result<ReplicaSet, Error> {
+    let data_options = ServerOptions::new().args(options.data_args.iter().cloned());
+    let start = |options: &ServerOptions| {
+        start_with_ports(options, 1, Some(0), |ports| tls_args(ports[0], files))
+    };
+    let primary = start(&data_options)?;
+    let primary_port = primary.announced_port();
+    let mut set = ReplicaSet {
+        primary,
+        replicas: Vec::with_capacity(options.replicas),
+    };
+    // One at a time, as `ReplicaSet::start_with` does.
+    for _ in 0..options.replicas {
+        set.replicas
+            .push(start(&data_options.clone().replica_of(primary_port))?);
+        set.wait_synced()?;
+    }
+    Ok(set)
+}
+
+/// Serving TLS on `port` with the certificate arguments `files`, and replicating, monitoring
+/// and announcing over TLS.
+fn tls_args(port: u16, files: &[String]) -> Vec<String> {
+    let mut args = vec!["--tls-port".to_owned(), port.to_string()];
+    args.extend(files.iter().cloned());
+    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+    args
 }
 
 /// Whether `entries` (of `SENTINEL replicas`/`sentinels`) list `port` as neither down nor

@@ -123,6 +123,8 @@ pub struct RedisServer {
     /// `None` while killed. Declared first: dropped before the directory.
     child: Option<ManagedChild>,
     port: u16,
+    /// The port it serves TLS on, if a topology started it with one.
+    tls_port: Option<u16>,
     options: ServerOptions,
     config_file: Option<PathBuf>,
     dir: TempDir,
@@ -165,6 +167,7 @@ impl RedisServer {
                     return Ok(Self {
                         child: Some(child),
                         port,
+                        tls_port: None,
                         options,
                         config_file,
                         dir,
@@ -208,6 +211,28 @@ impl RedisServer {
     /// Its port (kept across [`kill`](Self::kill) and [`restart`](Self::restart)).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port it serves TLS on, if a topology started it so (the plain [`port`](Self::port)
+    /// stays, for the kit).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// `"rediss://127.0.0.1:TLS_PORT"`, if it serves TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
+    }
+
+    /// The port it tells others to reach it on: its TLS port if it has one (a topology that
+    /// serves TLS replicates and announces over TLS), else its port.
+    pub fn announced_port(&self) -> u16 {
+        self.tls_port.unwrap_or(self.port)
+    }
+
+    /// Whether `port` is its port or its TLS port.
+    pub fn listens_on(&self, port: u16) -> bool {
+        self.port == port || self.tls_port == Some(port)
     }
 
     /// `"127.0.0.1:PORT"`.
@@ -494,6 +519,35 @@ fn spawn(
         },
         port,
     )
+}
+
+/// Starts a server with `extra_ports` more free ports, passed to `args` to make the arguments
+/// that use them (a cluster bus port, a TLS port); retried with fresh ports, like the server's
+/// own, if one was taken meanwhile. The port at index `tls_port` (if given) is recorded as the
+/// server's [`RedisServer::tls_port`].
+pub(crate) fn start_with_ports(
+    options: &ServerOptions,
+    extra_ports: usize,
+    tls_port: Option<usize>,
+    args: impl Fn(&[u16]) -> Vec<String>,
+) -> Result<RedisServer, Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ports = (0..extra_ports)
+            .map(|_| free_port())
+            .collect::<Result<Vec<_>, _>>()?;
+        let started = options.clone().args(args(&ports)).start();
+        match started {
+            Err(Error::AddrInUse { .. } | Error::PortRetriesExhausted { .. })
+                if attempt < PORT_ATTEMPTS => {}
+            Ok(mut server) => {
+                server.tls_port = tls_port.and_then(|i| ports.get(i).copied());
+                return Ok(server);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A loopback port that is free right now: bind port 0, read the port the system chose,

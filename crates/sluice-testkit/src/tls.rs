@@ -43,11 +43,11 @@ impl TlsCerts {
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca.self_signed(&ca_key).map_err(|e| err("CA", e))?;
         let issuer = Issuer::new(ca, ca_key);
-        let leaf = |names: Vec<String>, purpose: ExtendedKeyUsagePurpose, stem: &str| {
+        let leaf = |names: Vec<String>, purposes: Vec<ExtendedKeyUsagePurpose>, stem: &str| {
             let key = KeyPair::generate().map_err(|e| err(stem, e))?;
             let mut params = CertificateParams::new(names).map_err(|e| err(stem, e))?;
             params.distinguished_name.push(DnType::CommonName, stem);
-            params.extended_key_usages = vec![purpose];
+            params.extended_key_usages = purposes;
             let cert = params.signed_by(&key, &issuer).map_err(|e| err(stem, e))?;
             write(dir.path(), &format!("{stem}.crt"), &cert.pem())?;
             write(dir.path(), &format!("{stem}.key"), &key.serialize_pem())
@@ -55,10 +55,15 @@ impl TlsCerts {
         write(dir.path(), "ca.crt", &ca_cert.pem())?;
         leaf(
             vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // Also a client certificate: replicas, sentinels and cluster nodes present it
+            // when they connect to one another over TLS.
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
             "server",
         )?;
-        leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth, "client")?;
+        leaf(vec![], vec![ExtendedKeyUsagePurpose::ClientAuth], "client")?;
         Ok(Self { dir })
     }
 
@@ -88,10 +93,17 @@ impl TlsCerts {
     /// requiring a client certificate signed by the CA when `auth_clients` (the plain port
     /// stays, for the kit's readiness check).
     pub fn server_args(&self, tls_port: u16, auth_clients: bool) -> Vec<String> {
+        let mut args = vec!["--tls-port".to_owned(), tls_port.to_string()];
+        args.extend(self.file_args(auth_clients));
+        args
+    }
+
+    /// [`server_args`](Self::server_args) without the port: the certificate files (the
+    /// server's certificate is also what a server presents when it connects to another
+    /// over TLS, as a replica, a sentinel or a cluster node does) and `--tls-auth-clients`.
+    pub fn file_args(&self, auth_clients: bool) -> Vec<String> {
         let path = |name: &str| self.dir.path().join(name).display().to_string();
         vec![
-            "--tls-port".to_owned(),
-            tls_port.to_string(),
             "--tls-cert-file".to_owned(),
             path("server.crt"),
             "--tls-key-file".to_owned(),

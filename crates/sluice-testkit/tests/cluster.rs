@@ -275,3 +275,36 @@ fn a_paused_primary_is_replaced_and_resumes_as_a_replica() {
     cluster.wait_ok().unwrap();
     assert_eq!(cluster.primary_for_slot(0).unwrap(), old);
 }
+
+#[test]
+fn a_cluster_over_tls_forms_and_the_kit_keeps_the_plain_ports() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let certs = sluice_testkit::TlsCerts::generate().unwrap();
+    let cluster = sluice_testkit::ClusterOptions::new()
+        .replicas_per_primary(0)
+        .tls(&certs, true)
+        .start()
+        .unwrap();
+    assert_eq!(cluster.tls_urls().len(), 3);
+    for node in cluster.nodes() {
+        let tls_port = node.tls_port().unwrap();
+        assert_ne!(tls_port, node.port());
+        assert_eq!(
+            cluster.node_index(tls_port),
+            cluster.node_index(node.port())
+        );
+        let tls_cluster = node.cmd(&["CONFIG", "GET", "tls-cluster"]).unwrap();
+        assert_eq!(
+            tls_cluster,
+            Value::Array(vec![bulk("tls-cluster"), bulk("yes")])
+        );
+    }
+    // The kit, on the plain ports, is told the plain ports (a TLS client is told the TLS
+    // ports: the sluice-redis TLS topology tests connect through them).
+    let shards = cluster.shards().unwrap();
+    assert_eq!(shards.len(), 3);
+    cluster.cmd_for_key("k", &["SET", "k", "v"]).unwrap();
+    assert_eq!(cluster.cmd_for_key("k", &["GET", "k"]).unwrap(), bulk("v"));
+}

@@ -98,3 +98,50 @@ fn a_paused_primary_is_failed_over() {
         Value::SimpleString("PONG".into())
     );
 }
+
+#[test]
+fn a_sentinel_group_over_tls_reports_the_tls_ports() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let certs = sluice_testkit::TlsCerts::generate().unwrap();
+    let group = SentinelOptions::new()
+        .sentinels(2)
+        .quorum(1)
+        .tls(&certs, true)
+        .start()
+        .unwrap();
+    // The primary as the sentinels report it is the initial primary's TLS port, and the
+    // replica replicates from it over TLS.
+    let primary = group.current_primary_port().unwrap();
+    assert_eq!(Some(primary), group.data_nodes()[0].tls_port());
+    assert_eq!(group.data_node_index(primary), Some(0));
+    let replica = &group.data_nodes()[1];
+    assert_eq!(
+        replica.info_field("replication", "master_port").unwrap(),
+        Some(primary.to_string())
+    );
+    assert_eq!(
+        replica
+            .info_field("replication", "master_link_status")
+            .unwrap(),
+        Some("up".to_owned())
+    );
+    // Each sentinel knows the other by its TLS port.
+    let other = group.sentinels()[1].tls_port().unwrap();
+    let known = sentinel_master(&group.sentinels()[0], group.master_name());
+    assert_eq!(
+        known.get("num-other-sentinels").map(String::as_str),
+        Some("1")
+    );
+    let sentinels: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+        .arg("SENTINELS")
+        .arg(group.master_name())
+        .query(&mut group.sentinels()[0].connection().unwrap())
+        .unwrap();
+    assert_eq!(
+        sentinels[0].get("port").map(String::as_str),
+        Some(other.to_string().as_str())
+    );
+    assert_eq!(group.sentinel_tls_urls().len(), 2);
+}

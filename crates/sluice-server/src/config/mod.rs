@@ -110,8 +110,10 @@ pub enum StoreConfig {
         /// Certificates for `rediss://` URLs (paths resolved against the configuration's
         /// directory).
         tls: Option<sluice_redis::TlsFiles>,
-        /// The user for nodes whose URLs name none (`store.auth`).
+        /// The user for data nodes whose URLs name none (`store.auth`).
         credentials: Option<sluice_redis::Credentials>,
+        /// The user for sentinels whose URLs name none (`store.sentinel_auth`).
+        sentinel_credentials: Option<sluice_redis::Credentials>,
     },
 }
 

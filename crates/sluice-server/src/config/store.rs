@@ -30,9 +30,12 @@ pub(super) struct RawStore {
     tls: Option<sluice_redis::TlsFiles>,
     #[serde(default)]
     auth: Option<RawAuth>,
+    #[serde(default)]
+    sentinel_auth: Option<RawAuth>,
 }
 
-/// `store.auth`: a Redis user whose password is read from a file or an environment variable.
+/// `store.auth` (the data nodes) or `store.sentinel_auth` (the sentinels): a Redis user whose
+/// password is read from a file or an environment variable.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAuth {
@@ -44,8 +47,13 @@ struct RawAuth {
     password_env: Option<String>,
 }
 
-/// Reads `store.auth`'s password (a file's first line, or a variable), never showing it.
-fn credentials(raw: RawAuth, base: Option<&Path>) -> Result<sluice_redis::Credentials, String> {
+/// Reads the password of `section` (`store.auth`, `store.sentinel_auth`): a file's first line,
+/// or a variable; never showing it.
+fn read_credentials(
+    section: &str,
+    raw: RawAuth,
+    base: Option<&Path>,
+) -> Result<sluice_redis::Credentials, String> {
     let password = match (raw.password_file, raw.password_env) {
         (Some(file), None) => {
             let path = match base {
@@ -54,7 +62,7 @@ fn credentials(raw: RawAuth, base: Option<&Path>) -> Result<sluice_redis::Creden
             };
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 format!(
-                    "store.auth.password_file: cannot read {}: {e}",
+                    "{section}.password_file: cannot read {}: {e}",
                     path.display()
                 )
             })?;
@@ -62,17 +70,17 @@ fn credentials(raw: RawAuth, base: Option<&Path>) -> Result<sluice_redis::Creden
         }
         (None, Some(var)) => std::env::var(&var).map_err(|_| {
             format!(
-                "store.auth.password_env: the environment variable {var} is not set (or not UTF-8)"
+                "{section}.password_env: the environment variable {var} is not set (or not UTF-8)"
             )
         })?,
         _ => {
-            return Err(
-                "store.auth: give exactly one of password_file and password_env".to_owned(),
-            );
+            return Err(format!(
+                "{section}: give exactly one of password_file and password_env"
+            ));
         }
     };
     if password.is_empty() {
-        return Err("store.auth: the password is empty".to_owned());
+        return Err(format!("{section}: the password is empty"));
     }
     Ok(sluice_redis::Credentials::new(raw.username, password))
 }
@@ -143,10 +151,29 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
                 }
                 t
             });
-            let credentials = raw.auth.map(|a| credentials(a, base)).transpose()?;
+            let credentials = raw
+                .auth
+                .map(|a| read_credentials("store.auth", a, base))
+                .transpose()?;
+            // The sentinels' own user: sentinels often have a password of their own, or none
+            // while the data nodes have one, so store.auth never applies to them.
+            let sentinel_credentials = match (raw.sentinel_auth, &layout) {
+                (None, _) => None,
+                (Some(a), RedisLayout::Sentinel(_)) => {
+                    Some(read_credentials("store.sentinel_auth", a, base)?)
+                }
+                (Some(_), _) => {
+                    return Err(
+                        "store.sentinel_auth: only for store.sentinel (the data nodes' \
+                                user is store.auth)"
+                            .to_owned(),
+                    );
+                }
+            };
             Ok(StoreConfig::Redis {
                 tls,
                 credentials,
+                sentinel_credentials,
                 layout,
                 read_from: raw.read_from,
                 timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),

@@ -69,8 +69,9 @@ pub use slots::{SLOT_COUNT, Shard, key_slot};
 use slots::{SlotRange, overlaps};
 
 use crate::presence::on_path;
+use crate::server::start_with_ports;
 use crate::wait::with_last_seen;
-use crate::{Error, PORT_ATTEMPTS, RedisServer, ServerOptions, free_port, process, wait_until};
+use crate::{Error, RedisServer, ServerOptions, process, wait_until};
 
 /// The default `--cluster-node-timeout` of a [`RedisCluster`]'s nodes.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -115,8 +116,7 @@ impl RedisCluster {
                 package: "redis-tools".to_owned(),
             });
         }
-        let server_options = options.server_options();
-        let nodes = start_nodes(&server_options, options.node_count())?;
+        let nodes = start_nodes(&options)?;
         let cluster = Self {
             nodes,
             known: Mutex::new(Vec::new()),
@@ -153,9 +153,16 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// The index of the node listening on `port`, if it is one of this cluster's.
+    /// `rediss://127.0.0.1:TLS_PORT` of every node, when the nodes serve TLS
+    /// ([`ClusterOptions::tls`]); empty otherwise.
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().filter_map(RedisServer::tls_url).collect()
+    }
+
+    /// The index of the node listening on `port` (its port or its TLS port), if it is one of
+    /// this cluster's.
     pub fn node_index(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port)
+        self.nodes.iter().position(|n| n.listens_on(port))
     }
 
     /// The shards as the first reachable node sees them now (`CLUSTER SLOTS`), in slot
@@ -441,11 +448,12 @@ impl RedisCluster {
     }
 }
 
-/// Starts `count` nodes in parallel; all or nothing.
-fn start_nodes(options: &ServerOptions, count: usize) -> Result<Vec<RedisServer>, Error> {
+/// Starts the nodes in parallel; all or nothing.
+fn start_nodes(options: &ClusterOptions) -> Result<Vec<RedisServer>, Error> {
+    let server_options = options.server_options();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..count)
-            .map(|_| scope.spawn(|| start_node(options)))
+        let handles: Vec<_> = (0..options.node_count())
+            .map(|_| scope.spawn(|| start_node(options, &server_options)))
             .collect();
         let results: Vec<Result<RedisServer, Error>> = handles
             .into_iter()
@@ -458,20 +466,11 @@ fn start_nodes(options: &ServerOptions, count: usize) -> Result<Vec<RedisServer>
     })
 }
 
-/// One node with a free bus port, retried with another one if it was taken meanwhile.
-fn start_node(options: &ServerOptions) -> Result<RedisServer, Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let bus_port = free_port()?;
-        let started = options
-            .clone()
-            .args(["--cluster-port".to_owned(), bus_port.to_string()])
-            .start();
-        match started {
-            Err(Error::AddrInUse { .. } | Error::PortRetriesExhausted { .. })
-                if attempt < PORT_ATTEMPTS => {}
-            other => return other,
-        }
-    }
+/// One node with a free bus port (and TLS port), retried with others if one was taken
+/// meanwhile.
+fn start_node(options: &ClusterOptions, server: &ServerOptions) -> Result<RedisServer, Error> {
+    let tls_port = options.tls.is_some().then_some(1);
+    start_with_ports(server, options.extra_ports(), tls_port, |ports| {
+        options.port_args(ports)
+    })
 }

@@ -28,6 +28,8 @@ pub struct ClusterOptions {
     pub(super) node_timeout: Duration,
     pub(super) args: Vec<OsString>,
     pub(super) timeout: Duration,
+    /// The certificate arguments when the nodes serve TLS.
+    pub(super) tls: Option<Vec<String>>,
 }
 
 impl Default for ClusterOptions {
@@ -38,6 +40,7 @@ impl Default for ClusterOptions {
             node_timeout: DEFAULT_NODE_TIMEOUT,
             args: Vec::new(),
             timeout: CLUSTER_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -82,6 +85,19 @@ impl ClusterOptions {
         self
     }
 
+    /// Every node also serves TLS, on a port of its own
+    /// ([`RedisServer::tls_port`](crate::RedisServer::tls_port)), with `certs` (requiring
+    /// client certificates when `auth_clients`), and the cluster runs over TLS:
+    /// `--tls-cluster yes` (the cluster bus, and the ports the cluster announces to TLS
+    /// clients in `CLUSTER SLOTS` and redirections) and `--tls-replication yes`. A client on
+    /// the plain port is still told the plain ports (Redis does that), so the kit keeps using
+    /// them; [`RedisCluster::tls_urls`] are the seeds for a TLS client. `certs` must outlive
+    /// the cluster.
+    pub fn tls(mut self, certs: &crate::TlsCerts, auth_clients: bool) -> Self {
+        self.tls = Some(certs.file_args(auth_clients));
+        self
+    }
+
     /// How long [`RedisCluster::start_with`] waits for `redis-cli` and then for the cluster to
     /// be whole (default [`CLUSTER_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -111,6 +127,25 @@ impl ClusterOptions {
             ));
         }
         Ok(())
+    }
+
+    /// The arguments that use a node's extra ports: the bus port and, with TLS, the TLS port.
+    pub(super) fn port_args(&self, ports: &[u16]) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(bus) = ports.first() {
+            args.extend(["--cluster-port".to_owned(), bus.to_string()]);
+        }
+        if let (Some(tls), Some(files)) = (ports.get(1), &self.tls) {
+            args.extend(["--tls-port".to_owned(), tls.to_string()]);
+            args.extend(files.iter().cloned());
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+        }
+        args
+    }
+
+    /// How many ports a node needs besides its client port: the bus port, and the TLS port.
+    pub(super) fn extra_ports(&self) -> usize {
+        if self.tls.is_some() { 2 } else { 1 }
     }
 
     /// The options of every node, but the bus port (chosen per node and attempt).
