@@ -136,6 +136,21 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
     assert!(metrics.contains(&state), "{state} not in\n{metrics}");
     let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    // What the dashboard shows: the shard's open circuit and its error, the checks by outcome.
+    let (_, stats) = text(&c, format!("{}/v1/stats", s.url)).await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["store"]["kind"], "redis", "{stats}");
+    let shard = &stats["store"]["shards"][0];
+    assert_eq!(
+        (&shard["name"], &shard["circuit"], &shard["ok"]),
+        (&json!(redis.url()), &json!("open"), &json!(false)),
+        "{stats}"
+    );
+    assert!(!shard["error"].as_str().unwrap().is_empty(), "{stats}");
+    assert_eq!(
+        stats["policies"]["insured"],
+        json!({"allowed": 1, "denied": 0, "degraded": 6, "errors": 0})
+    );
 
     tokio::task::block_in_place(|| redis.restart()).unwrap();
     let restarted = Instant::now();
@@ -242,6 +257,15 @@ async fn local_reservation_serves_hot_keys_from_memory() {
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no local counter in\n{metrics}"));
     assert_eq!(local, 90);
+    let (_, stats) = text(&c, format!("{}/v1/stats", s.url)).await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["reservation"]["local"], 90, "{stats}");
+    let shard = &stats["store"]["shards"][0];
+    assert_eq!(
+        (&shard["ok"], &shard["circuit"]),
+        (&json!(true), &json!("closed"))
+    );
+    assert!(shard["latency_ms"].as_f64().unwrap() > 0.0, "{stats}");
     s.stop().await;
 }
 
