@@ -152,10 +152,6 @@ async function main() {
     if (Number(cells[1]) < 1) fail(`hot's denial count is ${cells[1]}`);
     if (cells[3] !== "0") fail(`hot's remaining is ${cells[3]}, expected 0`);
 
-    if (process.env.SLUICE_UI_SCREENSHOT) {
-      await page.screenshot({ path: process.env.SLUICE_UI_SCREENSHOT, fullPage: true });
-    }
-
     // Reset gives hot its quota back.
     await hot.locator("button").click();
     let last = null;
@@ -168,8 +164,38 @@ async function main() {
       fail(`${e.message}: last peek ${JSON.stringify(last)}; note: ${await page.locator("#top-note").textContent()}; ${problems.join("; ")}`);
     }
 
+    // The playground: the page's own example (two policies, generated traffic) is drawn, and
+    // every request of the traffic is either admitted or denied under each policy.
+    await page.click("#sim-run");
+    await until("the playground draws both policies", 15000, async () =>
+      (await page.locator("#sim-chart").getAttribute("data-policies")) === "2",
+    );
+    const rows = await page.locator("#sim-summary tbody tr").count();
+    if (rows !== 2) fail(`the playground summary has ${rows} rows, expected 2`);
+    const lines = await page.locator("#sim-chart path").count();
+    if (lines !== 4) fail(`the playground draws ${lines} lines, expected 4`);
+    const legend = await page.locator("#sim-legend").textContent();
+    const events = Number((legend.match(/(\d+) requests/) || [])[1]);
+    for (const name of ["current", "candidate"]) {
+      const c = await page.locator(`#sim-summary tr[data-policy="${name}"] td`).allTextContents();
+      if (Number(c[2]) + Number(c[3]) !== events) {
+        fail(`${name}: ${c[2]} admitted + ${c[3]} denied is not the ${events} requests`);
+      }
+    }
+    if (process.env.SLUICE_UI_SCREENSHOT) {
+      await page.screenshot({ path: process.env.SLUICE_UI_SCREENSHOT, fullPage: true });
+    }
+    // A policy that is not JSON is named, not sent.
+    await page.fill("#sim-policies", "[{name: current}");
+    await page.click("#sim-run");
+    await until("the playground names the bad input", 5000, async () =>
+      (await page.locator("#sim-error").textContent()).includes("policies: not JSON"),
+    );
+
     if (problems.length) fail("the page had problems:\n  " + problems.join("\n  "));
-    console.log("ui-test: the dashboard loads, moves, lists the limited key and resets it");
+    console.log(
+      "ui-test: the dashboard loads, moves, lists the limited key and resets it; the playground draws",
+    );
   } finally {
     await browser.close();
     server.kill("SIGTERM");

@@ -263,6 +263,106 @@ async function refreshSlow() {
   await refreshTop();
 }
 
+// ----- the playground: POST /v1/simulate, drawn -------------------------------------------
+
+const PALETTE = ["#1565c0", "#8e24aa", "#00838f", "#6d4c41", "#558b2f", "#ad1457"];
+
+$("sim-run").addEventListener("click", simulate);
+
+function seconds(ms) {
+  return ms === null || ms === undefined ? "—" : (ms / 1000).toFixed(ms % 1000 ? 1 : 0) + " s";
+}
+
+async function simulate() {
+  $("sim-error").textContent = "";
+  let policies, traffic;
+  try {
+    policies = JSON.parse($("sim-policies").value);
+  } catch (e) {
+    $("sim-error").textContent = "policies: not JSON: " + e.message;
+    return;
+  }
+  const log = $("sim-log").value.trim();
+  if (log) {
+    traffic = { format: $("sim-format").value, log };
+  } else {
+    try {
+      traffic = JSON.parse($("sim-traffic").value);
+    } catch (e) {
+      $("sim-error").textContent = "traffic: not JSON: " + e.message;
+      return;
+    }
+  }
+  let report;
+  try {
+    report = await api("/v1/simulate", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ policies, traffic }),
+    });
+  } catch (e) {
+    $("sim-error").textContent = e.message;
+    return;
+  }
+  drawSimulation(report);
+}
+
+function drawSimulation(report) {
+  const svg = $("sim-chart");
+  const W = 900, H = 200, pad = 28;
+  const n = Math.max(1, ...report.policies.map((p) => p.buckets.length));
+  const max = Math.max(1, ...report.policies.flatMap((p) => p.buckets.map((b) => Math.max(b.admitted, b.denied))));
+  const x = (i) => pad + (i * (W - pad - 4)) / Math.max(1, n - 1);
+  const y = (v) => H - pad - (v * (H - 2 * pad)) / max;
+  const ns = "http://www.w3.org/2000/svg";
+  const el = (name, attrs, text) => {
+    const e = document.createElementNS(ns, name);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  const children = [];
+  for (const f of [0, 0.5, 1]) {
+    children.push(el("line", { class: "grid", x1: pad, x2: W - 4, y1: y(max * f), y2: y(max * f) }));
+    children.push(el("text", { x: 2, y: y(max * f) + 3 }, Math.round(max * f).toString()));
+  }
+  children.push(el("text", { x: pad, y: H - 6 }, "0 s"));
+  children.push(el("text", { x: W - 60, y: H - 6 }, seconds(report.duration_ms)));
+  const legend = [];
+  report.policies.forEach((p, k) => {
+    const color = PALETTE[k % PALETTE.length];
+    const line = (key, dash) =>
+      el("path", {
+        d: p.buckets.map((b, i) => `${i ? "L" : "M"}${x(i).toFixed(1)},${y(b[key]).toFixed(1)}`).join(""),
+        fill: "none", stroke: color, "stroke-width": 2, "stroke-dasharray": dash,
+        "data-policy": p.name, "data-series": key,
+      });
+    children.push(line("admitted", "none"), line("denied", "4 3"));
+    const mark = document.createElement("span");
+    mark.style.color = color;
+    mark.textContent = `■ ${p.name} `;
+    legend.push(mark);
+  });
+  svg.replaceChildren(...children);
+  svg.dataset.policies = report.policies.length.toString();
+  $("sim-legend").replaceChildren(
+    ...legend,
+    `— solid: admitted, dashed: denied, per ${seconds(report.bucket_ms)}; ${report.events} requests over ${report.keys} keys`,
+  );
+  const body = $("sim-summary").tBodies[0];
+  body.replaceChildren();
+  for (const p of report.policies) {
+    const row = body.insertRow();
+    row.dataset.policy = p.name;
+    cell(row, p.name);
+    cell(row, p.limits.join(", "), "muted");
+    cell(row, p.admitted.toString(), "n allowed");
+    cell(row, p.denied.toString(), "n denied");
+    cell(row, seconds(p.first_denial_ms), "n");
+    cell(row, p.retry_after_ms ? `${seconds(p.retry_after_ms.p50)} / ${seconds(p.retry_after_ms.p99)}` : "—", "n");
+  }
+}
+
 refreshSlow();
 refreshStats();
 setInterval(refreshStats, POLL_MS);
