@@ -282,7 +282,8 @@ async fn cluster_over_tls_with_an_acl_user() {
     let config = RedisConfig::cluster(seeds.iter().take(1))
         .tls(files(&certs))
         .credentials(alice())
-        .timeout(Duration::from_millis(500));
+        // Generous: TLS handshakes with every node on a loaded 2-core machine.
+        .timeout(Duration::from_secs(2));
     let store = RedisStore::connect(config.clone()).await.unwrap();
     assert_no_password(&format!("{store:?}"));
     let p = Policy::from_specs("api", vec![LimitSpec::fixed_window(2, 60_000)]).unwrap();
