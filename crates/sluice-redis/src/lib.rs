@@ -39,7 +39,8 @@ mod store;
 mod topology;
 
 pub use config::{
-    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, TlsFiles, Topology, redact,
+    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shortfall, TlsFiles,
+    Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;

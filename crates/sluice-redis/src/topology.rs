@@ -56,7 +56,7 @@ const SENTINEL_TIMEOUT_BOUNDS: (Duration, Duration) =
 /// One node and its shared, multiplexed connection.
 pub(crate) struct Node {
     pub(crate) url: String,
-    conn: ConnectionManager,
+    pub(crate) conn: ConnectionManager,
 }
 
 impl Node {
