@@ -86,8 +86,8 @@ impl WaitForReplicas {
         self
     }
 
-    /// Checks the values against the call timeout `call_timeout`.
-    pub(crate) fn validate(&self, call_timeout: Duration) -> Result<(), String> {
+    /// Checks the values against the call timeout `call_timeout`; the error names the field.
+    pub fn validate(&self, call_timeout: Duration) -> Result<(), String> {
         if self.replicas == 0 {
             return Err("wait_for_replicas.replicas: wait for at least 1 replica".to_owned());
         }

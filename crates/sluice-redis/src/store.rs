@@ -334,6 +334,9 @@ impl RedisStore {
         }
         metrics::counter!("sluice_store_unreplicated_total", "store" => self.inner.label.clone())
             .increment(1);
+        // A primary that lost its replicas may have been replaced (Sentinel moves the replicas
+        // to the promoted node first): ask whether another node is the primary now.
+        self.rediscover_soon();
         let what = keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
         let message = format!(
             "{what}: {acked} of {} replicas acknowledged the write within {}ms (WAIT)",

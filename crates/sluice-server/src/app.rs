@@ -66,6 +66,7 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             key_prefix,
             tls,
             credentials,
+            wait_for_replicas,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
@@ -77,8 +78,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                     Some(files) => rc.tls(files.clone()),
                     None => rc,
                 };
-                match credentials {
+                let rc = match credentials {
                     Some(c) => rc.credentials(c.clone()),
+                    None => rc,
+                };
+                match wait_for_replicas {
+                    Some(w) => rc.wait_for_replicas(*w),
                     None => rc,
                 }
             };

@@ -112,6 +112,8 @@ pub enum StoreConfig {
         tls: Option<sluice_redis::TlsFiles>,
         /// The user for nodes whose URLs name none (`store.auth`).
         credentials: Option<sluice_redis::Credentials>,
+        /// `WAIT` behind every write (`store.wait_for_replicas`).
+        wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
     },
 }
 

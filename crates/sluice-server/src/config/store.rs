@@ -30,6 +30,23 @@ pub(super) struct RawStore {
     tls: Option<sluice_redis::TlsFiles>,
     #[serde(default)]
     auth: Option<RawAuth>,
+    #[serde(default)]
+    wait_for_replicas: Option<RawWait>,
+}
+
+/// `store.wait_for_replicas`: `WAIT` behind every write.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWait {
+    #[serde(default = "one")]
+    replicas: u32,
+    timeout: PositiveDuration,
+    #[serde(default)]
+    on_shortfall: sluice_redis::Shortfall,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// `store.auth`: a Redis user whose password is read from a file or an environment variable.
@@ -144,12 +161,24 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
                 t
             });
             let credentials = raw.auth.map(|a| credentials(a, base)).transpose()?;
+            let timeout = raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0);
+            let wait_for_replicas = raw
+                .wait_for_replicas
+                .map(|w| {
+                    let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
+                        .on_shortfall(w.on_shortfall);
+                    wait.validate(timeout)
+                        .map(|()| wait)
+                        .map_err(|e| format!("store.{e}"))
+                })
+                .transpose()?;
             Ok(StoreConfig::Redis {
+                wait_for_replicas,
                 tls,
                 credentials,
                 layout,
                 read_from: raw.read_from,
-                timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),
+                timeout,
                 clock: raw.clock,
                 key_prefix,
             })
