@@ -70,7 +70,18 @@ pub(crate) async fn query_pipeline<C: redis::aio::ConnectionLike>(
 ) -> Result<Vec<Value>, Failure> {
     match tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(conn)).await {
         Err(_) => Err(Failure::Timeout(timeout)),
-        Ok(result) => result.map_err(Failure::Redis),
+        Ok(result) => result.map_err(|e| Failure::Redis(first_of_pipeline(e))),
+    }
+}
+
+/// The error of a pipeline's first failing command, as that command alone would have
+/// reported it (`READONLY`, `NOSCRIPT`, … are judged the same either way).
+fn first_of_pipeline(e: RedisError) -> RedisError {
+    match e.clone().into_server_errors() {
+        Some(errors) => errors
+            .first()
+            .map_or(e, |(_, first)| RedisError::from(first.clone())),
+        None => e,
     }
 }
 

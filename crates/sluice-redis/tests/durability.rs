@@ -73,6 +73,13 @@ async fn an_admitted_decision_is_on_the_replica_when_it_returns() {
     assert_eq!(limiter.peek("api", "k", 0).await.unwrap().remaining(), 80);
     // One WAIT per write; the peek (FCALL_RO) sent none.
     assert_eq!(primary.command_calls("wait").unwrap() - waits_before, 20);
+
+    // The call fails inside the pipeline when the code is gone: it is reloaded and the
+    // call sent again, WAIT included.
+    primary.cmd(&["FUNCTION", "FLUSH"]).unwrap();
+    let d = limiter.check("api", "k", 1).await.unwrap();
+    assert_eq!(d.remaining(), 79);
+    assert_eq!(used_on(replica, "k"), 21);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
