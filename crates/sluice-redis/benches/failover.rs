@@ -1,26 +1,35 @@
 //! Failover accounting: how many decisions a failover admits above `max`, and what
-//! `wait_for_replicas` (`WAIT 1 100` behind every write) costs and changes.
+//! `wait_for_replicas` (`WAIT` behind every write) costs and changes.
 //!
 //! Two measurements:
 //!
-//! - *cost*: a primary with two replicas, one store with `WAIT` and one without, alternated in
-//!   rounds of 2 s (16 tasks each, uniform over 10,000 keys, every check admitted): decisions/s
-//!   and latency p50/p99 of each, and their ratio within the run.
+//! - *cost*: a primary with two replicas, one store with `WAIT 1 100` and one without,
+//!   alternated in rounds of 2 s (16 tasks each sharing the store's one connection, uniform over
+//!   10,000 keys, every check admitted): decisions/s and latency p50/p99 of each, and their
+//!   ratio within the run.
 //! - *failover*: a Sentinel group (primary, 2 replicas, 3 sentinels, `down-after` 1 s) and a
 //!   Cluster (3 primaries, 2 replicas each, `cluster-node-timeout` 1 s), started fresh for
-//!   every run. 16 tasks check 8 keys (on one primary) round robin through a [`RedisStore`]
-//!   (fixed window of 1 h; `max` set from a warm-up so that the keys are still filling when the
-//!   failover comes, 1 s into the load). The failover is either *graceful* (`SENTINEL
-//!   FAILOVER`, `CLUSTER FAILOVER` on a replica) or a *crash* (`kill -9` of the primary, then
-//!   Sentinel's or the Cluster's own failover). The load goes on until every key has been
-//!   denied after the failover (its count reached `max` on the new primary) or 20 s passed.
-//!   Reported per run: admitted above `max` (summed over keys, `admitted - max` where
-//!   positive), keys over, decisions that errored (a store error is counted as such: no
-//!   fail-open, as under `on_store_error: closed`), the time until the new primary was in
-//!   place, and the longest gap between two successful decisions after the trigger (the
-//!   unavailability window).
+//!   every run. 16 tasks check 8 keys (all on one primary) round robin through a
+//!   [`RedisStore`] (call timeout 200 ms; fixed window of 1 h; `max` set from a 1 s warm-up so
+//!   that the keys fill in about 2.5 s). The failover is triggered 1 s into the load, or once
+//!   the keys are 40 % full if sooner, in one of three ways:
+//!   - *graceful*: `SENTINEL FAILOVER <master>`, or `CLUSTER FAILOVER` on a replica;
+//!   - *kill -9*: the primary is killed; Sentinel or the Cluster fails over by itself;
+//!   - *kill -9, replicas 200 ms behind*: the replicas are stopped (SIGSTOP) and the primary
+//!     drops their links (`CLIENT KILL TYPE replica`), 200 ms later it is killed and the
+//!     replicas resume: they miss the last 200 ms of acknowledged writes.
 //!
-//! `cargo bench -p sluice-redis --bench failover` (about 5 minutes); `SLUICE_BENCH_ONLY=cost`,
+//!   Each with `WAIT` off, `WAIT 1 100` and `WAIT 2 100` (every replica), a shortfall keeping
+//!   the decision. The load goes on until the store decides on the new primary (Sentinel) and
+//!   every key has been denied since (its count reached `max` there), or 20 s after the
+//!   trigger. Reported per run: admitted above `max` (summed over keys, `admitted - max` where
+//!   positive), keys over, decisions that errored (a store error is counted as such: no
+//!   fail-open, as under `on_store_error: closed`), when the store used the new primary
+//!   (Sentinel: `RedisStore::primary_url`; Cluster: the cluster whole again with the old
+//!   primary demoted), and the longest gap between two successful decisions after the
+//!   trigger (the unavailability window).
+//!
+//! `cargo bench -p sluice-redis --bench failover` (about 15 minutes); `SLUICE_BENCH_ONLY=cost`,
 //! `sentinel` or `cluster` runs one part; `SLUICE_FAILOVER_RUNS` (default 3) runs per cell.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
@@ -49,8 +58,19 @@ const AFTER_TRIGGER: Duration = Duration::from_secs(20);
 /// Successful decisions are marked per millisecond over this many milliseconds.
 const HORIZON_MS: usize = 60_000;
 
-fn wait() -> WaitForReplicas {
-    WaitForReplicas::new(1, Duration::from_millis(100))
+/// `WAIT <replicas> 100` (a shortfall keeps the decision).
+fn wait(replicas: u32) -> WaitForReplicas {
+    WaitForReplicas::new(replicas, Duration::from_millis(100))
+}
+
+/// The modes every failover runs with: no `WAIT`, `WAIT 1` and `WAIT 2` (every replica).
+const MODES: [Option<u32>; 3] = [None, Some(1), Some(2)];
+
+fn mode_name(mode: Option<u32>) -> String {
+    match mode {
+        None => "off".to_owned(),
+        Some(n) => format!("{n} of 2 replicas, 100ms"),
+    }
 }
 
 fn policy(max: u64) -> Policy {
@@ -174,7 +194,7 @@ async fn rate_per_key(store: &RedisStore) -> f64 {
 }
 
 /// One run: load, trigger, wait for the new primary, load until every key is full again.
-async fn run(topo: Topo, trigger: Trigger, with_wait: bool) -> RunResult {
+async fn run(topo: Topo, trigger: Trigger, mode: Option<u32>) -> RunResult {
     let timeout = Duration::from_secs(30);
     let mut sentinel = None;
     let mut cluster = None;
@@ -209,8 +229,8 @@ async fn run(topo: Topo, trigger: Trigger, with_wait: bool) -> RunResult {
         }
     };
     let mut config = config.timeout(TIMEOUT);
-    if with_wait {
-        config = config.wait_for_replicas(wait());
+    if let Some(replicas) = mode {
+        config = config.wait_for_replicas(wait(replicas));
     }
     let store = RedisStore::connect(config).await.unwrap();
     // Filling takes about 2.5 s at the warm-up's rate: the failover (at 1 s) hits keys that
@@ -393,13 +413,13 @@ async fn failovers(topo: Topo, runs: usize) {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for trigger in [Trigger::Graceful, Trigger::Crash, Trigger::LagThenCrash] {
-        let mut results: [Vec<RunResult>; 2] = [Vec::new(), Vec::new()];
-        // Alternate the modes so that both see the same noise.
+        let mut results: [Vec<RunResult>; MODES.len()] = Default::default();
+        // Alternate the modes so that all see the same noise.
         for r in 0..runs {
-            for with_wait in [false, true] {
-                let res = run(topo, trigger, with_wait).await;
+            for (m, mode) in MODES.into_iter().enumerate() {
+                let res = run(topo, trigger, mode).await;
                 eprintln!(
-                    "{name} {} wait={with_wait} run {r}: max {} filled at trigger {:.0} % over {} ({} keys) errors {} decisions {} promoted {:?} gap {:?}",
+                    "{name} {} wait={mode:?} run {r}: max {} filled at trigger {:.0} % over {} ({} keys) errors {} decisions {} promoted {:?} gap {:?}",
                     trigger.name(),
                     res.max,
                     res.filled_at_trigger * 100.0,
@@ -410,18 +430,14 @@ async fn failovers(topo: Topo, runs: usize) {
                     res.promoted_after,
                     res.gap
                 );
-                results[usize::from(with_wait)].push(res);
+                results[m].push(res);
             }
         }
-        for (with_wait, results) in results.iter().enumerate() {
+        for (mode, results) in MODES.into_iter().zip(&results) {
             println!(
                 "| {} | {} | {runs} | {} | {} | {} | {} | {} | {} | {} |",
                 trigger.name(),
-                if with_wait == 1 {
-                    "1 replica, 100ms"
-                } else {
-                    "off"
-                },
+                mode_name(mode),
                 spread(results.iter().map(|r| r.max).collect()),
                 spread(
                     results
@@ -457,7 +473,7 @@ async fn cost() {
     let waiting = RedisStore::connect(
         RedisConfig::new(set.primary.url())
             .timeout(timeout)
-            .wait_for_replicas(wait()),
+            .wait_for_replicas(wait(1)),
     )
     .await
     .unwrap();
@@ -490,7 +506,7 @@ async fn cost() {
         v[v.len() / 2]
     };
     let medians = [median(&mut rates[0]), median(&mut rates[1])];
-    for (i, name) in ["off", "1 replica, 100ms"].into_iter().enumerate() {
+    for (i, name) in ["off", "WAIT 1 100"].into_iter().enumerate() {
         println!(
             "| {name} | {:.0} | {} | {} |",
             medians[i],
