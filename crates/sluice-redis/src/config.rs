@@ -49,6 +49,85 @@ pub enum ClockSource {
     Redis,
 }
 
+/// Waiting for replicas after each write: the store sends `WAIT <replicas> <timeout>` right
+/// behind every call that may write (checks, refunds, acquires; not peeks), on the same
+/// connection, so an admitted decision has reached `replicas` replicas before it is returned.
+///
+/// It narrows, and does not close, what a failover can lose: Redis replication stays
+/// asynchronous (a replica may acknowledge a write and still not be the one promoted, and
+/// Sentinel or Cluster may promote a replica that lags), so this is not strong consistency.
+/// See docs/scaling.md ("Failover: what can be over-admitted") for the measured effect and cost:
+/// `WAIT` blocks the node's shared connection until the replicas answer, so every decision on
+/// that node waits for a replication round trip in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaitForReplicas {
+    /// How many replicas must acknowledge the write (at least 1).
+    pub replicas: u32,
+    /// How long to wait for them (at least 1 ms, and shorter than the call timeout).
+    pub timeout: Duration,
+    /// What a decision is when fewer replicas acknowledged it in time.
+    pub on_shortfall: Shortfall,
+}
+
+impl WaitForReplicas {
+    /// Waits for `replicas` replicas for at most `timeout`; a shortfall keeps the decision.
+    pub fn new(replicas: u32, timeout: Duration) -> Self {
+        Self {
+            replicas,
+            timeout,
+            on_shortfall: Shortfall::default(),
+        }
+    }
+
+    /// Sets what a shortfall does.
+    pub fn on_shortfall(mut self, on_shortfall: Shortfall) -> Self {
+        self.on_shortfall = on_shortfall;
+        self
+    }
+
+    /// Checks the values against the call timeout `call_timeout`; the error names the field.
+    pub fn validate(&self, call_timeout: Duration) -> Result<(), String> {
+        if self.replicas == 0 {
+            return Err("wait_for_replicas.replicas: wait for at least 1 replica".to_owned());
+        }
+        if self.timeout < Duration::from_millis(1) {
+            // `WAIT n 0` would block forever.
+            return Err("wait_for_replicas.timeout: give at least 1ms".to_owned());
+        }
+        if self.timeout >= call_timeout {
+            return Err(format!(
+                "wait_for_replicas.timeout ({}ms) must be shorter than the call timeout ({}ms): \
+                 the call would time out before WAIT answers",
+                self.timeout.as_millis(),
+                call_timeout.as_millis()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a decision is when fewer replicas than [`WaitForReplicas::replicas`] acknowledged
+/// its write within [`WaitForReplicas::timeout`]. Either way the primary has recorded it and
+/// replicates it when it can; `sluice_store_unreplicated_total{store}` counts shortfalls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Shortfall {
+    /// The decision stands: a lagging or stopped replica slows decisions down to the `WAIT`
+    /// timeout but does not fail them.
+    #[default]
+    Keep,
+    /// The call fails with [`StoreError::Unavailable`](sluice::StoreError::Unavailable), so
+    /// the policy's failure mode decides (closed: an error; open: allowed, marked degraded).
+    /// The primary has counted the cost already, so a retry counts it again.
+    Fail,
+}
+
 /// Which Redis deployment a store talks to. Its `Debug` shows URLs without their
 /// credentials ([`redact`]).
 #[derive(Clone, PartialEq, Eq)]
@@ -175,6 +254,8 @@ pub struct RedisConfig {
     /// sentinels usually have a password of their own (`requirepass` or an ACL user on the
     /// sentinel), or none while the data nodes have one.
     pub sentinel_credentials: Option<Credentials>,
+    /// Wait for replicas after each write (`WAIT`); `None` (the default): do not.
+    pub wait_for_replicas: Option<WaitForReplicas>,
 }
 
 /// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
@@ -333,6 +414,7 @@ impl RedisConfig {
             tls: None,
             credentials: None,
             sentinel_credentials: None,
+            wait_for_replicas: None,
         }
     }
 
@@ -391,6 +473,12 @@ impl RedisConfig {
     /// Logs in as `credentials` on every sentinel whose URL names no user.
     pub fn sentinel_credentials(mut self, credentials: Credentials) -> Self {
         self.sentinel_credentials = Some(credentials);
+        self
+    }
+
+    /// Waits for replicas after each write ([`WaitForReplicas`]).
+    pub fn wait_for_replicas(mut self, wait: WaitForReplicas) -> Self {
+        self.wait_for_replicas = Some(wait);
         self
     }
 
@@ -467,6 +555,28 @@ mod tests {
         );
         assert!(debug.contains("rediss://s1:26379"), "{debug}");
         shown(RedisConfig::cluster(["rediss://bob:s3cret@c1:7000"]));
+    }
+
+    #[test]
+    fn waiting_for_replicas_needs_a_replica_and_a_timeout_inside_the_call_timeout() {
+        let call = Duration::from_millis(50);
+        let ok = WaitForReplicas::new(1, Duration::from_millis(20));
+        assert_eq!(ok.validate(call), Ok(()));
+        assert_eq!(ok.on_shortfall, Shortfall::Keep);
+        let none = WaitForReplicas::new(0, Duration::from_millis(20));
+        assert!(
+            none.validate(call)
+                .unwrap_err()
+                .contains("wait_for_replicas.replicas")
+        );
+        let forever = WaitForReplicas::new(1, Duration::ZERO);
+        assert!(forever.validate(call).unwrap_err().contains("at least 1ms"));
+        let long = WaitForReplicas::new(1, Duration::from_millis(50));
+        let e = long.validate(call).unwrap_err();
+        assert!(
+            e.contains("(50ms) must be shorter than the call timeout (50ms)"),
+            "{e}"
+        );
     }
 
     #[cfg(feature = "serde")]

@@ -11,8 +11,13 @@
 //! arguments and reply, the wire format documented at the top of `scripts/sluice.lua`),
 //! `error` (Redis errors to [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
 //!
-//! Feature `serde`: [`ReadFrom`] and [`ClockSource`] deserialize from `snake_case` names
-//! (`replicas`, `primary`; `app`, `redis`), for configuration files.
+//! Redis replicates asynchronously, so a failover can lose acknowledged writes and admit
+//! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow
+//! that, at a measured cost (docs/scaling.md, "Failover: what can be over-admitted").
+//!
+//! Feature `serde`: [`ReadFrom`], [`ClockSource`] and [`Shortfall`] deserialize from
+//! `snake_case` names (`replicas`, `primary`; `app`, `redis`; `keep`, `fail`), for
+//! configuration files.
 //!
 //! ```no_run
 //! use sluice::{Limiter, LimitSpec, Policy};
@@ -39,7 +44,8 @@ mod store;
 mod topology;
 
 pub use config::{
-    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, TlsFiles, Topology, redact,
+    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shortfall, TlsFiles,
+    Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;

@@ -12,8 +12,8 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use sluice::{Decision, Op, Policy, Store, StoreError};
 
 use crate::codec::{self, Codec};
-use crate::config::{ReadFrom, RedisConfig};
-use crate::error::{self, Failure, map_error, query};
+use crate::config::{ReadFrom, RedisConfig, Shortfall, WaitForReplicas};
+use crate::error::{self, Failure, map_error, query, query_pipeline};
 use crate::keys;
 use crate::script::{Code, Entry, ScriptMode};
 use crate::topology::{self, Backend, Node, Nodes};
@@ -69,6 +69,9 @@ impl RedisStore {
     /// if no sentinel names one) or the configuration is invalid.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         keys::validate_prefix(&config.key_prefix).map_err(StoreError::Backend)?;
+        if let Some(wait) = &config.wait_for_replicas {
+            wait.validate(config.timeout).map_err(StoreError::Backend)?;
+        }
         let backend = Backend::connect(&config).await?;
         let name = config.topology.name();
         let store = Self {
@@ -260,8 +263,10 @@ impl RedisStore {
             }
             f.into_store_error(&keys::stem(&inner.config.key_prefix, call.policy, call.key))
         };
-        match node.query(&cmd, timeout).await {
-            Ok(v) => Ok(v),
+        let wait = self.wait_after(call, on_replica);
+        let mut conn = node.conn.clone();
+        match send(&mut conn, &cmd, wait, timeout).await {
+            Ok(sent) => self.replicated(sent, call),
             Err(f) if f.is_code_missing() => {
                 // Nothing ran: the node did not know the code. Load it and try once more.
                 let functions = inner.code.mode() == ScriptMode::Function;
@@ -275,7 +280,8 @@ impl RedisStore {
                 }
                 let target = if functions { &nodes.primary } else { node };
                 target.load(&inner.code, timeout).await?;
-                node.query(&cmd, timeout).await.map_err(failed)
+                let sent = send(&mut conn, &cmd, wait, timeout).await.map_err(failed)?;
+                self.replicated(sent, call)
             }
             Err(f) => Err(failed(f)),
         }
@@ -293,19 +299,95 @@ impl RedisStore {
         let inner = &self.inner;
         let timeout = inner.config.timeout;
         let what = || keys::stem(&inner.config.key_prefix, call.policy, call.key);
+        let wait = self.wait_after(call, on_replica);
         let mut conn = conn.clone();
-        match query(&mut conn, &cmd, timeout).await {
-            Ok(v) => Ok(v),
+        match send(&mut conn, &cmd, wait, timeout).await {
+            Ok(sent) => self.replicated(sent, call),
             Err(f) if f.is_code_missing() => {
                 // A node restarted empty (functions replicate, but a new or flushed primary
                 // may not have them): load everywhere and try once more.
                 topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
-                query(&mut conn, &cmd, timeout)
+                let sent = send(&mut conn, &cmd, wait, timeout)
                     .await
-                    .map_err(|f| f.into_store_error(&what()))
+                    .map_err(|f| f.into_store_error(&what()))?;
+                self.replicated(sent, call)
             }
             Err(f) => Err(f.into_store_error(&what())),
         }
+    }
+
+    /// The `WAIT` to send behind `call`, if configured and `call` may write.
+    fn wait_after(&self, call: &Call<'_>, on_replica: bool) -> Option<&WaitForReplicas> {
+        let wait = self.inner.config.wait_for_replicas.as_ref()?;
+        (!on_replica && !call.op.is_read_only()).then_some(wait)
+    }
+
+    /// The reply of a call that was sent, once its `WAIT` (if any) is judged: fewer replicas
+    /// than asked are counted in `sluice_store_unreplicated_total{store}` and, with
+    /// [`Shortfall::Fail`], fail the call.
+    fn replicated(&self, sent: Sent, call: &Call<'_>) -> Result<Value, StoreError> {
+        let (Some(wait), Some(acked)) = (self.inner.config.wait_for_replicas, sent.acked) else {
+            return Ok(sent.reply);
+        };
+        if acked >= i64::from(wait.replicas) {
+            return Ok(sent.reply);
+        }
+        metrics::counter!("sluice_store_unreplicated_total", "store" => self.inner.label.clone())
+            .increment(1);
+        // A primary that lost its replicas may have been replaced (Sentinel moves the replicas
+        // to the promoted node first): ask whether another node is the primary now.
+        self.rediscover_soon();
+        let what = keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
+        let message = format!(
+            "{what}: {acked} of {} replicas acknowledged the write within {}ms (WAIT)",
+            wait.replicas,
+            wait.timeout.as_millis()
+        );
+        match wait.on_shortfall {
+            Shortfall::Fail => Err(StoreError::Unavailable(message)),
+            _ => {
+                tracing::debug!(store = %self.inner.name, "{message}; the decision stands");
+                Ok(sent.reply)
+            }
+        }
+    }
+}
+
+/// What a node answered to a call: its reply and, when `WAIT` followed it, how many replicas
+/// acknowledged.
+struct Sent {
+    reply: Value,
+    acked: Option<i64>,
+}
+
+/// Sends `cmd`, followed on the same connection by `WAIT` when `wait` is given (`WAIT` may
+/// not run inside a script, so it is pipelined right behind the call).
+async fn send<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    wait: Option<&WaitForReplicas>,
+    timeout: std::time::Duration,
+) -> Result<Sent, Failure> {
+    let Some(wait) = wait else {
+        let reply = query(conn, cmd, timeout).await?;
+        return Ok(Sent { reply, acked: None });
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+    let mut replies = query_pipeline(conn, &pipe, timeout).await?.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(reply), Some(Value::Int(acked))) => Ok(Sent {
+            reply,
+            acked: Some(acked),
+        }),
+        (reply, acked) => Err(Failure::Redis(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to a call and WAIT",
+            format!("{reply:?}, {acked:?}"),
+        )))),
     }
 }
 

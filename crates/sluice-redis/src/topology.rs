@@ -66,7 +66,7 @@ fn lookup_limit(timeout: Duration) -> Duration {
 /// One node and its shared, multiplexed connection.
 pub(crate) struct Node {
     pub(crate) url: String,
-    conn: ConnectionManager,
+    pub(crate) conn: ConnectionManager,
 }
 
 impl Node {

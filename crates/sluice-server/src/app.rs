@@ -105,6 +105,7 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             tls,
             credentials,
             sentinel_credentials,
+            wait_for_replicas,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
@@ -116,8 +117,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                     Some(files) => rc.tls(files.clone()),
                     None => rc,
                 };
-                match credentials {
+                let rc = match credentials {
                     Some(c) => rc.credentials(c.clone()),
+                    None => rc,
+                };
+                match wait_for_replicas {
+                    Some(w) => rc.wait_for_replicas(*w),
                     None => rc,
                 }
             };

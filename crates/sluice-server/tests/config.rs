@@ -310,3 +310,53 @@ fn sentinel_auth_is_for_the_sentinels_only() {
         "{e}"
     );
 }
+
+#[test]
+fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
+    let base = "store:\n  backend: redis\n  shards: [{primary: redis://r:6379}]\n  timeout: 50ms\n";
+    let c = Config::parse("sluice.yaml", base).unwrap();
+    let StoreConfig::Redis {
+        wait_for_replicas, ..
+    } = c.store
+    else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(wait_for_replicas, None);
+    let c = Config::parse(
+        "sluice.yaml",
+        &format!("{base}  wait_for_replicas: {{timeout: 10ms, on_shortfall: fail}}\n"),
+    )
+    .unwrap();
+    let StoreConfig::Redis {
+        wait_for_replicas: Some(w),
+        ..
+    } = c.store
+    else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(
+        w,
+        sluice_redis::WaitForReplicas::new(1, Duration::from_millis(10))
+            .on_shortfall(sluice_redis::Shortfall::Fail)
+    );
+    for (wait, says) in [
+        (
+            "{replicas: 1, timeout: 50ms}",
+            "store.wait_for_replicas.timeout (50ms) must be shorter than the call timeout (50ms)",
+        ),
+        (
+            "{replicas: 0, timeout: 10ms}",
+            "store.wait_for_replicas.replicas",
+        ),
+        ("{replicas: 1}", "timeout"),
+        ("{timeout: 10ms, on_shortfall: drop}", "drop"),
+    ] {
+        let e = Config::parse(
+            "sluice.yaml",
+            &format!("{base}  wait_for_replicas: {wait}\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(says), "{wait}: {e}");
+    }
+}

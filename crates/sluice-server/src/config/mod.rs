@@ -114,6 +114,8 @@ pub enum StoreConfig {
         credentials: Option<sluice_redis::Credentials>,
         /// The user for sentinels whose URLs name none (`store.sentinel_auth`).
         sentinel_credentials: Option<sluice_redis::Credentials>,
+        /// `WAIT` behind every write (`store.wait_for_replicas`).
+        wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
     },
 }
 

@@ -32,6 +32,23 @@ pub(super) struct RawStore {
     auth: Option<RawAuth>,
     #[serde(default)]
     sentinel_auth: Option<RawAuth>,
+    #[serde(default)]
+    wait_for_replicas: Option<RawWait>,
+}
+
+/// `store.wait_for_replicas`: `WAIT` behind every write.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWait {
+    #[serde(default = "one")]
+    replicas: u32,
+    timeout: PositiveDuration,
+    #[serde(default)]
+    on_shortfall: sluice_redis::Shortfall,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// `store.auth` (the data nodes) or `store.sentinel_auth` (the sentinels): a Redis user whose
@@ -170,13 +187,25 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
                     );
                 }
             };
+            let timeout = raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0);
+            let wait_for_replicas = raw
+                .wait_for_replicas
+                .map(|w| {
+                    let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
+                        .on_shortfall(w.on_shortfall);
+                    wait.validate(timeout)
+                        .map(|()| wait)
+                        .map_err(|e| format!("store.{e}"))
+                })
+                .transpose()?;
             Ok(StoreConfig::Redis {
+                wait_for_replicas,
                 tls,
                 credentials,
                 sentinel_credentials,
                 layout,
                 read_from: raw.read_from,
-                timeout: raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0),
+                timeout,
                 clock: raw.clock,
                 key_prefix,
             })
