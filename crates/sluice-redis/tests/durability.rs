@@ -133,8 +133,16 @@ async fn a_decision_no_replica_acknowledged_stands_or_fails_as_configured() {
     assert_eq!(keep.peek("api", "k", 0).await.unwrap().remaining(), 7);
     assert_eq!(used_on(primary, "k"), 3);
 
-    // The replica is back: decisions go through, and the replica has the count on return.
+    // The replica is back: once it has caught up with what it missed (polled: how long that
+    // takes depends on the machine), decisions go through and the replica has the count on
+    // return.
     replica.resume().unwrap();
+    tokio::task::block_in_place(|| {
+        sluice_testkit::wait_until(Duration::from_secs(10), "the replica to catch up", || {
+            Ok(used_on(replica, "k") == 3)
+        })
+    })
+    .unwrap();
     for (limiter, after) in [(&fail_closed, 4), (&keep, 5)] {
         let d = limiter.check("api", "k", 1).await.unwrap();
         assert!(d.allowed);
