@@ -1,0 +1,300 @@
+//! Fuzz targets for Sluice, and what they share.
+//!
+//! The targets live in `tests/targets/` as [`bolero`] harnesses, one test each:
+//!
+//! | target | what it feeds | what it holds |
+//! |---|---|---|
+//! | `config::text`, `config::edits` | the server's YAML configuration | no panic; an error names its file and a line or the field at fault; a valid file round-trips |
+//! | `rls::text`, `rls::edits` | Envoy rate limit service YAML files | no panic; errors name file and line; a loaded file answers lookups consistently |
+//! | `http::raw`, `http::structured` | requests to the real axum router on the memory store | never a 5xx; every error is JSON naming the problem; a refused request changes no state |
+//! | `redis::reply` | replies of the Lua function to the decoder | a typed error or a decision that says what the reply said |
+//! | `core::model` | operation sequences on multi-limit policies | the core agrees with a naive model on every limit's answer |
+//!
+//! On stable Rust each target is an ordinary `#[test]`: bolero first replays the committed
+//! corpus (`tests/targets/__fuzz__/<target>/corpus/`, plus any `crashes/`), then generates
+//! random inputs for [`budget`] (`SLUICE_FUZZ_SECS`, default 2 s per target). On nightly the
+//! same targets run under a coverage-guided engine with `cargo bolero test <target>
+//! --package sluice-fuzz --test targets --engine libfuzzer` (or `--engine afl`), which grows
+//! the corpus directory in place. docs/security.md#fuzzing has the commands and the figures
+//! of the last long run.
+//!
+//! Inputs are either raw bytes (so a seed is a real file: a configuration, an HTTP request) or
+//! values derived with [`arbitrary`]; structured targets start from the committed seeds and
+//! apply [`Edit`]s, which is how the random run on stable reaches deep into valid inputs
+//! without a coverage-guided engine.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+
+/// The default length of one target's random run on stable.
+pub const DEFAULT_SECS: f64 = 2.0;
+
+/// How long one target generates random inputs after its corpus: `SLUICE_FUZZ_SECS`
+/// (seconds, fractions allowed), default [`DEFAULT_SECS`]. bolero's own
+/// `BOLERO_RANDOM_TEST_TIME_MS` and `BOLERO_RANDOM_ITERATIONS` take precedence when set.
+pub fn budget() -> Duration {
+    let secs = std::env::var("SLUICE_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(DEFAULT_SECS);
+    Duration::from_secs_f64(secs)
+}
+
+/// Counts the inputs a target ran and how many reached its deepest checks ("valid": a
+/// configuration that loaded, a reply that decoded), and prints both when dropped (seen with
+/// `--nocapture`, or in nextest's output of a failing test).
+#[derive(Debug)]
+pub struct Tally {
+    target: &'static str,
+    inputs: AtomicU64,
+    valid: AtomicU64,
+}
+
+impl Tally {
+    /// A tally for `target`.
+    pub fn new(target: &'static str) -> Self {
+        Self {
+            target,
+            inputs: AtomicU64::new(0),
+            valid: AtomicU64::new(0),
+        }
+    }
+
+    /// One input ran; `valid` when it reached the checks of a valid input.
+    pub fn input(&self, valid: bool) {
+        self.inputs.fetch_add(1, Ordering::Relaxed);
+        if valid {
+            self.valid.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// (inputs, valid inputs) so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.inputs.load(Ordering::Relaxed),
+            self.valid.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let (inputs, valid) = self.counts();
+        println!(
+            "fuzz target {}: {inputs} inputs, {valid} valid",
+            self.target
+        );
+    }
+}
+
+/// The structured input that `bytes` encode, as `cargo fuzz` targets read theirs: the whole
+/// input through [`Arbitrary::arbitrary_take_rest`]. Every target takes bytes, so any engine
+/// (bolero's random run, libFuzzer, AFL) can drive it and a corpus file is just bytes.
+pub fn structured<T: for<'a> Arbitrary<'a>>(bytes: &[u8]) -> Option<T> {
+    T::arbitrary_take_rest(arbitrary::Unstructured::new(bytes)).ok()
+}
+
+/// The corpus directory of a target, as bolero finds it.
+pub fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/targets/__fuzz__")
+        .join(target)
+        .join("corpus")
+}
+
+/// The files of a target's corpus as `(file name, text)`, by name; files that are not UTF-8
+/// are left out. Structured targets use another target's corpus as their seeds.
+pub fn seeds(target: &str) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = std::fs::read_dir(corpus_dir(target))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(entry.path()).ok()?;
+            Some((name, text))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// A word to put somewhere: one of the target's dictionary (`Known`, an index taken modulo
+/// its length) or any text.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum Word {
+    /// A dictionary word.
+    Known(u8),
+    /// Anything.
+    Free(String),
+}
+
+impl Word {
+    /// The text of the word under `dictionary`.
+    pub fn text<'a>(&'a self, dictionary: &[&'a str]) -> &'a str {
+        match self {
+            Word::Known(i) if !dictionary.is_empty() => {
+                dictionary[usize::from(*i) % dictionary.len()]
+            }
+            Word::Known(_) => "",
+            Word::Free(s) => s,
+        }
+    }
+}
+
+/// One structural change to a text document, by line (indexes are taken modulo the number
+/// of lines). These are the mistakes people make in YAML: a line lost, doubled or moved, a
+/// value or key replaced, an indentation off, a stray character, a file cut short.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum Edit {
+    /// Removes a line.
+    DeleteLine(u16),
+    /// Writes a line twice.
+    DuplicateLine(u16),
+    /// Swaps two lines.
+    SwapLines(u16, u16),
+    /// Replaces what follows the first `:` of a line (or the whole line).
+    ReplaceValue(u16, Word),
+    /// Replaces what precedes the first `:` of a line, keeping its indentation.
+    ReplaceKey(u16, Word),
+    /// Indents a line by `n` more spaces (negative: fewer).
+    Indent(u16, i8),
+    /// Inserts a word at a byte offset of a line.
+    Insert(u16, u8, Word),
+    /// Adds a line `  key: value` after a line, at that line's indentation.
+    AddEntry(u16, Word, Word),
+    /// Cuts the document after a number of lines.
+    Truncate(u16),
+}
+
+/// `text` with `edits` applied in order under `dictionary`.
+pub fn apply_edits(text: &str, edits: &[Edit], dictionary: &[&str]) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    for edit in edits {
+        if lines.is_empty() {
+            lines.push(String::new());
+        }
+        let n = lines.len();
+        let at = |i: &u16| usize::from(*i) % n;
+        match edit {
+            Edit::DeleteLine(i) => {
+                lines.remove(at(i));
+            }
+            Edit::DuplicateLine(i) => {
+                let line = lines[at(i)].clone();
+                lines.insert(at(i), line);
+            }
+            Edit::SwapLines(a, b) => lines.swap(at(a), at(b)),
+            Edit::ReplaceValue(i, w) => {
+                let line = &mut lines[at(i)];
+                match line.find(':') {
+                    Some(c) => {
+                        line.truncate(c + 1);
+                        line.push(' ');
+                        line.push_str(w.text(dictionary));
+                    }
+                    None => *line = w.text(dictionary).to_owned(),
+                }
+            }
+            Edit::ReplaceKey(i, w) => {
+                let line = &mut lines[at(i)];
+                let indent = line.len() - line.trim_start_matches([' ', '-']).len();
+                let rest = line
+                    .find(':')
+                    .map_or(String::new(), |c| line[c..].to_owned());
+                *line = format!("{}{}{rest}", &line[..indent], w.text(dictionary));
+            }
+            Edit::Indent(i, by) => {
+                let line = &mut lines[at(i)];
+                if *by >= 0 {
+                    line.insert_str(0, &" ".repeat(usize::from(by.unsigned_abs() % 9)));
+                } else {
+                    let spaces = line.len() - line.trim_start_matches(' ').len();
+                    let cut = spaces.min(usize::from(by.unsigned_abs() % 9));
+                    line.replace_range(..cut, "");
+                }
+            }
+            Edit::Insert(i, offset, w) => {
+                let line = &mut lines[at(i)];
+                let mut pos = usize::from(*offset).min(line.len());
+                while !line.is_char_boundary(pos) {
+                    pos -= 1;
+                }
+                line.insert_str(pos, w.text(dictionary));
+            }
+            Edit::AddEntry(i, k, v) => {
+                let line = &lines[at(i)];
+                let indent = line.len() - line.trim_start_matches([' ', '-']).len();
+                let entry = format!(
+                    "{}{}: {}",
+                    " ".repeat(indent),
+                    k.text(dictionary),
+                    v.text(dictionary)
+                );
+                lines.insert(at(i) + 1, entry);
+            }
+            Edit::Truncate(i) => lines.truncate(at(i)),
+        }
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+/// Words every YAML target tries: scalars YAML reads in surprising ways, numbers at the edges
+/// of Sluice's ranges, and syntax that changes a document's shape.
+pub const YAML_WORDS: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "20",
+    "1.5",
+    "1e3",
+    "0x10",
+    "0o17",
+    ".inf",
+    ".nan",
+    "9007199254740992",
+    "9007199254740993",
+    "18446744073709551615",
+    "18446744073709551616",
+    "4294967295",
+    "4294967296",
+    "-9223372036854775808",
+    "true",
+    "false",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "null",
+    "~",
+    "\"\"",
+    "''",
+    "[]",
+    "{}",
+    "[1, 2]",
+    "{a: 1}",
+    "&anchor 1",
+    "*anchor",
+    "!!str 5",
+    "!!binary aGk=",
+    "!custom x",
+    "|\n  block",
+    ">-",
+    "- item",
+    "? complex",
+    "\"\\u0000\"",
+    "\"\\xff\"",
+    "é",
+    "\t",
+    "#",
+    "---",
+    "...",
+    "%YAML 1.2",
+    "<<: *anchor",
+];
