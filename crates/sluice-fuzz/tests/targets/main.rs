@@ -6,3 +6,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a fuzz target fails loudly by design
 
 mod config;
+mod rls;
