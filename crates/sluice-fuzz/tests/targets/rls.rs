@@ -10,7 +10,7 @@
 
 use bolero::check;
 use sluice_fuzz::{Edit, Tally, Word, YAML_WORDS, apply_edits, budget, seeds, structured};
-use sluice_server::rls::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
+use sluice_server::rls::{Asked, LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 /// Keys and values of the format, for edits.
 const WORDS: &[&str] = &[
@@ -174,7 +174,7 @@ fn lookups(config: &RlsConfig, words: &[&str], asked: &[Lookup], files: &[(Strin
                     .collect()
             })
             .collect();
-        let with_limits: Vec<(&[(&str, &str)], Option<(u32, Unit)>)> = owned
+        let with_limits: Vec<Asked<'_, &str, &str>> = owned
             .iter()
             .zip(&lookup.descriptors)
             .map(|(entries, d)| {
