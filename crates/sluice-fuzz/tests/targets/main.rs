@@ -6,4 +6,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a fuzz target fails loudly by design
 
 mod config;
+mod http;
 mod rls;
