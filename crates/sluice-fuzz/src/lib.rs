@@ -94,8 +94,66 @@ impl Drop for Tally {
 /// The structured input that `bytes` encode, as `cargo fuzz` targets read theirs: the whole
 /// input through [`Arbitrary::arbitrary_take_rest`]. Every target takes bytes, so any engine
 /// (bolero's random run, libFuzzer, AFL) can drive it and a corpus file is just bytes.
+///
+/// An input shorter than [`WIDE`] bytes is first extended to it by a generator seeded from
+/// the input itself ([`widen`]): bolero's random run mostly generates inputs of a few dozen
+/// bytes, which `arbitrary` reads as a policy and no operations. The input's own bytes come
+/// first, so an engine's mutations still change the value where they change the bytes.
 pub fn structured<T: for<'a> Arbitrary<'a>>(bytes: &[u8]) -> Option<T> {
-    T::arbitrary_take_rest(arbitrary::Unstructured::new(bytes)).ok()
+    let wide = widen(bytes);
+    T::arbitrary_take_rest(arbitrary::Unstructured::new(&wide)).ok()
+}
+
+/// A list of at most `N` values whose length is read first. `arbitrary`'s own `Vec` decides
+/// element by element whether to go on, so random bytes make lists of one or two; a sequence
+/// of operations needs dozens.
+#[derive(Debug, Clone)]
+pub struct Many<T, const N: usize>(pub Vec<T>);
+
+impl<'a, T: Arbitrary<'a>, const N: usize> Arbitrary<'a> for Many<T, N> {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        let n = u.int_in_range(0..=N)?;
+        (0..n)
+            .map(|_| T::arbitrary(u))
+            .collect::<arbitrary::Result<Vec<T>>>()
+            .map(Many)
+    }
+}
+
+impl<T, const N: usize> std::ops::Deref for Many<T, N> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<'m, T, const N: usize> IntoIterator for &'m Many<T, N> {
+    type Item = &'m T;
+    type IntoIter = std::slice::Iter<'m, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// The length [`widen`] extends inputs to.
+pub const WIDE: usize = 1024;
+
+/// `bytes`, followed by SplitMix64 output seeded with their FNV-1a hash up to [`WIDE`] bytes.
+pub fn widen(bytes: &[u8]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    let mut state = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    while out.len() < WIDE {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out
 }
 
 /// The corpus directory of a target, as bolero finds it.

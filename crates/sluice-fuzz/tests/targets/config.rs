@@ -8,7 +8,7 @@
 use bolero::check;
 use serde_json::{Value, json};
 use sluice::{Algorithm, FailureMode};
-use sluice_fuzz::{Edit, Tally, YAML_WORDS, apply_edits, budget, seeds};
+use sluice_fuzz::{Edit, Many, Tally, YAML_WORDS, apply_edits, budget, seeds};
 use sluice_server::config::{Config, ConfigError};
 
 const FILE: &str = "fuzz.yaml";
@@ -199,7 +199,7 @@ fn text() {
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Edited {
     seed: u8,
-    edits: Vec<Edit>,
+    edits: Many<Edit, 8>,
 }
 
 /// Valid configurations, structurally edited: lines lost, moved, doubled, values and keys

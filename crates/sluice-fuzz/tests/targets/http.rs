@@ -17,7 +17,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use bolero::check;
 use serde_json::{Value, json};
 use sluice::{Decision, ManualClock, MemoryStore};
-use sluice_fuzz::{Tally, Word, budget, structured};
+use sluice_fuzz::{Many, Tally, Word, budget, structured};
 use sluice_server::config::Config;
 use sluice_server::http::MAX_BODY;
 use sluice_server::state::{ServerClock, Shared, StoreHandle};
@@ -380,14 +380,14 @@ enum FuzzPath {
 struct Call {
     method: u8,
     path: FuzzPath,
-    headers: Vec<(u8, Word)>,
+    headers: Many<(u8, Word), 4>,
     body: FuzzBody,
 }
 
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Session {
     admin: bool,
-    calls: Vec<Call>,
+    calls: Many<Call, 8>,
 }
 
 fn build(call: &Call) -> Option<Request<Body>> {

@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a fuzz target fails loudly by design
 
+mod algorithms;
+
 mod config;
 mod http;
+mod reply;
 mod rls;

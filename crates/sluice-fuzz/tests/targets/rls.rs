@@ -9,7 +9,7 @@
 //! unit, and the same question gets the same answer.
 
 use bolero::check;
-use sluice_fuzz::{Edit, Tally, Word, YAML_WORDS, apply_edits, budget, seeds, structured};
+use sluice_fuzz::{Edit, Many, Tally, Word, YAML_WORDS, apply_edits, budget, seeds, structured};
 use sluice_server::rls::{Asked, LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 /// Keys and values of the format, for edits.
@@ -104,14 +104,14 @@ fn names_where(e: &RlsConfigError, files: &[(String, String)]) {
 /// limit (requests per unit, unit).
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Descriptor {
-    entries: Vec<(Word, Word)>,
+    entries: Many<(Word, Word), 4>,
     limit: Option<(u32, u8)>,
 }
 
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Lookup {
     domain: Word,
-    descriptors: Vec<Descriptor>,
+    descriptors: Many<Descriptor, 4>,
     now_secs: u64,
 }
 
@@ -250,9 +250,9 @@ fn text() {
 struct Edited {
     /// Which seeds, as files `0.yaml`, `1.yaml`, … (one to three).
     seeds: (u8, Option<u8>, Option<u8>),
-    edits: Vec<Edit>,
+    edits: Many<Edit, 8>,
     merge: bool,
-    lookups: Vec<Lookup>,
+    lookups: Many<Lookup, 4>,
 }
 
 /// The corpus's files, one to three at a time, structurally edited, loaded with and without
