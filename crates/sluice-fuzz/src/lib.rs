@@ -4,24 +4,28 @@
 //!
 //! | target | what it feeds | what it holds |
 //! |---|---|---|
-//! | `config::text`, `config::edits` | the server's YAML configuration | no panic; an error names its file and a line or the field at fault; a valid file round-trips |
-//! | `rls::text`, `rls::edits` | Envoy rate limit service YAML files | no panic; errors name file and line; a loaded file answers lookups consistently |
-//! | `http::raw`, `http::structured` | requests to the real axum router on the memory store | never a 5xx; every error is JSON naming the problem; a refused request changes no state |
-//! | `redis::reply` | replies of the Lua function to the decoder | a typed error or a decision that says what the reply said |
-//! | `core::model` | operation sequences on multi-limit policies | the core agrees with a naive model on every limit's answer |
+//! | `config::text`, `config::edits` | the server's YAML configuration: any bytes; the corpus's files structurally edited | no panic; an error names its file and a line, or the field at fault; a loaded file's policies load again, identical, when written back out |
+//! | `rls::text`, `rls::edits` | Envoy rate limit service YAML files, one to three at a time | no panic; an error names a file given and a line within it; a loaded configuration answers lookups consistently |
+//! | `http::raw`, `http::structured_sessions` | requests to the real axum router on the memory store: HTTP text, or sessions of up to 8 requests built from the API's vocabulary | never a 5xx; every error is JSON naming the problem; a refused or read-only request changes no state |
+//! | `reply::decode` | reply trees of the Lua function, to the reply decoder | a typed error exactly when the reply is not in the documented layout; otherwise a decision saying what the reply said; rendering it never panics |
+//! | `algorithms::model` | policies of 1 to 4 limits, up to 64 checks, peeks, refunds and acquires, a clock that jumps and goes back | the core agrees with a naive model on every limit's answer |
+//!
+//! The `config` and `rls` targets also have a plain test that every `valid_*` seed of their
+//! corpus loads and every `invalid_*` seed is refused naming where.
 //!
 //! On stable Rust each target is an ordinary `#[test]`: bolero first replays the committed
 //! corpus (`tests/targets/__fuzz__/<target>/corpus/`, plus any `crashes/`), then generates
-//! random inputs for [`budget`] (`SLUICE_FUZZ_SECS`, default 2 s per target). On nightly the
-//! same targets run under a coverage-guided engine with `cargo bolero test <target>
-//! --package sluice-fuzz --test targets --engine libfuzzer` (or `--engine afl`), which grows
-//! the corpus directory in place. docs/security.md#fuzzing has the commands and the figures
+//! random inputs for [`budget`] (`SLUICE_FUZZ_SECS`, default 2 s per target). bolero's
+//! random run on stable generates inputs; it does not mutate the corpus, so the structured
+//! targets do the mutating themselves ([`Edit`]s of the committed seeds). On nightly the same
+//! targets run under a coverage-guided engine with `cargo +nightly bolero test --package
+//! sluice-fuzz --engine libfuzzer <target>` (or `--engine afl`), which grows the corpus
+//! directory in place. docs/security.md#fuzzing has the commands and the figures
 //! of the last long run.
 //!
-//! Inputs are either raw bytes (so a seed is a real file: a configuration, an HTTP request) or
-//! values derived with [`arbitrary`]; structured targets start from the committed seeds and
-//! apply [`Edit`]s, which is how the random run on stable reaches deep into valid inputs
-//! without a coverage-guided engine.
+//! Every target takes bytes, as any engine supplies them. Some read them as they are (so a
+//! seed is a real file: a configuration, an HTTP request); the others read a value derived
+//! with [`arbitrary`] from them ([`structured`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,8 +168,8 @@ pub fn corpus_dir(target: &str) -> PathBuf {
         .join("corpus")
 }
 
-/// The files of a target's corpus as `(file name, text)`, by name; files that are not UTF-8
-/// are left out. Structured targets use another target's corpus as their seeds.
+/// The files of a target's corpus as `(file name, text)`, by name (bytes that are not UTF-8
+/// read as U+FFFD). Structured targets use another target's corpus as their seeds.
 pub fn seeds(target: &str) -> Vec<(String, String)> {
     let mut found: Vec<(String, String)> = std::fs::read_dir(corpus_dir(target))
         .into_iter()
@@ -173,8 +177,8 @@ pub fn seeds(target: &str) -> Vec<(String, String)> {
         .filter_map(Result::ok)
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let text = std::fs::read_to_string(entry.path()).ok()?;
-            Some((name, text))
+            let bytes = std::fs::read(entry.path()).ok()?;
+            Some((name, String::from_utf8_lossy(&bytes).into_owned()))
         })
         .collect();
     found.sort();
@@ -300,6 +304,58 @@ pub fn apply_edits(text: &str, edits: &[Edit], dictionary: &[&str]) -> String {
     }
     let mut out = lines.join("\n");
     out.push('\n');
+    out
+}
+
+/// One change to the bytes of a seed: what a mutational fuzzer does to its corpus, for the
+/// targets whose inputs are raw bytes.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum ByteEdit {
+    /// XORs the byte at an offset (taken modulo the length).
+    Flip(u16, u8),
+    /// Inserts a dictionary word or any text at an offset.
+    Insert(u16, Word),
+    /// Removes up to `n` bytes at an offset.
+    Delete(u16, u8),
+    /// Repeats up to `n` bytes at an offset.
+    Repeat(u16, u8),
+    /// Cuts the input at an offset.
+    Truncate(u16),
+}
+
+/// `seed` with `edits` applied in order under `dictionary`.
+pub fn apply_byte_edits(seed: &[u8], edits: &[ByteEdit], dictionary: &[&str]) -> Vec<u8> {
+    let mut out = seed.to_vec();
+    for edit in edits {
+        let at = |i: &u16| usize::from(*i) % (out.len() + 1);
+        match edit {
+            ByteEdit::Flip(i, x) => {
+                if !out.is_empty() {
+                    let i = usize::from(*i) % out.len();
+                    out[i] ^= x | 1;
+                }
+            }
+            ByteEdit::Insert(i, w) => {
+                let i = at(i);
+                out.splice(i..i, w.text(dictionary).bytes());
+            }
+            ByteEdit::Delete(i, n) => {
+                let i = at(i);
+                let end = (i + usize::from(*n)).min(out.len());
+                out.drain(i..end);
+            }
+            ByteEdit::Repeat(i, n) => {
+                let i = at(i);
+                let end = (i + usize::from(*n)).min(out.len());
+                let copy = out[i..end].to_vec();
+                out.splice(end..end, copy);
+            }
+            ByteEdit::Truncate(i) => {
+                let i = at(i);
+                out.truncate(i);
+            }
+        }
+    }
     out
 }
 

@@ -17,7 +17,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use bolero::check;
 use serde_json::{Value, json};
 use sluice::{Decision, ManualClock, MemoryStore};
-use sluice_fuzz::{Many, Tally, Word, budget, structured};
+use sluice_fuzz::{ByteEdit, Many, Tally, Word, apply_byte_edits, budget, seeds, structured};
 use sluice_server::config::Config;
 use sluice_server::http::MAX_BODY;
 use sluice_server::state::{ServerClock, Shared, StoreHandle};
@@ -125,7 +125,9 @@ async fn send(router: &Router, shared: &Shared, request: Request<Body>) {
         String::from_utf8_lossy(&body)
     );
     assert!(!status.is_server_error(), "{what}");
-    let metrics = method == Method::GET && path == "/metrics" && status == StatusCode::OK;
+    let metrics = (method == Method::GET || method == Method::HEAD)
+        && path == "/metrics"
+        && status == StatusCode::OK;
     if metrics {
         assert!(content_type.starts_with("text/plain"), "{what}");
     } else {
@@ -213,12 +215,73 @@ fn parse_raw(bytes: &[u8]) -> Option<(bool, Request<Body>)> {
     Some((admin, builder.body(Body::from(body)).ok()?))
 }
 
-/// Any bytes as one HTTP request; the corpus holds real ones, for every route.
+/// A seed of the corpus with byte edits: the mutational half of the raw target.
+#[derive(Debug, arbitrary::Arbitrary)]
+struct Mutated {
+    seed: u8,
+    edits: Many<ByteEdit, 6>,
+}
+
+/// Words the byte edits insert: pieces of requests.
+const PIECES: &[&str] = &[
+    "\r\n",
+    "\r\n\r\n",
+    ": ",
+    " ",
+    "/",
+    "%",
+    "%00",
+    "%2F",
+    "\"",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "null",
+    "-1",
+    "1e999",
+    "9007199254740993",
+    "\\u0000",
+    "\\ud800",
+    "POST",
+    "GET",
+    "DELETE",
+    "/v1/check",
+    "/v1/keys/",
+    "content-type: text/plain",
+    "authorization: Bearer ",
+    "x-fuzz-admin: 1",
+    "\"cost\": ",
+    "\"key\": ",
+    "\"policy\": ",
+    "\u{feff}",
+    "\u{ff}",
+];
+
+/// Any bytes as one HTTP request; the corpus holds real ones, for every route. Bytes that
+/// do not start like a request (most random ones) are read as edits of a corpus seed, so the
+/// random run on stable mutates the real requests instead of only generating noise.
 #[test]
 fn raw() {
     let tally = Tally::new("http::raw");
     let rt = runtime();
+    let seeds = seeds("http__raw");
+    assert!(!seeds.is_empty(), "the http corpus is missing");
     check!().with_test_time(budget()).for_each(|bytes: &[u8]| {
+        let starts_like_a_request = bytes.first().is_some_and(u8::is_ascii_uppercase);
+        let mutated;
+        let bytes = if starts_like_a_request || bytes.is_empty() {
+            bytes
+        } else {
+            let Some(m) = structured::<Mutated>(bytes) else {
+                return;
+            };
+            let (_, seed) = &seeds[usize::from(m.seed) % seeds.len()];
+            mutated = apply_byte_edits(seed.as_bytes(), &m.edits, PIECES);
+            &mutated
+        };
         let Some((admin, request)) = parse_raw(bytes) else {
             tally.input(false);
             return;
