@@ -51,3 +51,20 @@ pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;
 pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};
 pub use store::RedisStore;
+
+/// Entry points for the fuzz targets of `sluice-fuzz` (feature `fuzzing`); not part of the
+/// API and not covered by semver.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use sluice::{Decision, Op, Policy, StoreError};
+
+    /// The decoder of the script's reply: what the store does with every reply it receives.
+    pub fn decode_reply(
+        reply: &redis::Value,
+        policy: &Policy,
+        op: Op,
+    ) -> Result<Decision, StoreError> {
+        crate::codec::decode(reply, policy, op)
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -477,11 +477,22 @@ pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision) {
 async fn forget(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Path((policy, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
     if let Some(refused) = admin_only(&shared, &headers, "DELETE /v1/keys", false) {
         return refused;
     }
+    // A percent-escape that is not UTF-8 (`%ff`): JSON like every other error, not axum's text.
+    let (policy, key) = match path {
+        Ok(Path(pair)) => pair,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("the path could not be read: {}", rejection.body_text()),
+            );
+        }
+    };
     let snapshot = shared.snapshot();
     if snapshot.limiter.policy(&policy).is_none() {
         return unknown_policy(&policy, &snapshot);

@@ -360,3 +360,25 @@ fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
         assert!(e.contains(says), "{wait}: {e}");
     }
 }
+
+/// Found by the `config::text` fuzz target: the YAML parser gives no line for a second
+/// document, so the error named neither a line nor a field.
+#[test]
+fn a_second_document_is_refused_at_its_line() {
+    let e = Config::parse(
+        "sluice.yaml",
+        "policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n---\nstore: {}\n",
+    )
+    .unwrap_err();
+    assert_eq!(e.line, Some((4, 1)), "{e}");
+    assert!(e.message.contains("more than one YAML document"), "{e}");
+    let e = Config::parse("sluice.yaml", "---\nlocal: {}\n---\nstore: {}\n").unwrap_err();
+    assert_eq!(e.line, Some((3, 1)), "{e}");
+    // A second document the parser finds without a `---` line: the error says it is about
+    // the whole file.
+    let e = error("&-,");
+    assert!(
+        e.starts_with("sluice.yaml: the file holds more than one"),
+        "{e}"
+    );
+}

@@ -819,3 +819,17 @@ async fn admin_routes_need_a_bearer_token() {
     assert_eq!(d["remaining"], 3);
     s.stop().await;
 }
+
+/// Found by the `http::raw` fuzz target: a percent-escape in the path that is not UTF-8 got
+/// axum's plain-text 400 instead of a JSON error.
+#[tokio::test]
+async fn a_path_that_is_not_utf8_is_a_json_error() {
+    let s = start(CONFIG).await;
+    let c = Client::new();
+    for path in ["/v1/keys/api/%ff", "/v1/keys/s%e9arch/k"] {
+        let r = c.delete(format!("{}{path}", s.url)).send().await.unwrap();
+        let message = error_of(r, StatusCode::BAD_REQUEST).await;
+        assert!(message.contains("UTF-8"), "{path}: {message}");
+    }
+    s.stop().await;
+}

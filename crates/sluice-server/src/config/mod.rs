@@ -460,11 +460,7 @@ impl Config {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
-                file: file.to_owned(),
-                line: e.location().map(|l| (l.line(), l.column())),
-                message: strip_location(&e.to_string()),
-            })?
+            serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))?
         };
         let err = |message: String| ConfigError {
             file: file.to_owned(),
@@ -569,6 +565,40 @@ policies:
       - { max: 5, per: 10s }
       - { max: 100, per: 1h }
 ";
+
+/// A YAML error with its line. The parser knows no line for a second document (`---`), so it
+/// is found here: a configuration is one document, and the error points at the second. An
+/// error that has no line says it is about the whole file.
+fn yaml_error(file: &str, text: &str, e: &serde_yaml_ng::Error) -> ConfigError {
+    let mut line = e.location().map(|l| (l.line(), l.column()));
+    let mut message = strip_location(&e.to_string());
+    if line.is_none() && message.contains("more than one document") {
+        let mut content = false;
+        let mut markers = 0;
+        for (i, l) in text.lines().enumerate() {
+            if l.starts_with("---") {
+                markers += 1;
+                if content || markers == 2 {
+                    line = Some((i + 1, 1));
+                    break;
+                }
+            } else if !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with('%') {
+                content = true;
+            }
+        }
+        message = "the file holds more than one YAML document (a second `---`); a \
+                   configuration is one document"
+            .to_owned();
+    } else if line.is_none() {
+        // The few errors the parser cannot place (e.g. a merge key `<<` of a scalar).
+        message = format!("the file as a whole: {message}");
+    }
+    ConfigError {
+        file: file.to_owned(),
+        line,
+        message,
+    }
+}
 
 /// serde_yaml_ng appends " at line L column C"; the error already carries the location.
 fn strip_location(message: &str) -> String {
