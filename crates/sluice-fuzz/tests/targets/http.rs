@@ -125,11 +125,17 @@ async fn send(router: &Router, shared: &Shared, request: Request<Body>) {
         String::from_utf8_lossy(&body)
     );
     assert!(!status.is_server_error(), "{what}");
-    let metrics = (method == Method::GET || method == Method::HEAD)
-        && path == "/metrics"
-        && status == StatusCode::OK;
-    if metrics {
-        assert!(content_type.starts_with("text/plain"), "{what}");
+    let read = (method == Method::GET || method == Method::HEAD) && status == StatusCode::OK;
+    // The answers that are not JSON: the metrics, and the dashboard's page and script.
+    let not_json = match path.split('?').next().unwrap_or("") {
+        "/metrics" if read => Some("text/plain"),
+        "/ui" if read => Some("text/html"),
+        "/ui/app.js" if read => Some("text/javascript"),
+        _ => None,
+    };
+    let metrics = not_json.is_some();
+    if let Some(kind) = not_json {
+        assert!(content_type.starts_with(kind), "{what}");
     } else {
         assert_eq!(content_type, "application/json", "{what}");
     }
@@ -308,6 +314,12 @@ const PATHS: &[&str] = &[
     "/readyz",
     "/metrics",
     "/openapi.json",
+    "/v1/top?policy=api",
+    "/v1/top?policy=api&by=used&limit=3",
+    "/v1/top?by=nope",
+    "/v1/stats",
+    "/ui",
+    "/ui/app.js",
     "/v1/keys/api/user:42",
     "/v1/keys/",
     "/v1/check/",
