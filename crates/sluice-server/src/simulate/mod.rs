@@ -721,3 +721,42 @@ fn parse_traffic(value: &Value, bounds: &Bounds) -> Result<(Traffic, Option<u64>
     };
     Ok((generated.generate(bounds)?, Some(seed)))
 }
+
+/// One `--policy` of the `sluice simulate` command as a request entry: `api` (a configured
+/// policy), `current=api` (the same under another name), or `candidate={limits: [{max: 100,
+/// per: 1m}]}` (an inline policy, in YAML flow or JSON, the shape of a `policies.<name>`
+/// entry).
+pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
+    let field = format!("--policy {spec}");
+    let (name, rest) = match spec.split_once('=') {
+        Some((name, rest)) if !name.contains('{') => (Some(name.trim()), rest.trim()),
+        _ => (None, spec.trim()),
+    };
+    if rest.starts_with('{') {
+        let Some(name) = name else {
+            return Err(bad(
+                field,
+                "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
+            ));
+        };
+        let mut definition: Value = serde_yaml_ng::from_str(rest)
+            .map_err(|e| bad(field.clone(), format!("not a policy definition: {e}")))?;
+        let Value::Object(map) = &mut definition else {
+            return Err(bad(
+                field,
+                "an inline policy must be a mapping: {limits: [...]}",
+            ));
+        };
+        map.insert("name".to_owned(), Value::String(name.to_owned()));
+        return Ok(definition);
+    }
+    if rest.is_empty() {
+        return Err(bad(field, "names no policy"));
+    }
+    let mut entry = Map::new();
+    if let Some(name) = name {
+        entry.insert("name".to_owned(), Value::String(name.to_owned()));
+    }
+    entry.insert("policy".to_owned(), Value::String(rest.to_owned()));
+    Ok(Value::Object(entry))
+}
