@@ -635,7 +635,8 @@ async fn top(
 }
 
 /// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
-/// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU).
+/// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
+/// a request the simulator refuses is a 400 naming the field or the bound.
 /// An admin route: it reads configured policies' limits, and it spends CPU on request.
 async fn simulate(
     State(shared): State<Arc<Shared>>,
@@ -665,12 +666,13 @@ async fn simulate(
         Err(e) => return bad(format!("the body is not valid JSON: {e}")),
     };
     let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
-    let bounds = crate::simulate::Bounds::default();
-    let simulation = match crate::simulate::Simulation::from_request(&value, &configured, &bounds) {
-        Ok(s) => s,
-        Err(e) => return bad(e.to_string()),
+    // Reading a large log or generating a large traffic is CPU work too: all of it off the
+    // runtime's threads.
+    let work = move || {
+        let bounds = crate::simulate::Bounds::default();
+        crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
-    match tokio::task::spawn_blocking(move || simulation.run()).await {
+    match tokio::task::spawn_blocking(work).await {
         Ok(Ok(report)) => match serde_json::to_value(&report) {
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),

@@ -312,11 +312,10 @@ fn an_envoy_log_is_keyed_by_the_first_forwarded_address() {
     assert_eq!(r.policies[0].first_denial_ms, Some(400));
 }
 
-/// Every bound and malformed input: refused before running, naming the field or the bound.
-#[test]
-fn every_bound_and_malformed_input_is_refused_naming_it() {
+/// Requests the simulator refuses: (request, the field named, words the message holds).
+fn bad_requests() -> Vec<(Value, &'static str, &'static str)> {
     let policy = json!([{"name": "p", "limits": [{"max": 10, "per": "1s"}]}]);
-    let cases: Vec<(Value, &str, &str)> = vec![
+    let cases: Vec<(Value, &'static str, &'static str)> = vec![
         (
             json!({"policies": policy, "traffic": steady(1000.0, "2h")}),
             "traffic",
@@ -451,9 +450,9 @@ fn every_bound_and_malformed_input_is_refused_naming_it() {
             "limits",
         ),
         (
-            json!({"policies": [{"name": "p", "policy": "api"}], "traffic": steady(1.0, "1s")}),
+            json!({"policies": [{"name": "p", "policy": "unconfigured"}], "traffic": steady(1.0, "1s")}),
             "policies[0].policy",
-            "no policy named `api`",
+            "no policy named `unconfigured`",
         ),
         (
             json!({"policies": [{"name": "p", "limits": [{"max": 1, "per": "1s"}]}, {"name": "p", "limits": [{"max": 2, "per": "1s"}]}], "traffic": steady(1.0, "1s")}),
@@ -466,7 +465,14 @@ fn every_bound_and_malformed_input_is_refused_naming_it() {
             "name",
         ),
     ];
-    for (request, field, words) in cases {
+    cases
+}
+
+/// Every bound and malformed input: refused before running, naming the field or the bound.
+#[test]
+fn every_bound_and_malformed_input_is_refused_naming_it() {
+    let policy = json!([{"name": "p", "limits": [{"max": 10, "per": "1s"}]}]);
+    for (request, field, words) in bad_requests() {
         let e = simulate(request.clone()).expect_err(&request.to_string());
         assert_eq!(e.field, field, "{request}: {e}");
         assert!(
@@ -575,6 +581,16 @@ async fn the_route_compares_a_configured_policy_with_an_inline_candidate() {
 #[tokio::test]
 async fn bad_requests_are_400s_naming_the_field_and_the_body_cap_is_8_mib() {
     let s = common::TestServer::start(CONFIG, &[]).await;
+    for (request, field, words) in bad_requests() {
+        let (status, e) = post(&s.url, &request, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{request}: {e}");
+        assert_eq!(e["error"]["code"], "invalid_request");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{field}: ")) && message.contains(words),
+            "{request}: `{message}` lacks `{field}` or `{words}`"
+        );
+    }
     let (status, e) = post(
         &s.url,
         &json!({"policies": [{"policy": "api"}], "traffic": steady(1000.0, "2h")}),
