@@ -54,12 +54,209 @@ pub(crate) enum Command {
     /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
     /// latency. Stops by itself after --duration or --requests.
     Bench(sluice_bench::BenchArgs),
+    /// Run a traffic through one or more policies on a manual clock, faster than real time,
+    /// and compare what each admits and denies (docs/simulate.md).
+    Simulate(SimulateArgs),
     /// Configuration tools.
     Config {
         /// What to do with a configuration.
         #[command(subcommand)]
         command: ConfigCommand,
     },
+}
+
+/// `sluice simulate …`: the policies, the traffic (a pattern or a log) and the output.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SimulateArgs {
+    /// A configuration file whose policies `--policy` may name.
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// A policy to simulate, repeatable (compared side by side, in order): `api` (a
+    /// configured policy), `current=api` (the same, named current), or
+    /// `candidate={limits: [{max: 100, per: 1m}]}` (inline, the shape of a `policies.<name>`
+    /// entry).
+    #[arg(long = "policy", required = true)]
+    pub(crate) policies: Vec<String>,
+    /// A generated traffic: steady, bursts, poisson or ramp.
+    #[arg(long, conflicts_with = "log")]
+    pub(crate) pattern: Option<String>,
+    /// Requests per second (steady, poisson).
+    #[arg(long)]
+    pub(crate) rate: Option<f64>,
+    /// Requests per burst (bursts).
+    #[arg(long)]
+    pub(crate) size: Option<u64>,
+    /// The interval between bursts (bursts), e.g. 10s.
+    #[arg(long)]
+    pub(crate) every: Option<String>,
+    /// Requests per second at the start (ramp).
+    #[arg(long)]
+    pub(crate) from: Option<f64>,
+    /// Requests per second at the end (ramp).
+    #[arg(long)]
+    pub(crate) to: Option<f64>,
+    /// How long the generated traffic lasts, e.g. 1m.
+    #[arg(long)]
+    pub(crate) duration: Option<String>,
+    /// Distinct keys of the generated traffic (key-1 … key-N).
+    #[arg(long)]
+    pub(crate) keys: Option<u64>,
+    /// How a request's key is chosen: uniform or zipf.
+    #[arg(long)]
+    pub(crate) key_choice: Option<String>,
+    /// The Zipf exponent (with --key-choice zipf; 1 by default).
+    #[arg(long)]
+    pub(crate) zipf_exponent: Option<f64>,
+    /// The generator's seed: one seed, one traffic.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// The cost of each generated request.
+    #[arg(long)]
+    pub(crate) cost: Option<u64>,
+    /// A recorded traffic: a log file (`-` for standard input).
+    #[arg(long)]
+    pub(crate) log: Option<PathBuf>,
+    /// The log's format: csv, jsonl, nginx or envoy.
+    #[arg(long)]
+    pub(crate) format: Option<String>,
+    /// The access log field to key by (remote_addr for nginx, x_forwarded_for for envoy by
+    /// default).
+    #[arg(long)]
+    pub(crate) key_field: Option<String>,
+    /// The width of a time bucket, e.g. 10s (by default the smallest of 1s, 10s, 1m, 10m, 1h,
+    /// 1d that makes at most 600).
+    #[arg(long)]
+    pub(crate) bucket: Option<String>,
+    /// Keys listed per policy, by denials.
+    #[arg(long)]
+    pub(crate) top: Option<u64>,
+    /// Write a chart of admitted and denied requests per bucket, per policy, to this SVG file.
+    #[arg(long)]
+    pub(crate) svg: Option<PathBuf>,
+    /// Print the report as JSON (the body `POST /v1/simulate` answers) instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The largest log file `sluice simulate` reads.
+const MAX_LOG_FILE: u64 = 256 * 1024 * 1024;
+
+/// `sluice simulate`: builds the request `POST /v1/simulate` takes from the flags, runs it
+/// with the same engine, prints the report and writes the chart.
+pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
+    use serde_json::{Map, Value, json};
+    use sluice_server::simulate::{self, Bounds, Simulation};
+
+    let configured: Vec<sluice::Policy> = match &args.config {
+        Some(path) => Config::load(path)?
+            .policies
+            .into_iter()
+            .map(|p| p.policy)
+            .collect(),
+        None => Vec::new(),
+    };
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| simulate::policy_flag(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut traffic = Map::new();
+    let mut put = |name: &str, value: Option<Value>| {
+        if let Some(v) = value {
+            traffic.insert(name.to_owned(), v);
+        }
+    };
+    if let Some(path) = &args.log {
+        let text = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(std::io::stdin(), MAX_LOG_FILE + 1),
+                &mut text,
+            )?;
+            text
+        } else {
+            let size = std::fs::metadata(path)
+                .map_err(|e| anyhow::anyhow!("--log {}: {e}", path.display()))?
+                .len();
+            if size > MAX_LOG_FILE {
+                anyhow::bail!(
+                    "--log {}: {size} bytes is more than the {MAX_LOG_FILE} bytes this command \
+                     reads (max log file); simulate a part of it",
+                    path.display()
+                );
+            }
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--log {}: {e}", path.display()))?
+        };
+        if text.len() as u64 > MAX_LOG_FILE {
+            anyhow::bail!(
+                "--log: more than the {MAX_LOG_FILE} bytes this command reads (max log file)"
+            );
+        }
+        put("log", Some(json!(text)));
+        put("format", args.format.as_ref().map(|f| json!(f)));
+        put("key_field", args.key_field.as_ref().map(|f| json!(f)));
+        for (flag, given) in [
+            ("--pattern", args.pattern.is_some()),
+            ("--rate", args.rate.is_some()),
+            ("--duration", args.duration.is_some()),
+            ("--keys", args.keys.is_some()),
+            ("--seed", args.seed.is_some()),
+        ] {
+            if given {
+                anyhow::bail!("{flag} is for a generated traffic, not with --log");
+            }
+        }
+    } else {
+        if args.format.is_some() || args.key_field.is_some() {
+            anyhow::bail!("--format and --key-field describe a --log");
+        }
+        let Some(pattern) = &args.pattern else {
+            anyhow::bail!("give a traffic: --pattern steady|bursts|poisson|ramp, or --log FILE");
+        };
+        put("pattern", Some(json!(pattern)));
+        put("rate", args.rate.map(|v| json!(v)));
+        put("size", args.size.map(|v| json!(v)));
+        put("every", args.every.as_ref().map(|v| json!(v)));
+        put("from", args.from.map(|v| json!(v)));
+        put("to", args.to.map(|v| json!(v)));
+        put("duration", args.duration.as_ref().map(|v| json!(v)));
+        put("keys", args.keys.map(|v| json!(v)));
+        put("key_choice", args.key_choice.as_ref().map(|v| json!(v)));
+        put("zipf_exponent", args.zipf_exponent.map(|v| json!(v)));
+        put("seed", args.seed.map(|v| json!(v)));
+        put("cost", args.cost.map(|v| json!(v)));
+    }
+    let mut request = json!({"policies": policies, "traffic": traffic});
+    if let Some(b) = &args.bucket {
+        request["bucket"] = json!(b);
+    }
+    if let Some(t) = args.top {
+        request["top"] = json!(t);
+    }
+    let simulation = Simulation::from_request(&request, &configured, &Bounds::default())?;
+    let started = std::time::Instant::now();
+    let report = simulation.run()?;
+    let elapsed = started.elapsed();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", simulate::render::table(&report));
+        let decisions = report.events * report.policies.len() as u64;
+        println!(
+            "\nsimulated {decisions} decisions in {:.3} s ({:.0} decisions/s)",
+            elapsed.as_secs_f64(),
+            decisions as f64 / elapsed.as_secs_f64().max(1e-9)
+        );
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, simulate::render::svg(&report))
+            .map_err(|e| anyhow::anyhow!("--svg {}: {e}", path.display()))?;
+        if !args.json {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// `sluice config …`.

@@ -59,6 +59,10 @@ fn main() -> ExitCode {
                 }
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Simulate(args) => {
+                cli::simulate(&args)?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Config {
                 command: ConfigCommand::Check { file },
             } => match Config::load(&file) {

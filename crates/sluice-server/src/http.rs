@@ -36,6 +36,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/stats"),
     ("GET", "/ui"),
     ("GET", "/ui/app.js"),
+    ("POST", "/v1/simulate"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
@@ -50,8 +51,15 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/stats"),
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
+    ("POST", "/v1/simulate"),
     ("GET", "/metrics"),
+    ("GET", "/ui"),
+    ("GET", "/ui/app.js"),
 ];
+
+/// The largest `POST /v1/simulate` body: room for a pasted log (some 40 000 access log
+/// lines); the command `sluice simulate` reads larger files.
+pub const MAX_SIMULATE_BODY: usize = 8 * 1024 * 1024;
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +93,10 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/stats", get(stats))
             .route("/ui", get(ui_page))
             .route("/ui/app.js", get(ui_script))
+            .route(
+                "/v1/simulate",
+                post(simulate).layer(DefaultBodyLimit::max(MAX_SIMULATE_BODY)),
+            )
             .route("/metrics", get(metrics_text)),
         Surface::Public => router
             .route("/v1/refund", post(on_admin_listener))
@@ -94,6 +106,7 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
             .route("/v1/stats", get(on_admin_listener))
             .route("/ui", get(on_admin_listener))
             .route("/ui/app.js", get(on_admin_listener))
+            .route("/v1/simulate", post(on_admin_listener))
             .route("/metrics", get(on_admin_listener)),
     };
     router
@@ -741,6 +754,58 @@ async fn ui_page() -> Response {
 /// `GET /ui/app.js`: the dashboard's script.
 async fn ui_script() -> Response {
     ui_asset("text/javascript; charset=utf-8", UI_SCRIPT)
+}
+
+/// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
+/// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
+/// a request the simulator refuses is a 400 naming the field or the bound.
+/// An admin route: it reads configured policies' limits, and it spends CPU on request.
+async fn simulate(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if let Some(refused) = admin_only(&shared, &headers, "POST /v1/simulate", false) {
+        return refused;
+    }
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let bytes = match body {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
+                     cap); simulate a part of the log, or run `sluice simulate` on the file"
+                ),
+            );
+        }
+        Err(rejection) => return bad(format!("the body could not be read: {rejection}")),
+    };
+    let value: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("the body is not valid JSON: {e}")),
+    };
+    let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
+    // Reading a large log or generating a large traffic is CPU work too: all of it off the
+    // runtime's threads.
+    let work = move || {
+        let bounds = crate::simulate::Bounds::default();
+        crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(report)) => match serde_json::to_value(&report) {
+            Ok(body) => json_response(StatusCode::OK, &body),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        },
+        Ok(Err(e)) => bad(e.to_string()),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the simulation failed: {e}"),
+        ),
+    }
 }
 
 async fn healthz() -> Response {

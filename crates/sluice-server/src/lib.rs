@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod rls;
+pub mod simulate;
 pub mod state;
 pub mod stats;
 pub mod tls;

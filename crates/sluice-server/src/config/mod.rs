@@ -295,6 +295,73 @@ struct RawPolicy {
     limits: Vec<ValidLimit>,
 }
 
+/// A policy from its raw entry; an error is (the path below `policies.<name>`, e.g.
+/// `.on_store_error`, and the reason).
+fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
+    let on_store_error = match raw.on_store_error.as_deref() {
+        None => FailureMode::Open,
+        Some(mode) => mode
+            .parse::<FailureMode>()
+            .map_err(|e| (".on_store_error".to_owned(), e.reason))?,
+    };
+    let limits = raw.limits.into_iter().map(|l| l.0).collect();
+    let policy = Policy::new(name.to_owned(), limits).map_err(|e| {
+        let field = if e.field == "name" {
+            String::new()
+        } else {
+            format!(".{}", e.field)
+        };
+        (field, e.reason)
+    })?;
+    Ok(policy.with_failure_mode(on_store_error))
+}
+
+/// A policy defined inline, in the shape of a `policies.<name>` entry of the configuration
+/// (`{limits: [{max, per, algorithm?, precision?, burst?, align?}], on_store_error?}`), read
+/// from any self-describing value (a JSON body, a YAML flag) with the configuration's own
+/// rules, so an inline policy means and refuses exactly what a configured one does. The
+/// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
+pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, String> {
+    let serde_json::Value::Object(map) = value else {
+        return Err(
+            "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}".to_owned(),
+        );
+    };
+    for field in map.keys() {
+        if !matches!(field.as_str(), "limits" | "on_store_error") {
+            return Err(format!(
+                "unknown field `{field}`; a policy has limits and on_store_error"
+            ));
+        }
+    }
+    let on_store_error = match map.get("on_store_error") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err("on_store_error: must be a string: open, closed or local".to_owned()),
+    };
+    let Some(serde_json::Value::Array(items)) = map.get("limits") else {
+        return Err(
+            "limits: must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]".to_owned(),
+        );
+    };
+    let mut limits = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let limit = ValidLimit::deserialize(item).map_err(|e| format!("limits[{i}]: {e}"))?;
+        limits.push(limit);
+    }
+    build_policy(
+        name,
+        RawPolicy {
+            on_store_error,
+            limits,
+        },
+    )
+    .map_err(|(field, reason)| match field.strip_prefix('.') {
+        Some(field) => format!("{field}: {reason}"),
+        None => format!("the name `{name}`: {reason}"),
+    })
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawListen {
@@ -469,24 +536,9 @@ impl Config {
         };
         let mut policies = Vec::with_capacity(raw.policies.len());
         for (name, p) in raw.policies {
-            let on_store_error = match p.on_store_error.as_deref() {
-                None => FailureMode::Open,
-                Some(mode) => mode
-                    .parse::<FailureMode>()
-                    .map_err(|e| err(format!("policies.{name}.on_store_error: {}", e.reason)))?,
-            };
-            let limits = p.limits.into_iter().map(|l| l.0).collect();
-            let policy = Policy::new(name.clone(), limits).map_err(|e| {
-                let field = if e.field == "name" {
-                    format!("policies.{name}")
-                } else {
-                    format!("policies.{name}.{}", e.field)
-                };
-                err(format!("{field}: {}", e.reason))
-            })?;
-            policies.push(PolicyConfig {
-                policy: policy.with_failure_mode(on_store_error),
-            });
+            let policy = build_policy(&name, p)
+                .map_err(|(field, reason)| err(format!("policies.{name}{field}: {reason}")))?;
+            policies.push(PolicyConfig { policy });
         }
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
