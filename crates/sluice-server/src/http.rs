@@ -154,8 +154,9 @@ async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such path; the API is POST /v1/check, /v1/peek, /v1/refund, DELETE \
-         /v1/keys/{policy}/{key}, GET /v1/policies, /healthz, /readyz, /metrics, /openapi.json",
+        "no such path; the API is POST /v1/check, /v1/peek, /v1/refund, /v1/simulate, DELETE \
+         /v1/keys/{policy}/{key}, GET /v1/policies, /v1/top, /v1/stats, /healthz, /readyz, \
+         /metrics, /openapi.json, and the dashboard at /ui",
     )
 }
 

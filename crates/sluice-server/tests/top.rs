@@ -223,3 +223,22 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
     assert_eq!(stats["reservation"], Value::Null);
     s.stop().await;
 }
+
+/// An unknown path's 404 lists the API: every route the server has.
+#[tokio::test]
+async fn an_unknown_path_names_every_route() {
+    let s = common::TestServer::start(
+        CONFIG,
+        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
+    )
+    .await;
+    let (status, e) = get(&format!("{}/v2/nothing", s.url), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(e["error"]["code"], "not_found");
+    let message = e["error"]["message"].as_str().unwrap();
+    for (_, path) in sluice_server::http::ROUTES {
+        let shown = path.trim_end_matches("/app.js");
+        assert!(message.contains(shown), "{path} missing from: {message}");
+    }
+    s.stop().await;
+}
