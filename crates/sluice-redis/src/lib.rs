@@ -41,6 +41,7 @@ pub mod keys;
 mod script;
 mod sharded;
 mod store;
+mod switches;
 mod topology;
 
 pub use config::{

@@ -32,7 +32,7 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     backend: Backend,
     name: String,
     /// `name` as a metrics label (cloned per call without allocating).
@@ -41,6 +41,8 @@ struct Inner {
     config: RedisConfig,
     code: Code,
     codec: Codec,
+    /// Sentinel subscriptions (`+switch-master`), stopped with the store.
+    followers: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -63,6 +65,19 @@ struct Call<'a> {
     now_ms: u64,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for follower in self
+            .followers
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            follower.abort();
+        }
+    }
+}
+
 impl RedisStore {
     /// Connects (lazily: the first call opens the connections) and loads the code on the
     /// primary (every primary of a Cluster). Fails if the primary cannot be reached (Sentinel:
@@ -83,6 +98,7 @@ impl RedisStore {
                 code: Code::new(config.script_mode),
                 codec: Codec::new(&config),
                 config,
+                followers: std::sync::Mutex::new(Vec::new()),
             }),
         };
         let inner = &store.inner;
@@ -90,7 +106,39 @@ impl RedisStore {
             .backend
             .load(&inner.code, inner.config.timeout, &inner.name)
             .await?;
+        store.follow_sentinels().await;
         Ok(store)
+    }
+
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// On Sentinel: subscribes to every sentinel's failover announcements.
+    async fn follow_sentinels(&self) {
+        let topology::Backend::Direct {
+            sentinel: Some(watch),
+            ..
+        } = self.backend()
+        else {
+            return;
+        };
+        let master = watch.master().to_owned();
+        let mut followers = Vec::new();
+        for (url, client) in watch.sentinel_clients().await {
+            let task = tokio::spawn(crate::switches::follow(
+                Arc::downgrade(&self.inner),
+                url,
+                client,
+                master.clone(),
+            ));
+            followers.push(task.abort_handle());
+        }
+        *self
+            .inner
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = followers;
     }
 
     /// The store's identity: the primary's URL, `sentinel:<master>` or `cluster:<first

@@ -44,6 +44,23 @@ pub(crate) struct SentinelWatch {
     last_lookup: Mutex<Option<Instant>>,
 }
 
+impl SentinelWatch {
+    /// The monitored master's name.
+    pub(crate) fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// A client for each sentinel (for subscriptions), with its redacted URL.
+    pub(crate) async fn sentinel_clients(&self) -> Vec<(String, Client)> {
+        let sentinels = self.sentinels.lock().await;
+        sentinels
+            .links
+            .iter()
+            .map(|l| (l.url.clone(), l.client.clone()))
+            .collect()
+    }
+}
+
 /// The shortest time between two Sentinel lookups.
 const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
 
@@ -623,6 +640,60 @@ impl RedisStore {
             {
                 watch.looking.store(false, Ordering::Release);
             }
+        });
+    }
+
+    /// Switches to the primary a sentinel announced (`+switch-master`) once it says it is
+    /// one. The announcement carries the new address, so no lookup can name the old primary
+    /// again (after a `SENTINEL FAILOVER` it stays writable until Sentinel demotes it). Peeks
+    /// read the new primary until the next lookup lists its replicas.
+    pub(crate) async fn switch_to_announced(&self, host: &str, port: u16) {
+        let Backend::Direct {
+            nodes,
+            sentinel: Some(watch),
+        } = self.backend()
+        else {
+            return;
+        };
+        let timeout = self.config().timeout;
+        let dialer = watch.sentinels.lock().await.nodes.clone();
+        let url = dialer.url(host, port);
+        let shown = redact(&url);
+        if nodes.read().unwrap_or_else(|p| p.into_inner()).primary.url == shown {
+            return;
+        }
+        match tokio::time::timeout(lookup_limit(timeout), dialer.role(&url)).await {
+            Ok(Ok(Role::Primary { .. })) => {}
+            Ok(Ok(_)) => {
+                tracing::debug!(master = %watch.master, primary = %shown, "announced primary is not one yet");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(master = %watch.master, error = %e, "announced primary unreachable");
+                return;
+            }
+            Err(_) => return,
+        }
+        let primary = match node(&url, dialer.certs.as_ref(), dialer.timeout) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(master = %watch.master, error = %e, "announced primary");
+                return;
+            }
+        };
+        if let Err(e) = primary.load(self.code(), timeout).await {
+            tracing::warn!(master = %watch.master, primary = %shown, error = %e, "could not load the code on the new primary");
+        }
+        let from = nodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .primary
+            .url
+            .clone();
+        tracing::warn!(master = %watch.master, %from, to = %shown, "sentinel announced a failover: switching primary");
+        *nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Nodes {
+            primary,
+            replicas: Vec::new(),
         });
     }
 

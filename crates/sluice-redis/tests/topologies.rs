@@ -114,6 +114,57 @@ async fn sentinel_failover_is_followed_without_a_restart() {
     assert_eq!(d.remaining(), 988);
 }
 
+/// A forced `SENTINEL FAILOVER` leaves the old primary writable for ~10 s: a store that
+/// waited for it to fail a call would go on deciding there, and lose it all. The store follows
+/// the sentinels' `+switch-master` announcement instead: it is on the new primary without a
+/// single call made in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_sentinel_failover_is_followed_from_its_announcement() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let group = tokio::task::block_in_place(SentinelGroup::start).unwrap();
+    let old_port = group.current_primary_port().unwrap();
+    let config = RedisConfig::sentinel(group.master_name(), group.sentinel_urls())
+        .timeout(Duration::from_millis(500));
+    let store = RedisStore::connect(config).await.unwrap();
+    let limiter = Limiter::new(store.clone()).with_policy(policy(1_000));
+    for i in 0..10u64 {
+        assert_eq!(
+            limiter.check("api", "k", 1).await.unwrap().remaining(),
+            999 - i
+        );
+    }
+    let primary = group.data_node_index(old_port).unwrap();
+    let replicas: Vec<&RedisServer> = (0..group.data_nodes().len())
+        .filter(|&i| i != primary)
+        .map(|i| &group.data_nodes()[i])
+        .collect();
+    wait_replicated(&group.data_nodes()[primary], &replicas);
+
+    group.sentinels()[0]
+        .cmd(&["SENTINEL", "FAILOVER", group.master_name()])
+        .unwrap();
+    let new_port =
+        tokio::task::block_in_place(|| group.wait_failover(old_port, Duration::from_secs(30)))
+            .unwrap();
+    // No call: only the announcement can move the store (polled, with a bound).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.primary_url().ends_with(&format!(":{new_port}")) {
+        assert!(
+            Instant::now() < deadline,
+            "still on {} after the announcement of {new_port}",
+            store.primary_url()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The old primary is still writable (Sentinel has not demoted it yet), yet decisions go
+    // to the new one and continue the count.
+    let role = group.data_nodes()[primary].cmd(&["ROLE"]).unwrap();
+    println!("old primary's role right after the switch: {role:?}");
+    assert_eq!(limiter.check("api", "k", 1).await.unwrap().remaining(), 989);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
     if !sluice_testkit::require_redis() {
