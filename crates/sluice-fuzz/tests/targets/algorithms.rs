@@ -15,9 +15,7 @@
 //! change and refills them linearly, instead of GCRA's theoretical arrival time.
 
 use bolero::check;
-use sluice_core::{
-    Algorithm, Decision, Limit, LimitSpec, LimitState, MAX_AMOUNT, Policy, evaluate,
-};
+use sluice_core::{Algorithm, Decision, Limit, LimitSpec, LimitState, MAX_AMOUNT, evaluate};
 use sluice_fuzz::{Many, Tally, budget, structured};
 
 const T0: u64 = 1_700_000_000_000;
@@ -437,14 +435,8 @@ fn model() {
         let Some(scenario) = structured::<Scenario>(bytes) else {
             return;
         };
-        let (a, b, c, d) = &scenario.specs;
-        let specs: Vec<LimitSpec> = [Some(a), b.as_ref(), c.as_ref(), d.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(Spec::spec)
-            .collect();
-        let Ok(policy) = Policy::from_specs("p", specs) else {
-            return; // an invalid policy (e.g. two limits counting one window)
+        let Some(policy) = crate::policy_of(&scenario.specs, Spec::spec) else {
+            return; // limits that make no valid policy
         };
         let limits = policy.limits();
         let mut models: Vec<Model> = limits.iter().map(Model::new).collect();

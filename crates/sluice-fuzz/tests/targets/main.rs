@@ -11,3 +11,19 @@ mod config;
 mod http;
 mod reply;
 mod rls;
+
+/// One to four limit shapes (a fixed-size tuple, so that the rest of a fuzz input goes to
+/// what follows) as a policy named `p`; `None` when the limits make no valid policy (e.g. two
+/// limits counting one window).
+pub(crate) fn policy_of<S>(
+    specs: &(S, Option<S>, Option<S>, Option<S>),
+    spec: impl Fn(&S) -> sluice::LimitSpec,
+) -> Option<sluice::Policy> {
+    let (a, b, c, d) = specs;
+    let specs = [Some(a), b.as_ref(), c.as_ref(), d.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(spec)
+        .collect();
+    sluice::Policy::from_specs("p", specs).ok()
+}

@@ -10,7 +10,7 @@
 use axum::http::StatusCode;
 use bolero::check;
 use redis::Value;
-use sluice::{Algorithm, LimitSpec, Op, Policy, StoreError};
+use sluice::{Algorithm, LimitSpec, Op, StoreError};
 use sluice_fuzz::{Many, Tally, budget, structured};
 
 /// Integers at the edges of what the decoder converts.
@@ -183,14 +183,8 @@ fn decode() {
         let Some(input) = structured::<Input>(bytes) else {
             return;
         };
-        let (a, b, c, d) = &input.specs;
-        let specs: Vec<LimitSpec> = [Some(a), b.as_ref(), c.as_ref(), d.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(Spec::spec)
-            .collect();
-        let Ok(policy) = Policy::from_specs("p", specs) else {
-            return;
+        let Some(policy) = crate::policy_of(&input.specs, Spec::spec) else {
+            return; // limits that make no valid policy
         };
         let op = match input.op {
             FuzzOp::Check(cost) => Op::Check { cost },
