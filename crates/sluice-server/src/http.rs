@@ -13,7 +13,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use serde_json::{Value, json};
 use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
@@ -98,22 +98,21 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
                 post(simulate).layer(DefaultBodyLimit::max(MAX_SIMULATE_BODY)),
             )
             .route("/metrics", get(metrics_text)),
-        Surface::Public => router
-            .route("/v1/refund", post(on_admin_listener))
-            .route("/v1/keys/{policy}/{*key}", delete(on_admin_listener))
-            .route("/v1/policies", get(on_admin_listener))
-            .route("/v1/top", get(on_admin_listener))
-            .route("/v1/stats", get(on_admin_listener))
-            .route("/ui", get(on_admin_listener))
-            .route("/ui/app.js", get(on_admin_listener))
-            .route("/v1/simulate", post(on_admin_listener))
-            .route("/metrics", get(on_admin_listener)),
+        // Every admin route answers `404 admin_listener`, whatever its method.
+        Surface::Public => ADMIN_ROUTES.iter().fold(router, |r, (_, path)| {
+            r.route(&axum_path(path), any(on_admin_listener))
+        }),
     };
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared)
+}
+
+/// An OpenAPI path as the router writes it: a key may hold `/`, so it is a wildcard.
+fn axum_path(path: &str) -> String {
+    path.replace("{key}", "{*key}")
 }
 
 /// An admin route asked of the public listener when there is an admin listener.
