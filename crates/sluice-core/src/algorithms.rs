@@ -1,4 +1,4 @@
-//! The three algorithms of docs/algorithms.md as pure functions of `(limit, state, cost, now)`.
+//! The four algorithms of docs/algorithms.md as pure functions of `(limit, state, cost, now)`.
 //!
 //! Each returns the state to store (`Some` only when something must be written: the cost was
 //! admitted and is above zero) and the [`Outcome`] this limit reports. All-or-nothing over a
@@ -14,7 +14,9 @@
 //!   would fit, or `None` when it never can (`cost > max`).
 
 use crate::limit::{Algorithm, Limit};
-use crate::state::{FixedWindowState, LimitState, SlidingWindowState, TokenBucketState};
+use crate::state::{
+    ConcurrencyState, FixedWindowState, HeldLease, LimitState, SlidingWindowState, TokenBucketState,
+};
 
 /// What one limit says about one cost at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +52,24 @@ impl Outcome {
 }
 
 /// Decides `cost` for one limit of any algorithm. State of another algorithm's shape is
-/// treated as empty.
+/// treated as empty. A concurrency limit is consulted, not held: see [`step_holding`].
 pub fn step(
     limit: &Limit,
     state: &LimitState,
     cost: u64,
     now: u64,
+) -> (Option<LimitState>, Outcome) {
+    step_holding(limit, state, cost, now, None)
+}
+
+/// [`step`], where a concurrency limit that admits takes the lease `lease` (when one is
+/// given) for `cost` units. Other algorithms ignore `lease`.
+pub fn step_holding(
+    limit: &Limit,
+    state: &LimitState,
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
 ) -> (Option<LimitState>, Outcome) {
     match limit.algorithm() {
         Algorithm::FixedWindow => {
@@ -81,6 +95,14 @@ pub fn step(
             };
             let (next, out) = token_bucket(limit, s, cost, now);
             (next.map(LimitState::TokenBucket), out)
+        }
+        Algorithm::Concurrency => {
+            let s = match state {
+                LimitState::Concurrency(s) => Some(s),
+                _ => None,
+            };
+            let (next, out) = concurrency(limit, s, cost, now, lease);
+            (next.map(LimitState::Concurrency), out)
         }
     }
 }
@@ -116,6 +138,7 @@ pub fn expires_at(limit: &Limit, state: &LimitState) -> Option<u64> {
             .last()
             .map(|&(start, _)| start.saturating_add(limit.per_ms())),
         LimitState::TokenBucket(s) => Some(s.tat_ms + u64::from(s.tat_frac > 0)),
+        LimitState::Concurrency(s) => s.leases.iter().map(|l| l.expires_ms).max(),
     }
 }
 
@@ -274,6 +297,99 @@ fn sliding_window_refund(
         }
     }
     Some(SlidingWindowState { buckets })
+}
+
+// ----- concurrency ---------------------------------------------------------------------------
+
+/// The leases of `state` still held at `now` (expiry after `now`), leaving out `except`.
+fn live_leases(
+    state: Option<&ConcurrencyState>,
+    now: u64,
+    except: Option<u64>,
+) -> impl Iterator<Item = &HeldLease> {
+    state
+        .into_iter()
+        .flat_map(|s| s.leases.iter())
+        .filter(move |l| l.expires_ms > now && Some(l.id) != except)
+}
+
+/// `concurrency`: the units held by live leases are `used`; `remaining` is `max - used`;
+/// `reset` is when the last live lease lapses (`now` when none is held). A refused cost's
+/// `retry_after` is when enough leases lapse for it to fit, if none is released before.
+///
+/// With `lease`, an admitted cost above zero is held under that id until `now + per`; a lease
+/// of the same id already held is replaced (taken again: renewed, with the new cost), so its
+/// own units do not count against it. Without `lease` (a check, a peek) the limit only says
+/// whether `cost` could start now and records nothing, so its `remaining` is unchanged.
+pub fn concurrency(
+    limit: &Limit,
+    state: Option<&ConcurrencyState>,
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
+) -> (Option<ConcurrencyState>, Outcome) {
+    let max = limit.max();
+    let lease = lease.filter(|_| cost > 0);
+    let used = live_leases(state, now, lease).fold(0u64, |a, l| a.saturating_add(l.cost));
+    let remaining = max.saturating_sub(used);
+    let reset = live_leases(state, now, lease)
+        .map(|l| l.expires_ms)
+        .max()
+        .unwrap_or(now);
+    if cost > max {
+        return (None, Outcome::refused(remaining, reset, None));
+    }
+    if cost > remaining {
+        // Leases lapse in order of expiry; the first instant at which what is left admits.
+        let mut expiries: Vec<(u64, u64)> = live_leases(state, now, lease)
+            .map(|l| (l.expires_ms, l.cost))
+            .collect();
+        expiries.sort_unstable();
+        let mut left = used;
+        for (expires_ms, c) in expiries {
+            left = left.saturating_sub(c);
+            if left.saturating_add(cost) <= max {
+                return (
+                    None,
+                    Outcome::refused(remaining, reset, Some(expires_ms - now)),
+                );
+            }
+        }
+        return (None, Outcome::refused(remaining, reset, None)); // unreachable: cost <= max
+    }
+    let Some(id) = lease else {
+        return (None, Outcome::admitted(remaining, reset));
+    };
+    let expires_ms = now + limit.per_ms();
+    let mut leases: Vec<HeldLease> = live_leases(state, now, Some(id)).copied().collect();
+    leases.push(HeldLease {
+        id,
+        expires_ms,
+        cost,
+    });
+    (
+        Some(ConcurrencyState { leases }),
+        Outcome::admitted(remaining - cost, reset.max(expires_ms)),
+    )
+}
+
+/// Frees the lease `id` of a concurrency limit. Returns the state to store (`None` when the
+/// lease is not held: unknown, already released or lapsed) and the units it held.
+pub fn release(state: &LimitState, id: u64, now: u64) -> (Option<LimitState>, u64) {
+    let LimitState::Concurrency(s) = state else {
+        return (None, 0);
+    };
+    let Some(freed) = live_leases(Some(s), now, None)
+        .find(|l| l.id == id)
+        .map(|l| l.cost)
+    else {
+        return (None, 0);
+    };
+    let leases = live_leases(Some(s), now, Some(id)).copied().collect();
+    (
+        Some(LimitState::Concurrency(ConcurrencyState { leases })),
+        freed,
+    )
 }
 
 // ----- token bucket (GCRA) ------------------------------------------------------------------

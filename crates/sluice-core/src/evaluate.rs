@@ -54,14 +54,33 @@ pub enum Op {
         /// of a key ([`Decision::holders`]); 0 takes anonymously and counts nobody.
         holder: u64,
     },
+    /// Takes the lease `lease` for `cost` units in the policy's concurrency limit, and
+    /// records `cost` in its other limits, all or nothing ([`hold`]). Taking a lease that is
+    /// already held renews it.
+    Hold {
+        /// Units the lease holds; 0 takes nothing and reports the state.
+        cost: u64,
+        /// The lease's id, chosen by the caller (unique per lease, e.g. random).
+        lease: u64,
+    },
+    /// Frees the lease `lease` of the policy's concurrency limit ([`release`]); other limits
+    /// are left as they are. The decision's `cost` is the units it held (0: not held).
+    Release {
+        /// The lease's id.
+        lease: u64,
+    },
 }
 
 impl Op {
     /// The units the operation is about: the cost, or an acquire's `min`.
     pub fn cost(self) -> u64 {
         match self {
-            Op::Check { cost } | Op::Peek { cost } | Op::Refund { cost } => cost,
+            Op::Check { cost }
+            | Op::Peek { cost }
+            | Op::Refund { cost }
+            | Op::Hold { cost, .. } => cost,
             Op::Acquire { min, .. } => min,
+            Op::Release { .. } => 0,
         }
     }
 
@@ -70,13 +89,15 @@ impl Op {
         matches!(self, Op::Peek { .. })
     }
 
-    /// `check`, `peek`, `refund` or `acquire`.
+    /// `check`, `peek`, `refund`, `acquire`, `hold` or `release`.
     pub fn name(self) -> &'static str {
         match self {
             Op::Check { .. } => "check",
             Op::Peek { .. } => "peek",
             Op::Refund { .. } => "refund",
             Op::Acquire { .. } => "acquire",
+            Op::Hold { .. } => "hold",
+            Op::Release { .. } => "release",
         }
     }
 }
@@ -92,6 +113,8 @@ pub fn apply(policy: &Policy, states: &[LimitState], op: Op, now: u64) -> Evalua
         },
         Op::Refund { cost } => refund(policy, states, cost, now),
         Op::Acquire { min, max, .. } => acquire(policy, states, min, max, now),
+        Op::Hold { cost, lease } => hold(policy, states, cost, lease, now),
+        Op::Release { lease } => release(policy, states, lease, now),
     }
 }
 
@@ -107,13 +130,32 @@ pub struct Evaluation {
 
 /// Checks `cost` against every limit; records it in all of them only if all admit.
 /// `cost = 0` records nothing and reports the state.
+/// A concurrency limit is consulted, not held: it admits when `cost` could start now.
 pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
+    check_holding(policy, states, cost, now, None)
+}
+
+/// Takes the lease `lease` for `cost` units in the policy's concurrency limit and records
+/// `cost` in every other limit, only if all admit: a [`check`] that also holds. A lease of the
+/// same id already held is replaced (renewed). `cost = 0` takes nothing and reports the state.
+pub fn hold(policy: &Policy, states: &[LimitState], cost: u64, lease: u64, now: u64) -> Evaluation {
+    check_holding(policy, states, cost, now, Some(lease))
+}
+
+fn check_holding(
+    policy: &Policy,
+    states: &[LimitState],
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
+) -> Evaluation {
     let limits = policy.limits();
     let mut statuses = Vec::with_capacity(limits.len());
     let mut writes = Writes::with_capacity(limits.len());
     let mut allowed = true;
     for (i, limit) in limits.iter().enumerate() {
-        let (next, outcome) = algorithms::step(limit, state_at(states, i), cost, now);
+        let (next, outcome) =
+            algorithms::step_holding(limit, state_at(states, i), cost, now, lease);
         allowed &= outcome.admits;
         statuses.push(LimitStatus::new(limit, outcome));
         writes.push(next);
@@ -190,6 +232,30 @@ pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Ev
     let changed = writes.iter().any(Option::is_some);
     Evaluation {
         decision: Decision::new(true, 0, statuses, now),
+        writes: changed.then_some(writes),
+    }
+}
+
+/// Frees the lease `lease` of the policy's concurrency limit and reports the state after it
+/// (as a check of cost 0: always allowed). The decision's `cost` is the units the lease held:
+/// 0 when it was not held (never taken, released already, or lapsed). Other limits are left
+/// as they are: a release is not a refund.
+pub fn release(policy: &Policy, states: &[LimitState], lease: u64, now: u64) -> Evaluation {
+    let limits = policy.limits();
+    let mut writes = Writes::with_capacity(limits.len());
+    let mut statuses = Vec::with_capacity(limits.len());
+    let mut freed = 0;
+    for (i, limit) in limits.iter().enumerate() {
+        let current = state_at(states, i);
+        let (next, units) = algorithms::release(current, lease, now);
+        freed = freed.max(units);
+        let (_, outcome) = algorithms::step(limit, next.as_ref().unwrap_or(current), 0, now);
+        statuses.push(LimitStatus::new(limit, outcome));
+        writes.push(next);
+    }
+    let changed = writes.iter().any(Option::is_some);
+    Evaluation {
+        decision: Decision::new(true, freed, statuses, now),
         writes: changed.then_some(writes),
     }
 }

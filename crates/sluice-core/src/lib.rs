@@ -1,4 +1,4 @@
-//! The pure core of Sluice: limits, policies, the three algorithms and decisions.
+//! The pure core of Sluice: limits, policies, the four algorithms and decisions.
 //!
 //! Nothing here performs I/O, spawns a task or reads a clock: every function is given `now`
 //! (milliseconds since the Unix epoch) and the stored state, and returns the decision and the
@@ -39,8 +39,8 @@ mod limit;
 mod state;
 
 pub use algorithms::{
-    Outcome, expires_at, fixed_window, fixed_window_end, refund, sliding_window,
-    sliding_window_floor, step, token_bucket,
+    Outcome, concurrency, expires_at, fixed_window, fixed_window_end, refund, release,
+    sliding_window, sliding_window_floor, step, step_holding, token_bucket,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Degraded, LimitStatus};
@@ -49,4 +49,6 @@ pub use limit::{
     Algorithm, DEFAULT_BUCKETS, FailureMode, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
     MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS, Policy,
 };
-pub use state::{FixedWindowState, LimitState, SlidingWindowState, TokenBucketState};
+pub use state::{
+    ConcurrencyState, FixedWindowState, HeldLease, LimitState, SlidingWindowState, TokenBucketState,
+};

@@ -41,6 +41,9 @@ pub enum Algorithm {
     SlidingWindow,
     /// A token bucket of `burst` tokens refilled at `max` per `per`, computed as GCRA.
     TokenBucket,
+    /// At most `max` units held at once by leases (requests in flight); a lease that is not
+    /// released lapses `per` after it was taken.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -50,6 +53,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -68,10 +72,12 @@ impl std::str::FromStr for Algorithm {
             "fixed_window" => Ok(Algorithm::FixedWindow),
             "sliding_window" => Ok(Algorithm::SlidingWindow),
             "token_bucket" => Ok(Algorithm::TokenBucket),
+            "concurrency" => Ok(Algorithm::Concurrency),
             other => Err(LimitError::new(
                 "algorithm",
                 format!(
-                    "`{other}` is not an algorithm; expected fixed_window, sliding_window or token_bucket"
+                    "`{other}` is not an algorithm; expected fixed_window, sliding_window, \
+                     token_bucket or concurrency"
                 ),
             )),
         }
@@ -140,6 +146,17 @@ impl LimitSpec {
         }
     }
 
+    /// At most `max` units in flight, each lease lapsing `lease_ttl_ms` after it was taken
+    /// unless released before.
+    pub fn concurrency(max: u64, lease_ttl_ms: u64) -> Self {
+        Self {
+            max,
+            per_ms: lease_ttl_ms,
+            algorithm: Algorithm::Concurrency,
+            ..Self::default()
+        }
+    }
+
     /// A token bucket of `max` per `per_ms` with `burst = max`.
     pub fn token_bucket(max: u64, per_ms: u64) -> Self {
         Self {
@@ -184,6 +201,7 @@ impl LimitSpec {
 ///   is shorter than 60 ms;
 /// - `token_bucket`: `1 <= burst <= 2^53` and refilling the whole burst takes at most
 ///   [`MAX_REFILL_MS`];
+/// - `concurrency`: `per` is how long a lease lasts when it is not released (its TTL);
 /// - options of other algorithms are unset.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Limit {
@@ -322,6 +340,8 @@ impl Limit {
             Algorithm::FixedWindow => format!("fw{}", self.per_ms),
             Algorithm::SlidingWindow => format!("sw{}p{}", self.per_ms, self.precision_ms),
             Algorithm::TokenBucket => format!("tb{}m{}b{}", self.per_ms, self.max, self.burst),
+            // Each lease carries its own expiry, so changing the TTL or max keeps the leases.
+            Algorithm::Concurrency => "cc".to_owned(),
         }
     }
 }
@@ -456,10 +476,14 @@ impl Policy {
                 .iter()
                 .position(|b| b.state_tag() == a.state_tag())
             {
-                return Err(LimitError::new(
-                    format!("limits[{i}]"),
-                    format!("counts the same window as limits[{j}]; merge the two limits"),
-                ));
+                let reason = if a.algorithm() == Algorithm::Concurrency {
+                    format!(
+                        "limits[{j}] is already a concurrency limit; a policy holds at most one"
+                    )
+                } else {
+                    format!("counts the same window as limits[{j}]; merge the two limits")
+                };
+                return Err(LimitError::new(format!("limits[{i}]"), reason));
             }
         }
         let fingerprint = fingerprint(&limits);

@@ -13,6 +13,8 @@ pub enum LimitState {
     SlidingWindow(SlidingWindowState),
     /// State of a `token_bucket` limit.
     TokenBucket(TokenBucketState),
+    /// State of a `concurrency` limit.
+    Concurrency(ConcurrencyState),
 }
 
 /// A fixed window: Redis hash fields `reset` and `used`.
@@ -44,4 +46,24 @@ pub struct TokenBucketState {
     pub tat_ms: u64,
     /// The fractional part, in units of `1/max` ms; always below `max`.
     pub tat_frac: u64,
+}
+
+/// A concurrency limit: the leases held on the key. Redis: a hash with one field per lease,
+/// `<id> -> "<expires>:<cost>"`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConcurrencyState {
+    /// The leases, in no particular order; ids are distinct. Leases past their expiry may
+    /// still be listed: every read ignores them, and the next write drops them.
+    pub leases: Vec<HeldLease>,
+}
+
+/// One lease of a concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLease {
+    /// The lease's id, chosen by whoever took it.
+    pub id: u64,
+    /// When the lease lapses unless released (exclusive), in ms since the epoch.
+    pub expires_ms: u64,
+    /// The units it holds.
+    pub cost: u64,
 }

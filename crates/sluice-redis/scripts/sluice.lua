@@ -2,8 +2,8 @@
 --
 -- Mirrors crates/sluice-core/src/algorithms.rs and evaluate.rs field for field; a differential
 -- test holds the two identical. Loaded once, either as a Redis Function library (FUNCTION LOAD;
--- functions __LIB___check, __LIB___peek, __LIB___refund, __LIB___acquire) or as one script per
--- operation for EVALSHA whose
+-- functions __LIB___check, __LIB___peek, __LIB___refund, __LIB___acquire, __LIB___hold,
+-- __LIB___release) or as one script per operation for EVALSHA whose
 -- last line calls `run` with the operation. `__LIB__` is replaced by the library's versioned
 -- name when loaded.
 --
@@ -18,7 +18,10 @@
 -- ARGV[6 + 9*n] the holder id ("0": anonymous) and ARGV[7 + 9*n] how long (ms) a holder
 -- counts after its last acquire; KEYS[n + 1] is then the key's holders set (a sorted set:
 -- member holder id, score the instant it stops counting).
---   algorithm  1 fixed_window, 2 fixed_window aligned, 3 sliding_window, 4 token_bucket
+-- For `hold` and `release` only, ARGV[5 + 9*n] is the lease id (a decimal u64, kept a string:
+-- a Lua number would round it).
+--   algorithm  1 fixed_window, 2 fixed_window aligned, 3 sliding_window, 4 token_bucket,
+--              5 concurrency (per: the lease TTL)
 --   max, per (ms), precision (ms; sliding), burst (bucket)
 --   tau_ms, tau_frac    (bucket) burst*per/max as whole ms + a numerator over max
 --   step_ms, step_frac  (bucket) cost*per/max likewise (`acquire`: 1*per/max, scaled here)
@@ -29,12 +32,15 @@
 --   fixed_window    reset, used         (reset is stored when the window opens, never recomputed)
 --   sliding_window  <bucket start> -> n (one field per non-empty bucket)
 --   token_bucket    tat, frac           (theoretical arrival time = tat + frac/max ms)
+--   concurrency     <lease id> -> "<expires>:<cost>"  (one field per lease; lapsed ones are
+--                   ignored by every read and deleted by the next write)
 -- Key expiry (PEXPIRE, relative to `now`, + margin) only cleans up: every read compares the
 -- stored times with `now`, so a closed window that still exists is treated as closed.
 --
 -- Reply: { allowed (0/1), now, then per limit: admits (0/1), remaining, reset_ms,
 --          retry_after_ms (-1 = never) }; `acquire` appends the amount it decided on and
---          the number of holders counting (this one included; 0 when anonymous).
+--          the number of holders counting (this one included; 0 when anonymous); `release`
+--          appends the units the lease held (0: not held).
 
 -- Redis loads a function library in a sandbox without the standard libraries: they are
 -- reached at call time, never captured at load time.
@@ -321,7 +327,82 @@ local function token_bucket(key, l, cost, now, margin)
   end
 end
 
-local STEP = {fixed_window, fixed_window, sliding_window, token_bucket}
+-- The leases of a concurrency limit still held at `now` ({id, expires, cost}) and the fields
+-- of lapsed ones.
+local function leases(key, now)
+  local h = redis.call('HGETALL', key)
+  local live, stale = {}, {}
+  for i = 1, #h, 2 do
+    local e, c = string.match(h[i + 1], '^(%d+):(%d+)$')
+    if e == nil then
+      corrupt(key, 'lease ' .. h[i] .. ' holds ' .. h[i + 1] .. ', not <expires>:<cost>')
+    end
+    e, c = int_field(key, 'lease ' .. h[i], e), int_field(key, 'lease ' .. h[i], c)
+    if e > now then
+      live[#live + 1] = {h[i], e, c}
+    else
+      stale[#stale + 1] = h[i]
+    end
+  end
+  return live, stale
+end
+
+-- `l.lease` is set for `hold` only: an admitted cost above zero is then held under that id,
+-- replacing a lease of the same id (whose own units do not count against it).
+local function concurrency(key, l, cost, now, margin)
+  local live, stale = leases(key, now)
+  local lease = nil
+  if cost > 0 then
+    lease = l.lease
+  end
+  local used, reset, counted = 0, now, {}
+  for i = 1, #live do
+    if live[i][1] ~= lease then
+      used = used + live[i][3]
+      if live[i][2] > reset then
+        reset = live[i][2]
+      end
+      counted[#counted + 1] = live[i]
+    end
+  end
+  local max = l.max
+  local remaining = max - used
+  if remaining < 0 then
+    remaining = 0
+  end
+  if cost > max then
+    return outcome_refused(remaining, reset, -1)
+  end
+  if cost > remaining then
+    -- Leases lapse in order of expiry: the first instant at which what is left admits.
+    table.sort(counted, function(a, b) return a[2] < b[2] end)
+    local left = used
+    for i = 1, #counted do
+      left = left - counted[i][3]
+      if left + cost <= max then
+        return outcome_refused(remaining, reset, counted[i][2] - now)
+      end
+    end
+    return outcome_refused(remaining, reset, -1) -- unreachable: cost <= max
+  end
+  if lease == nil then
+    return true, remaining, reset, 0, nil
+  end
+  local expires = now + l.per
+  local new_reset = reset
+  if expires > new_reset then
+    new_reset = expires
+  end
+  return true, remaining - cost, new_reset, 0, function()
+    if #stale > 0 then
+      redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('HSET', key, lease, fmt(expires) .. ':' .. fmt(cost))
+    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+  end
+end
+
+local STEP = {fixed_window, fixed_window, sliding_window, token_bucket, concurrency}
 
 -- ----- refunds -----------------------------------------------------------------------------
 
@@ -376,7 +457,11 @@ local function refund_bucket(key, l, cost, now, margin)
   redis.call('HSET', key, 'tat', fmt(now + rms), 'frac', fmt(rf))
 end
 
-local REFUND = {refund_fixed, refund_fixed, refund_sliding, refund_bucket}
+-- A refund is not a release: it leaves leases as they are.
+local function refund_none()
+end
+
+local REFUND = {refund_fixed, refund_fixed, refund_sliding, refund_bucket, refund_none}
 
 -- ----- the policy --------------------------------------------------------------------------
 
@@ -393,7 +478,8 @@ local function parse(keys, args)
   local now = now_of(args[1])
   local cost, margin, n = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
   if now == nil or cost == nil or margin == nil or n == nil
-    or not ((n == #keys and #args == 4 + 9 * n) or (n + 1 == #keys and #args == 7 + 9 * n)) then
+    or not ((n == #keys and (#args == 4 + 9 * n or #args == 5 + 9 * n))
+      or (n + 1 == #keys and #args == 7 + 9 * n)) then
     error('SLUICE_ARGS expected now, cost, margin, n and 9 values per limit for ' .. #keys .. ' keys', 0)
   end
   local limits = {}
@@ -608,6 +694,28 @@ local function check_fixed(keys, args)
   return reply
 end
 
+-- Frees the lease in the last ARGV (evaluate.rs `release`) and reports the state after it;
+-- the reply ends with the units it held (0: not held).
+local function release(keys, args, now, margin, limits)
+  local lease = args[5 + 9 * #limits]
+  local freed = 0
+  for i = 1, #limits do
+    if limits[i].alg == 5 then
+      local live, stale = leases(keys[i], now)
+      for j = 1, #live do
+        if live[j][1] == lease then
+          freed = live[j][3]
+          stale[#stale + 1] = lease
+          redis.call('HDEL', keys[i], unpack(stale))
+        end
+      end
+    end
+  end
+  local reply = decide(keys, now, 0, margin, limits, false)
+  reply[#reply + 1] = freed
+  return reply
+end
+
 local function run(op, keys, args)
   if op == 'check' then
     local reply = check_fixed(keys, args)
@@ -622,6 +730,18 @@ local function run(op, keys, args)
     return decide(keys, now, cost, margin, limits, false)
   elseif op == 'acquire' then
     return acquire(keys, args, now, cost, margin, limits)
+  elseif op == 'hold' or op == 'release' then
+    local lease = args[5 + 9 * #limits]
+    if lease == nil or not string.match(lease, '^%d+$') then
+      error('SLUICE_ARGS ' .. op .. ' needs a lease id', 0)
+    end
+    if op == 'release' then
+      return release(keys, args, now, margin, limits)
+    end
+    for i = 1, #limits do
+      limits[i].lease = lease
+    end
+    return decide(keys, now, cost, margin, limits, true)
   end
   for i = 1, #limits do
     if cost > 0 then

@@ -58,6 +58,7 @@ impl Codec {
                 Algorithm::FixedWindow if limit.align() => 2,
                 Algorithm::FixedWindow => 1,
                 Algorithm::SlidingWindow => 3,
+                Algorithm::Concurrency => 5,
                 _ => 4,
             };
             let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
@@ -93,6 +94,9 @@ impl Codec {
                 .unwrap_or(1);
             cmd.arg(max).arg(holder.to_string()).arg(ttl);
         }
+        if let Op::Hold { lease, .. } | Op::Release { lease } = op {
+            cmd.arg(lease.to_string());
+        }
     }
 }
 
@@ -107,8 +111,10 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
     };
     let limits = policy.limits();
     let acquire = matches!(op, Op::Acquire { .. });
-    // An acquire appends the amount taken and the number of holders.
-    let expected = 2 + 4 * limits.len() + 2 * usize::from(acquire);
+    let release = matches!(op, Op::Release { .. });
+    // An acquire appends the amount taken and the number of holders; a release the units
+    // the lease held.
+    let expected = 2 + 4 * limits.len() + 2 * usize::from(acquire) + usize::from(release);
     if items.len() != expected {
         return Err(bad(&format!(
             "{} values for {} limits of a {}",
@@ -125,10 +131,11 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
         int(v, what).and_then(|n| u64::try_from(n).map_err(|_| bad(&format!("{what} is {n}"))))
     };
     // The decision's cost: what was asked; a refund reports the state (cost 0); an acquire
-    // the amount it took (its last value).
+    // the amount it took (its last value but one); a release the units freed (its last).
     let cost = match op {
         Op::Refund { .. } => 0,
         Op::Acquire { .. } => uint(&items[expected - 2], "the amount taken")?,
+        Op::Release { .. } => uint(&items[expected - 1], "the units freed")?,
         _ => op.cost(),
     };
     let allowed = int(&items[0], "allowed")? == 1;

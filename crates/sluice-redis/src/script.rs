@@ -37,10 +37,21 @@ pub(crate) enum Entry {
     Refund,
     /// Take a batch: as much as fits, between a minimum and a maximum.
     Acquire,
+    /// Take a lease of a concurrency limit.
+    Hold,
+    /// Free a lease of a concurrency limit.
+    Release,
 }
 
 impl Entry {
-    const ALL: [Entry; 4] = [Entry::Check, Entry::Peek, Entry::Refund, Entry::Acquire];
+    const ALL: [Entry; 6] = [
+        Entry::Check,
+        Entry::Peek,
+        Entry::Refund,
+        Entry::Acquire,
+        Entry::Hold,
+        Entry::Release,
+    ];
 
     /// The entry point that runs `op`; `None` for an operation the script does not know.
     pub(crate) fn of(op: Op) -> Option<Entry> {
@@ -49,6 +60,8 @@ impl Entry {
             Op::Peek { .. } => Some(Entry::Peek),
             Op::Refund { .. } => Some(Entry::Refund),
             Op::Acquire { .. } => Some(Entry::Acquire),
+            Op::Hold { .. } => Some(Entry::Hold),
+            Op::Release { .. } => Some(Entry::Release),
             _ => None,
         }
     }
@@ -59,6 +72,8 @@ impl Entry {
             Entry::Peek => "peek",
             Entry::Refund => "refund",
             Entry::Acquire => "acquire",
+            Entry::Hold => "hold",
+            Entry::Release => "release",
         }
     }
 
@@ -76,9 +91,9 @@ pub(crate) struct Code {
     /// The `FUNCTION LOAD` body.
     library_source: String,
     /// Per entry point: the function name.
-    functions: [String; 4],
+    functions: [String; 6],
     /// Per entry point: the EVAL script and its SHA1.
-    scripts: [(String, String); 4],
+    scripts: [(String, String); 6],
 }
 
 impl Code {

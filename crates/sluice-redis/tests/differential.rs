@@ -1,8 +1,8 @@
 //! The Redis store decides exactly like the memory store: random operation sequences (advance
-//! a manual clock; check, peek, refund, acquire (a batch), forget with random costs; several
-//! keys; policies
-//! mixing all three algorithms, including limits near 2^53) run through both, and every
-//! decision must be identical, field for field.
+//! a manual clock; check, peek, refund, acquire (a batch), hold and release (leases of a
+//! concurrency limit, from a few ids so releases find them), forget with random costs; several
+//! keys; policies mixing all four algorithms, including limits near 2^53) run through both, and
+//! every decision must be identical, field for field.
 //!
 //! CI runs at least 10 000 operations. A longer local run:
 //! `SLUICE_DIFF_CASES=2000 cargo test --release -p sluice-redis --test differential`.
@@ -49,13 +49,24 @@ enum Op {
         min: u64,
         max: u64,
     },
+    Hold {
+        policy: usize,
+        key: usize,
+        cost: u64,
+        lease: u64,
+    },
+    Release {
+        policy: usize,
+        key: usize,
+        lease: u64,
+    },
 }
 
 /// A limit spec: mostly small numbers (where windows fill and buckets run dry), sometimes
 /// huge ones (where the Lua code must split numbers beyond 2^53).
 fn limit_spec() -> impl Strategy<Value = Limit> {
     let small = (
-        0..3usize,
+        0..4usize,
         1u64..=12,
         prop_oneof![Just(1u64), Just(7), Just(100), Just(1_000), Just(60_000)],
         1u64..=6,
@@ -68,7 +79,8 @@ fn limit_spec() -> impl Strategy<Value = Limit> {
                 if align { s.aligned() } else { s }
             }
             1 => LimitSpec::sliding_window(max, per * n).precision_ms(per),
-            _ => LimitSpec::token_bucket(max, per).burst(burst),
+            2 => LimitSpec::token_bucket(max, per).burst(burst),
+            _ => LimitSpec::concurrency(max, per * n),
         });
     let huge = (
         prop_oneof![Just(1u64 << 53), (1u64 << 40)..=(1u64 << 53), 1u64..=1_000],
@@ -97,6 +109,12 @@ fn cost_for(max: u64) -> impl Strategy<Value = u64> {
     ]
 }
 
+/// Mostly a few small ids, so that leases are taken again (renewed) and released; sometimes
+/// ids beyond 2^53, which the Lua code must keep as strings.
+fn lease_id() -> impl Strategy<Value = u64> {
+    prop_oneof![4 => 1..=5u64, 1 => Just(u64::MAX), 1 => any::<u64>()]
+}
+
 fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
     policies().prop_flat_map(|policies| {
         let biggest = policies
@@ -111,7 +129,9 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
             2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Peek { policy, key, cost }),
             2 => (target.clone(), cost_for(biggest)).prop_map(|((policy, key), cost)| Op::Refund { policy, key, cost }),
             1 => target.clone().prop_map(|(policy, key)| Op::Forget { policy, key }),
-            2 => (target, cost_for(biggest), cost_for(biggest)).prop_map(|((policy, key), a, b)| Op::Acquire { policy, key, min: a.min(b).min(sluice::core::MAX_AMOUNT), max: a.max(b).min(sluice::core::MAX_AMOUNT) }),
+            2 => (target.clone(), cost_for(biggest), cost_for(biggest)).prop_map(|((policy, key), a, b)| Op::Acquire { policy, key, min: a.min(b).min(sluice::core::MAX_AMOUNT), max: a.max(b).min(sluice::core::MAX_AMOUNT) }),
+            4 => (target.clone(), cost_for(biggest), lease_id()).prop_map(|((policy, key), cost, lease)| Op::Hold { policy, key, cost: cost.min(sluice::core::MAX_AMOUNT), lease }),
+            3 => (target, lease_id()).prop_map(|((policy, key), lease)| Op::Release { policy, key, lease }),
         ];
         (Just(policies), prop::collection::vec(op, 50..250))
     })
@@ -257,6 +277,42 @@ async fn apply<S: sluice::Store>(
             limiter
                 .store()
                 .acquire(p, &key(*k), *min, *max, limiter.clock().now_ms())
+                .await
+                .map_err(sluice::Error::from)
+        }
+        Op::Hold {
+            policy,
+            key: k,
+            cost,
+            lease,
+        } => {
+            // Through the store, with the lease id chosen here (the limiter picks a random one).
+            use sluice::Clock;
+            let hold = sluice::Op::Hold {
+                cost: *cost,
+                lease: *lease,
+            };
+            limiter
+                .store()
+                .call(&policies[*policy], &key(*k), hold, limiter.clock().now_ms())
+                .await
+                .map_err(sluice::Error::from)
+        }
+        Op::Release {
+            policy,
+            key: k,
+            lease,
+        } => {
+            use sluice::Clock;
+            let release = sluice::Op::Release { lease: *lease };
+            limiter
+                .store()
+                .call(
+                    &policies[*policy],
+                    &key(*k),
+                    release,
+                    limiter.clock().now_ms(),
+                )
                 .await
                 .map_err(sluice::Error::from)
         }

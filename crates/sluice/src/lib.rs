@@ -43,7 +43,7 @@ pub mod reserve;
 mod store;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
-pub use limiter::{Error, Limiter, MAX_KEY_LEN};
+pub use limiter::{Error, Lease, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use reserve::{Batch, DEFAULT_MAX_ERROR, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::evaluate::Op;

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sluice_core::evaluate::Op;
-use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock};
+use sluice_core::{
+    Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock,
+};
 
 use crate::memory::MemoryStore;
 use crate::store::{Store, StoreError};
@@ -25,6 +27,12 @@ pub enum Error {
     /// The cost is above 2^53.
     #[error("cost {0} is too large; at most 2^53 (9007199254740992)")]
     InvalidCost(u64),
+    /// A lease was asked of a policy that has no concurrency limit.
+    #[error(
+        "policy `{0}` has no concurrency limit; leases are taken and released only under a \
+         policy with one (algorithm: concurrency)"
+    )]
+    NotConcurrent(String),
     /// The store could not answer: always for errors retrying cannot fix (corrupt state), and
     /// for transient ones (timeouts, an unreachable store, an open circuit) when the policy
     /// fails closed. A server answers 503.
@@ -186,6 +194,61 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.call(policy, key, Op::Refund { cost }).await
     }
 
+    /// Takes a lease of `cost` units for `key` in the policy's concurrency limit, recording
+    /// `cost` in its other limits too, all or nothing (docs/algorithms.md#concurrency). The
+    /// lease is `Some` when the decision allows it; release it with [`Limiter::release`] when
+    /// the work is done, or it lapses after the limit's `per`. `cost = 0` takes nothing.
+    pub async fn acquire(
+        &self,
+        policy: &str,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        self.acquire_policy(self.lookup(policy)?, key, cost).await
+    }
+
+    /// [`Limiter::acquire`] with a policy the caller holds.
+    pub async fn acquire_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        let ttl_ms = lease_ttl(policy)?;
+        let id = loop {
+            // 0 is kept for "no lease" by callers that store ids as numbers.
+            let id = rand::random::<u64>();
+            if id != 0 {
+                break id;
+            }
+        };
+        let decision = self.call(policy, key, Op::Hold { cost, lease: id }).await?;
+        let lease = (decision.allowed && cost > 0).then(|| Lease {
+            id,
+            cost,
+            expires_ms: decision.now_ms.saturating_add(ttl_ms),
+        });
+        Ok((decision, lease))
+    }
+
+    /// Frees the lease `id` of `key` under the policy. The decision's `cost` is the units it
+    /// held: 0 when it was not held (released already, lapsed, or never taken). Other limits
+    /// are left as they are: a release is not a refund.
+    pub async fn release(&self, policy: &str, key: &str, id: u64) -> Result<Decision, Error> {
+        self.release_policy(self.lookup(policy)?, key, id).await
+    }
+
+    /// [`Limiter::release`] with a policy the caller holds.
+    pub async fn release_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        id: u64,
+    ) -> Result<Decision, Error> {
+        lease_ttl(policy)?;
+        self.call(policy, key, Op::Release { lease: id }).await
+    }
+
     /// Forgets the key's state under the policy.
     pub async fn forget(&self, policy: &str, key: &str) -> Result<(), Error> {
         let policy = self.lookup(policy)?;
@@ -232,6 +295,27 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             .get(name)
             .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
     }
+}
+
+/// A lease of a concurrency limit, taken by [`Limiter::acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease's id, to pass to [`Limiter::release`].
+    pub id: u64,
+    /// The units it holds.
+    pub cost: u64,
+    /// When it lapses unless released, in ms since the epoch (by the store's clock).
+    pub expires_ms: u64,
+}
+
+/// The TTL of the policy's concurrency limit.
+fn lease_ttl(policy: &Policy) -> Result<u64, Error> {
+    policy
+        .limits()
+        .iter()
+        .find(|l| l.algorithm() == Algorithm::Concurrency)
+        .map(|l| l.per_ms())
+        .ok_or_else(|| Error::NotConcurrent(policy.name().to_owned()))
 }
 
 fn validate(key: &str, cost: u64) -> Result<(), Error> {

@@ -578,8 +578,17 @@ impl<S: Store> Store for Reserving<S> {
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
         match op {
-            Op::Check { cost } => self.check_leased(policy, key, cost, now_ms).await,
-            // Peeks (which see leased units as used), refunds and acquires.
+            // A concurrency limit is consulted at every check (it admits what could start
+            // now): no batch can stand for it, so such policies are never leased.
+            Op::Check { cost }
+                if !policy
+                    .limits()
+                    .iter()
+                    .any(|l| l.algorithm() == Algorithm::Concurrency) =>
+            {
+                self.check_leased(policy, key, cost, now_ms).await
+            }
+            // Peeks (which see leased units as used), refunds, acquires, holds and releases.
             _ => self.inner.call(policy, key, op, now_ms).await,
         }
     }
