@@ -30,6 +30,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/check"),
     ("POST", "/v1/peek"),
     ("POST", "/v1/refund"),
+    ("POST", "/v1/acquire"),
+    ("POST", "/v1/release"),
     ("DELETE", "/v1/keys/{policy}/{key}"),
     ("GET", "/v1/policies"),
     ("GET", "/v1/top"),
@@ -66,7 +68,8 @@ pub const MAX_SIMULATE_BODY: usize = 8 * 1024 * 1024;
 pub enum Surface {
     /// Every route: the HTTP listener when there is no admin listener, and the admin listener.
     All,
-    /// What any client may call (check, peek, health, the OpenAPI document); the
+    /// What any client may call (check, peek, acquire, release, health, the OpenAPI
+    /// document); the
     /// [`ADMIN_ROUTES`] answer `404 admin_listener`.
     Public,
 }
@@ -81,6 +84,8 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
     let router = Router::new()
         .route("/v1/check", post(check))
         .route("/v1/peek", post(peek))
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/release", post(release))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi));
@@ -153,7 +158,8 @@ async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such path; the API is POST /v1/check, /v1/peek, /v1/refund, /v1/simulate, DELETE \
+        "no such path; the API is POST /v1/check, /v1/peek, /v1/acquire, /v1/release, \
+         /v1/refund, /v1/simulate, DELETE \
          /v1/keys/{policy}/{key}, GET /v1/policies, /v1/top, /v1/stats, /healthz, /readyz, \
          /metrics, /openapi.json, and the dashboard at /ui",
     )
@@ -169,12 +175,19 @@ async fn method_not_allowed(method: Method) -> Response {
 
 // ----- the request body ---------------------------------------------------------------------
 
-/// A validated `{"policy", "key", "cost"}` body.
+/// A validated `{"policy", "key", "cost"}` body, or `{"policy", "key", "lease"}` for a
+/// release.
 #[derive(Debug)]
 struct Request {
     policy: String,
     key: String,
     cost: u64,
+    lease: u64,
+}
+
+/// A lease id as the API writes it: 16 lowercase hex digits.
+fn lease_text(id: u64) -> String {
+    format!("{id:016x}")
 }
 
 /// A refused request, turned into a JSON error answer.
@@ -191,7 +204,7 @@ impl IntoResponse for Refusal {
     }
 }
 
-fn parse_request(body: Result<Bytes, BytesRejection>) -> Result<Request, Refusal> {
+fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Request, Refusal> {
     let bad = |message: String| Refusal {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_request",
@@ -232,6 +245,34 @@ fn parse_request(body: Result<Bytes, BytesRejection>) -> Result<Request, Refusal
             key.len()
         )));
     }
+    if op == Endpoint::Release {
+        let lease = string("lease")?;
+        let id = (1..=16)
+            .contains(&lease.len())
+            .then(|| u64::from_str_radix(&lease, 16).ok())
+            .flatten()
+            .filter(|_| lease.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| {
+                bad(format!(
+                    "`lease` must be the id /v1/acquire returned (16 hex digits), got `{}`",
+                    lease.chars().take(40).collect::<String>()
+                ))
+            })?;
+        if let Some(field) = map
+            .keys()
+            .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
+        {
+            return Err(bad(format!(
+                "unknown field `{field}`; the fields of a release are policy, key and lease"
+            )));
+        }
+        return Ok(Request {
+            policy,
+            key,
+            cost: 0,
+            lease: id,
+        });
+    }
     let cost = match map.get("cost") {
         None | Some(Value::Null) => 1,
         Some(Value::Number(n)) => match n.as_u64() {
@@ -260,7 +301,12 @@ fn parse_request(body: Result<Bytes, BytesRejection>) -> Result<Request, Refusal
             )));
         }
     }
-    Ok(Request { policy, key, cost })
+    Ok(Request {
+        policy,
+        key,
+        cost,
+        lease: 0,
+    })
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -281,6 +327,25 @@ enum Endpoint {
     Check,
     Peek,
     Refund,
+    Acquire,
+    Release,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Endpoint::Check => "check",
+            Endpoint::Peek => "peek",
+            Endpoint::Refund => "refund",
+            Endpoint::Acquire => "acquire",
+            Endpoint::Release => "release",
+        }
+    }
+
+    /// Whether it admits requests (counted in stats and top keys; 429 when denied).
+    fn admits(self) -> bool {
+        matches!(self, Endpoint::Check | Endpoint::Acquire)
+    }
 }
 
 async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -289,6 +354,14 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
 
 async fn peek(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
     answer(&s, Endpoint::Peek, body).await
+}
+
+async fn acquire(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(&s, Endpoint::Acquire, body).await
+}
+
+async fn release(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(&s, Endpoint::Release, body).await
 }
 
 async fn refund(
@@ -329,9 +402,10 @@ fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
     )
 }
 
-/// Check, peek or refund: reads the body, asks the limiter, answers the decision.
+/// Check, peek, refund, acquire or release: reads the body, asks the limiter, answers the
+/// decision.
 async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
-    let req = match parse_request(body) {
+    let req = match parse_request(body, op) {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
@@ -341,16 +415,21 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
         return unknown_policy(&req.policy, &snapshot);
     };
     let started = std::time::Instant::now();
+    let mut lease = None;
     let result = match op {
         Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
         Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
         Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+        Endpoint::Acquire => limiter
+            .acquire_policy(policy, &req.key, req.cost)
+            .await
+            .map(|(d, l)| {
+                lease = l;
+                d
+            }),
+        Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
     };
-    let op_name = match op {
-        Endpoint::Check => "check",
-        Endpoint::Peek => "peek",
-        Endpoint::Refund => "refund",
-    };
+    let op_name = op.name();
     metrics::decision_latency(op_name, started.elapsed());
     match result {
         Ok(d) => {
@@ -360,7 +439,7 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
                 (None, false) => "denied",
             };
             metrics::decision(policy.name_arc(), op_name, outcome);
-            if op == Endpoint::Check {
+            if op.admits() {
                 let counted = match (d.degraded, d.allowed) {
                     (Some(_), _) => crate::stats::Outcome::Degraded,
                     (None, true) => crate::stats::Outcome::Allowed,
@@ -377,16 +456,21 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
                     snapshot.now_ms(),
                 );
             }
-            let status = if op == Endpoint::Check && !d.allowed {
+            let status = if op.admits() && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            decision_response(status, policy, &req.key, &d)
+            let extra = match op {
+                Endpoint::Acquire => Extra::Lease(lease),
+                Endpoint::Release => Extra::Released,
+                _ => Extra::None,
+            };
+            decision_response_with(status, policy, &req.key, &d, extra)
         }
         Err(LimitError::Store(e)) => {
             metrics::decision(policy.name_arc(), op_name, "error");
-            if op == Endpoint::Check {
+            if op.admits() {
                 shared
                     .counts()
                     .count(policy.name_arc(), crate::stats::Outcome::Error);
@@ -419,6 +503,28 @@ struct DecisionBody<'a> {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     degraded: bool,
     limits: Vec<LimitBody>,
+    /// `/v1/acquire` when allowed: the lease taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseBody>,
+    /// `/v1/release`: whether the lease was held (and is now freed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<bool>,
+}
+
+/// The lease in an `/v1/acquire` answer.
+#[derive(serde::Serialize)]
+struct LeaseBody {
+    id: String,
+    expires_ms: u64,
+}
+
+/// What an answer adds to the decision body.
+enum Extra {
+    None,
+    /// `/v1/acquire`: the lease, when one was taken.
+    Lease(Option<sluice::Lease>),
+    /// `/v1/release`: `released`, from the decision's cost (the units freed).
+    Released,
 }
 
 /// One limit in a decision body.
@@ -434,6 +540,16 @@ struct LimitBody {
 
 /// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
 pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Decision) -> Response {
+    decision_response_with(status, policy, key, d, Extra::None)
+}
+
+fn decision_response_with(
+    status: StatusCode,
+    policy: &Policy,
+    key: &str,
+    d: &Decision,
+    extra: Extra,
+) -> Response {
     let b = d.binding();
     let body = DecisionBody {
         allowed: d.allowed,
@@ -457,6 +573,14 @@ pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Dec
                 retry_after_ms: s.retry_after_ms,
             })
             .collect(),
+        lease: match extra {
+            Extra::Lease(Some(l)) => Some(LeaseBody {
+                id: lease_text(l.id),
+                expires_ms: l.expires_ms,
+            }),
+            _ => None,
+        },
+        released: matches!(extra, Extra::Released).then_some(d.cost > 0),
     };
     let mut response = match serde_json::to_vec(&body) {
         Ok(bytes) => (status, bytes).into_response(),

@@ -12,6 +12,9 @@
 //!   and `ratelimit`, Structured Field lists with one item per limit of the policy, named
 //!   `"<policy>:<index>"` (see [`item_name`]): `q` (max) and `w` (window, seconds) in the
 //!   policy, `r` (remaining) and `t` (seconds until the limit is whole again) in the state.
+//!   A concurrency limit is the draft's third quota unit: `qu="concurrent-requests"` and no
+//!   `w` in the policy, no `t` in the state (its units come back when leases are released,
+//!   which no clock predicts).
 //!
 //! ```
 //! use sluice::{Decision, LimitSpec, Policy, headers};
@@ -28,7 +31,7 @@
 
 use std::fmt::Write as _;
 
-use sluice_core::{Decision, Degraded, Policy};
+use sluice_core::{Algorithm, Decision, Degraded, Policy};
 
 /// One header: a lowercase name and its value.
 pub type Header = (&'static str, String);
@@ -183,7 +186,11 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
                     o.push_str(", ");
                 }
                 push_item_name(o, policy, i);
-                let _ = write!(o, ";q={};w={}", s.max, secs_up(s.per_ms).max(1));
+                if s.algorithm == Algorithm::Concurrency {
+                    let _ = write!(o, ";q={};qu=\"concurrent-requests\"", s.max);
+                } else {
+                    let _ = write!(o, ";q={};w={}", s.max, secs_up(s.per_ms).max(1));
+                }
             }
         });
         field(Field::RateLimit, &|o| {
@@ -192,8 +199,11 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
                     o.push_str(", ");
                 }
                 push_item_name(o, policy, i);
-                let t = secs_up(s.reset_ms.saturating_sub(now_ms));
-                let _ = write!(o, ";r={};t={t}", s.remaining);
+                let _ = write!(o, ";r={}", s.remaining);
+                if s.algorithm != Algorithm::Concurrency {
+                    let t = secs_up(s.reset_ms.saturating_sub(now_ms));
+                    let _ = write!(o, ";t={t}");
+                }
             }
         });
     }
@@ -464,6 +474,32 @@ mod tests {
         assert_eq!(
             all(&p, &local)[1],
             ("x-ratelimit-remaining", "1".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_the_drafts_concurrent_requests_unit() {
+        let p = Policy::from_specs(
+            "jobs",
+            vec![
+                LimitSpec::concurrency(4, 30_000),
+                LimitSpec::fixed_window(100, 60_000),
+            ],
+        )
+        .unwrap();
+        let d = evaluate::hold(&p, &[], 1, 7, NOW).decision;
+        assert_eq!(
+            ietf(&p, &d),
+            vec![
+                (
+                    "ratelimit-policy",
+                    "\"jobs:0\";q=4;qu=\"concurrent-requests\", \"jobs:1\";q=100;w=60".to_owned()
+                ),
+                (
+                    "ratelimit",
+                    "\"jobs:0\";r=3, \"jobs:1\";r=99;t=60".to_owned()
+                ),
+            ]
         );
     }
 
