@@ -676,7 +676,8 @@ async fn policies(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Resp
                             v["precision_ms"] = json!(l.precision_ms())
                         }
                         sluice::Algorithm::TokenBucket => v["burst"] = json!(l.burst()),
-                        _ => v["align"] = json!(l.align()),
+                        sluice::Algorithm::FixedWindow => v["align"] = json!(l.align()),
+                        _ => {}
                     }
                     v
                 })

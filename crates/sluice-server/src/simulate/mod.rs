@@ -555,6 +555,17 @@ fn parse_policies(
                     .map_err(|e| bad(path.clone(), e))?
             }
         };
+        if let Some(i) = policy
+            .limits()
+            .iter()
+            .position(|l| l.algorithm() == Algorithm::Concurrency)
+        {
+            return Err(bad(
+                format!("{path}.limits[{i}]"),
+                "a concurrency limit cannot be simulated: the traffic has no request durations, \
+                 so nothing would ever be held",
+            ));
+        }
         if out.iter().any(|p| p.name() == policy.name()) {
             return Err(bad(
                 format!("{path}.name"),

@@ -1,0 +1,265 @@
+//! `POST /v1/acquire` and `POST /v1/release` end to end (docs/api.md#leases): leases up to the
+//! limit, 429 with the IETF `concurrent-requests` headers, releases, every malformed body, and
+//! 64 HTTP clients on a Redis-backed server never holding more than the limit.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+mod common;
+
+const POLICIES: &str = r#"
+policies:
+  jobs:
+    limits:
+      - { max: 3, per: 30s, algorithm: concurrency }
+      - { max: 1000, per: 1h }
+  rate:
+    limits:
+      - { max: 10, per: 1m }
+"#;
+
+async fn post(c: &Client, url: &str, body: Value) -> reqwest::Response {
+    c.post(url).json(&body).send().await.unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn refused(r: reqwest::Response) -> String {
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn leases_are_taken_up_to_the_limit_and_released() {
+    let s = common::TestServer::start(POLICIES, &[]).await;
+    let c = Client::new();
+    let acquire = format!("{}/v1/acquire", s.url);
+    let release = format!("{}/v1/release", s.url);
+    let mut leases = Vec::new();
+    for left in (0..3).rev() {
+        let r = post(&c, &acquire, json!({"policy": "jobs", "key": "u1"})).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            header(&r, "ratelimit-policy").unwrap(),
+            "\"jobs:0\";q=3;qu=\"concurrent-requests\", \"jobs:1\";q=1000;w=3600"
+        );
+        assert!(
+            header(&r, "ratelimit")
+                .unwrap()
+                .starts_with(&format!("\"jobs:0\";r={left}, ")),
+            "{:?}",
+            header(&r, "ratelimit")
+        );
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["allowed"], true);
+        assert_eq!(body["limits"][0]["algorithm"], "concurrency");
+        let id = body["lease"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(id.len(), 16, "{id}");
+        assert!(body["lease"]["expires_ms"].as_u64().unwrap() > 0);
+        leases.push(id);
+    }
+    let full = post(&c, &acquire, json!({"policy": "jobs", "key": "u1"})).await;
+    assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = header(&full, "retry-after").unwrap().parse().unwrap();
+    assert!(
+        (29..=30).contains(&wait),
+        "retry-after {wait}: the first lease lapses in 30 s"
+    );
+    let body: Value = full.json().await.unwrap();
+    assert!(body.get("lease").is_none(), "{body}");
+    // Another key has its own leases.
+    let other = post(&c, &acquire, json!({"policy": "jobs", "key": "u2"})).await;
+    assert_eq!(other.status(), StatusCode::OK);
+
+    let r = post(
+        &c,
+        &release,
+        json!({"policy": "jobs", "key": "u1", "lease": leases[1]}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["released"].clone(), body["cost"].clone()),
+        (json!(true), json!(1))
+    );
+    assert_eq!(body["limits"][0]["remaining"], 1);
+    assert_eq!(
+        body["limits"][1]["remaining"], 997,
+        "3 counted; a release is not a refund"
+    );
+    // Released already: not an error, nothing freed.
+    let again = post(
+        &c,
+        &release,
+        json!({"policy": "jobs", "key": "u1", "lease": leases[1]}),
+    )
+    .await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.json::<Value>().await.unwrap()["released"], false);
+    let r = post(
+        &c,
+        &acquire,
+        json!({"policy": "jobs", "key": "u1", "cost": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "the freed unit is taken again");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_acquires_and_releases_are_refused_by_name() {
+    let s = common::TestServer::start(POLICIES, &[]).await;
+    let c = Client::new();
+    let acquire = format!("{}/v1/acquire", s.url);
+    let release = format!("{}/v1/release", s.url);
+    let m = refused(post(&c, &acquire, json!({"policy": "rate", "key": "k"})).await).await;
+    assert!(m.contains("policy `rate` has no concurrency limit"), "{m}");
+    let m = refused(
+        post(
+            &c,
+            &release,
+            json!({"policy": "rate", "key": "k", "lease": "01"}),
+        )
+        .await,
+    )
+    .await;
+    assert!(m.contains("no concurrency limit"), "{m}");
+    for lease in [
+        json!("xyz"),
+        json!(""),
+        json!("0123456789abcdef0"),
+        json!("+12"),
+    ] {
+        let m = refused(
+            post(
+                &c,
+                &release,
+                json!({"policy": "jobs", "key": "k", "lease": lease}),
+            )
+            .await,
+        )
+        .await;
+        assert!(m.contains("`lease` must be the id"), "{lease}: {m}");
+    }
+    let m = refused(
+        post(
+            &c,
+            &release,
+            json!({"policy": "jobs", "key": "k", "lease": 7}),
+        )
+        .await,
+    )
+    .await;
+    assert!(m.contains("`lease` must be a string"), "{m}");
+    let m = refused(post(&c, &release, json!({"policy": "jobs", "key": "k"})).await).await;
+    assert!(m.contains("`lease` is missing"), "{m}");
+    let m = refused(
+        post(
+            &c,
+            &release,
+            json!({"policy": "jobs", "key": "k", "lease": "01", "cost": 1}),
+        )
+        .await,
+    )
+    .await;
+    assert!(m.contains("unknown field `cost`"), "{m}");
+    let m = refused(
+        post(
+            &c,
+            &acquire,
+            json!({"policy": "jobs", "key": "k", "lease": "01"}),
+        )
+        .await,
+    )
+    .await;
+    assert!(m.contains("unknown field `lease`"), "{m}");
+    let r = post(&c, &acquire, json!({"policy": "nope", "key": "k"})).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // A check consults the concurrency limit without holding.
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "jobs", "key": "k"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["limits"][0]["remaining"],
+        3
+    );
+    s.stop().await;
+}
+
+/// 64 HTTP clients on a server deciding in Redis, each taking and releasing leases; an
+/// independent counter (raised after a lease is granted, lowered before its release) never
+/// passes the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
+        redis.url()
+    );
+    let s = common::TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    let holding = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (c, url, holding, peak) = (c.clone(), s.url.clone(), holding.clone(), peak.clone());
+            tokio::spawn(async move {
+                let mut done = 0;
+                while done < 8 {
+                    let r = post(
+                        &c,
+                        &format!("{url}/v1/acquire"),
+                        json!({"policy": "jobs", "key": "hot"}),
+                    )
+                    .await;
+                    if r.status() == StatusCode::TOO_MANY_REQUESTS {
+                        continue;
+                    }
+                    assert_eq!(r.status(), StatusCode::OK);
+                    let body: Value = r.json().await.unwrap();
+                    assert!(body.get("degraded").is_none(), "decided in Redis: {body}");
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    let r = post(
+                        &c,
+                        &format!("{url}/v1/release"),
+                        json!({"policy": "jobs", "key": "hot", "lease": body["lease"]["id"]}),
+                    )
+                    .await;
+                    assert_eq!(r.json::<Value>().await.unwrap()["released"], true);
+                    done += 1;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&peak),
+        "{peak} leases at once; the limit is 3"
+    );
+    s.stop().await;
+}
