@@ -15,6 +15,11 @@
 //! 3. **Charge when the request starts.** `check(policy, key, cost)` with cost 1 or
 //!    [a function of the request](RateLimitLayer::cost). All limits of the policy are decided
 //!    all-or-nothing (docs/algorithms.md#all-or-nothing).
+//!    **A policy with a concurrency limit** takes a lease instead (`acquire`), and holds it
+//!    for the life of the response: it is released when the response body is dropped (sent
+//!    in full, or the connection lost), or with the request's future when the inner service
+//!    fails, panics or is cancelled because the client went away. A response dropped outside
+//!    a tokio runtime cannot release; its lease lapses after the limit's `per`.
 //! 4. **Denied:** `429 Too Many Requests`, `Retry-After` in seconds (omitted when the cost can
 //!    never fit), an `application/problem+json` body of the IETF rate-limit draft's
 //!    `quota-exceeded` type (see [`response`]), and the rate-limit headers; the inner service

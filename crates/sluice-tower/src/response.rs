@@ -60,8 +60,14 @@ pin_project! {
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
+        // A concurrency lease held for the life of the response: released when the body is
+        // dropped (sent in full, or the connection lost).
+        held: Option<Held>,
     }
 }
+
+/// Something held until the body is dropped (a lease guard, whose `Drop` releases it).
+pub(crate) type Held = Box<dyn std::any::Any + Send + Sync>;
 
 pin_project! {
     #[project = KindProj]
@@ -76,7 +82,14 @@ impl<B> RateLimitBody<B> {
     pub fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            held: None,
         }
+    }
+
+    /// The same body, holding `held` until it is dropped.
+    pub(crate) fn holding(mut self, held: Option<Held>) -> Self {
+        self.held = held;
+        self
     }
 
     /// A body the layer wrote.
@@ -86,6 +99,7 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            held: None,
         }
     }
 

@@ -9,7 +9,9 @@ use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use sluice::headers::{self, Field, Sets};
-use sluice::{Clock, Decision, Degraded, Error, MAX_KEY_LEN, Policy, Store, SystemClock};
+use sluice::{
+    Algorithm, Clock, Decision, Degraded, Error, Limiter, MAX_KEY_LEN, Policy, Store, SystemClock,
+};
 use tower_service::Service;
 
 use crate::layer::Config;
@@ -124,7 +126,7 @@ async fn handle<T, S, C, ReqBody, ResBody>(
 ) -> Result<Response<RateLimitBody<ResBody>>, T::Error>
 where
     T: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S: Store,
+    S: Store + 'static,
     C: Clock,
 {
     let (parts, body) = request.into_parts();
@@ -146,7 +148,33 @@ where
     };
     let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
 
-    let decision = match config.limiter.check_policy(policy, &key, cost).await {
+    // A policy with a concurrency limit takes a lease, held until the response is over.
+    let concurrent = policy
+        .limits()
+        .iter()
+        .any(|l| l.algorithm() == Algorithm::Concurrency);
+    let decided = if concurrent {
+        config
+            .limiter
+            .acquire_policy(policy, &key, cost)
+            .await
+            .map(|(d, lease)| {
+                let guard = lease.map(|lease| LeaseGuard {
+                    limiter: Arc::clone(&config.limiter),
+                    policy: policy.clone(),
+                    key: key.clone().into_owned(),
+                    id: lease.id,
+                });
+                (d, guard)
+            })
+    } else {
+        config
+            .limiter
+            .check_policy(policy, &key, cost)
+            .await
+            .map(|d| (d, None))
+    };
+    let (decision, guard) = match decided {
         Ok(d) => d,
         Err(Error::Store(e)) => {
             tracing::warn!(policy = policy.name(), error = %e, "rate limit store failed; answering 503");
@@ -167,6 +195,9 @@ where
         return Ok(response.map(RateLimitBody::full));
     }
 
+    // From here the lease (if any) is released when `guard` is dropped: with this future if
+    // the inner service fails, panics or is cancelled (the client went away), otherwise with
+    // the response body.
     let response = inner.call(Request::from_parts(parts, body)).await?;
     let (mut head, body) = response.into_parts();
     let mut shown = decision;
@@ -183,7 +214,47 @@ where
         }
     }
     decorate(&config, &mut head.headers, policy, &shown);
-    Ok(Response::from_parts(head, RateLimitBody::inner(body)))
+    let held = guard.map(|g| Box::new(g) as response::Held);
+    Ok(Response::from_parts(
+        head,
+        RateLimitBody::inner(body).holding(held),
+    ))
+}
+
+/// A lease of a concurrency limit, released when dropped. The release is a store call, so
+/// `Drop` spawns it on the current tokio runtime; without one (the response dropped outside
+/// any runtime) the lease lapses after the limit's TTL instead, with a warning.
+struct LeaseGuard<S: Store + 'static, C: Clock> {
+    limiter: Arc<Limiter<S, C>>,
+    policy: Policy,
+    key: String,
+    id: u64,
+}
+
+impl<S: Store + 'static, C: Clock> Drop for LeaseGuard<S, C> {
+    fn drop(&mut self) {
+        let (limiter, policy, key, id) = (
+            Arc::clone(&self.limiter),
+            self.policy.clone(),
+            std::mem::take(&mut self.key),
+            self.id,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(e) = limiter.release_policy(&policy, &key, id).await {
+                        tracing::warn!(policy = policy.name(), error = %e, "releasing a concurrency lease failed; it lapses after its TTL");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(
+                    policy = policy.name(),
+                    "a response holding a concurrency lease was dropped outside a tokio runtime; the lease lapses after its TTL"
+                );
+            }
+        }
+    }
 }
 
 /// A response the layer wrote, in the service's body type.
