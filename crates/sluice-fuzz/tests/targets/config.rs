@@ -39,6 +39,7 @@ const WORDS: &[&str] = &[
     "fixed_window",
     "sliding_window",
     "token_bucket",
+    "concurrency",
     "rls",
     "config_dir",
     "shadow_mode",
@@ -149,7 +150,8 @@ fn round_trip(config: &Config) {
                         v["precision"] = json!(format!("{}ms", l.precision_ms()));
                     }
                     Algorithm::TokenBucket => v["burst"] = json!(l.burst()),
-                    _ => v["align"] = json!(l.align()),
+                    Algorithm::FixedWindow => v["align"] = json!(l.align()),
+                    _ => {}
                 }
                 v
             })

@@ -36,12 +36,16 @@ policies:
     on_store_error: closed
     limits:
       - { max: 100, per: 1m, algorithm: token_bucket, burst: 20 }
+  jobs:
+    limits:
+      - { max: 2, per: 30s, algorithm: concurrency }
+      - { max: 50, per: 1h }
 ";
 
 const TOKEN: &str = "fuzz-admin-token-0123456789abcdef";
 const T0: u64 = 1_700_000_000_000;
 
-const POLICIES: &[&str] = &["api", "search", "uploads"];
+const POLICIES: &[&str] = &["api", "search", "uploads", "jobs"];
 const KEYS: &[&str] = &["user:42", "k", "a/b", "ü", "%41"];
 
 /// An admin configuration: the tokens file lives as long as the process.
@@ -151,13 +155,16 @@ async fn send(router: &Router, shared: &Shared, request: Request<Body>) {
         let v: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: {what}"));
         if let Some(allowed) = v.get("allowed") {
             assert!(v["limits"].is_array(), "{what}");
-            if path == "/v1/check" {
+            if path == "/v1/check" || path == "/v1/acquire" {
                 assert_eq!(allowed, &json!(status == StatusCode::OK), "{what}");
             }
         }
     }
     let changing = (method == Method::POST
-        && (path == "/v1/check" || path == "/v1/refund")
+        && matches!(
+            path.as_str(),
+            "/v1/check" | "/v1/refund" | "/v1/acquire" | "/v1/release"
+        )
         && status == StatusCode::OK)
         || (method == Method::DELETE && status == StatusCode::NO_CONTENT);
     let after = states(shared).await;
@@ -262,6 +269,9 @@ const PIECES: &[&str] = &[
     "\"cost\": ",
     "\"key\": ",
     "\"policy\": ",
+    "\"lease\": ",
+    "/v1/acquire",
+    "/v1/release",
     "\u{feff}",
     "\u{ff}",
 ];
@@ -308,6 +318,8 @@ const METHODS: &[&str] = &[
 const PATHS: &[&str] = &[
     "/v1/check",
     "/v1/peek",
+    "/v1/acquire",
+    "/v1/release",
     "/v1/refund",
     "/v1/policies",
     "/healthz",
@@ -329,8 +341,26 @@ const PATHS: &[&str] = &[
 ];
 /// Strings the body and path take: the universe, and the edges of each field.
 const STRINGS: &[&str] = &[
-    "api", "search", "uploads", "user:42", "k", "a/b", "ü", "%41", "", "API", "unknown", " ",
-    "\u{0}", "policy", "key", "cost",
+    "api",
+    "search",
+    "uploads",
+    "user:42",
+    "k",
+    "a/b",
+    "ü",
+    "%41",
+    "",
+    "API",
+    "unknown",
+    " ",
+    "\u{0}",
+    "policy",
+    "key",
+    "cost",
+    "jobs",
+    "lease",
+    "0000000000000001",
+    "ffffffffffffffff",
 ];
 const HEADER_NAMES: &[&str] = &[
     "content-type",
