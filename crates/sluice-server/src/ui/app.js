@@ -61,8 +61,13 @@ function rate(x) {
 }
 
 function limitsText(policy) {
+  const span = (ms) => (ms >= 1000 ? ms / 1000 + "s" : ms + "ms");
   return policy.limits
-    .map((l) => `${l.max}/${l.per_ms >= 1000 ? l.per_ms / 1000 + "s" : l.per_ms + "ms"} ${l.algorithm}`)
+    .map((l) =>
+      l.algorithm === "concurrency"
+        ? `${l.max} at once (leases of ${span(l.per_ms)})`
+        : `${l.max}/${span(l.per_ms)} ${l.algorithm}`,
+    )
     .join(", ");
 }
 
