@@ -317,6 +317,11 @@ fn bad_requests() -> Vec<(Value, &'static str, &'static str)> {
     let policy = json!([{"name": "p", "limits": [{"max": 10, "per": "1s"}]}]);
     let cases: Vec<(Value, &'static str, &'static str)> = vec![
         (
+            json!({"policies": [{"name": "jobs", "limits": [{"max": 10, "per": "1m"}, {"max": 2, "per": "30s", "algorithm": "concurrency"}]}], "traffic": steady(1.0, "1s")}),
+            "policies[0].limits[1]",
+            "a concurrency limit cannot be simulated",
+        ),
+        (
             json!({"policies": policy, "traffic": steady(1000.0, "2h")}),
             "traffic",
             "max_events",
