@@ -48,8 +48,8 @@ pub struct TokenBucketState {
     pub tat_frac: u64,
 }
 
-/// A concurrency limit: the leases held on the key. Redis: a hash with one field per lease,
-/// `<id> -> "<expires>:<cost>"`.
+/// A concurrency limit: the leases held on the key. Redis: a sorted set (member: lease id,
+/// score: expiry) and a hash (lease id -> cost, and `used`, the total of the costs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConcurrencyState {
     /// The leases, in no particular order; ids are distinct. Leases past their expiry may

@@ -8,11 +8,13 @@
 -- name when loaded.
 --
 -- KEYS[i]   the state of limit i of the policy, in the policy's order (`acquire` adds the
---           holders set). All share one hash tag, so the script runs on Redis Cluster too (keys.rs names them).
+--           holders set; a policy with a concurrency limit adds that limit's units hash,
+--           always last). All share one hash tag, so the script runs on Redis Cluster too
+--           (keys.rs names them).
 -- ARGV[1]   now in ms since the epoch, or "redis" to read Redis TIME inside the script
 -- ARGV[2]   cost (0 to 2^53)
 -- ARGV[3]   expiry margin in ms: a key expires this long after its state stops mattering
--- ARGV[4]   n, the number of limits (= #KEYS; #KEYS - 1 for `acquire`)
+-- ARGV[4]   n, the number of limits (#KEYS less the keys added above)
 -- then 9 values per limit i, from 5 + 9*(i-1) (listed below),
 -- and for `acquire` only, ARGV[5 + 9*n]: the most units to take (the cost is the least),
 -- ARGV[6 + 9*n] the holder id ("0": anonymous) and ARGV[7 + 9*n] how long (ms) a holder
@@ -28,12 +30,14 @@
 -- The Rust caller computes tau and step exactly (128-bit); Lua numbers are doubles, exact only
 -- up to 2^53, so every computation below stays under 2^53 or is split into 16-bit limbs.
 --
--- Stored state (all hashes):
+-- Stored state (hashes, but for the concurrency limit's own key):
 --   fixed_window    reset, used         (reset is stored when the window opens, never recomputed)
 --   sliding_window  <bucket start> -> n (one field per non-empty bucket)
 --   token_bucket    tat, frac           (theoretical arrival time = tat + frac/max ms)
---   concurrency     <lease id> -> "<expires>:<cost>"  (one field per lease; lapsed ones are
---                   ignored by every read and deleted by the next write)
+--   concurrency     a sorted set, member lease id, score its expiry; and the units hash,
+--                   <lease id> -> cost, and used (the total cost of the leases in the set).
+--                   Lapsed leases are not counted by any read (only they are read: a decision
+--                   never reads the whole set) and are deleted by the next write.
 -- Key expiry (PEXPIRE, relative to `now`, + margin) only cleans up: every read compares the
 -- stored times with `now`, so a closed window that still exists is treated as closed.
 --
@@ -327,44 +331,82 @@ local function token_bucket(key, l, cost, now, margin)
   end
 end
 
--- The leases of a concurrency limit still held at `now` ({id, expires, cost}) and the fields
--- of lapsed ones.
-local function leases(key, now)
-  local h = redis.call('HGETALL', key)
-  local live, stale = {}, {}
-  for i = 1, #h, 2 do
-    local e, c = string.match(h[i + 1], '^(%d+):(%d+)$')
-    if e == nil then
-      corrupt(key, 'lease ' .. h[i] .. ' holds ' .. h[i + 1] .. ', not <expires>:<cost>')
-    end
-    e, c = int_field(key, 'lease ' .. h[i], e), int_field(key, 'lease ' .. h[i], c)
-    if e > now then
-      live[#live + 1] = {h[i], e, c}
-    else
-      stale[#stale + 1] = h[i]
+-- A concurrency limit's leases: a sorted set (its key: member lease id, score expiry) and the
+-- units hash `l.units` (lease id -> cost, and `used`, the total cost of every lease in the
+-- set, lapsed or not). Returns the units of the live leases, leaving out `except` (a lease
+-- being taken again), the leases that lapsed ({id, cost}: deleted by the next write), the
+-- excepted lease's cost when it is live, and the stored total.
+local function cc_read(key, l, now, except)
+  local total = int_field(l.units, 'used', redis.call('HGET', l.units, 'used')) or 0
+  local used, gone = total, {}
+  local lapsed = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now))
+  if #lapsed > 0 then
+    local costs = redis.call('HMGET', l.units, unpack(lapsed))
+    for i = 1, #lapsed do
+      local c = int_field(l.units, 'lease ' .. lapsed[i], costs[i])
+      if c == nil then
+        corrupt(l.units, 'lease ' .. lapsed[i] .. ' has no cost')
+      end
+      used = used - c
+      gone[#gone + 1] = {lapsed[i], c}
     end
   end
-  return live, stale
+  local own = nil
+  if except ~= nil then
+    local e = redis.call('ZSCORE', key, except)
+    if e and tonumber(e) > now then
+      own = int_field(l.units, 'lease ' .. except, redis.call('HGET', l.units, except))
+      if own == nil then
+        corrupt(l.units, 'lease ' .. except .. ' has no cost')
+      end
+      used = used - own
+    end
+  end
+  if used < 0 then
+    corrupt(l.units, 'used ' .. fmt(total) .. ' is less than the leases it counts')
+  end
+  return used, gone, own, total
+end
+
+-- When the last live lease other than `except` lapses (`now` when none is held).
+local function cc_reset(key, now, except)
+  local top = redis.call('ZREVRANGE', key, 0, 1, 'WITHSCORES')
+  for j = 1, #top, 2 do
+    if top[j] ~= except then
+      local e = tonumber(top[j + 1])
+      if e > now then
+        return e
+      end
+      return now
+    end
+  end
+  return now
+end
+
+-- Deletes the lapsed leases `gone` (and `also`, a lease id, when given).
+local function cc_drop(key, l, gone, also)
+  local ids = {}
+  for i = 1, #gone do
+    ids[#ids + 1] = gone[i][1]
+  end
+  if also ~= nil then
+    ids[#ids + 1] = also
+  end
+  if #ids > 0 then
+    redis.call('ZREM', key, unpack(ids))
+    redis.call('HDEL', l.units, unpack(ids))
+  end
 end
 
 -- `l.lease` is set for `hold` only: an admitted cost above zero is then held under that id,
 -- replacing a lease of the same id (whose own units do not count against it).
 local function concurrency(key, l, cost, now, margin)
-  local live, stale = leases(key, now)
   local lease = nil
   if cost > 0 then
     lease = l.lease
   end
-  local used, reset, counted = 0, now, {}
-  for i = 1, #live do
-    if live[i][1] ~= lease then
-      used = used + live[i][3]
-      if live[i][2] > reset then
-        reset = live[i][2]
-      end
-      counted[#counted + 1] = live[i]
-    end
-  end
+  local used, gone = cc_read(key, l, now, lease)
+  local reset = cc_reset(key, now, lease)
   local max = l.max
   local remaining = max - used
   if remaining < 0 then
@@ -375,15 +417,27 @@ local function concurrency(key, l, cost, now, margin)
   end
   if cost > remaining then
     -- Leases lapse in order of expiry: the first instant at which what is left admits.
-    table.sort(counted, function(a, b) return a[2] < b[2] end)
-    local left = used
-    for i = 1, #counted do
-      left = left - counted[i][3]
-      if left + cost <= max then
-        return outcome_refused(remaining, reset, counted[i][2] - now)
+    local left, offset = used, 0
+    while true do
+      local batch = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now), '+inf', 'WITHSCORES',
+        'LIMIT', offset, 16)
+      if #batch == 0 then
+        return outcome_refused(remaining, reset, -1) -- unreachable: cost <= max
+      end
+      offset = offset + 16
+      for j = 1, #batch, 2 do
+        if batch[j] ~= lease then
+          local c = int_field(l.units, 'lease ' .. batch[j], redis.call('HGET', l.units, batch[j]))
+          if c == nil then
+            corrupt(l.units, 'lease ' .. batch[j] .. ' has no cost')
+          end
+          left = left - c
+          if left + cost <= max then
+            return outcome_refused(remaining, reset, tonumber(batch[j + 1]) - now)
+          end
+        end
       end
     end
-    return outcome_refused(remaining, reset, -1) -- unreachable: cost <= max
   end
   if lease == nil then
     return true, remaining, reset, 0, nil
@@ -394,11 +448,12 @@ local function concurrency(key, l, cost, now, margin)
     new_reset = expires
   end
   return true, remaining - cost, new_reset, 0, function()
-    if #stale > 0 then
-      redis.call('HDEL', key, unpack(stale))
-    end
-    redis.call('HSET', key, lease, fmt(expires) .. ':' .. fmt(cost))
-    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+    cc_drop(key, l, gone, nil)
+    redis.call('ZADD', key, fmt(expires), lease)
+    redis.call('HSET', l.units, lease, fmt(cost), 'used', fmt(used + cost))
+    local ttl = fmt(new_reset - now + margin)
+    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', l.units, ttl)
   end
 end
 
@@ -474,12 +529,15 @@ local function now_of(arg)
   return tonumber(arg)
 end
 
-local function parse(keys, args)
+-- The arguments each operation adds after the limits', and the keys after the limits' own.
+local EXTRA_ARGS = {check = 0, peek = 0, refund = 0, acquire = 3, hold = 1, release = 1}
+local EXTRA_KEYS = {check = 0, peek = 0, refund = 0, acquire = 1, hold = 0, release = 0}
+
+local function parse(op, keys, args)
   local now = now_of(args[1])
   local cost, margin, n = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-  if now == nil or cost == nil or margin == nil or n == nil
-    or not ((n == #keys and (#args == 4 + 9 * n or #args == 5 + 9 * n))
-      or (n + 1 == #keys and #args == 7 + 9 * n)) then
+  if now == nil or cost == nil or margin == nil or n == nil or n < 1
+    or #args ~= 4 + 9 * n + EXTRA_ARGS[op] then
     error('SLUICE_ARGS expected now, cost, margin, n and 9 values per limit for ' .. #keys .. ' keys', 0)
   end
   local limits = {}
@@ -496,6 +554,18 @@ local function parse(keys, args)
     if STEP[alg] == nil then
       error('SLUICE_ARGS unknown algorithm ' .. tostring(args[o + 1]), 0)
     end
+  end
+  -- A concurrency limit's units hash is the last key.
+  local units = 0
+  for i = 1, n do
+    if limits[i].alg == 5 then
+      units = 1
+      limits[i].units = keys[#keys]
+    end
+  end
+  if #keys ~= n + EXTRA_KEYS[op] + units then
+    error('SLUICE_ARGS expected ' .. (n + EXTRA_KEYS[op] + units) .. ' keys for ' .. n ..
+      ' limits, got ' .. #keys, 0)
   end
   return now, cost, margin, limits
 end
@@ -700,13 +770,16 @@ local function release(keys, args, now, margin, limits)
   local lease = args[5 + 9 * #limits]
   local freed = 0
   for i = 1, #limits do
-    if limits[i].alg == 5 then
-      local live, stale = leases(keys[i], now)
-      for j = 1, #live do
-        if live[j][1] == lease then
-          freed = live[j][3]
-          stale[#stale + 1] = lease
-          redis.call('HDEL', keys[i], unpack(stale))
+    local l = limits[i]
+    if l.alg == 5 then
+      local used, gone, own = cc_read(keys[i], l, now, lease)
+      if own ~= nil then
+        freed = own
+        cc_drop(keys[i], l, gone, lease)
+        if redis.call('ZCARD', keys[i]) == 0 then
+          redis.call('DEL', l.units)
+        else
+          redis.call('HSET', l.units, 'used', fmt(used))
         end
       end
     end
@@ -723,7 +796,7 @@ local function run(op, keys, args)
       return reply
     end
   end
-  local now, cost, margin, limits = parse(keys, args)
+  local now, cost, margin, limits = parse(op, keys, args)
   if op == 'check' then
     return decide(keys, now, cost, margin, limits, true)
   elseif op == 'peek' then

@@ -44,6 +44,13 @@ impl Codec {
         if let Op::Acquire { .. } = op {
             keys.push(keys::holders_key(&keys::stem(&self.prefix, policy, key)));
         }
+        if policy
+            .limits()
+            .iter()
+            .any(|l| l.algorithm() == Algorithm::Concurrency)
+        {
+            keys.push(keys::units_key(&keys::stem(&self.prefix, policy, key)));
+        }
         cmd.arg(keys.len()).arg(&keys);
         match self.clock {
             ClockSource::App => cmd.arg(now_ms),

@@ -21,6 +21,10 @@
 //! - One more key per (policy, key), `<stem>:holders`, is written by `acquire` only: a sorted
 //!   set of the processes holding a lease on the key (member: holder id, score: when it stops
 //!   counting), so each can size its lease by its share of the error budget.
+//! - A concurrency limit keeps its leases in two keys: its own (`<stem>:cc`, a sorted set:
+//!   member lease id, score its expiry) and `<stem>:cc:units` (a hash: lease id -> cost, and
+//!   `used`, the total cost of the leases in the set), so a decision reads only the leases
+//!   that lapsed, never the whole set.
 
 use sluice::{Limit, Policy};
 
@@ -40,6 +44,11 @@ pub fn validate_prefix(prefix: &str) -> Result<(), String> {
 /// The key of the holders set of one (policy, key), given the stem.
 pub fn holders_key(stem: &str) -> String {
     format!("{stem}:holders")
+}
+
+/// The key of a concurrency limit's units hash of one (policy, key), given the stem.
+pub fn units_key(stem: &str) -> String {
+    format!("{stem}:cc:units")
 }
 
 /// The hash-tagged stem shared by every limit's key of one (policy, key).

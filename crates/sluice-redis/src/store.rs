@@ -465,8 +465,10 @@ impl Store for RedisStore {
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         let prefix = &self.inner.config.key_prefix;
         let mut del = redis::cmd("DEL");
+        let stem = keys::stem(prefix, policy, key);
         del.arg(keys::policy_keys(prefix, policy, key))
-            .arg(keys::holders_key(&keys::stem(prefix, policy, key)));
+            .arg(keys::holders_key(&stem))
+            .arg(keys::units_key(&stem));
         let timeout = self.inner.config.timeout;
         let result = match &self.inner.backend {
             Backend::Direct { nodes, .. } => {

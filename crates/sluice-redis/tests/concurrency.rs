@@ -285,3 +285,56 @@ async fn a_policy_without_a_concurrency_limit_has_no_leases() {
         Error::NotConcurrent("rate".to_owned())
     );
 }
+
+/// Many leases on one key (more than the script reads per batch when it looks for the wait of
+/// a refused cost), taken, renewed, released and lapsing at many instants: Redis decides every
+/// step exactly as the memory store does.
+#[tokio::test]
+async fn many_leases_decide_like_the_memory_store() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    use sluice::{Clock, ManualClock, Op};
+    let server = RedisServer::start().unwrap();
+    let redis = RedisStore::connect(config(&server).expiry_margin(Duration::from_secs(3_600)))
+        .await
+        .unwrap();
+    let memory = MemoryStore::new();
+    let policy = Policy::from_specs(
+        "wide",
+        vec![
+            LimitSpec::concurrency(60, 10_000),
+            LimitSpec::token_bucket(1_000, 1_000),
+        ],
+    )
+    .unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) % n
+    };
+    let mut steps = 0;
+    for step in 0..3_000 {
+        let op = match next(10) {
+            0..=4 => Op::Hold {
+                cost: [1, 1, 1, 2, 5, 30, 61][next(7) as usize],
+                lease: 1 + next(80),
+            },
+            5..=7 => Op::Release {
+                lease: 1 + next(80),
+            },
+            8 => Op::Check { cost: next(40) },
+            _ => {
+                clock.advance(next(700));
+                continue;
+            }
+        };
+        let now = clock.now_ms();
+        let a = memory.call(&policy, "k", op, now).await.unwrap();
+        let b = redis.call(&policy, "k", op, now).await.unwrap();
+        assert_eq!(a, b, "step {step}: {op:?}");
+        steps += 1;
+    }
+    assert!(steps > 2_500, "{steps} decisions compared");
+}
