@@ -425,13 +425,13 @@ async fn eight_envoys_stay_within_the_bound_over_redis() {
 
 // ----- shares, reconnects, restarts ------------------------------------------------------
 
-/// 1000 a minute reported every minute: the pace cap is the whole limit, so shares are
-/// exactly `floor(R / N)`.
+/// 1000 per 2 minutes reported every minute: the pace C is 500, so a share is
+/// `min(floor(R / N), ceil(500 / N))`.
 const SHARES: &str = "\
 policies:
   big:
     limits:
-      - { max: 1000, per: 1m }
+      - { max: 1000, per: 2m }
 rlqs:
   reporting_interval: 60s
   buckets:
@@ -447,20 +447,24 @@ async fn a_share_shrinks_as_others_consume() {
     let mut a = Stream::open(&channel).await;
     let mut other = Stream::open(&channel).await;
     let r = a.report("edge", &[(&b, 1)]).await.unwrap();
-    assert_eq!(seen(&r), [Seen::Tokens(999)], "alone: all that is left");
+    assert_eq!(seen(&r), [Seen::Tokens(500)], "alone: the whole pace");
     let r = other.report("edge", &[(&b, 1)]).await.unwrap();
-    assert_eq!(seen(&r), [Seen::Tokens(499)], "two holders split 998");
-    let r = other.report("edge", &[(&b, 499)]).await.unwrap();
-    assert_eq!(seen(&r), [Seen::Tokens(249)]);
+    assert_eq!(seen(&r), [Seen::Tokens(250)], "two holders split the pace");
+    let r = other.report("edge", &[(&b, 800)]).await.unwrap();
+    assert_eq!(
+        seen(&r),
+        [Seen::Tokens(99)],
+        "two holders split the 198 left"
+    );
     let r = a.report("edge", &[(&b, 0)]).await.unwrap();
     assert_eq!(
         seen(&r),
-        [Seen::Tokens(249)],
-        "a's share shrank from 999 as the other used 500"
+        [Seen::Tokens(99)],
+        "a's share shrank from 500 as the other used 801"
     );
-    assert_eq!(peek_used(&server, "big", "route:a").await, 501);
+    assert_eq!(peek_used(&server, "big", "route:a").await, 802);
     // What no longer fits is charged as far as it fits.
-    let r = other.report("edge", &[(&b, 600)]).await.unwrap();
+    let r = other.report("edge", &[(&b, 300)]).await.unwrap();
     assert_eq!(seen(&r), [Seen::Deny]);
     assert_eq!(peek_used(&server, "big", "route:a").await, 1000);
     server.stop().await;
@@ -475,14 +479,15 @@ async fn a_reconnected_stream_carries_on_from_the_store() {
     let mut envoy = Envoy::connect(&channel, "edge", &clock).await;
     assert!(envoy.request(&b).await);
     for _ in 0..99 {
-        assert!(envoy.request(&b).await, "within the assignment of 999");
+        assert!(envoy.request(&b).await, "within the assignment of 500");
     }
     // The stream is lost (Envoy restarts it at its next report) with 99 requests unreported.
     drop(envoy);
     let mut again = Stream::open(&channel).await;
     let r = again.report("edge", &[(&b, 99)]).await.unwrap();
-    // 100 counted; the lost stream still counts as a holder for the window, so two share 900.
-    assert_eq!(seen(&r), [Seen::Tokens(450)]);
+    // 100 counted; the lost stream still counts as a holder for the window, so two share:
+    // min(900 / 2, 500 / 2).
+    assert_eq!(seen(&r), [Seen::Tokens(250)]);
     assert_eq!(peek_used(&server, "big", "route:a").await, 100);
     server.stop().await;
 }
@@ -499,7 +504,7 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
     let first = common::TestServer::start_with_clock(&config, &[], clock.clone()).await;
     let mut stream = Stream::open(&first.channel().await).await;
     let r = stream.report("edge", &[(&b, 300)]).await.unwrap();
-    assert_eq!(seen(&r), [Seen::Tokens(700)]);
+    assert_eq!(seen(&r), [Seen::Tokens(500)]);
     // Stopping ends the open stream, so that Envoy reconnects (here: to the next server).
     first.stop().await;
     let e = stream.rx.message().await.unwrap_err();
@@ -508,8 +513,9 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
     let second = common::TestServer::start_with_clock(&config, &[], clock.clone()).await;
     let mut stream = Stream::open(&second.channel().await).await;
     let r = stream.report("edge", &[(&b, 0)]).await.unwrap();
-    // 300 still counted; the first stream's holder too (it counts for the window).
-    assert_eq!(seen(&r), [Seen::Tokens(350)]);
+    // 300 still counted, and the first stream's holder too (it counts for the window): the
+    // share is min(700 / 2, 500 / 2); a fresh count would give 500.
+    assert_eq!(seen(&r), [Seen::Tokens(250)]);
     assert_eq!(peek_used(&second, "big", "route:a").await, 300);
     second.stop().await;
 }
@@ -530,14 +536,14 @@ async fn unmatched_buckets_reloads_and_abandoning() {
         .unwrap();
     assert_eq!(
         seen(&r),
-        [Seen::Tokens(999), Seen::Allow],
+        [Seen::Tokens(500), Seen::Allow],
         "unmatched: allow_all by default"
     );
 
     // A reload: unmatched buckets are denied, and the route rule is gone.
     std::fs::write(
         &server.file,
-        "policies:\n  big:\n    limits:\n      - { max: 1000, per: 1m }\nrlqs:\n  reporting_interval: 60s\n  unmatched: deny_all\n",
+        "policies:\n  big:\n    limits:\n      - { max: 1000, per: 2m }\nrlqs:\n  reporting_interval: 60s\n  unmatched: deny_all\n",
     )
     .unwrap();
     let http = reqwest::Client::new();
@@ -645,8 +651,8 @@ async fn bad_input_is_invalid_argument_and_charges_nothing() {
     assert_eq!(peek_used(&server, "big", "route:a").await, 0);
     let mut s = Stream::open(&channel).await;
     let r = s.report("edge", &[(&good, 2)]).await.unwrap();
-    // The stream that changed its domain reported the bucket first: two holders share 998.
-    assert_eq!(seen(&r), [Seen::Tokens(499)]);
+    // The stream that changed its domain reported the bucket first: two holders.
+    assert_eq!(seen(&r), [Seen::Tokens(250)]);
     server.stop().await;
 }
 

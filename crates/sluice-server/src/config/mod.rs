@@ -548,7 +548,10 @@ impl Config {
             .rlqs
             .map(|r| {
                 crate::rlqs::rules::rlqs_config(r, |name| {
-                    policies.iter().any(|p| p.policy.name() == name)
+                    policies.iter().find(|p| p.policy.name() == name).map(|p| {
+                        let limits = p.policy.limits().iter();
+                        limits.map(sluice::Limit::per_ms).min().unwrap_or(0)
+                    })
                 })
             })
             .transpose()

@@ -232,11 +232,12 @@ fn parse_template(
     Ok(pieces)
 }
 
-/// Validates `rlqs:`; `policy_exists` says whether `policies:` defines a name. An error names
-/// the field: `rlqs.buckets[1].policy: no policy named `apii` in policies`.
+/// Validates `rlqs:`; `shortest_window` gives the shortest `per` (ms) of a policy of
+/// `policies:`, `None` if there is no such policy. An error names the field:
+/// `rlqs.buckets[1].policy: no policy named `apii` in policies`.
 pub fn rlqs_config(
     raw: RawRlqs,
-    policy_exists: impl Fn(&str) -> bool,
+    shortest_window: impl Fn(&str) -> Option<u64>,
 ) -> Result<RlqsConfig, String> {
     let reporting_interval = whole_seconds(
         "reporting_interval",
@@ -266,10 +267,22 @@ pub fn rlqs_config(
     let mut buckets = Vec::with_capacity(raw.buckets.len());
     for (i, r) in raw.buckets.into_iter().enumerate() {
         let at = format!("rlqs.buckets[{i}]");
-        if !policy_exists(&r.policy) {
+        let Some(window) = shortest_window(&r.policy) else {
             return Err(format!(
                 "{at}.policy: no policy named `{}` in policies",
                 r.policy
+            ));
+        };
+        // The store counts a stream as a holder for the policy's shortest window after its
+        // last report: a window no longer than the interval forgets Envoys between reports,
+        // and periodic reports cannot enforce it anyway.
+        if u128::from(window) <= reporting_interval.as_millis() {
+            return Err(format!(
+                "{at}.policy: `{}` has a window of {window}ms, not longer than \
+                 reporting_interval {}s; reports every interval cannot enforce it (use a \
+                 longer window, or Envoy's rate limit service for per-request limits)",
+                r.policy,
+                reporting_interval.as_secs()
             ));
         }
         if r.matches.len() > MAX_BUCKET_ENTRIES {
@@ -333,7 +346,8 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<RlqsConfig, String> {
         let raw: RawRlqs = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
-        rlqs_config(raw, |p| p == "api")
+        // `api`'s shortest window is 10 s.
+        rlqs_config(raw, |p| (p == "api").then_some(10_000))
     }
 
     fn bucket(entries: &[(&str, &str)]) -> HashMap<String, String> {
@@ -412,6 +426,10 @@ mod tests {
                 "rlqs.assignment_ttl: 2s is shorter",
             ),
             ("abandon_after: 10ms\n", "rlqs.abandon_after"),
+            (
+                "reporting_interval: 10s\nbuckets:\n  - {policy: api}\n",
+                "rlqs.buckets[0].policy: `api` has a window of 10000ms",
+            ),
             (
                 "buckets:\n  - {name: a, policy: api}\n  - {name: a, policy: api}\n",
                 "rlqs.buckets[1].name: `a` names two rules",
