@@ -423,6 +423,75 @@ async fn eight_envoys_stay_within_the_bound_over_redis() {
     eight_envoys_one_hot_bucket(&redis_store(&redis)).await;
 }
 
+/// The same fleet with every Envoy in its own task, so that reports of one tick reach the
+/// server concurrently (over Redis, one charge per stream in flight at once); the order in
+/// which they are charged changes nothing in the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_streams_stay_within_the_bound_over_redis() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let clock = ManualClock::new(T0);
+    let server = common::TestServer::start_with_clock(
+        &format!("{HOT}{}", redis_store(&redis)),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let channel = server.channel().await;
+    let pace = (MAX * INTERVAL_MS).div_ceil(WINDOW_MS);
+    let bound = MAX + 2 * ENVOYS * pace.div_ceil(ENVOYS);
+    let windows = 2;
+    let admitted: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>> =
+        std::sync::Arc::new((0..windows).map(|_| 0.into()).collect());
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ENVOYS as usize));
+    let mut tasks = Vec::new();
+    for _ in 0..ENVOYS {
+        let mut envoy = Envoy::connect(&channel, "edge", &clock).await;
+        let (clock, barrier, admitted) = (clock.clone(), barrier.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            let hot = bucket(&[("route", "/checkout")]);
+            let mut t = 0;
+            while t < windows as u64 * WINDOW_MS {
+                // One Envoy moves the shared clock while the others wait on both sides.
+                if barrier.wait().await.is_leader() {
+                    clock.set(T0 + t);
+                }
+                barrier.wait().await;
+                if t > 0 && t.is_multiple_of(INTERVAL_MS) {
+                    envoy.report_all().await;
+                }
+                for _ in 0..10 {
+                    if envoy.request(&hot).await {
+                        admitted[(t / WINDOW_MS) as usize]
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                t += 50;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted: Vec<u64> = admitted
+        .iter()
+        .map(|a| a.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    eprintln!(
+        "rlqs fleet of {ENVOYS} concurrent streams: admitted per window {admitted:?}; max {MAX}, bound {bound}"
+    );
+    for (w, &a) in admitted.iter().enumerate() {
+        assert!(a <= bound, "window {w} admitted {a}, over {bound}");
+        assert!(
+            a >= MAX - pace - ENVOYS,
+            "window {w} admitted only {a} of {MAX}"
+        );
+    }
+    server.stop().await;
+}
+
 // ----- shares, reconnects, restarts ------------------------------------------------------
 
 /// 1000 per 2 minutes reported every minute: the pace C is 500, so a share is
