@@ -5,8 +5,9 @@
 //! set) is the stream's and whose `match` entries it all carries: `value` must be equal, `"*"`
 //! only present. The rule names a policy of `policies:` and a key template over the bucket's
 //! entries (`tenant:{tenant}`); without one the key is the canonical form of the whole bucket,
-//! its entries sorted by name and joined as `k=v,k=v`, so that `{a: 1, b: 2}` and `{b: 2, a: 1}`
-//! are one key, as the protocol says they are one bucket.
+//! its entries sorted by name and joined as `k=v,k=v` ([`canonical`]), so that `{a: 1, b: 2}`
+//! and `{b: 2, a: 1}` are one key, as the protocol says they are one bucket. The domain is not
+//! part of a key: rules with a `domain` keep domains apart.
 //!
 //! Everything is checked while the file is read (the policy exists, the template only names
 //! matched entries, Envoy's whole-second durations), so a running server never meets a rule it
@@ -97,8 +98,18 @@ impl BucketRule {
     }
 }
 
-/// The canonical text of a bucket id: entries sorted by name, `k=v` joined by `,`.
+/// The canonical text of a bucket id: entries sorted by name, `k=v` joined by `,`, with `\`,
+/// `,` and `=` inside names and values escaped by a `\`, so that two bucket ids never share
+/// a text (`{a: "1,b=2"}` is `a=1\,b\=2`, not `{a: 1, b: 2}`'s `a=1,b=2`).
 pub fn canonical(bucket: &HashMap<String, String>) -> String {
+    fn push_escaped(out: &mut String, text: &str) {
+        for c in text.chars() {
+            if matches!(c, '\\' | ',' | '=') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+    }
     let sorted: BTreeMap<&str, &str> = bucket
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -108,9 +119,9 @@ pub fn canonical(bucket: &HashMap<String, String>) -> String {
         if i > 0 {
             out.push(',');
         }
-        out.push_str(k);
+        push_escaped(&mut out, k);
         out.push('=');
-        out.push_str(v);
+        push_escaped(&mut out, v);
     }
     out
 }
@@ -361,6 +372,8 @@ mod tests {
     fn the_canonical_key_sorts_entries() {
         assert_eq!(canonical(&bucket(&[("b", "2"), ("a", "1")])), "a=1,b=2");
         assert_eq!(canonical(&bucket(&[("a", "1"), ("b", "2")])), "a=1,b=2");
+        assert_eq!(canonical(&bucket(&[("a", "1,b=2")])), "a=1\\,b\\=2");
+        assert_eq!(canonical(&bucket(&[("a\\", "\\")])), "a\\\\=\\\\");
     }
 
     #[test]
