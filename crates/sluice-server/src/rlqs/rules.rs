@@ -257,7 +257,8 @@ pub fn rlqs_config(
     )?;
     let assignment_ttl = whole_seconds(
         "assignment_ttl",
-        raw.assignment_ttl.map_or(reporting_interval * 3, |d| d.0),
+        raw.assignment_ttl
+            .map_or(reporting_interval.saturating_mul(3), |d| d.0),
     )?;
     if assignment_ttl < reporting_interval {
         return Err(format!(
