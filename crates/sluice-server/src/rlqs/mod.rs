@@ -45,7 +45,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::evaluate::Op;
-use sluice::{Policy, Store};
+use sluice::{Decision, Policy, Store, StoreError};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
@@ -316,8 +316,32 @@ impl StreamState {
         for (i, u) in usages.iter().enumerate() {
             plans.push(self.plan(snapshot, config, &domain, i, u, now)?);
         }
+        // The charges are independent keys: they go to the store together (pipelined on one
+        // connection, spread over shards), so a report of many buckets costs about one round
+        // trip, not one per bucket.
+        let mut charges = tokio::task::JoinSet::new();
+        for (i, (u, plan)) in usages.iter().zip(&plans).enumerate() {
+            if let Plan::Charge { policy, key, .. } = plan {
+                let store = snapshot.limiter.store().clone();
+                let (policy, key) = ((*policy).clone(), key.clone());
+                let op = Op::Acquire {
+                    min: 0,
+                    max: u.allowed,
+                    holder: self.holder,
+                };
+                charges.spawn(async move { (i, store.call(&policy, &key, op, now).await) });
+            }
+        }
+        let mut charged: Vec<Option<Result<Decision, StoreError>>> =
+            usages.iter().map(|_| None).collect();
+        while let Some(joined) = charges.join_next().await {
+            match joined {
+                Ok((i, result)) => charged[i] = Some(result),
+                Err(e) => tracing::warn!(error = %e, "a rate limit quota charge did not finish"),
+            }
+        }
         let mut actions = Vec::with_capacity(usages.len());
-        for (u, plan) in usages.into_iter().zip(plans) {
+        for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
             let action = match plan {
                 Plan::Abandon => {
                     self.buckets.remove(&u.canonical);
@@ -325,31 +349,29 @@ impl StreamState {
                     Some(Action::AbandonAction(AbandonAction {}))
                 }
                 Plan::Blanket(a) => Some(assign_action(config, a)),
-                Plan::Charge { rule, policy, key } => {
-                    let op = Op::Acquire {
-                        min: 0,
-                        max: u.allowed,
-                        holder: self.holder,
-                    };
-                    match snapshot.limiter.store().call(policy, &key, op, now).await {
-                        Ok(d) => {
-                            let charged = if d.allowed { d.cost } else { 0 };
-                            usage_metrics(
-                                &rule.name,
-                                charged,
-                                u.allowed - charged.min(u.allowed),
-                                u.denied,
-                            );
-                            let share = assign::share(policy, &d, config.interval_ms());
-                            Some(assign_action(config, assign::assignment(share)))
-                        }
-                        Err(e) => {
-                            tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
-                            action_metric("store_error");
-                            None
-                        }
+                Plan::Charge { rule, policy, .. } => match result {
+                    Some(Ok(d)) => {
+                        let taken = if d.allowed { d.cost } else { 0 };
+                        usage_metrics(
+                            &rule.name,
+                            taken,
+                            u.allowed - taken.min(u.allowed),
+                            u.denied,
+                        );
+                        let share = assign::share(policy, &d, config.interval_ms());
+                        Some(assign_action(config, assign::assignment(share)))
                     }
-                }
+                    Some(Err(e)) => {
+                        tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
+                        action_metric("store_error");
+                        None
+                    }
+                    // The task failed (it cannot panic short of a bug): no answer for it.
+                    None => {
+                        action_metric("store_error");
+                        None
+                    }
+                },
             };
             if let Some(action) = action {
                 actions.push(BucketAction {
