@@ -765,3 +765,18 @@ fn the_documented_configuration_is_valid() {
         "{e}"
     );
 }
+
+/// A bucket listed twice in one message (its entries in another order) is one bucket: its
+/// usages are summed and it gets one action.
+#[tokio::test]
+async fn a_bucket_twice_in_one_message_is_summed() {
+    let clock = ManualClock::new(T0);
+    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let mut s = Stream::open(&server.channel().await).await;
+    let ab = bucket(&[("route", "a"), ("x", "1")]);
+    let ba = bucket(&[("x", "1"), ("route", "a")]);
+    let r = s.report("edge", &[(&ab, 2), (&ba, 3)]).await.unwrap();
+    assert_eq!(seen(&r), [Seen::Tokens(500)]);
+    assert_eq!(peek_used(&server, "big", "route:a").await, 5);
+    server.stop().await;
+}
