@@ -780,3 +780,44 @@ async fn a_bucket_twice_in_one_message_is_summed() {
     assert_eq!(peek_used(&server, "big", "route:a").await, 5);
     server.stop().await;
 }
+
+/// A charge the store cannot answer gets no action (Envoy keeps its assignment until the TTL),
+/// while the other buckets of the message are answered; the stream stays open and answers
+/// again once the store is back.
+#[tokio::test]
+async fn a_stalled_redis_store_gets_no_action_and_the_stream_lives_on() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let config = format!("{SHARES}{}  timeout: 200ms\n", redis_store(&redis));
+    let server = common::TestServer::start_with_clock(&config, &[], ManualClock::new(T0)).await;
+    let mut s = Stream::open(&server.channel().await).await;
+    let routed = bucket(&[("route", "a")]);
+    let stray = bucket(&[("user", "x")]);
+    let r = s.report("edge", &[(&routed, 1)]).await.unwrap();
+    assert_eq!(seen(&r), [Seen::Tokens(500)]);
+    redis.pause().unwrap();
+    let r = s.report("edge", &[(&routed, 1), (&stray, 1)]).await;
+    redis.resume().unwrap();
+    let r = r.unwrap();
+    assert_eq!(
+        seen(&r),
+        [Seen::Allow],
+        "only the unmatched bucket is answered"
+    );
+    assert_eq!(r.bucket_action[0].bucket_id, Some(bucket_id(&stray)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s.report("edge", &[(&routed, 0)]).await.unwrap();
+        if seen(&r) == [Seen::Tokens(500)] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store never came back: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
