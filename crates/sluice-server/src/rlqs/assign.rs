@@ -19,7 +19,10 @@
 //! charged in full, and those charges never exceed `max`. What goes uncounted is what each
 //! client admits in the one reporting interval that straddles the moment the store fills (or
 //! the window ends): at most its bucket's `g` tokens plus one interval's refill `g`, so
-//! `2g ≤ 2 × ceil(C / N)`; after that report it holds `DENY_ALL` until the window resets. The
+//! `2g ≤ 2 × ceil(C / N)`; after that report it holds `DENY_ALL` until the window resets.
+//! `N` there is the holders counted when each share was computed: while Envoys are still
+//! joining, an early one's share was split among fewer (the first alone gets up to `C`), and
+//! the bound is `max + 2 × Σ g` over the last shares, at most `max + 2 × N × C`. The
 //! bound assumes Envoy reports every interval and applies an answer before admitting much
 //! more (an answer in flight lets a client spend one round trip more of its old bucket), and
 //! it leaves out what Envoy's own `no_assignment_behavior` and `expired_assignment_behavior`
