@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use crate::config::{Config, RedisLayout, StoreConfig};
 use crate::grpc::RlsService;
 use crate::http;
+use crate::rlqs::RlqsService;
 use crate::rls::RlsConfig;
 use crate::state::{ServerClock, Shared, StoreHandle};
 
@@ -257,9 +258,13 @@ pub async fn run_with_clock(
             health
                 .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
                 .await;
+            health
+                .set_serving::<envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<RlqsService>>()
+                .await;
             let server = tonic::transport::Server::builder()
                 .add_service(health_service)
-                .add_service(RlsService::new(shared.clone()).into_server());
+                .add_service(RlsService::new(shared.clone()).into_server())
+                .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server());
             let stop = stopped(stop_rx.clone());
             Some(match &grpc_tls {
                 Some(config) => {

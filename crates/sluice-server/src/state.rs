@@ -82,6 +82,8 @@ pub struct Snapshot {
     pub rls: Option<Arc<RlsConfig>>,
     /// The `rls` settings that go with them.
     pub rls_settings: Option<crate::config::RlsSettings>,
+    /// Envoy rate limit quota rules (`rlqs`), when configured.
+    pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::admin::AdminConfig>,
 }
@@ -104,6 +106,7 @@ impl Snapshot {
             store: store.clone(),
             rls,
             rls_settings: config.rls.clone(),
+            rlqs: config.rlqs.clone().map(Arc::new),
             admin: config.admin.clone(),
         }
     }

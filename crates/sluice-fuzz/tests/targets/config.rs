@@ -16,7 +16,7 @@ const FILE: &str = "fuzz.yaml";
 /// The sections of the file: an error without a line starts with one of them, or says it is
 /// about the whole file.
 const SECTIONS: &[&str] = &[
-    "listen", "policies", "rls", "store", "local", "admin", "the file",
+    "listen", "policies", "rls", "rlqs", "store", "local", "admin", "the file",
 ];
 
 /// Keys and values of the configuration, for edits.
@@ -49,6 +49,18 @@ const WORDS: &[&str] = &[
     "draft03",
     "merge_domains",
     "ignore_dot_files",
+    "rlqs",
+    "reporting_interval",
+    "assignment_ttl",
+    "abandon_after",
+    "unmatched",
+    "allow_all",
+    "deny_all",
+    "buckets",
+    "match",
+    "policy",
+    "key",
+    "{tenant}",
     "store",
     "backend",
     "memory",

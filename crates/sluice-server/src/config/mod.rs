@@ -175,6 +175,8 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Envoy RLS settings, if any.
     pub rls: Option<RlsSettings>,
+    /// Envoy's rate limit quota service (`rlqs`), if configured.
+    pub rlqs: Option<crate::rlqs::rules::RlqsConfig>,
     /// The store.
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
@@ -487,6 +489,8 @@ struct RawConfig {
     #[serde(default)]
     rls: Option<RawRls>,
     #[serde(default)]
+    rlqs: Option<crate::rlqs::rules::RawRlqs>,
+    #[serde(default)]
     store: RawStore,
     #[serde(default)]
     local: RawLocal,
@@ -540,6 +544,18 @@ impl Config {
                 .map_err(|(field, reason)| err(format!("policies.{name}{field}: {reason}")))?;
             policies.push(PolicyConfig { policy });
         }
+        let rlqs = raw
+            .rlqs
+            .map(|r| {
+                crate::rlqs::rules::rlqs_config(r, |name| {
+                    policies.iter().find(|p| p.policy.name() == name).map(|p| {
+                        let limits = p.policy.limits().iter();
+                        limits.map(sluice::Limit::per_ms).min().unwrap_or(0)
+                    })
+                })
+            })
+            .transpose()
+            .map_err(err)?;
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
@@ -592,6 +608,7 @@ impl Config {
                 merge_domains: r.merge_domains,
                 ignore_dot_files: r.ignore_dot_files,
             }),
+            rlqs,
             store,
             local,
             admin,

@@ -1,0 +1,482 @@
+//! Envoy's rate limit quota service (RLQS), `envoy.service.rate_limit_quota.v3`: each Envoy
+//! keeps one stream open, reports per bucket how many requests it admitted, and is sent back
+//! what it may admit until its next report. docs/server.md ("Envoy's rate limit quota
+//! filter") says how to point Envoy at it.
+//!
+//! Every report is charged to the store under the policy and key of the bucket's rule
+//! ([`rules`]), so the limit is fleet-wide: any number of Envoys, reporting to any number of
+//! Sluice servers over one store, share it. The charge is one [`Op::Acquire`] that takes what
+//! fits and carries the stream's holder id, so the same atomic call tells how much is left and
+//! how many streams share the key; [`assign`] turns that into the assignment and states the
+//! bound it keeps.
+//!
+//! **One stream, one state.** A stream's domain (from its first report), its holder id and the
+//! buckets it reported live in the task that serves it; nothing of a stream outlives it, and
+//! the counts are in the store, so an Envoy that reconnects (to this server or another, or to
+//! a restarted one) carries on from the store's count. The new stream is a new holder: the old
+//! one still counts for the policy's shortest window, so shares are smaller for that long,
+//! never larger.
+//!
+//! **Abandoning.** A bucket reported with no requests for `abandon_after` is abandoned (Envoy
+//! forgets it and subscribes again at its next request); so is a bucket whose rule a reload
+//! removed or renamed, at its next report, so that it starts over under the current rules.
+//!
+//! **Answers.** Every report message gets exactly one response, with one action per distinct
+//! bucket of the message in order; a bucket whose charge fails (the store cannot answer) gets
+//! no action, so Envoy keeps its assignment until `assignment_ttl` and then its own
+//! `expired_assignment_behavior`. A malformed message ends the stream with
+//! `INVALID_ARGUMENT` naming what is wrong, before anything of it is charged.
+
+pub mod assign;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice::core::evaluate::Op;
+use sluice::{Decision, Policy, Store, StoreError};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::state::{Shared, Snapshot};
+use assign::Assignment;
+use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
+
+/// The most bytes of one report message.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+/// The most bytes of a domain.
+pub const MAX_DOMAIN_LEN: usize = 256;
+/// The most bucket usages in one message.
+pub const MAX_USAGES: usize = 1_000;
+/// The most buckets one stream may have subscribed at once.
+pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+
+/// The gRPC service.
+#[derive(Debug)]
+pub struct RlqsService {
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+}
+
+impl RlqsService {
+    /// A service over the server's shared state: every report reads the configuration
+    /// current at that moment, so a reload applies from the next report on. When `stop`
+    /// turns true, every open stream ends with `UNAVAILABLE` (Envoy opens a new one at its
+    /// next report): streams last as long as an Envoy runs, and a graceful shutdown waits
+    /// for them.
+    pub fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+        Self { shared, stop }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
+        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for RlqsService {
+    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let mut inbound = request.into_inner();
+        // A few answers may wait for a slow reader; beyond that the stream waits too.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let shared = self.shared.clone();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut stream = StreamState::new();
+            loop {
+                let next = tokio::select! {
+                    next = inbound.message() => Some(next),
+                    () = stopping(&mut stop) => None,
+                };
+                let Some(next) = next else {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "sluice is shutting down; open the stream again",
+                        )))
+                        .await;
+                    break;
+                };
+                let reports = match next {
+                    Ok(Some(reports)) => reports,
+                    // The client closed its side, or the stream broke: nothing to answer.
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "rate limit quota stream ended");
+                        break;
+                    }
+                };
+                let answer = stream.handle(&shared.snapshot(), reports).await;
+                let end = answer.is_err();
+                if tx.send(answer).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Completes when the server stops (or is gone: a dropped sender).
+async fn stopping(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopping| *stopping).await;
+}
+
+/// What the server remembers of one bucket of one stream.
+#[derive(Debug)]
+struct Tracked {
+    /// The rule it matched when last reported (`None`: no rule).
+    rule: Option<String>,
+    /// When it last reported requests (or was subscribed).
+    active_ms: u64,
+}
+
+/// One stream: its holder id, domain and buckets.
+#[derive(Debug)]
+struct StreamState {
+    holder: u64,
+    domain: Option<String>,
+    buckets: HashMap<String, Tracked>,
+}
+
+/// One bucket's usage in a message, duplicates summed.
+struct Usage {
+    canonical: String,
+    id: BucketId,
+    allowed: u64,
+    denied: u64,
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// Checks a message's bounds and merges its usages by bucket (in first-seen order).
+fn usages(reports: RateLimitQuotaUsageReports) -> Result<Vec<Usage>, Status> {
+    let n = reports.bucket_quota_usages.len();
+    if n > MAX_USAGES {
+        return Err(invalid(format!(
+            "{n} bucket_quota_usages in one message; at most {MAX_USAGES}"
+        )));
+    }
+    let mut out: Vec<Usage> = Vec::with_capacity(n);
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(n);
+    for (i, u) in reports.bucket_quota_usages.into_iter().enumerate() {
+        let at = format!("bucket_quota_usages[{i}]");
+        let Some(id) = u.bucket_id else {
+            return Err(invalid(format!("{at}.bucket_id is missing")));
+        };
+        if id.bucket.is_empty() {
+            return Err(invalid(format!(
+                "{at}.bucket_id is empty; a bucket id has at least one entry"
+            )));
+        }
+        if id.bucket.len() > MAX_BUCKET_ENTRIES {
+            return Err(invalid(format!(
+                "{at}.bucket_id has {} entries; at most {MAX_BUCKET_ENTRIES}",
+                id.bucket.len()
+            )));
+        }
+        for (k, v) in &id.bucket {
+            if k.is_empty() || k.len() > MAX_ENTRY_LEN || v.len() > MAX_ENTRY_LEN {
+                return Err(invalid(format!(
+                    "{at}.bucket_id: entry names are 1 to {MAX_ENTRY_LEN} bytes and values at \
+                     most {MAX_ENTRY_LEN}; got a name of {} and a value of {} bytes",
+                    k.len(),
+                    v.len()
+                )));
+            }
+        }
+        for (field, value) in [
+            ("num_requests_allowed", u.num_requests_allowed),
+            ("num_requests_denied", u.num_requests_denied),
+        ] {
+            if value > sluice::core::MAX_AMOUNT {
+                return Err(invalid(format!(
+                    "{at}.{field} {value} is too large; at most 2^53 ({})",
+                    sluice::core::MAX_AMOUNT
+                )));
+            }
+        }
+        let canonical = rules::canonical(&id.bucket);
+        match index.get(&canonical) {
+            Some(&j) => {
+                let seen = &mut out[j];
+                seen.allowed =
+                    (seen.allowed + u.num_requests_allowed).min(sluice::core::MAX_AMOUNT);
+                seen.denied = (seen.denied + u.num_requests_denied).min(sluice::core::MAX_AMOUNT);
+            }
+            None => {
+                index.insert(canonical.clone(), out.len());
+                out.push(Usage {
+                    canonical,
+                    id,
+                    allowed: u.num_requests_allowed,
+                    denied: u.num_requests_denied,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What to do with one bucket of a message, decided before anything is charged.
+enum Plan<'a> {
+    /// Tell Envoy to forget the bucket.
+    Abandon,
+    /// A blanket assignment, nothing charged.
+    Blanket(Assignment),
+    /// Charge the usage and assign a share.
+    Charge {
+        rule: &'a rules::BucketRule,
+        policy: &'a Policy,
+        key: String,
+    },
+}
+
+impl StreamState {
+    fn new() -> Self {
+        // Any nonzero id: a stream is a holder of every key it reports.
+        Self {
+            holder: rand::random::<u64>() | 1,
+            domain: None,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// The stream's domain after `reports`: set by the first report, unchanged after.
+    fn domain(&mut self, reports: &RateLimitQuotaUsageReports) -> Result<String, Status> {
+        let given = reports.domain.as_str();
+        if given.len() > MAX_DOMAIN_LEN {
+            return Err(invalid(format!(
+                "domain is {} bytes; at most {MAX_DOMAIN_LEN}",
+                given.len()
+            )));
+        }
+        match (&self.domain, given) {
+            (None, "") => Err(invalid(
+                "domain is empty; the first report of a stream must name its domain".to_owned(),
+            )),
+            (None, d) => {
+                self.domain = Some(d.to_owned());
+                Ok(d.to_owned())
+            }
+            (Some(d), "") => Ok(d.clone()),
+            (Some(d), g) if d == g => Ok(d.clone()),
+            (Some(d), g) => Err(invalid(format!(
+                "domain changed from `{d}` to `{g}` within one stream; open a new stream for \
+                 another domain"
+            ))),
+        }
+    }
+
+    /// Answers one report message.
+    async fn handle(
+        &mut self,
+        snapshot: &Snapshot,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, Status> {
+        let Some(config) = snapshot.rlqs.as_deref() else {
+            return Err(Status::failed_precondition(
+                "this sluice has no rate limit quota configuration; add an `rlqs:` section",
+            ));
+        };
+        let domain = self.domain(&reports)?;
+        let usages = usages(reports)?;
+        let now = snapshot.now_ms();
+        let new = usages
+            .iter()
+            .filter(|u| !self.buckets.contains_key(&u.canonical))
+            .count();
+        if self.buckets.len() + new > MAX_BUCKETS_PER_STREAM {
+            return Err(invalid(format!(
+                "this stream would hold {} buckets; at most {MAX_BUCKETS_PER_STREAM}",
+                self.buckets.len() + new
+            )));
+        }
+        // Every key is checked before anything is charged.
+        let mut plans = Vec::with_capacity(usages.len());
+        for (i, u) in usages.iter().enumerate() {
+            plans.push(self.plan(snapshot, config, &domain, i, u, now)?);
+        }
+        // The charges are independent keys: they go to the store together (pipelined on one
+        // connection, spread over shards), so a report of many buckets costs about one round
+        // trip, not one per bucket.
+        let mut charges = tokio::task::JoinSet::new();
+        for (i, (u, plan)) in usages.iter().zip(&plans).enumerate() {
+            if let Plan::Charge { policy, key, .. } = plan {
+                let store = snapshot.limiter.store().clone();
+                let (policy, key) = ((*policy).clone(), key.clone());
+                let op = Op::Acquire {
+                    min: 0,
+                    max: u.allowed,
+                    holder: self.holder,
+                };
+                charges.spawn(async move { (i, store.call(&policy, &key, op, now).await) });
+            }
+        }
+        let mut charged: Vec<Option<Result<Decision, StoreError>>> =
+            usages.iter().map(|_| None).collect();
+        while let Some(joined) = charges.join_next().await {
+            match joined {
+                Ok((i, result)) => charged[i] = Some(result),
+                Err(e) => tracing::warn!(error = %e, "a rate limit quota charge did not finish"),
+            }
+        }
+        let mut actions = Vec::with_capacity(usages.len());
+        for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
+            let action = match plan {
+                Plan::Abandon => {
+                    self.buckets.remove(&u.canonical);
+                    action_metric("abandon");
+                    Some(Action::AbandonAction(AbandonAction {}))
+                }
+                Plan::Blanket(a) => Some(assign_action(config, a)),
+                Plan::Charge { rule, policy, .. } => match result {
+                    Some(Ok(d)) => {
+                        let taken = if d.allowed { d.cost } else { 0 };
+                        usage_metrics(
+                            &rule.name,
+                            taken,
+                            u.allowed - taken.min(u.allowed),
+                            u.denied,
+                        );
+                        let share = assign::share(policy, &d, config.interval_ms());
+                        Some(assign_action(config, assign::assignment(share)))
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
+                        action_metric("store_error");
+                        None
+                    }
+                    // The task failed (it cannot panic short of a bug): no answer for it.
+                    None => {
+                        action_metric("store_error");
+                        None
+                    }
+                },
+            };
+            if let Some(action) = action {
+                actions.push(BucketAction {
+                    bucket_id: Some(u.id),
+                    bucket_action: Some(action),
+                });
+            }
+        }
+        Ok(RateLimitQuotaResponse {
+            bucket_action: actions,
+        })
+    }
+
+    /// Decides what to do with one bucket and records it as tracked (or forgets it).
+    fn plan<'a>(
+        &mut self,
+        snapshot: &'a Snapshot,
+        config: &'a RlqsConfig,
+        domain: &str,
+        i: usize,
+        u: &Usage,
+        now: u64,
+    ) -> Result<Plan<'a>, Status> {
+        let rule = config.rule_for(domain, &u.id.bucket);
+        let rule_name = rule.map(|r| r.name.clone());
+        let active = u.allowed > 0 || u.denied > 0;
+        if let Some(seen) = self.buckets.get_mut(&u.canonical) {
+            if seen.rule != rule_name {
+                // A reload removed or renamed its rule: start over under the current rules.
+                self.buckets.remove(&u.canonical);
+                return Ok(Plan::Abandon);
+            }
+            if active {
+                seen.active_ms = now;
+            } else if now.saturating_sub(seen.active_ms) >= duration_ms(config.abandon_after) {
+                self.buckets.remove(&u.canonical);
+                return Ok(Plan::Abandon);
+            }
+        }
+        let plan = match rule {
+            None => Plan::Blanket(match config.unmatched {
+                Unmatched::AllowAll => Assignment::AllowAll,
+                Unmatched::DenyAll => Assignment::DenyAll,
+            }),
+            Some(rule) => {
+                let Some(policy) = snapshot.limiter.policy(&rule.policy) else {
+                    // Validated at load; a configuration cannot name a policy it lacks.
+                    return Err(Status::internal(format!(
+                        "rule `{}` names policy `{}`, which is not configured",
+                        rule.name, rule.policy
+                    )));
+                };
+                let key = rule.key(&u.id.bucket);
+                if key.is_empty() || key.len() > sluice::MAX_KEY_LEN {
+                    return Err(invalid(format!(
+                        "bucket_quota_usages[{i}].bucket_id: its key under rule `{}` is {} \
+                         bytes; a key is 1 to {}",
+                        rule.name,
+                        key.len(),
+                        sluice::MAX_KEY_LEN
+                    )));
+                }
+                Plan::Charge { rule, policy, key }
+            }
+        };
+        self.buckets.entry(u.canonical.clone()).or_insert(Tracked {
+            rule: rule_name,
+            active_ms: now,
+        });
+        Ok(plan)
+    }
+}
+
+fn duration_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn assign_action(config: &RlqsConfig, a: Assignment) -> Action {
+    action_metric(match a {
+        Assignment::AllowAll => "allow_all",
+        Assignment::DenyAll => "deny_all",
+        Assignment::Tokens(_) => "token_bucket",
+    });
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: Some(ProtoDuration {
+            seconds: i64::try_from(config.assignment_ttl.as_secs()).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        rate_limit_strategy: Some(a.strategy(config.reporting_interval.as_secs())),
+    })
+}
+
+/// Counts one action sent, by kind (`sluice_rlqs_actions_total{action}`).
+fn action_metric(action: &'static str) {
+    metrics::counter!("sluice_rlqs_actions_total", "action" => action).increment(1);
+}
+
+/// Counts a report's requests under its rule (`sluice_rlqs_requests_total{rule, result}`):
+/// `charged` to the store, `lost` (admitted by Envoy after the store was full), `denied` by
+/// Envoy.
+fn usage_metrics(rule: &str, charged: u64, lost: u64, denied: u64) {
+    for (result, n) in [("charged", charged), ("lost", lost), ("denied", denied)] {
+        if n > 0 {
+            metrics::counter!("sluice_rlqs_requests_total", "rule" => rule.to_owned(), "result" => result)
+                .increment(n);
+        }
+    }
+}
