@@ -766,6 +766,19 @@ fn the_documented_configuration_is_valid() {
     );
 }
 
+/// A rule cannot name a policy with a concurrency limit: usage reports count requests that
+/// already happened and hold nothing.
+#[test]
+fn a_rule_on_a_concurrency_policy_is_refused() {
+    let yaml = "policies:\n  jobs:\n    limits:\n      - { max: 5, per: 1m, algorithm: concurrency }\n      - { max: 100, per: 1h }\nrlqs:\n  buckets:\n    - match: { name: jobs }\n      policy: jobs\n";
+    let e = sluice_server::config::Config::parse("sluice.yaml", yaml).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rlqs.buckets[0].policy: `jobs` has a concurrency limit"),
+        "{e}"
+    );
+}
+
 /// A bucket listed twice in one message (its entries in another order) is one bucket: its
 /// usages are summed and it gets one action.
 #[tokio::test]

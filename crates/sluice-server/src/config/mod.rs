@@ -556,6 +556,27 @@ impl Config {
             })
             .transpose()
             .map_err(err)?;
+        // Usage reports are counts of requests already admitted: nothing is held, so a
+        // concurrency limit could never be enforced by them.
+        if let Some(rlqs) = &rlqs {
+            for (i, rule) in rlqs.buckets.iter().enumerate() {
+                let concurrent = policies.iter().any(|p| {
+                    p.policy.name() == rule.policy
+                        && p.policy
+                            .limits()
+                            .iter()
+                            .any(|l| l.algorithm() == Algorithm::Concurrency)
+                });
+                if concurrent {
+                    return Err(err(format!(
+                        "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage \
+                         reports cannot enforce (they count requests, they hold nothing); \
+                         use a policy of rates",
+                        rule.policy
+                    )));
+                }
+            }
+        }
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
