@@ -1,0 +1,94 @@
+//! The Envoy configuration in docs/server.md is a valid Envoy bootstrap: it is read with
+//! Envoy's own message descriptors (the descriptor set envoy-types ships, `types.bin`), with
+//! unknown fields refused and every `typed_config` resolved by its `@type`, as Envoy reads it.
+//! No Envoy binary is needed, and a misspelt field or a wrong type URL fails here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::path::PathBuf;
+
+use prost_reflect::{DescriptorPool, DynamicMessage};
+
+/// Envoy's descriptor set, from the envoy-types package cargo resolved for this workspace.
+fn envoy_descriptors() -> DescriptorPool {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let manifest = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "envoy-types")
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("envoy-types among the packages");
+    let path = PathBuf::from(manifest)
+        .parent()
+        .unwrap()
+        .join("src/generated/types.bin");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    DescriptorPool::decode(bytes.as_slice()).unwrap()
+}
+
+/// The YAML block that follows `heading` in docs/server.md.
+fn yaml_after(heading: &str) -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/server.md"))
+        .unwrap();
+    let section = doc.split(heading).nth(1).unwrap();
+    let block = section.split("```yaml\n").nth(1).unwrap();
+    block.split("```").next().unwrap().to_owned()
+}
+
+/// Reads `yaml` as an Envoy `Bootstrap`, as Envoy would.
+fn bootstrap(pool: &DescriptorPool, yaml: &str) -> Result<DynamicMessage, String> {
+    let value: serde_json::Value = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string(&value).unwrap();
+    let desc = pool
+        .get_message_by_name("envoy.config.bootstrap.v3.Bootstrap")
+        .unwrap();
+    let mut de = serde_json::Deserializer::from_str(&json);
+    DynamicMessage::deserialize(desc, &mut de).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_envoy_configuration_of_the_rlqs_section_is_a_valid_bootstrap() {
+    let pool = envoy_descriptors();
+    let yaml = yaml_after("### Configuring Envoy");
+    let config = bootstrap(&pool, &yaml).unwrap_or_else(|e| panic!("docs/server.md: {e}"));
+    // Written back as Envoy's JSON: what was read, typed configs included.
+    let text = serde_json::to_string(&config).unwrap();
+    for expected in [
+        "RateLimitQuotaFilterConfig",
+        "RateLimitQuotaBucketSettings",
+        "rlqsServer",
+        "bucketIdBuilder",
+    ] {
+        assert!(text.contains(expected), "{expected} was not read");
+    }
+    // Envoy's reporting interval is the one Sluice's rlqs section expects.
+    let sluice = yaml_after("### Configuring Sluice");
+    assert!(sluice.contains("reporting_interval: 1s"), "{sluice}");
+    assert_eq!(yaml.matches("reporting_interval: 1s").count(), 2, "{yaml}");
+
+    // The check has teeth: a misspelt field, a wrong type URL or a value of the wrong kind
+    // is refused.
+    for (from, to) in [
+        ("reporting_interval: 1s", "reporting_intervall: 1s"),
+        (
+            "rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rate_limit_quota.v3.RateLimitQuotaFilterConfiguration",
+        ),
+        ("blanket_rule: ALLOW_ALL", "blanket_rule: ALLOW_SOME"),
+    ] {
+        assert!(yaml.contains(from), "{from}");
+        let wrong = yaml.replacen(from, to, 1);
+        assert!(bootstrap(&pool, &wrong).is_err(), "`{to}` was accepted");
+    }
+}
