@@ -362,14 +362,21 @@ rlqs:
 /// staggered offsets) for three windows; each window admits at most `max + 2 × N × ceil(C / N)`,
 /// with `C = ceil(max × interval / window)` (rlqs::assign), and at least `max - C - N` (the
 /// fleet is not starved).
-async fn eight_envoys_one_hot_bucket(store: &str) {
+async fn eight_envoys_one_hot_bucket(store: &str, sluices: usize) {
     let clock = ManualClock::new(T0);
-    let server =
-        common::TestServer::start_with_clock(&format!("{HOT}{store}"), &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let mut servers = Vec::new();
+    let mut channels = Vec::new();
+    for _ in 0..sluices {
+        let server =
+            common::TestServer::start_with_clock(&format!("{HOT}{store}"), &[], clock.clone())
+                .await;
+        channels.push(server.channel().await);
+        servers.push(server);
+    }
+    // Envoy i reports to Sluice server i mod `sluices`: one fleet-wide limit in the store.
     let mut envoys = Vec::new();
-    for _ in 0..ENVOYS {
-        envoys.push(Envoy::connect(&channel, "edge", &clock).await);
+    for i in 0..ENVOYS as usize {
+        envoys.push(Envoy::connect(&channels[i % sluices], "edge", &clock).await);
     }
     let hot = bucket(&[("route", "/checkout")]);
     let pace = (MAX * INTERVAL_MS).div_ceil(WINDOW_MS);
@@ -397,7 +404,7 @@ async fn eight_envoys_one_hot_bucket(store: &str) {
         t += tick;
     }
     eprintln!(
-        "rlqs fleet of {ENVOYS}: admitted per {WINDOW_MS} ms window {admitted:?}; max {MAX}, bound {bound}"
+        "rlqs fleet of {ENVOYS} over {sluices} sluice server(s): admitted per {WINDOW_MS} ms window {admitted:?}; max {MAX}, bound {bound}"
     );
     for (w, &a) in admitted.iter().enumerate() {
         assert!(
@@ -406,12 +413,14 @@ async fn eight_envoys_one_hot_bucket(store: &str) {
         );
         assert!(a >= floor, "window {w} admitted only {a} of {MAX}");
     }
-    server.stop().await;
+    for server in servers {
+        server.stop().await;
+    }
 }
 
 #[tokio::test]
 async fn eight_envoys_stay_within_the_bound_in_memory() {
-    eight_envoys_one_hot_bucket("").await;
+    eight_envoys_one_hot_bucket("", 1).await;
 }
 
 #[tokio::test]
@@ -420,7 +429,18 @@ async fn eight_envoys_stay_within_the_bound_over_redis() {
         return;
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
-    eight_envoys_one_hot_bucket(&redis_store(&redis)).await;
+    eight_envoys_one_hot_bucket(&redis_store(&redis), 1).await;
+}
+
+/// Eight Envoys spread over three Sluice servers sharing one Redis: the same bound holds
+/// fleet-wide, because every server charges the same keys and counts the same holders.
+#[tokio::test]
+async fn eight_envoys_over_three_sluice_servers_share_one_limit_in_redis() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    eight_envoys_one_hot_bucket(&redis_store(&redis), 3).await;
 }
 
 /// The same fleet with every Envoy in its own task, so that reports of one tick reach the
