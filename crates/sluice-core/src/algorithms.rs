@@ -373,6 +373,11 @@ pub fn concurrency(
     )
 }
 
+/// Whether `state` (a concurrency limit's) holds the lease `id` at `now`.
+pub fn holds(state: &LimitState, id: u64, now: u64) -> bool {
+    matches!(state, LimitState::Concurrency(s) if live_leases(Some(s), now, None).any(|l| l.id == id))
+}
+
 /// Frees the lease `id` of a concurrency limit. Returns the state to store (`None` when the
 /// lease is not held: unknown, already released or lapsed) and the units it held.
 pub fn release(state: &LimitState, id: u64, now: u64) -> (Option<LimitState>, u64) {

@@ -6,7 +6,7 @@
 
 use crate::algorithms::{self, Outcome};
 use crate::decision::{Decision, LimitStatus};
-use crate::limit::Policy;
+use crate::limit::{Algorithm, Policy};
 use crate::state::LimitState;
 
 /// Per-limit writes of one decision (`Some(new state)` where the state changes); inline for
@@ -137,7 +137,10 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
 
 /// Takes the lease `lease` for `cost` units in the policy's concurrency limit and records
 /// `cost` in every other limit, only if all admit: a [`check`] that also holds. A lease of the
-/// same id already held is replaced (renewed). `cost = 0` takes nothing and reports the state.
+/// same id still held is renewed instead: it is replaced (new cost, new expiry) if the
+/// concurrency limit admits, and the other limits, which counted it when it was taken, are
+/// neither charged nor consulted (they report their state). `cost = 0` takes nothing and
+/// reports the state.
 pub fn hold(policy: &Policy, states: &[LimitState], cost: u64, lease: u64, now: u64) -> Evaluation {
     check_holding(policy, states, cost, now, Some(lease))
 }
@@ -150,12 +153,26 @@ fn check_holding(
     lease: Option<u64>,
 ) -> Evaluation {
     let limits = policy.limits();
+    // Taking again a lease that is still held renews it: the request it stands for was
+    // counted when the lease was first taken, so the other limits are not charged again.
+    let renewing = cost > 0
+        && lease.is_some_and(|id| {
+            limits.iter().enumerate().any(|(i, l)| {
+                l.algorithm() == Algorithm::Concurrency
+                    && algorithms::holds(state_at(states, i), id, now)
+            })
+        });
     let mut statuses = Vec::with_capacity(limits.len());
     let mut writes = Writes::with_capacity(limits.len());
     let mut allowed = true;
     for (i, limit) in limits.iter().enumerate() {
+        let charged = if renewing && limit.algorithm() != Algorithm::Concurrency {
+            0
+        } else {
+            cost
+        };
         let (next, outcome) =
-            algorithms::step_holding(limit, state_at(states, i), cost, now, lease);
+            algorithms::step_holding(limit, state_at(states, i), charged, now, lease);
         allowed &= outcome.admits;
         statuses.push(LimitStatus::new(limit, outcome));
         writes.push(next);

@@ -39,7 +39,7 @@ mod limit;
 mod state;
 
 pub use algorithms::{
-    Outcome, concurrency, expires_at, fixed_window, fixed_window_end, refund, release,
+    Outcome, concurrency, expires_at, fixed_window, fixed_window_end, holds, refund, release,
     sliding_window, sliding_window_floor, step, step_holding, token_bucket,
 };
 pub use clock::{Clock, ManualClock, SystemClock};

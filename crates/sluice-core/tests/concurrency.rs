@@ -100,6 +100,31 @@ fn taking_a_held_lease_again_renews_it_without_counting_it_twice() {
 }
 
 #[test]
+fn a_renewal_is_not_counted_again_by_the_rate_limits() {
+    let mut k = Key::new(vec![
+        LimitSpec::concurrency(2, 1_000),
+        LimitSpec::fixed_window(3, 60_000),
+    ]);
+    assert_eq!(k.hold(1, 1, T0).limits[1].remaining, 2);
+    for i in 1..=5 {
+        let renewed = k.hold(1, 1, T0 + i * 500);
+        assert!(renewed.allowed, "renewal {i}");
+        assert_eq!(
+            renewed.limits[1].remaining, 2,
+            "renewal {i} was not charged"
+        );
+        assert_eq!(renewed.limits[0].reset_ms, T0 + i * 500 + 1_000);
+    }
+    // Once it has lapsed, the same id is a new lease, and a new request.
+    assert_eq!(k.hold(1, 1, T0 + 5_000).limits[1].remaining, 1);
+    // A renewal the concurrency limit refuses keeps the lease as it was.
+    assert!(k.hold(2, 1, T0 + 5_001).allowed);
+    let grown = k.hold(1, 2, T0 + 5_002);
+    assert!(!grown.allowed);
+    assert_eq!(k.release(1, T0 + 5_003).cost, 1);
+}
+
+#[test]
 fn costs_are_units_and_retry_after_waits_for_enough_leases_to_lapse() {
     let mut k = Key::new(vec![LimitSpec::concurrency(10, 1_000)]);
     assert!(k.hold(1, 4, T0).allowed);

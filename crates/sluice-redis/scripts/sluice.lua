@@ -576,8 +576,13 @@ local function decide(keys, now, cost, margin, limits, record)
   local admits, remaining, reset, retry, writes = {}, {}, {}, {}, {}
   local allowed = true
   for i = 1, n do
+    -- `skip`: a limit not charged (the other limits of a renewed lease).
+    local c = cost
+    if limits[i].skip then
+      c = 0
+    end
     admits[i], remaining[i], reset[i], retry[i], writes[i] =
-      STEP[limits[i].alg](keys[i], limits[i], cost, now, margin)
+      STEP[limits[i].alg](keys[i], limits[i], c, now, margin)
     allowed = allowed and admits[i]
   end
   if not allowed and cost > 0 then
@@ -811,8 +816,20 @@ local function run(op, keys, args)
     if op == 'release' then
       return release(keys, args, now, margin, limits)
     end
+    -- Taking again a lease still held renews it: the other limits counted its request when
+    -- it was taken, so they are neither charged nor consulted now.
+    local renewing = false
     for i = 1, #limits do
       limits[i].lease = lease
+      if limits[i].alg == 5 and cost > 0 then
+        local e = redis.call('ZSCORE', keys[i], lease)
+        renewing = e ~= false and e ~= nil and tonumber(e) > now
+      end
+    end
+    if renewing then
+      for i = 1, #limits do
+        limits[i].skip = limits[i].alg ~= 5
+      end
     end
     return decide(keys, now, cost, margin, limits, true)
   end

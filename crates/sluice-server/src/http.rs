@@ -245,19 +245,21 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             key.len()
         )));
     }
-    if op == Endpoint::Release {
-        let lease = string("lease")?;
-        let id = (1..=16)
+    let lease_id = |lease: &str| {
+        (1..=16)
             .contains(&lease.len())
-            .then(|| u64::from_str_radix(&lease, 16).ok())
+            .then(|| u64::from_str_radix(lease, 16).ok())
             .flatten()
-            .filter(|_| lease.bytes().all(|b| b.is_ascii_hexdigit()))
+            .filter(|&id| id != 0 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| {
                 bad(format!(
                     "`lease` must be the id /v1/acquire returned (16 hex digits), got `{}`",
                     lease.chars().take(40).collect::<String>()
                 ))
-            })?;
+            })
+    };
+    if op == Endpoint::Release {
+        let id = lease_id(&string("lease")?)?;
         if let Some(field) = map
             .keys()
             .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
@@ -294,10 +296,24 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             )));
         }
     };
+    // An acquire may name a lease it holds, to renew it.
+    let lease = match (op, map.get("lease")) {
+        (Endpoint::Acquire, None | Some(Value::Null)) => 0,
+        (Endpoint::Acquire, Some(_)) => lease_id(&string("lease")?)?,
+        _ => 0,
+    };
     for field in map.keys() {
-        if !matches!(field.as_str(), "policy" | "key" | "cost") {
+        let known = match op {
+            Endpoint::Acquire => matches!(field.as_str(), "policy" | "key" | "cost" | "lease"),
+            _ => matches!(field.as_str(), "policy" | "key" | "cost"),
+        };
+        if !known {
+            let fields = match op {
+                Endpoint::Acquire => "policy, key, cost and lease",
+                _ => "policy, key and cost",
+            };
             return Err(bad(format!(
-                "unknown field `{field}`; the fields are policy, key and cost"
+                "unknown field `{field}`; the fields are {fields}"
             )));
         }
     }
@@ -305,7 +321,7 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
         policy,
         key,
         cost,
-        lease: 0,
+        lease,
     })
 }
 
@@ -420,6 +436,13 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
         Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
         Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
         Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+        Endpoint::Acquire if req.lease != 0 => limiter
+            .renew_policy(policy, &req.key, req.lease, req.cost)
+            .await
+            .map(|(d, l)| {
+                lease = l;
+                d
+            }),
         Endpoint::Acquire => limiter
             .acquire_policy(policy, &req.key, req.cost)
             .await

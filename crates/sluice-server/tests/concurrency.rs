@@ -118,6 +118,55 @@ async fn leases_are_taken_up_to_the_limit_and_released() {
     s.stop().await;
 }
 
+/// An acquire that names a lease it holds renews it: a fresh expiry, and the rate limit of
+/// the policy is not charged again. A lapsed or unknown id is taken anew, and counted.
+#[tokio::test]
+async fn an_acquire_naming_its_lease_renews_it_without_counting_again() {
+    let clock = sluice::ManualClock::new(1_700_000_000_000);
+    let s = common::TestServer::start_with_clock(POLICIES, &[], clock.clone()).await;
+    let c = Client::new();
+    let acquire = format!("{}/v1/acquire", s.url);
+    let first: Value = post(&c, &acquire, json!({"policy": "jobs", "key": "k"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = first["lease"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["limits"][1]["remaining"], 999);
+    for _ in 0..3 {
+        clock.advance(20_000);
+        let r = post(
+            &c,
+            &acquire,
+            json!({"policy": "jobs", "key": "k", "lease": id}),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["lease"]["id"], id.as_str(), "the same lease");
+        assert_eq!(
+            body["lease"]["expires_ms"].as_u64().unwrap(),
+            sluice::Clock::now_ms(&clock) + 30_000,
+            "a fresh expiry"
+        );
+        assert_eq!(body["limits"][0]["remaining"], 2, "held once");
+        assert_eq!(body["limits"][1]["remaining"], 999, "not counted again");
+    }
+    // Past its expiry the same id is a new lease, and a new request.
+    clock.advance(30_000);
+    let again: Value = post(
+        &c,
+        &acquire,
+        json!({"policy": "jobs", "key": "k", "lease": id}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(again["limits"][1]["remaining"], 998);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn bad_acquires_and_releases_are_refused_by_name() {
     let s = common::TestServer::start(POLICIES, &[]).await;
@@ -175,16 +224,31 @@ async fn bad_acquires_and_releases_are_refused_by_name() {
     )
     .await;
     assert!(m.contains("unknown field `cost`"), "{m}");
+    for lease in [json!("xyz"), json!("0000000000000000"), json!(12)] {
+        let m = refused(
+            post(
+                &c,
+                &acquire,
+                json!({"policy": "jobs", "key": "k", "lease": lease}),
+            )
+            .await,
+        )
+        .await;
+        assert!(m.contains("`lease` must be"), "{lease}: {m}");
+    }
     let m = refused(
         post(
             &c,
             &acquire,
-            json!({"policy": "jobs", "key": "k", "lease": "01"}),
+            json!({"policy": "jobs", "key": "k", "ttl": 1}),
         )
         .await,
     )
     .await;
-    assert!(m.contains("unknown field `lease`"), "{m}");
+    assert!(
+        m.contains("unknown field `ttl`; the fields are policy, key, cost and lease"),
+        "{m}"
+    );
     let r = post(&c, &acquire, json!({"policy": "nope", "key": "k"})).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     // A check consults the concurrency limit without holding.

@@ -214,7 +214,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         key: &str,
         cost: u64,
     ) -> Result<(Decision, Option<Lease>), Error> {
-        let ttl_ms = lease_ttl(policy)?;
         let id = loop {
             // 0 is kept for "no lease" by callers that store ids as numbers.
             let id = rand::random::<u64>();
@@ -222,6 +221,44 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 break id;
             }
         };
+        self.hold(policy, key, id, cost).await
+    }
+
+    /// Renews the lease `id` (from [`Limiter::acquire`]) for `cost` units: while it is
+    /// still held, it gets a fresh expiry (the limit's `per` from now) and the new cost if the
+    /// concurrency limit admits it, and the policy's other limits are not charged again (they
+    /// counted the request when the lease was taken). A lease that has lapsed or was released
+    /// is taken anew under the same id, like an acquire. Retrying a lost acquire with its id
+    /// is therefore safe too: it never holds or counts twice.
+    pub async fn renew(
+        &self,
+        policy: &str,
+        key: &str,
+        id: u64,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        self.renew_policy(self.lookup(policy)?, key, id, cost).await
+    }
+
+    /// [`Limiter::renew`] with a policy the caller holds.
+    pub async fn renew_policy(
+        &self,
+        policy: &Policy,
+        key: &str,
+        id: u64,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        self.hold(policy, key, id, cost).await
+    }
+
+    async fn hold(
+        &self,
+        policy: &Policy,
+        key: &str,
+        id: u64,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        let ttl_ms = lease_ttl(policy)?;
         let decision = self.call(policy, key, Op::Hold { cost, lease: id }).await?;
         let lease = (decision.allowed && cost > 0).then(|| Lease {
             id,
