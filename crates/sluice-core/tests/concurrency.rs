@@ -66,6 +66,25 @@ fn at_most_max_leases_are_held_and_a_release_frees_one() {
     assert!(!k.hold(5, 1, T0 + 13).allowed);
 }
 
+/// The worked example of docs/algorithms.md#concurrency, row by row.
+#[test]
+fn the_worked_example_of_the_algorithms_doc() {
+    let mut k = Key::new(vec![LimitSpec::concurrency(2, 30_000)]);
+    let s = |n: u64| T0 + n * 1_000;
+    let row = |d: &Decision| (d.allowed, d.remaining(), d.reset_ms(), d.retry_after_ms());
+    let (a, b, c, d) = (1, 2, 3, 4);
+    assert_eq!(row(&k.hold(a, 1, s(0))), (true, 1, s(30), Some(0)));
+    assert_eq!(row(&k.hold(b, 1, s(5))), (true, 0, s(35), Some(0)));
+    assert_eq!(row(&k.hold(c, 1, s(6))), (false, 0, s(35), Some(24_000)));
+    let freed = k.release(a, s(7));
+    assert_eq!(
+        (freed.cost, freed.remaining(), freed.reset_ms()),
+        (1, 1, s(35))
+    );
+    assert_eq!(row(&k.hold(c, 1, s(8))), (true, 0, s(38), Some(0)));
+    assert_eq!(row(&k.hold(d, 2, s(40))), (true, 0, s(70), Some(0)));
+}
+
 #[test]
 fn a_lease_that_is_never_released_lapses_after_its_ttl() {
     let mut k = Key::new(vec![LimitSpec::concurrency(1, 1_000)]);
