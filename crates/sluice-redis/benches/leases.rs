@@ -8,30 +8,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use sluice::{LimitSpec, Op, Policy, Store};
 use sluice_redis::{RedisConfig, RedisStore};
-use sluice_testkit::RedisServer;
+use sluice_testkit::{CommandStats, RedisServer};
 
 const CALLS: u64 = 5_000;
 const NOW: u64 = 1_700_000_000_000;
 
-/// (calls, µs) of FCALL so far.
-fn fcall_stats(server: &RedisServer) -> (u64, u64) {
-    let text = server.info("commandstats").unwrap();
-    let stats: HashMap<&str, (u64, u64)> = text
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |f: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
-            };
-            Some((name, (field("calls=")?, field("usec=")?)))
-        })
-        .collect();
+/// FCALL's calls and server time so far.
+fn fcall_stats(server: &RedisServer) -> CommandStats {
+    let stats = server.command_stats().unwrap();
     stats.get("fcall").copied().unwrap_or_default()
 }
 
@@ -46,8 +34,7 @@ async fn cpu_per_call(
     for op in ops {
         store.call(policy, "bench", *op, NOW).await.unwrap();
     }
-    let after = fcall_stats(server);
-    (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
+    fcall_stats(server).since(before).usec_per_call()
 }
 
 fn main() {

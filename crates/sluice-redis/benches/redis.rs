@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,21 +32,6 @@ fn policy() -> Policy {
         vec![LimitSpec::fixed_window(1_000_000_000, 60_000)],
     )
     .unwrap()
-}
-
-/// (calls, total µs of server time) per command name, from INFO commandstats.
-fn commandstats(server: &RedisServer) -> HashMap<String, (u64, u64)> {
-    let text = server.info("commandstats").unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |f: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
-            };
-            Some((name.to_owned(), (field("calls=")?, field("usec=")?)))
-        })
-        .collect()
 }
 
 struct Run {
@@ -70,21 +54,20 @@ async fn run_sluice(server: &RedisServer, mode: ScriptMode, concurrency: usize, 
         .unwrap(),
     );
     let policy = policy();
-    let before = commandstats(server);
+    let before = server.command_stats().unwrap();
     let (decisions, hist, secs) = common::load(store, &policy, concurrency, secs, KEYS).await;
-    let after = commandstats(server);
+    let after = server.command_stats().unwrap();
     let delta = |name: &str| {
         let now = after.get(name).copied().unwrap_or_default();
-        let then = before.get(name).copied().unwrap_or_default();
-        (now.0 - then.0, now.1 - then.1)
+        now.since(before.get(name).copied().unwrap_or_default())
     };
     let scripts = ["fcall", "evalsha", "eval"].map(delta);
-    let top: u64 = scripts.iter().map(|d| d.0).sum();
-    let usec: u64 = scripts.iter().map(|d| d.1).sum();
+    let top: u64 = scripts.iter().map(|d| d.calls).sum();
+    let usec: u64 = scripts.iter().map(|d| d.usec).sum();
     let all: u64 = after
-        .iter()
-        .filter(|(k, _)| k.as_str() != "info")
-        .map(|(k, v)| v.0 - before.get(k).map_or(0, |b| b.0))
+        .keys()
+        .filter(|k| k.as_str() != "info")
+        .map(|k| delta(k).calls)
         .sum();
     Run {
         decisions,
@@ -139,11 +122,11 @@ fn redis_cpu_per_call(server: &RedisServer, command: &[String], calls: u64) -> f
     server.cmd(&["FLUSHALL"]).unwrap();
     server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     run_baseline(server, command, 16, calls);
-    let stats = commandstats(server);
+    let stats = server.command_stats().unwrap();
     let (n, usec) = ["fcall", "evalsha"]
         .iter()
         .filter_map(|c| stats.get(*c))
-        .fold((0, 0), |(n, u), (cn, cu)| (n + cn, u + cu));
+        .fold((0, 0), |(n, u), c| (n + c.calls, u + c.usec));
     assert!(n >= calls, "{n} script calls counted, {calls} sent");
     usec as f64 / n as f64
 }

@@ -21,20 +21,11 @@ const CONCURRENCY: usize = 64;
 
 /// (calls, µs) of the script commands (FCALL, FCALL_RO, EVALSHA) from INFO commandstats.
 fn script_stats(server: &RedisServer) -> (u64, u64) {
-    let text = server.info("commandstats").unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            if !matches!(name, "fcall" | "fcall_ro" | "evalsha") {
-                return None;
-            }
-            let field = |f: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
-            };
-            Some((field("calls=")?, field("usec=")?))
-        })
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    let stats = server.command_stats().unwrap();
+    ["fcall", "fcall_ro", "evalsha"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .fold((0, 0), |a, c| (a.0 + c.calls, a.1 + c.usec))
 }
 
 /// CPU seconds (user + system) the server process has used, from INFO cpu.

@@ -11,7 +11,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,27 +21,16 @@ use hdrhistogram::Histogram;
 use sluice::{Op, Policy, Store};
 use sluice_server::app::{self, Listeners};
 use sluice_server::config::Config;
-use sluice_testkit::RedisServer;
+use sluice_testkit::{CommandStats, RedisServer};
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 const BUCKETS: usize = 10;
 
-/// (calls, µs) of FCALL so far.
-fn fcall_stats(server: &RedisServer) -> (u64, u64) {
-    let text = server.info("commandstats").unwrap();
-    let stats: HashMap<&str, (u64, u64)> = text
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |f: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
-            };
-            Some((name, (field("calls=")?, field("usec=")?)))
-        })
-        .collect();
+/// FCALL's calls and server time so far.
+fn fcall_stats(server: &RedisServer) -> CommandStats {
+    let stats = server.command_stats().unwrap();
     stats.get("fcall").copied().unwrap_or_default()
 }
 
@@ -164,8 +152,7 @@ fn main() {
                 .await
                 .unwrap();
         }
-        let after = fcall_stats(&redis);
-        let check_us = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+        let check_us = fcall_stats(&redis).since(before).usec_per_call();
 
         println!(
             "| streams | buckets per report | reports/s sent | reports/s answered | p50 ms | p99 ms | max ms | Redis µs per charged bucket | fixed-window check µs (baseline) |"
@@ -189,8 +176,7 @@ fn main() {
                 reports += t.await.unwrap();
             }
             let elapsed = began.elapsed().as_secs_f64();
-            let after = fcall_stats(&redis);
-            let charged_us = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+            let charged_us = fcall_stats(&redis).since(before).usec_per_call();
             let h = hist.lock().await;
             println!(
                 "| {streams} | {BUCKETS} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {charged_us:.1} | {check_us:.1} |",

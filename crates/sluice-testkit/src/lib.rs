@@ -125,8 +125,8 @@ pub use sentinel::{
     DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
 };
 pub use server::{
-    CONNECT_TIMEOUT, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, ServerOptions,
-    free_port,
+    CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer,
+    ServerOptions, free_port,
 };
 pub use tls::TlsCerts;
 pub use wait::{POLL_INTERVAL, wait_until};

@@ -1,5 +1,6 @@
 //! One `redis-server` process: [`ServerOptions`] says how to run it, [`RedisServer`] owns it.
 
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -111,6 +112,30 @@ impl ServerOptions {
     /// Starts a server with these options; see [`RedisServer::start_with_options`].
     pub fn start(self) -> Result<RedisServer, Error> {
         RedisServer::start_with_options(self)
+    }
+}
+
+/// One command's line of `INFO commandstats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommandStats {
+    /// Calls so far.
+    pub calls: u64,
+    /// Server time spent in them, in µs.
+    pub usec: u64,
+}
+
+impl CommandStats {
+    /// The calls and time between `before` and `self`.
+    pub fn since(self, before: CommandStats) -> CommandStats {
+        CommandStats {
+            calls: self.calls.saturating_sub(before.calls),
+            usec: self.usec.saturating_sub(before.usec),
+        }
+    }
+
+    /// µs per call (0 with no call).
+    pub fn usec_per_call(self) -> f64 {
+        self.usec as f64 / self.calls.max(1) as f64
     }
 }
 
@@ -359,19 +384,29 @@ impl RedisServer {
     /// How many times `command` (lowercase, e.g. `fcall`) has run since start or the last
     /// `CONFIG RESETSTAT`, from `INFO commandstats` (commands run inside scripts count too).
     pub fn command_calls(&self, command: &str) -> Result<u64, Error> {
-        let prefix = format!("cmdstat_{command}:");
+        Ok(self.command_stats()?.get(command).map_or(0, |c| c.calls))
+    }
+
+    /// Every command's calls and server time so far, by lowercase name (`fcall`, `hset`, …),
+    /// from `INFO commandstats`. A script's `usec` includes the commands it ran, which are
+    /// also counted under their own names.
+    pub fn command_stats(&self) -> Result<HashMap<String, CommandStats>, Error> {
         Ok(self
             .info("commandstats")?
             .lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .filter_map(|rest| {
-                rest.strip_prefix("calls=")?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let field = |f: &str| {
+                    rest.split(',')
+                        .find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok())
+                };
+                let stats = CommandStats {
+                    calls: field("calls=")?,
+                    usec: field("usec=")?,
+                };
+                Some((name.to_owned(), stats))
             })
-            .sum())
+            .collect())
     }
 
     /// The text of `INFO <section>`.

@@ -256,3 +256,23 @@ fn a_server_that_cannot_start_reports_why() {
         .unwrap_err();
     assert!(matches!(err, Error::Spawn { .. }), "{err}");
 }
+
+/// `command_stats` reads INFO commandstats: calls count up by command, and `since` gives the
+/// calls between two readings.
+#[test]
+fn command_stats_count_the_calls_of_each_command() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let before = server.command_stats().unwrap();
+    for i in 0..5 {
+        server.cmd(&["SET", &format!("k{i}"), "v"]).unwrap();
+    }
+    server.cmd(&["GET", "k0"]).unwrap();
+    let after = server.command_stats().unwrap();
+    let set = after["set"].since(before.get("set").copied().unwrap_or_default());
+    assert_eq!(set.calls, 5);
+    assert_eq!(server.command_calls("get").unwrap(), 1);
+    assert_eq!(server.command_calls("hset").unwrap(), 0, "never called");
+}
