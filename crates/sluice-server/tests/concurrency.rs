@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 
 mod common;
 
+use common::{header, post};
+
 const POLICIES: &str = r#"
 policies:
   jobs:
@@ -22,16 +24,6 @@ policies:
     limits:
       - { max: 10, per: 1m }
 "#;
-
-async fn post(c: &Client, url: &str, body: Value) -> reqwest::Response {
-    c.post(url).json(&body).send().await.unwrap()
-}
-
-fn header(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
-}
 
 async fn refused(r: reqwest::Response) -> String {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);

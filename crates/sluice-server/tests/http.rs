@@ -24,20 +24,12 @@ policies:
 
 mod common;
 
+use common::{header, post};
+
 type Server = common::TestServer;
 
 async fn start(config: &str) -> Server {
     Server::start(config, &[]).await
-}
-
-async fn post(c: &Client, url: &str, body: Value) -> reqwest::Response {
-    c.post(url).json(&body).send().await.unwrap()
-}
-
-fn header(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
 }
 
 async fn error_of(r: reqwest::Response, status: StatusCode) -> String {

@@ -143,3 +143,15 @@ impl TestServer {
         self.done.await.unwrap().unwrap();
     }
 }
+
+/// POSTs `body` as JSON to `url`.
+pub async fn post(c: &reqwest::Client, url: &str, body: serde_json::Value) -> reqwest::Response {
+    c.post(url).json(&body).send().await.unwrap()
+}
+
+/// The value of header `name`, as text.
+pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
