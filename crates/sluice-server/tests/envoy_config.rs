@@ -9,10 +9,26 @@ use std::path::PathBuf;
 
 use prost_reflect::{DescriptorPool, DynamicMessage};
 
+/// The host's target tuple: `cargo metadata --offline` resolves only what this platform
+/// builds, so packages of other platforms (never downloaded here) are not asked for.
+fn host_tuple() -> String {
+    let out = std::process::Command::new("rustc")
+        .args(["--print", "host-tuple"])
+        .output()
+        .expect("rustc --print host-tuple");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
 /// Envoy's descriptor set, from the envoy-types package cargo resolved for this workspace.
 fn envoy_descriptors() -> DescriptorPool {
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host_tuple()])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata");
