@@ -28,6 +28,9 @@ impl Degraded {
 pub struct LimitStatus {
     /// The limit's `max`.
     pub max: u64,
+    /// The most units the limit holds at once ([`Limit::capacity`]: a token bucket's `burst`,
+    /// else `max`): the `limit` that `remaining` counts down from.
+    pub capacity: u64,
     /// The limit's window in ms.
     pub per_ms: u64,
     /// The limit's algorithm.
@@ -47,6 +50,7 @@ impl LimitStatus {
     pub fn new(limit: &Limit, outcome: crate::Outcome) -> Self {
         Self {
             max: limit.max(),
+            capacity: limit.capacity(),
             per_ms: limit.per_ms(),
             algorithm: limit.algorithm(),
             admits: outcome.admits,
@@ -56,10 +60,10 @@ impl LimitStatus {
         }
     }
 
-    /// Units counted against the limit (`max - remaining`, never negative), for
+    /// Units counted against the limit (`capacity - remaining`, never negative), for
     /// `X-RateLimit-Used`.
     pub fn used(&self) -> u64 {
-        self.max.saturating_sub(self.remaining)
+        self.capacity.saturating_sub(self.remaining)
     }
 }
 
@@ -116,7 +120,7 @@ impl Decision {
     }
 
     /// The decision of a policy that fails open while its store cannot answer: allowed, with
-    /// every limit reported whole (`remaining = max`, `reset = now`), marked
+    /// every limit reported whole (`remaining = capacity`, `reset = now`), marked
     /// [`Degraded::Open`].
     pub fn fail_open(policy: &Policy, cost: u64, now_ms: u64) -> Self {
         let limits = policy
@@ -124,10 +128,11 @@ impl Decision {
             .iter()
             .map(|l| LimitStatus {
                 max: l.max(),
+                capacity: l.capacity(),
                 per_ms: l.per_ms(),
                 algorithm: l.algorithm(),
                 admits: true,
-                remaining: l.max(),
+                remaining: l.capacity(),
                 reset_ms: now_ms,
                 retry_after_ms: Some(0),
             })

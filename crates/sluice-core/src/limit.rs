@@ -324,6 +324,16 @@ impl Limit {
         self.burst
     }
 
+    /// The most units this limit holds at once, what a fresh key has `remaining`: a token
+    /// bucket's `burst`, otherwise `max`. It is the `limit` a decision reports
+    /// ([`LimitStatus::capacity`](crate::LimitStatus::capacity), docs/algorithms.md).
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => self.burst,
+            _ => self.max,
+        }
+    }
+
     /// Whether a fixed window is aligned to the epoch.
     pub fn align(&self) -> bool {
         self.align
@@ -397,7 +407,7 @@ fn default_precision(per_ms: u64) -> Result<u64, LimitError> {
 #[non_exhaustive]
 pub enum FailureMode {
     /// Allow the request. The decision is marked [`Degraded::Open`](crate::Degraded::Open)
-    /// and reports every limit whole (`remaining = max`).
+    /// and reports every limit whole (`remaining` = its [capacity](Limit::capacity)).
     #[default]
     Open,
     /// Refuse to decide: the caller gets a "store unavailable" error (a server answers 503).

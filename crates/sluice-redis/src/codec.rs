@@ -151,6 +151,7 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
     for (limit, f) in limits.iter().zip(items[2..].chunks_exact(4)) {
         statuses.push(LimitStatus {
             max: limit.max(),
+            capacity: limit.capacity(),
             per_ms: limit.per_ms(),
             algorithm: limit.algorithm(),
             admits: int(&f[0], "admits")? == 1,

@@ -554,6 +554,9 @@ enum Extra {
 #[derive(serde::Serialize)]
 struct LimitBody {
     max: u64,
+    /// A token bucket's `burst` (its capacity, what `limit` reports); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
     per_ms: u64,
     algorithm: &'static str,
     remaining: u64,
@@ -579,7 +582,7 @@ fn decision_response_with(
         policy: policy.name(),
         key,
         cost: d.cost,
-        limit: b.max,
+        limit: b.capacity,
         remaining: b.remaining,
         reset: secs_up(b.reset_ms),
         retry_after: b.retry_after_ms.map(secs_up),
@@ -589,6 +592,7 @@ fn decision_response_with(
             .iter()
             .map(|s| LimitBody {
                 max: s.max,
+                burst: (s.algorithm == sluice::Algorithm::TokenBucket).then_some(s.capacity),
                 per_ms: s.per_ms,
                 algorithm: s.algorithm.as_str(),
                 remaining: s.remaining,

@@ -825,3 +825,53 @@ async fn a_path_that_is_not_utf8_is_a_json_error() {
     }
     s.stop().await;
 }
+
+/// A token bucket's limit is its burst: the most a fresh key can spend at once. With
+/// `100 per 1m, burst 20`, a fresh key reported limit 100, remaining 20 and used 80, and
+/// `q=100` beside `r=20`. Now limit, remaining and used agree, in the headers and the body,
+/// and the IETF policy is the burst over the time it takes to refill (20 per 12 s).
+#[tokio::test]
+async fn a_token_bucket_reports_its_burst_as_the_limit() {
+    let s = start(CONFIG).await;
+    let c = Client::new();
+    let fresh = json!({"policy": "uploads", "key": "fresh", "cost": 0});
+    let r = post(&c, &format!("{}/v1/peek", s.url), fresh).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
+    assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("20"));
+    assert_eq!(header(&r, "x-ratelimit-used").as_deref(), Some("0"));
+    assert_eq!(
+        header(&r, "ratelimit-policy").as_deref(),
+        Some(r#""uploads:0";q=20;w=12"#)
+    );
+    assert_eq!(
+        header(&r, "ratelimit").as_deref(),
+        Some(r#""uploads:0";r=20;t=0"#)
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&body["limit"], &body["remaining"]),
+        (&json!(20), &json!(20))
+    );
+    assert_eq!(
+        (&body["limits"][0]["max"], &body["limits"][0]["burst"]),
+        (&json!(100), &json!(20))
+    );
+
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "uploads", "key": "fresh", "cost": 3}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
+    assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("17"));
+    assert_eq!(header(&r, "x-ratelimit-used").as_deref(), Some("3"));
+    // Three tokens come back in 1.8 s.
+    assert_eq!(
+        header(&r, "ratelimit").as_deref(),
+        Some(r#""uploads:0";r=17;t=2"#)
+    );
+    s.stop().await;
+}

@@ -11,7 +11,8 @@
 //! problem type `https://iana.org/assignments/http-problem-types#quota-exceeded`, with its
 //! `violated-policies` member (the names of the refusing limits, as in the `RateLimit`
 //! header: `"<policy>:<index>"`) and, as extension members, the binding limit's `policy`,
-//! `limit`, `remaining`, `reset` (Unix seconds) and `retry_after` (seconds, `null` when the
+//! `limit` (what it holds at once, as in `X-RateLimit-Limit`: `max`, or a token bucket's
+//! `burst`), `remaining`, `reset` (Unix seconds) and `retry_after` (seconds, `null` when the
 //! request can never pass):
 //!
 //! ```json
@@ -213,20 +214,23 @@ pub(crate) fn duration(ms: u64) -> String {
 pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes> {
     let b = decision.binding();
     let item = item_name(policy, decision.binding);
+    // A token bucket's burst is part of its quota: a cost above it never fits.
+    let quota = match b.algorithm {
+        sluice::Algorithm::TokenBucket => {
+            format!("{} per {}, burst {}", b.max, duration(b.per_ms), b.capacity)
+        }
+        _ => format!("{} per {}", b.max, duration(b.per_ms)),
+    };
     let detail = match b.retry_after_ms {
         Some(ms) => format!(
-            "quota `{item}` exceeded: {} per {}, {} left, this request costs {}; try again in {} s",
-            b.max,
-            duration(b.per_ms),
+            "quota `{item}` exceeded: {quota}, {} left, this request costs {}; try again in {} s",
             b.remaining,
             decision.cost,
             secs_up(ms).max(1)
         ),
         None => format!(
-            "this request costs {}, more than quota `{item}` ({} per {}) can ever allow",
+            "this request costs {}, more than quota `{item}` ({quota}) can ever allow",
             decision.cost,
-            b.max,
-            duration(b.per_ms)
         ),
     };
     let violated = decision
@@ -246,7 +250,7 @@ pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes
             violated: Some(violated),
             policy: Some(policy.name()),
             quota: Some(Quota {
-                limit: b.max,
+                limit: b.capacity,
                 remaining: b.remaining,
                 reset: secs_up(b.reset_ms),
                 retry_after: b.retry_after_ms.map(|ms| secs_up(ms).max(1)),

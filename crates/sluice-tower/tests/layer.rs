@@ -146,6 +146,62 @@ async fn a_cost_that_can_never_pass_has_no_retry_after() {
     );
 }
 
+/// A token bucket's limit is its burst, in the headers and in the denial's body alike: with
+/// `100 per 1m, burst 20`, the limit was reported as 100 with 20 remaining, and a cost of 30
+/// (below max, above the burst) was said to be "more than 100 per 1m can ever allow".
+#[tokio::test]
+async fn a_token_bucket_reports_its_burst_as_the_limit() {
+    let uploads = Policy::from_specs(
+        "uploads",
+        vec![LimitSpec::token_bucket(100, 60_000).burst(20)],
+    )
+    .unwrap();
+    let svc = RateLimitLayer::new(
+        limiter(ManualClock::new(T0), []),
+        uploads,
+        KeyExtractor::header("x-api-key"),
+    )
+    .cost(|parts| {
+        parts
+            .headers
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    })
+    .layer(Inner::default().service());
+    let with_cost = |cost: &str| {
+        let mut req = request(Some("k1"));
+        req.headers_mut().insert("x-cost", cost.parse().unwrap());
+        req
+    };
+    let r = svc.clone().oneshot(with_cost("15")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
+    assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("5"));
+    assert_eq!(header(&r, "x-ratelimit-used").as_deref(), Some("15"));
+    assert_eq!(
+        header(&r, "ratelimit-policy").as_deref(),
+        Some("\"uploads:0\";q=20;w=12")
+    );
+    let r = svc.clone().oneshot(with_cost("6")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = json(r).await;
+    assert_eq!(
+        (&body["limit"], &body["remaining"]),
+        (&20.into(), &5.into())
+    );
+    assert_eq!(
+        body["detail"],
+        "quota `uploads:0` exceeded: 100 per 1m, burst 20, 5 left, this request costs 6; \
+         try again in 1 s"
+    );
+    let r = svc.oneshot(with_cost("30")).await.unwrap();
+    assert_eq!(
+        json(r).await["detail"],
+        "this request costs 30, more than quota `uploads:0` (100 per 1m, burst 20) can ever allow"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_denied_key_passes_again_once_retry_after_has_elapsed() {
     let api = policy("api", 1, 60_000);

@@ -5,13 +5,18 @@
 //! lowercase `&'static str` (valid for any HTTP library's `from_static`), values are visible ASCII.
 //!
 //! - GitHub's set ([`github`]): `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (Unix
-//!   seconds, rounded up) and `-resource` (the policy name), for the binding limit.
+//!   seconds, rounded up) and `-resource` (the policy name), for the binding limit. The limit
+//!   is the most the limit holds at once ([`LimitStatus::capacity`]: `max`, or a token
+//!   bucket's `burst`), so `used = limit - remaining` and a fresh key has used 0.
 //! - [`retry_after`]: `retry-after` in whole seconds (at least 1) on a denied decision that can
 //!   ever pass; none when allowed, and none when the cost can never fit.
 //! - The IETF draft's set ([`ietf`], draft-ietf-httpapi-ratelimit-headers): `ratelimit-policy`
 //!   and `ratelimit`, Structured Field lists with one item per limit of the policy, named
-//!   `"<policy>:<index>"` (see [`item_name`]): `q` (max) and `w` (window, seconds) in the
-//!   policy, `r` (remaining) and `t` (seconds until the limit is whole again) in the state.
+//!   `"<policy>:<index>"` (see [`item_name`]): `q` (the quota) and `w` (its window, seconds)
+//!   in the policy, `r` (remaining, at most `q`) and `t` (seconds until the limit is whole
+//!   again, at most `w`) in the state. A window's quota is `max` per `per`; a token bucket's is
+//!   its `burst` per the time it takes to refill (`burst · per / max`), the same rate, and the
+//!   most a client can spend at once ([`quota_window_ms`]).
 //!   A concurrency limit is the draft's third quota unit: `qu="concurrent-requests"` and no
 //!   `w` in the policy, no `t` in the state (its units come back when leases are released,
 //!   which no clock predicts).
@@ -31,16 +36,16 @@
 
 use std::fmt::Write as _;
 
-use sluice_core::{Algorithm, Decision, Degraded, Policy};
+use sluice_core::{Algorithm, Decision, Degraded, LimitStatus, Policy};
 
 /// One header: a lowercase name and its value.
 pub type Header = (&'static str, String);
 
-/// `x-ratelimit-limit`: the binding limit's `max`.
+/// `x-ratelimit-limit`: the binding limit's capacity (`max`, or a token bucket's `burst`).
 pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
 /// `x-ratelimit-remaining`: the binding limit's `remaining`.
 pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
-/// `x-ratelimit-used`: the binding limit's `max - remaining`.
+/// `x-ratelimit-used`: the binding limit's `capacity - remaining`.
 pub const X_RATELIMIT_USED: &str = "x-ratelimit-used";
 /// `x-ratelimit-reset`: when the binding limit is whole again, Unix seconds rounded up.
 pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
@@ -158,7 +163,7 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
     if sets.github {
         let b = d.binding();
         field(Field::Limit, &|o| {
-            let _ = write!(o, "{}", b.max);
+            let _ = write!(o, "{}", b.capacity);
         });
         field(Field::Remaining, &|o| {
             let _ = write!(o, "{}", b.remaining);
@@ -189,7 +194,8 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
                 if s.algorithm == Algorithm::Concurrency {
                     let _ = write!(o, ";q={};qu=\"concurrent-requests\"", s.max);
                 } else {
-                    let _ = write!(o, ";q={};w={}", s.max, secs_up(s.per_ms).max(1));
+                    let w = secs_up(quota_window_ms(s)).max(1);
+                    let _ = write!(o, ";q={};w={w}", s.capacity);
                 }
             }
         });
@@ -206,6 +212,21 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
                 }
             }
         });
+    }
+}
+
+/// The window of a limit's IETF quota (`w`, before rounding up to whole seconds): `per` for
+/// a window; for a token bucket, the time it takes to refill its whole `burst`
+/// (`burst · per / max`, rounded up), so that `q = burst` per `w` is the bucket's own rate.
+/// Its state's `t` (time until the bucket is full) is never longer.
+pub fn quota_window_ms(s: &LimitStatus) -> u64 {
+    match s.algorithm {
+        Algorithm::TokenBucket if s.max > 0 => {
+            let refill =
+                (u128::from(s.capacity) * u128::from(s.per_ms)).div_ceil(u128::from(s.max));
+            u64::try_from(refill).unwrap_or(u64::MAX)
+        }
+        _ => s.per_ms,
     }
 }
 
@@ -501,6 +522,44 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_token_bucket_reports_its_burst_over_its_refill_time() {
+        // 100 per minute, burst 20: a token every 600 ms, the bucket full again in 12 s.
+        let p = Policy::from_specs(
+            "uploads",
+            vec![LimitSpec::token_bucket(100, 60_000).burst(20)],
+        )
+        .unwrap();
+        let fresh = evaluate::peek(&p, &[], 0, NOW);
+        assert_eq!(
+            all(&p, &fresh),
+            vec![
+                ("x-ratelimit-limit", "20".to_owned()),
+                ("x-ratelimit-remaining", "20".to_owned()),
+                ("x-ratelimit-used", "0".to_owned()),
+                ("x-ratelimit-reset", (NOW / 1_000).to_string()),
+                ("x-ratelimit-resource", "uploads".to_owned()),
+                ("ratelimit-policy", "\"uploads:0\";q=20;w=12".to_owned()),
+                ("ratelimit", "\"uploads:0\";r=20;t=0".to_owned()),
+            ]
+        );
+        let d = run(&p, 5, 1);
+        assert_eq!(
+            github(&p, &d)[1..3],
+            [
+                ("x-ratelimit-remaining", "15".to_owned()),
+                ("x-ratelimit-used", "5".to_owned()),
+            ]
+        );
+        assert_eq!(ietf(&p, &d)[1].1, "\"uploads:0\";r=15;t=3");
+        // A burst above max: 3 per second, burst 10, refilled in 3.33 s.
+        let p = Policy::from_specs("b", vec![LimitSpec::token_bucket(3, 1_000).burst(10)]).unwrap();
+        let d = run(&p, 1, 1);
+        assert_eq!(github(&p, &d)[0], ("x-ratelimit-limit", "10".to_owned()));
+        assert_eq!(ietf(&p, &d)[0].1, "\"b:0\";q=10;w=4");
+        assert_eq!(ietf(&p, &d)[1].1, "\"b:0\";r=9;t=1");
     }
 
     #[test]

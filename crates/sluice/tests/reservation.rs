@@ -107,6 +107,21 @@ async fn a_batch_serves_locally_and_headers_stay_honest() {
     assert_eq!(truth.remaining(), 970);
 }
 
+/// A token bucket whose burst is above its max counts down from the burst when served from a
+/// lease too: a local decision was capped at `max`, so a fresh bucket of 1 000 said 100 left.
+#[tokio::test]
+async fn a_token_bucket_served_locally_counts_down_from_its_burst() {
+    let p = policy(LimitSpec::token_bucket(100, 60_000).burst(1_000));
+    let store = Reserving::new(Probe::default(), fixed(0.1)); // batch 10
+    for used in 1..=15 {
+        let d = store.check(&p, "k", 1, T0).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.binding().capacity, 1_000);
+        assert_eq!(d.remaining(), 1_000 - used, "check {used}");
+    }
+    assert_eq!(store.stats().local, 13, "two fetches served the other 13");
+}
+
 #[tokio::test]
 async fn costs_above_the_batch_and_cost_zero_go_to_the_store() {
     let p = policy(LimitSpec::fixed_window(1_000, 60_000));

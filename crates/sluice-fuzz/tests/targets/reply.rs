@@ -233,8 +233,13 @@ fn decode() {
                     d.limits.iter().zip(policy.limits()).zip(&said.limits)
                 {
                     assert_eq!(
-                        (status.max, status.per_ms, status.algorithm),
-                        (limit.max(), limit.per_ms(), limit.algorithm())
+                        (status.max, status.capacity, status.per_ms, status.algorithm),
+                        (
+                            limit.max(),
+                            limit.capacity(),
+                            limit.per_ms(),
+                            limit.algorithm()
+                        )
                     );
                     assert_eq!(
                         (

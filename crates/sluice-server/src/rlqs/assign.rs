@@ -123,6 +123,7 @@ mod tests {
             .zip(remaining)
             .map(|(l, r)| LimitStatus {
                 max: l.max(),
+                capacity: l.capacity(),
                 per_ms: l.per_ms(),
                 algorithm: l.algorithm(),
                 admits: true,

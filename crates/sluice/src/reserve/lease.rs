@@ -66,7 +66,7 @@ pub(super) fn local_decision(basis: &Decision, cost: u64, held: u64, now: u64) -
         .iter()
         .map(|s| LimitStatus {
             admits: true,
-            remaining: s.remaining.saturating_add(held).min(s.max),
+            remaining: s.remaining.saturating_add(held).min(s.capacity),
             retry_after_ms: Some(0),
             ..*s
         })
