@@ -96,17 +96,17 @@ impl AdminConfig {
         })
     }
 
-    /// Whether `headers` carry `Authorization: Bearer <one of the tokens>`. Every token is
-    /// compared, in constant time, whatever matches first.
+    /// Whether `headers` carry `Authorization: Bearer <one of the tokens>`, the scheme in any
+    /// case (RFC 9110 §11.1: `bearer`, `BEARER`), read by the `headers` crate's typed
+    /// `Authorization<Bearer>`. Every token is compared, in constant time, whatever matches
+    /// first.
     pub fn allows(&self, headers: &HeaderMap) -> bool {
-        let Some(presented) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-        else {
+        use headers::HeaderMapExt as _;
+        use headers::authorization::{Authorization, Bearer};
+        let Some(credentials) = headers.typed_get::<Authorization<Bearer>>() else {
             return false;
         };
-        let presented = presented.trim().as_bytes();
+        let presented = credentials.token().trim().as_bytes();
         self.tokens
             .iter()
             .fold(subtle::Choice::from(0), |any, t| {
@@ -162,6 +162,34 @@ mod tests {
         assert!(!c.allows(&bearer("Basic 0123456789abcdef")));
         assert!(!c.allows(&bearer("0123456789abcdef")));
         assert!(!c.allows(&HeaderMap::new()));
+    }
+
+    /// RFC 9110 §11.1: the scheme is case-insensitive; `bearer <token>` got a 401.
+    #[test]
+    fn the_scheme_is_case_insensitive_and_spaces_around_the_token_are_not_part_of_it() {
+        let c = config(&["0123456789abcdef"]);
+        for ok in [
+            "Bearer 0123456789abcdef",
+            "bearer 0123456789abcdef",
+            "BEARER 0123456789abcdef",
+            "bEaReR 0123456789abcdef",
+            "Bearer    0123456789abcdef",
+            "Bearer 0123456789abcdef   ",
+        ] {
+            assert!(c.allows(&bearer(ok)), "{ok:?}");
+        }
+        for refused in [
+            "Basic 0123456789abcdef",
+            "Token 0123456789abcdef",
+            "Bearer0123456789abcdef",
+            "Bearers 0123456789abcdef",
+            "Bearer",
+            "Bearer ",
+            "bearer 0123456789abcde",
+            "bearer 0123456789ABCDEF",
+        ] {
+            assert!(!c.allows(&bearer(refused)), "{refused:?}");
+        }
     }
 
     #[test]

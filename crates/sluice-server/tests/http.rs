@@ -812,6 +812,43 @@ async fn admin_routes_need_a_bearer_token() {
     s.stop().await;
 }
 
+/// RFC 9110 §11.1: an authentication scheme is case-insensitive. `Authorization: bearer
+/// <token>` got a 401; every spelling of the scheme is accepted now, and a wrong scheme is not.
+#[tokio::test]
+async fn the_admin_scheme_is_case_insensitive() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n");
+    let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+    let c = Client::new();
+    let policies = format!("{}/v1/policies", s.url);
+    for scheme in ["Bearer", "bearer", "BEARER", "BeArEr"] {
+        for value in [format!("{scheme} {TOKEN}"), format!("{scheme}   {TOKEN}")] {
+            let r = c
+                .get(&policies)
+                .header("authorization", &value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{value:?}");
+        }
+    }
+    for value in [
+        format!("Basic {TOKEN}"),
+        format!("Token {TOKEN}"),
+        format!("Bearer{TOKEN}"),
+        TOKEN.to_owned(),
+    ] {
+        let r = c
+            .get(&policies)
+            .header("authorization", &value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{value:?}");
+    }
+    s.stop().await;
+}
+
 /// Found by the `http::raw` fuzz target: a percent-escape in the path that is not UTF-8 got
 /// axum's plain-text 400 instead of a JSON error.
 #[tokio::test]
