@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -23,6 +23,9 @@ use sluice::{LimitSpec, Limiter, MemoryStore, Policy, SharedStore};
 use sluice_redis::{RedisConfig, RedisStore};
 
 use sluice_server::config::PositiveDuration;
+
+pub mod client;
+pub use client::ClientArgs;
 
 /// What to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -131,6 +134,9 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// How to reach the server: --cacert for https://, an admin token.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -260,21 +266,15 @@ impl Driver {
 async fn driver(args: &BenchArgs) -> anyhow::Result<Driver> {
     Ok(match args.target {
         Target::Http => Driver::Http(
-            reqwest::Client::new(),
+            args.client.http()?,
             format!("{}/v1/check", args.url.trim_end_matches('/')),
             args.policy.clone(),
         ),
-        Target::Grpc => {
-            let channel = tonic::transport::Endpoint::from_shared(args.grpc.clone())?
-                .connect()
-                .await
-                .with_context(|| format!("cannot reach the gRPC server at {}", args.grpc))?;
-            Driver::Grpc(
-                RateLimitServiceClient::new(channel),
-                args.domain.clone(),
-                args.descriptor_key.clone(),
-            )
-        }
+        Target::Grpc => Driver::Grpc(
+            RateLimitServiceClient::new(args.client.grpc(&args.grpc).await?),
+            args.domain.clone(),
+            args.descriptor_key.clone(),
+        ),
         Target::Inproc => {
             let per_ms = u64::try_from(args.per.as_millis()).unwrap_or(u64::MAX);
             let spec = LimitSpec {

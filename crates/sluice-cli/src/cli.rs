@@ -36,7 +36,7 @@ pub(crate) enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Ask a running server for a decision.
+    /// Ask a running server for a decision (exit 0 allowed, 1 denied, 2 an error).
     Check {
         /// The policy.
         #[arg(long)]
@@ -47,9 +47,15 @@ pub(crate) enum Command {
         /// The cost.
         #[arg(long, default_value_t = 1)]
         cost: u64,
-        /// The server.
+        /// The server: http:// or https://.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
+        /// Only look (`POST /v1/peek`): the decision a check would get now, recording nothing.
+        #[arg(long)]
+        peek: bool,
+        /// How to reach the server: --cacert for https://, an admin token.
+        #[command(flatten)]
+        client: sluice_bench::ClientArgs,
     },
     /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
     /// latency. Stops by itself after --duration or --requests.
@@ -286,21 +292,72 @@ pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
     }
 }
 
-/// `sluice check`: one decision from a running server, printed as JSON; exit code 0 when
-/// allowed, 1 when denied, 2 on errors.
-pub(crate) async fn check(url: &str, policy: &str, key: &str, cost: u64) -> anyhow::Result<bool> {
-    let body = serde_json::json!({"policy": policy, "key": key, "cost": cost});
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/check", url.trim_end_matches('/')))
+/// What `sluice check` asks.
+#[derive(Debug)]
+pub(crate) struct CheckRequest<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) policy: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) cost: u64,
+    /// `POST /v1/peek` instead of `/v1/check`.
+    pub(crate) peek: bool,
+}
+
+/// `sluice check`: one decision from a running server (or, with `--peek`, the decision a
+/// check would get, recording nothing), its body printed as JSON; `Ok(allowed)`, or an error
+/// for any other answer.
+pub(crate) async fn check(
+    request: &CheckRequest<'_>,
+    client: &sluice_bench::ClientArgs,
+) -> anyhow::Result<bool> {
+    let route = if request.peek { "peek" } else { "check" };
+    let url = format!("{}/v1/{route}", request.url.trim_end_matches('/'));
+    let body =
+        serde_json::json!({"policy": request.policy, "key": request.key, "cost": request.cost});
+    let response = client
+        .http()?
+        .post(&url)
         .json(&body)
         .send()
-        .await?;
+        .await
+        .map_err(|e| {
+            let text = error_chain(&e);
+            let hint = if text.contains("certificate") && client.cacert.is_none() {
+                "; if the server's certificate is signed by a CA of your own, pass it as \
+                 --cacert FILE"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("{text}{hint}")
+        })?;
     let status = response.status();
     let text = response.text().await?;
     println!("{text}");
     match status.as_u16() {
+        // A peek answers 200 either way; the body says what a check would get.
+        200 if request.peek => {
+            let answer: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{url}: the answer is not JSON: {e}"))?;
+            Ok(answer["allowed"] == serde_json::Value::Bool(true))
+        }
         200 => Ok(true),
         429 => Ok(false),
-        other => anyhow::bail!("the server answered {other}"),
+        other => anyhow::bail!("{url} answered {other}"),
     }
+}
+
+/// An error and its causes on one line (`connection refused`, `invalid peer certificate:
+/// UnknownIssuer`), which reqwest's own message leaves out.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
 }

@@ -42,8 +42,17 @@ fn main() -> ExitCode {
                 key,
                 cost,
                 url,
+                peek,
+                client,
             } => {
-                let allowed = cli::check(&url, &policy, &key, cost).await?;
+                let request = cli::CheckRequest {
+                    url: &url,
+                    policy: &policy,
+                    key: &key,
+                    cost,
+                    peek,
+                };
+                let allowed = cli::check(&request, &client).await?;
                 Ok(if allowed {
                     ExitCode::SUCCESS
                 } else {

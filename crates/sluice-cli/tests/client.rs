@@ -1,0 +1,236 @@
+//! The client commands as a user runs them: the real `sluice check` and `sluice bench`
+//! against a real `sluice serve` (TLS with a throw-away CA, or plaintext), or against nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_testkit::TlsCerts;
+
+const RLS_YAML: &str = "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+/// A `sluice serve` child, killed (by its own id) when dropped.
+struct Serve {
+    child: Child,
+    http: u16,
+    grpc: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    /// Starts `sluice serve` with `config` (its `listen` section added here, on free ports)
+    /// and `files` beside it; returns once the HTTP port accepts connections.
+    fn start(config: &str, files: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let (http, grpc) = (
+            sluice_testkit::free_port().unwrap(),
+            sluice_testkit::free_port().unwrap(),
+        );
+        let config = config.replace(
+            "listen:\n",
+            &format!("listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{grpc}\n"),
+        );
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", http)).is_err() {
+            assert!(child.try_wait().unwrap().is_none(), "sluice serve exited");
+            assert!(Instant::now() < deadline, "sluice serve never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            child,
+            http,
+            grpc,
+            _dir: dir,
+        }
+    }
+}
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tls_config(certs: &TlsCerts) -> String {
+    let (cert, key) = certs.server_files();
+    format!(
+        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1h }}\nrls:\n  config_dir: rls\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `https://…` failed with "scheme is not http"; now `--cacert` trusts the server's CA,
+/// `--peek` looks without spending, `--token-file` reads a token as the server does, and a
+/// server whose CA is not trusted is an error that says so (exit 2).
+#[test]
+fn check_reaches_a_tls_server_with_its_ca_and_peeks() {
+    let certs = TlsCerts::generate().unwrap();
+    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]);
+    let url = format!("https://127.0.0.1:{}", s.http);
+    let ca = certs.ca_file();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "# the ops token\nadm1n-t0ken-0123456789abcdef\n").unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "check",
+            "--url",
+            &url,
+            "--cacert",
+            path(&ca),
+            "--policy",
+            "api",
+            "--key",
+            "k",
+        ];
+        args.extend_from_slice(extra);
+        sluice(&args)
+    };
+    let body = |o: &Output| -> serde_json::Value { serde_json::from_str(&stdout(o)).unwrap() };
+
+    let o = run(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(body(&o)["remaining"], 1);
+    // A peek spends nothing, however often.
+    for _ in 0..3 {
+        let o = run(&["--peek", "--token-file", path(&token)]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        assert_eq!(
+            (body(&o)["allowed"].clone(), body(&o)["remaining"].clone()),
+            (true.into(), 0.into())
+        );
+    }
+    let o = run(&["--token-env", "SLUICE_TEST_UNSET_VARIABLE_22C"]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("SLUICE_TEST_UNSET_VARIABLE_22C"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(code(&run(&[])), 0, "the second unit");
+    let o = run(&[]);
+    assert_eq!(code(&o), 1, "denied: {}", stderr(&o));
+    assert_eq!(body(&o)["allowed"], false);
+    let o = run(&["--peek"]);
+    assert_eq!(code(&o), 1, "a peek whose check would be denied");
+
+    // Without the CA the server's certificate is not trusted.
+    let o = sluice(&["check", "--url", &url, "--policy", "api", "--key", "k"]);
+    assert_eq!(code(&o), 2);
+    let e = stderr(&o);
+    assert!(e.contains("certificate") && e.contains(&url), "{e}");
+    // Plaintext against the TLS port is an error too, not a decision.
+    let plain = format!("http://127.0.0.1:{}", s.http);
+    assert_eq!(
+        code(&sluice(&[
+            "check", "--url", &plain, "--policy", "api", "--key", "k"
+        ])),
+        2
+    );
+}
+
+/// `sluice bench` over HTTPS and over gRPC with TLS, trusting the server's CA.
+#[test]
+fn bench_reaches_a_tls_server_over_http_and_grpc() {
+    let certs = TlsCerts::generate().unwrap();
+    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]);
+    let ca = certs.ca_file();
+    let url = format!("https://127.0.0.1:{}", s.http);
+    let o = sluice(&[
+        "bench",
+        "--url",
+        &url,
+        "--cacert",
+        path(&ca),
+        "--policy",
+        "api",
+        "--keys",
+        "uniform:5",
+        "--requests",
+        "40",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (
+            r["decisions"].clone(),
+            r["allowed"].clone(),
+            r["errors"].clone()
+        ),
+        (40.into(), 10.into(), 0.into()),
+        "5 keys × 2: {r}"
+    );
+    let grpc = format!("https://127.0.0.1:{}", s.grpc);
+    let o = sluice(&[
+        "bench",
+        "--target",
+        "grpc",
+        "--grpc",
+        &grpc,
+        "--cacert",
+        path(&ca),
+        "--keys",
+        "uniform:4",
+        "--requests",
+        "40",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (
+            r["decisions"].clone(),
+            r["allowed"].clone(),
+            r["errors"].clone()
+        ),
+        (40.into(), 20.into(), 0.into()),
+        "4 addresses × 5 per hour: {r}"
+    );
+}
