@@ -131,6 +131,22 @@ impl ClientArgs {
     }
 }
 
+/// An error and its causes on one line (`connection refused`, `invalid peer certificate:
+/// UnknownIssuer`), which reqwest's own message leaves out.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
 fn non_empty<'a>(t: &'a str, flag: &str) -> anyhow::Result<&'a str> {
     if t.is_empty() {
         bail!("{flag}: the token is empty");

@@ -2,7 +2,14 @@
 //! (the library over the memory store or Redis). It stops by itself, after a duration or a
 //! number of requests, and reports decisions/s, latency percentiles (hdrhistogram),
 //! allowed/denied counts and, given a Redis URL, Redis commands per decision.
+//!
+//! It hides nothing: an answer the store did not decide (`degraded`: a policy failing open
+//! or `local` while the store is down) is counted apart, never as allowed or denied, and
+//! never in decisions/s; failed requests are counted by kind (`HTTP 404 unknown_policy`,
+//! `connect`, `gRPC FailedPrecondition`) with the first message of each; and
+//! [`Report::measured_nothing`] tells the command to exit non-zero.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -143,17 +150,33 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     PositiveDuration::parse(s).map(|d| d.0)
 }
 
+/// Failed requests of one kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorKind {
+    /// What failed: `HTTP 404 unknown_policy`, `connect`, `gRPC FailedPrecondition`, …
+    pub kind: String,
+    /// How many requests failed so.
+    pub count: u64,
+    /// The first one's message.
+    pub first: String,
+}
+
 /// What a run measured.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// Decisions answered (allowed + denied).
+    /// Decisions the store made (allowed + denied); degraded answers are not among them.
     pub decisions: u64,
-    /// Allowed.
+    /// Allowed by the store.
     pub allowed: u64,
-    /// Denied.
+    /// Denied by the store.
     pub denied: u64,
+    /// Answered without the store (`degraded`: failed open, or decided by the `local`
+    /// insurance store), allowed or not.
+    pub degraded: u64,
     /// Failed requests.
     pub errors: u64,
+    /// The failed requests by kind, each with its first message.
+    pub error_kinds: Vec<ErrorKind>,
     /// Wall time.
     pub seconds: f64,
     /// Latency percentiles in µs: p50, p99, p999, max.
@@ -168,6 +191,33 @@ impl Report {
         self.decisions as f64 / self.seconds.max(f64::EPSILON)
     }
 
+    /// Why the run measured nothing, if it did not: every request failed, or no answer was
+    /// the store's. The command then exits non-zero.
+    pub fn measured_nothing(&self) -> Option<String> {
+        if self.decisions > 0 {
+            return None;
+        }
+        Some(if self.degraded > 0 {
+            format!(
+                "no request was decided by the store: {} answers were degraded (the store did \
+                 not answer and the policy failed open or local){}",
+                self.degraded,
+                if self.errors > 0 {
+                    format!(", {} failed", self.errors)
+                } else {
+                    String::new()
+                }
+            )
+        } else if let Some(first) = self.error_kinds.first() {
+            format!(
+                "every request failed ({}); the first: {}: {}",
+                self.errors, first.kind, first.first
+            )
+        } else {
+            "no request was made".to_owned()
+        })
+    }
+
     /// The report as JSON.
     pub fn to_json(&self, args: &BenchArgs) -> serde_json::Value {
         json!({
@@ -176,7 +226,9 @@ impl Report {
             "decisions": self.decisions,
             "allowed": self.allowed,
             "denied": self.denied,
+            "degraded": self.degraded,
             "errors": self.errors,
+            "error_kinds": self.error_kinds.iter().map(|k| json!({"kind": k.kind, "count": k.count, "first": k.first})).collect::<Vec<_>>(),
             "seconds": self.seconds,
             "decisions_per_second": self.rate(),
             "latency_us": {"p50": self.latency_us[0], "p99": self.latency_us[1], "p999": self.latency_us[2], "max": self.latency_us[3]},
@@ -187,7 +239,7 @@ impl Report {
     /// The report for people.
     pub fn to_text(&self, args: &BenchArgs) -> String {
         let mut s = format!(
-            "target {:?}, concurrency {}, {:.2} s\n  decisions/s  {:.0}\n  decisions    {} (allowed {}, denied {}), errors {}\n  latency µs   p50 {}  p99 {}  p999 {}  max {}\n",
+            "target {:?}, concurrency {}, {:.2} s\n  decisions/s  {:.0}\n  decisions    {} (allowed {}, denied {}), degraded {}, errors {}\n  latency µs   p50 {}  p99 {}  p999 {}  max {}\n",
             args.target,
             args.concurrency,
             self.seconds,
@@ -195,12 +247,26 @@ impl Report {
             self.decisions,
             self.allowed,
             self.denied,
+            self.degraded,
             self.errors,
             self.latency_us[0],
             self.latency_us[1],
             self.latency_us[2],
             self.latency_us[3],
         );
+        if self.degraded > 0 {
+            s.push_str(&format!(
+                "  degraded     {} answers the store did not decide (it did not answer; the \
+                 policy failed open or local): not counted as decisions\n",
+                self.degraded
+            ));
+        }
+        for k in &self.error_kinds {
+            s.push_str(&format!(
+                "  error        {} × {}, the first: {}\n",
+                k.count, k.kind, k.first
+            ));
+        }
         if let Some(c) = self.redis_commands_per_decision {
             s.push_str(&format!("  redis commands per decision  {c:.3}\n"));
         }
@@ -220,20 +286,103 @@ enum Driver {
     Inproc(Arc<Limiter<SharedStore>>, Policy),
 }
 
+/// One answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Allowed,
+    Denied,
+    /// Not the store's decision (`"degraded": true`).
+    Degraded,
+}
+
+impl Answer {
+    fn of(allowed: bool, degraded: bool) -> Self {
+        match (degraded, allowed) {
+            (true, _) => Answer::Degraded,
+            (false, true) => Answer::Allowed,
+            (false, false) => Answer::Denied,
+        }
+    }
+}
+
+/// A failed request: its kind (what the report groups by) and what it said.
+#[derive(Debug)]
+struct Failure {
+    kind: String,
+    message: String,
+}
+
+impl Failure {
+    fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+        }
+    }
+
+    fn http(e: &reqwest::Error) -> Self {
+        let kind = if e.is_connect() {
+            "connect"
+        } else if e.is_timeout() {
+            "timeout"
+        } else if e.is_decode() || e.is_body() {
+            "reading the answer"
+        } else {
+            "request"
+        };
+        Self::new(kind, client::error_chain(e))
+    }
+}
+
+/// The fields of a decision body the bench reads (the rest is skipped unread).
+#[derive(serde::Deserialize)]
+struct Body {
+    allowed: bool,
+    #[serde(default)]
+    degraded: bool,
+}
+
+/// An error body, `{"error": {"code", "message"}}`.
+#[derive(serde::Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(serde::Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
 impl Driver {
-    /// One decision: Ok(allowed).
-    async fn once(&mut self, key: &str, cost: u64) -> anyhow::Result<bool> {
+    /// One request: the answer, or why there was none.
+    async fn once(&mut self, key: &str, cost: u64) -> Result<Answer, Failure> {
         match self {
             Driver::Http(client, url, policy) => {
                 let r = client
                     .post(url.as_str())
                     .json(&json!({"policy": policy, "key": key, "cost": cost}))
                     .send()
-                    .await?;
-                match r.status().as_u16() {
-                    200 => Ok(true),
-                    429 => Ok(false),
-                    other => bail!("HTTP {other}: {}", r.text().await.unwrap_or_default()),
+                    .await
+                    .map_err(|e| Failure::http(&e))?;
+                let status = r.status().as_u16();
+                let bytes = r.bytes().await.map_err(|e| Failure::http(&e))?;
+                match status {
+                    200 | 429 => {
+                        let body: Body = serde_json::from_slice(&bytes).map_err(|e| {
+                            Failure::new(format!("HTTP {status} not a decision"), e.to_string())
+                        })?;
+                        Ok(Answer::of(body.allowed, body.degraded))
+                    }
+                    other => Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                        Ok(b) => {
+                            Failure::new(format!("HTTP {other} {}", b.error.code), b.error.message)
+                        }
+                        Err(_) => Failure::new(
+                            format!("HTTP {other}"),
+                            String::from_utf8_lossy(&bytes).into_owned(),
+                        ),
+                    }),
                 }
             }
             Driver::Grpc(client, domain, descriptor_key) => {
@@ -253,13 +402,78 @@ impl Driver {
                         u32::try_from(cost).unwrap_or(u32::MAX)
                     },
                 };
-                let r = client.should_rate_limit(request).await?.into_inner();
-                Ok(r.overall_code == Code::Ok as i32)
+                let r = client
+                    .should_rate_limit(request)
+                    .await
+                    .map_err(|s| Failure::new(format!("gRPC {:?}", s.code()), s.message()))?
+                    .into_inner();
+                // Envoy's rules fail closed (UNAVAILABLE): a gRPC answer is always decided.
+                Ok(Answer::of(r.overall_code == Code::Ok as i32, false))
             }
             Driver::Inproc(limiter, policy) => {
-                Ok(limiter.check_policy(policy, key, cost).await?.allowed)
+                let d = limiter.check_policy(policy, key, cost).await.map_err(|e| {
+                    let kind = match &e {
+                        sluice::Error::Store(_) => "store",
+                        sluice::Error::UnknownPolicy(_) => "unknown policy",
+                        sluice::Error::InvalidKey(_) => "invalid key",
+                        sluice::Error::InvalidCost(_) => "invalid cost",
+                        _ => "limiter",
+                    };
+                    Failure::new(kind, e.to_string())
+                })?;
+                Ok(Answer::of(d.allowed, d.is_degraded()))
             }
         }
+    }
+}
+
+/// What one worker counted.
+struct Tally {
+    hist: Histogram<u64>,
+    allowed: u64,
+    denied: u64,
+    degraded: u64,
+    /// By kind: (count, the first message).
+    errors: BTreeMap<String, (u64, String)>,
+}
+
+impl Tally {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            hist: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
+            allowed: 0,
+            denied: 0,
+            degraded: 0,
+            errors: BTreeMap::new(),
+        })
+    }
+
+    fn count(&mut self, result: Result<Answer, Failure>) {
+        match result {
+            Ok(Answer::Allowed) => self.allowed += 1,
+            Ok(Answer::Denied) => self.denied += 1,
+            Ok(Answer::Degraded) => self.degraded += 1,
+            Err(f) => {
+                self.errors
+                    .entry(f.kind)
+                    .and_modify(|(n, _)| *n += 1)
+                    .or_insert((1, f.message));
+            }
+        }
+    }
+
+    fn add(&mut self, other: Tally) -> anyhow::Result<()> {
+        self.hist.add(other.hist)?;
+        self.allowed += other.allowed;
+        self.denied += other.denied;
+        self.degraded += other.degraded;
+        for (kind, (n, first)) in other.errors {
+            self.errors
+                .entry(kind)
+                .and_modify(|(m, _)| *m += n)
+                .or_insert((n, first));
+        }
+        Ok(())
     }
 }
 
@@ -364,9 +578,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         let (keys, cost, limit) = (args.keys, args.cost, args.requests);
         let progress = progress.clone();
         tasks.spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut tally = Tally::new()?;
             let mut rng = SmallRng::seed_from_u64(0x5EED ^ worker as u64);
-            let (mut allowed, mut denied, mut errors) = (0u64, 0u64, 0u64);
             let mut key = String::with_capacity(32);
             loop {
                 match limit {
@@ -384,18 +597,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 }
                 key_for(keys, &mut rng, zipf.as_ref(), &mut key);
                 let t = Instant::now();
-                match driver.once(&key, cost).await {
-                    Ok(true) => allowed += 1,
-                    Ok(false) => denied += 1,
-                    Err(_) => errors += 1,
-                }
-                hist.record(
+                let result = driver.once(&key, cost).await;
+                tally.hist.record(
                     u64::try_from(t.elapsed().as_micros())
                         .unwrap_or(u64::MAX)
                         .max(1),
                 )?;
+                tally.count(result);
             }
-            anyhow::Ok((hist, allowed, denied, errors))
+            anyhow::Ok(tally)
         });
     }
     if args.requests.is_none() {
@@ -406,21 +616,29 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 progress.set_position(started.elapsed().as_secs());
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Ok((Histogram::<u64>::new(3)?, 0, 0, 0))
+            Tally::new()
         });
     }
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    let mut total = Tally::new()?;
     while let Some(joined) = tasks.join_next().await {
-        let (h, a, d, e) = joined??;
-        hist.add(h)?;
-        allowed += a;
-        denied += d;
-        errors += e;
+        total.add(joined??)?;
     }
     progress.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
+    let Tally {
+        hist,
+        allowed,
+        denied,
+        degraded,
+        errors,
+    } = total;
     let decisions = allowed + denied;
+    let mut error_kinds: Vec<ErrorKind> = errors
+        .into_iter()
+        .map(|(kind, (count, first))| ErrorKind { kind, count, first })
+        .collect();
+    // The commonest first.
+    error_kinds.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.kind.cmp(&b.kind)));
     let redis_commands_per_decision = match (&args.redis, before) {
         (Some(url), Some(before)) => {
             let after = redis_calls(url).await?;
@@ -432,7 +650,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         decisions,
         allowed,
         denied,
-        errors,
+        degraded,
+        errors: error_kinds.iter().map(|k| k.count).sum(),
+        error_kinds,
         seconds,
         latency_us: [
             hist.value_at_quantile(0.50),

@@ -321,7 +321,7 @@ pub(crate) async fn check(
         .send()
         .await
         .map_err(|e| {
-            let text = error_chain(&e);
+            let text = sluice_bench::client::error_chain(&e);
             let hint = if text.contains("certificate") && client.cacert.is_none() {
                 "; if the server's certificate is signed by a CA of your own, pass it as \
                  --cacert FILE"
@@ -344,20 +344,4 @@ pub(crate) async fn check(
         429 => Ok(false),
         other => anyhow::bail!("{url} answered {other}"),
     }
-}
-
-/// An error and its causes on one line (`connection refused`, `invalid peer certificate:
-/// UnknownIssuer`), which reqwest's own message leaves out.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
 }

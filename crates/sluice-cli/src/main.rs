@@ -66,7 +66,14 @@ fn main() -> ExitCode {
                 } else {
                     print!("{}", report.to_text(&args));
                 }
-                Ok(ExitCode::SUCCESS)
+                // A run that measured nothing is a failure, with its reason.
+                Ok(match report.measured_nothing() {
+                    Some(why) => {
+                        eprintln!("sluice bench: {why}");
+                        ExitCode::from(2)
+                    }
+                    None => ExitCode::SUCCESS,
+                })
             }
             Command::Simulate(args) => {
                 cli::simulate(&args)?;

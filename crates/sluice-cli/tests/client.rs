@@ -234,3 +234,145 @@ fn bench_reaches_a_tls_server_over_http_and_grpc() {
         "4 addresses × 5 per hour: {r}"
     );
 }
+
+fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
+    let mut all = vec!["bench", "--json", "--concurrency", "2", "--requests", "20"];
+    all.extend_from_slice(args);
+    let o = sluice(&all);
+    let report = serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(&o), stderr(&o)));
+    (o, report)
+}
+
+/// The one kind of error a run met, with its count and first message.
+fn only_error(report: &serde_json::Value) -> (String, u64, String) {
+    let kinds = report["error_kinds"].as_array().unwrap();
+    assert_eq!(kinds.len(), 1, "{report}");
+    (
+        kinds[0]["kind"].as_str().unwrap().to_owned(),
+        kinds[0]["count"].as_u64().unwrap(),
+        kinds[0]["first"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// With no server, an unknown policy, or gRPC against a server without `rls`, the bench said
+/// "100 % errors" with no reason and exited 0. Now it says why, by kind with the first
+/// message, in the JSON and the text, and exits 2.
+#[test]
+fn bench_says_why_every_request_failed_and_exits_non_zero() {
+    let nobody = format!("http://127.0.0.1:{}", sluice_testkit::free_port().unwrap());
+    let (o, r) = bench_json(&["--url", &nobody]);
+    assert_eq!(code(&o), 2, "{r}");
+    assert_eq!(
+        (r["decisions"].clone(), r["errors"].clone()),
+        (0.into(), 20.into())
+    );
+    let (kind, count, first) = only_error(&r);
+    assert_eq!((kind.as_str(), count), ("connect", 20));
+    assert!(
+        first.to_lowercase().contains("connection refused"),
+        "{first}"
+    );
+    assert!(
+        stderr(&o).contains("every request failed"),
+        "{}",
+        stderr(&o)
+    );
+
+    let s = Serve::start(
+        "listen:\npolicies:\n  api:\n    limits:\n      - { max: 5, per: 1h }\n",
+        &[],
+    );
+    let url = format!("http://127.0.0.1:{}", s.http);
+    let (o, r) = bench_json(&["--url", &url, "--policy", "nope"]);
+    assert_eq!(code(&o), 2, "{r}");
+    let (kind, count, first) = only_error(&r);
+    assert_eq!((kind.as_str(), count), ("HTTP 404 unknown_policy", 20));
+    assert!(first.contains("nope") && first.contains("api"), "{first}");
+    // The text report names the kind and the first message too.
+    let o = sluice(&[
+        "bench",
+        "--url",
+        &url,
+        "--policy",
+        "nope",
+        "--requests",
+        "5",
+    ]);
+    assert_eq!(code(&o), 2);
+    let text = stdout(&o);
+    assert!(
+        text.contains("errors 5") && text.contains("5 × HTTP 404 unknown_policy, the first: "),
+        "{text}"
+    );
+
+    let grpc = format!("http://127.0.0.1:{}", s.grpc);
+    let (o, r) = bench_json(&["--target", "grpc", "--grpc", &grpc]);
+    assert_eq!(code(&o), 2, "{r}");
+    let (kind, count, first) = only_error(&r);
+    assert_eq!((kind.as_str(), count), ("gRPC FailedPrecondition", 20));
+    assert!(first.contains("rls"), "{first}");
+
+    // A run with decisions exits 0, its counts unchanged.
+    let (o, r) = bench_json(&["--url", &url, "--policy", "api", "--keys", "hot"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        (
+            r["allowed"].clone(),
+            r["denied"].clone(),
+            r["degraded"].clone(),
+            r["errors"].clone()
+        ),
+        (5.into(), 15.into(), 0.into(), 0.into())
+    );
+}
+
+/// Answers of a policy failing open while its store is down were counted as allowed; they
+/// are `degraded` now, apart from the store's decisions and out of decisions/s, and a run
+/// with no decision of the store's exits 2.
+#[test]
+fn bench_counts_degraded_answers_apart() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut redis = sluice_testkit::RedisServer::start().unwrap();
+    let s = Serve::start(
+        &format!(
+            "listen:\npolicies:\n  api:\n    limits:\n      - {{ max: 1000, per: 1h }}\nstore:\n  backend: redis\n  timeout: 500ms\n  shards:\n    - primary: {}\n",
+            redis.url()
+        ),
+        &[],
+    );
+    let url = format!("http://127.0.0.1:{}", s.http);
+    let (o, r) = bench_json(&["--url", &url, "--policy", "api"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        (
+            r["decisions"].clone(),
+            r["allowed"].clone(),
+            r["degraded"].clone()
+        ),
+        (20.into(), 20.into(), 0.into())
+    );
+    redis.kill().unwrap();
+    let (o, r) = bench_json(&["--url", &url, "--policy", "api"]);
+    assert_eq!(
+        (
+            r["decisions"].clone(),
+            r["allowed"].clone(),
+            r["degraded"].clone(),
+            r["errors"].clone()
+        ),
+        (0.into(), 0.into(), 20.into(), 0.into()),
+        "{r}"
+    );
+    assert_eq!(r["decisions_per_second"], 0.0);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("20 answers were degraded"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sluice(&["bench", "--url", &url, "--policy", "api", "--requests", "3"]);
+    assert!(stdout(&o).contains("degraded 3"), "{}", stdout(&o));
+}
