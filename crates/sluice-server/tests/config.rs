@@ -382,3 +382,52 @@ fn a_second_document_is_refused_at_its_line() {
         "{e}"
     );
 }
+
+/// Checks made once a section was read (an `rlqs` rule against the policies, a policy's
+/// limits together, its failure mode, the store's layout) named no line: docs/configuration.md's
+/// whole-file example was refused with `rlqs.buckets[0].policy … not longer than
+/// reporting_interval` and nothing to find it by. They carry the line of the value now.
+#[test]
+fn errors_of_checks_over_a_section_carry_the_line_of_the_value() {
+    let policies = "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s }\n";
+    let e = Config::parse(
+        "sluice.yaml",
+        &format!(
+            "{policies}rlqs:\n  reporting_interval: 1s\n  buckets:\n    - {{ match: {{ tenant: \"*\" }}, policy: api }}\n"
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(e.line, Some((8, 41)), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("sluice.yaml:8:41: rlqs.buckets[0].policy: `api` has a window"),
+        "{e}"
+    );
+    let cases = [
+        (
+            "policies:\n  api:\n    on_store_error: maybe\n    limits: [{ max: 1, per: 1s }]\n",
+            (3, 21),
+            "policies.api.on_store_error",
+        ),
+        (
+            "policies:\n  api:\n    limits:\n      - { max: 1, per: 1s }\n      - { max: 2, per: 1s }\n",
+            (5, 9),
+            "policies.api.limits[1]",
+        ),
+        (
+            "listen:\n  http: 127.0.0.1:8080\n  grpc: 127.0.0.1:8080\n",
+            (2, 3),
+            "listen",
+        ),
+        (
+            "store:\n  backend: redis\n  shards:\n    - primary: redis://a:6379\n    - primary: redis://a:6379\n",
+            (5, 16),
+            "store.shards[1].primary",
+        ),
+    ];
+    for (text, line, path) in cases {
+        let e = Config::parse("sluice.yaml", text).unwrap_err();
+        assert_eq!(e.line, Some(line), "{text}{e}");
+        assert!(e.message.starts_with(&format!("{path}: ")), "{e}");
+    }
+}

@@ -2,8 +2,9 @@
 //!
 //! Every value is checked while it is read, so an error carries the file, the line and the
 //! path of the value, e.g. `sluice.yaml:7:15: policies.api.limits[1].per: `0s` is not a
-//! positive duration`. Parse, don't validate: what comes out is a [`Config`] of valid
-//! [`Policy`]s, addresses and durations.
+//! positive duration`; a check that needs a whole section (or two: an `rlqs` rule and the
+//! policies) names the path, and its line is found from it ([`locate`]). Parse, don't
+//! validate: what comes out is a [`Config`] of valid [`Policy`]s, addresses and durations.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,6 +35,7 @@ pub struct ConfigError {
 
 pub use sluice::FailureMode;
 
+mod locate;
 mod store;
 use store::{RawStore, store_config};
 
@@ -533,9 +535,11 @@ impl Config {
         } else {
             serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))?
         };
+        // A check made once a section was read names the value's path; its line is found
+        // by reading the text again down that path (`locate`).
         let err = |message: String| ConfigError {
             file: file.to_owned(),
-            line: None,
+            line: locate::path_of(&message).and_then(|path| locate::locate(text, path)),
             message,
         };
         let mut policies = Vec::with_capacity(raw.policies.len());
