@@ -462,6 +462,33 @@ impl Tally {
         }
     }
 
+    /// The report of what was counted over `seconds`.
+    fn report(self, seconds: f64) -> Report {
+        let mut error_kinds: Vec<ErrorKind> = self
+            .errors
+            .into_iter()
+            .map(|(kind, (count, first))| ErrorKind { kind, count, first })
+            .collect();
+        // The commonest first.
+        error_kinds.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.kind.cmp(&b.kind)));
+        Report {
+            decisions: self.allowed + self.denied,
+            allowed: self.allowed,
+            denied: self.denied,
+            degraded: self.degraded,
+            errors: error_kinds.iter().map(|k| k.count).sum(),
+            error_kinds,
+            seconds,
+            latency_us: [
+                self.hist.value_at_quantile(0.50),
+                self.hist.value_at_quantile(0.99),
+                self.hist.value_at_quantile(0.999),
+                self.hist.max(),
+            ],
+            redis_commands_per_decision: None,
+        }
+    }
+
     fn add(&mut self, other: Tally) -> anyhow::Result<()> {
         self.hist.add(other.hist)?;
         self.allowed += other.allowed;
@@ -624,42 +651,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         total.add(joined??)?;
     }
     progress.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    let Tally {
-        hist,
-        allowed,
-        denied,
-        degraded,
-        errors,
-    } = total;
-    let decisions = allowed + denied;
-    let mut error_kinds: Vec<ErrorKind> = errors
-        .into_iter()
-        .map(|(kind, (count, first))| ErrorKind { kind, count, first })
-        .collect();
-    // The commonest first.
-    error_kinds.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.kind.cmp(&b.kind)));
-    let redis_commands_per_decision = match (&args.redis, before) {
-        (Some(url), Some(before)) => {
-            let after = redis_calls(url).await?;
-            Some((after - before) as f64 / decisions.max(1) as f64)
-        }
-        _ => None,
-    };
-    Ok(Report {
-        decisions,
-        allowed,
-        denied,
-        degraded,
-        errors: error_kinds.iter().map(|k| k.count).sum(),
-        error_kinds,
-        seconds,
-        latency_us: [
-            hist.value_at_quantile(0.50),
-            hist.value_at_quantile(0.99),
-            hist.value_at_quantile(0.999),
-            hist.max(),
-        ],
-        redis_commands_per_decision,
-    })
+    let mut report = total.report(started.elapsed().as_secs_f64());
+    if let (Some(url), Some(before)) = (&args.redis, before) {
+        let after = redis_calls(url).await?;
+        report.redis_commands_per_decision =
+            Some((after - before) as f64 / report.decisions.max(1) as f64);
+    }
+    Ok(report)
 }

@@ -1,6 +1,7 @@
 //! The `sluice` command line (docs/configuration.md lists every command and flag).
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -290,6 +291,24 @@ pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
             Ok(config)
         }
     }
+}
+
+/// `sluice bench`: runs the load and prints the report; exit code 2, with the reason, when
+/// the store decided nothing (every request failed, or every answer was degraded).
+pub(crate) async fn bench(args: &sluice_bench::BenchArgs) -> anyhow::Result<ExitCode> {
+    let report = sluice_bench::run(args).await?;
+    if args.json {
+        println!("{}", report.to_json(args));
+    } else {
+        print!("{}", report.to_text(args));
+    }
+    Ok(match report.measured_nothing() {
+        Some(why) => {
+            eprintln!("sluice bench: {why}");
+            ExitCode::from(2)
+        }
+        None => ExitCode::SUCCESS,
+    })
 }
 
 /// What `sluice check` asks.

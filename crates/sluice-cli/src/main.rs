@@ -59,22 +59,7 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 })
             }
-            Command::Bench(args) => {
-                let report = sluice_bench::run(&args).await?;
-                if args.json {
-                    println!("{}", report.to_json(&args));
-                } else {
-                    print!("{}", report.to_text(&args));
-                }
-                // A run that measured nothing is a failure, with its reason.
-                Ok(match report.measured_nothing() {
-                    Some(why) => {
-                        eprintln!("sluice bench: {why}");
-                        ExitCode::from(2)
-                    }
-                    None => ExitCode::SUCCESS,
-                })
-            }
+            Command::Bench(args) => cli::bench(&args).await,
             Command::Simulate(args) => {
                 cli::simulate(&args)?;
                 Ok(ExitCode::SUCCESS)
