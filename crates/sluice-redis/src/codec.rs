@@ -6,8 +6,8 @@
 //! (it only appends to a [`redis::Cmd`]); so is decoding.
 
 use redis::Value;
-use sluice::core::Algorithm;
-use sluice::{Decision, LimitStatus, Op, Policy, StoreError};
+use sluice::core::{Algorithm, FixedWindowState, SlidingWindowState, TokenBucketState, evaluate};
+use sluice::{Decision, Limit, LimitState, LimitStatus, Op, Policy, StoreError};
 
 use crate::config::{ClockSource, RedisConfig};
 use crate::keys;
@@ -105,6 +105,203 @@ impl Codec {
             cmd.arg(lease.to_string());
         }
     }
+}
+
+/// Whether `op` on `policy` takes the lean path (`rate`, `rate_ro`, a batch): a check or a
+/// peek of a policy without a concurrency limit.
+pub(crate) fn is_rate(policy: &Policy, op: Op) -> bool {
+    matches!(op, Op::Check { .. } | Op::Peek { .. })
+        && policy
+            .limits()
+            .iter()
+            .all(|l| l.algorithm() != Algorithm::Concurrency)
+}
+
+/// One decision of a batch: what the caller asked, owned (it waits in a queue).
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) policy: Policy,
+    pub(crate) key: String,
+    pub(crate) op: Op,
+    pub(crate) now_ms: u64,
+}
+
+impl Codec {
+    /// Appends the lean call of a rate check or peek (the layout at the top of the
+    /// `rate` section of `scripts/sluice.lua`): `numkeys KEYS… now cost margin` and each
+    /// limit's values, a bucket's step being that of `cost`.
+    pub(crate) fn encode_rate(
+        &self,
+        cmd: &mut redis::Cmd,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) {
+        let keys = keys::policy_keys(&self.prefix, policy, key);
+        cmd.arg(keys.len()).arg(&keys);
+        self.now(cmd, now_ms);
+        cmd.arg(cost).arg(&self.margin_ms);
+        for limit in policy.limits() {
+            rate_limit(cmd, limit, cost.min(limit.max()));
+        }
+    }
+
+    /// Appends a batch of lean decisions (the `batch` section of `scripts/sluice.lua`): every
+    /// entry's keys, then the margin, the clock, each distinct policy once (a bucket's step
+    /// of one unit), and per entry its operation, policy, now and cost. Every entry must be
+    /// [`is_rate`].
+    pub(crate) fn encode_batch(&self, cmd: &mut redis::Cmd, entries: &[Entry]) {
+        let mut policies: Vec<&Policy> = Vec::new();
+        let mut index = Vec::with_capacity(entries.len());
+        let mut nkeys = 0;
+        for e in entries {
+            nkeys += e.policy.limits().len();
+            let i = match policies.iter().position(|p| **p == e.policy) {
+                Some(i) => i,
+                None => {
+                    policies.push(&e.policy);
+                    policies.len() - 1
+                }
+            };
+            index.push(i + 1);
+        }
+        cmd.arg(nkeys);
+        for e in entries {
+            cmd.arg(keys::policy_keys(&self.prefix, &e.policy, &e.key));
+        }
+        cmd.arg(&self.margin_ms).arg(match self.clock {
+            ClockSource::App => "app",
+            ClockSource::Redis => "redis",
+        });
+        cmd.arg(policies.len());
+        for p in &policies {
+            cmd.arg(p.limits().len());
+            for limit in p.limits() {
+                rate_limit(cmd, limit, 1);
+            }
+        }
+        for (e, i) in entries.iter().zip(index) {
+            let op = if matches!(e.op, Op::Peek { .. }) {
+                2
+            } else {
+                1
+            };
+            cmd.arg(op).arg(i).arg(e.now_ms).arg(e.op.cost());
+        }
+    }
+
+    fn now(&self, cmd: &mut redis::Cmd, now_ms: u64) {
+        match self.clock {
+            ClockSource::App => cmd.arg(now_ms),
+            ClockSource::Redis => cmd.arg("redis"),
+        };
+    }
+}
+
+/// One limit's values on the lean layout; a bucket's step is that of `units`.
+fn rate_limit(cmd: &mut redis::Cmd, limit: &Limit, units: u64) {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => {
+            cmd.arg(3)
+                .arg(limit.max())
+                .arg(limit.per_ms())
+                .arg(limit.precision_ms());
+        }
+        Algorithm::TokenBucket => {
+            let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
+            let tau = u128::from(limit.burst()) * per;
+            let step = u128::from(units) * per;
+            cmd.arg(4)
+                .arg(limit.max())
+                .arg(limit.per_ms())
+                .arg(limit.burst())
+                .arg((tau / max).to_string())
+                .arg((tau % max).to_string())
+                .arg((step / max).to_string())
+                .arg((step % max).to_string());
+        }
+        _ => {
+            cmd.arg(if limit.align() { 2 } else { 1 })
+                .arg(limit.max())
+                .arg(limit.per_ms());
+        }
+    }
+}
+
+/// Turns a lean reply (the state of every limit as the script read it) into the decision of
+/// `op`: computed by `sluice_core::evaluate`, the function the memory store runs, so every
+/// reported number is the core's own. The script's `allowed` must agree with it.
+pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Decision, StoreError> {
+    let bad = |what: &str| {
+        StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad("not an array"));
+    };
+    let mut next = items.iter();
+    let mut int = |what: &str| match next.next() {
+        Some(Value::Int(n)) => u64::try_from(*n).map_err(|_| bad(&format!("{what} is {n}"))),
+        Some(_) => Err(bad(&format!("{what} is not an integer"))),
+        None => Err(bad(&format!(
+            "{} values for {} limits of a {}",
+            items.len(),
+            policy.limits().len(),
+            op.name()
+        ))),
+    };
+    let allowed = int("allowed")? == 1;
+    let now = int("now")?;
+    let mut states = Vec::with_capacity(policy.limits().len());
+    for limit in policy.limits() {
+        let state = match limit.algorithm() {
+            Algorithm::SlidingWindow => {
+                let k = int("the bucket count")?;
+                let mut buckets = Vec::with_capacity(usize::try_from(k).unwrap_or(0).min(4_096));
+                for _ in 0..k {
+                    buckets.push((int("a bucket's start")?, int("a bucket's units")?));
+                }
+                buckets.sort_unstable();
+                if buckets.is_empty() {
+                    LimitState::Empty
+                } else {
+                    LimitState::SlidingWindow(SlidingWindowState { buckets })
+                }
+            }
+            Algorithm::TokenBucket => match (int("tat")?, int("frac")?) {
+                (0, 0) => LimitState::Empty,
+                (tat_ms, tat_frac) => {
+                    LimitState::TokenBucket(TokenBucketState { tat_ms, tat_frac })
+                }
+            },
+            _ => match (int("reset")?, int("used")?) {
+                (0, 0) => LimitState::Empty,
+                (reset_ms, used) => LimitState::FixedWindow(FixedWindowState { reset_ms, used }),
+            },
+        };
+        states.push(state);
+    }
+    if next.next().is_some() {
+        return Err(bad(&format!(
+            "{} values for {} limits of a {}",
+            items.len(),
+            policy.limits().len(),
+            op.name()
+        )));
+    }
+    let decision = evaluate::apply(policy, &states, op, now).decision;
+    if decision.allowed != allowed {
+        return Err(bad(&format!(
+            "the script {} what the core {}",
+            if allowed { "admitted" } else { "refused" },
+            if decision.allowed {
+                "admits"
+            } else {
+                "refuses"
+            }
+        )));
+    }
+    Ok(decision)
 }
 
 /// Turns the script's reply to `op` under `policy` into a decision (the binding limit is

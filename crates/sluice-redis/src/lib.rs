@@ -34,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+mod coalesce;
 mod codec;
 mod config;
 mod error;
@@ -44,6 +45,7 @@ mod store;
 mod switches;
 mod topology;
 
+pub use coalesce::DEFAULT_COALESCE;
 pub use config::{
     ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shortfall, TlsFiles,
     Topology, WaitForReplicas, redact,
