@@ -76,6 +76,13 @@ pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
             detail: "a key of this policy holds a value of the wrong Redis type".to_owned(),
         };
     }
+    // One decision of a batch: its error is an element of the reply, code first.
+    if e.code() == Some("SLUICE_CORRUPT") {
+        return StoreError::Corrupt {
+            key: what.to_owned(),
+            detail: e.detail().unwrap_or_default().to_owned(),
+        };
+    }
     if let Some(at) = text.find("SLUICE_CORRUPT ") {
         let detail = text[at + "SLUICE_CORRUPT ".len()..].to_owned();
         return StoreError::Corrupt {
