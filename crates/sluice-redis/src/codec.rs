@@ -521,6 +521,174 @@ mod tests {
         assert_eq!(args, expected);
     }
 
+    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .skip(2)
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a simple argument>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rate_check_passes_only_what_each_algorithm_needs() {
+        let p = policy(vec![
+            LimitSpec::fixed_window(10, 1_000).aligned(),
+            LimitSpec::sliding_window(100, 60_000),
+            LimitSpec::token_bucket(3, 1_000).burst(5),
+        ]);
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec(ClockSource::App).encode_rate(&mut cmd, &p, "user:42", 2, NOW);
+        let expected = [
+            "3",
+            "sluice:{3:api:user:42}:fwa1000",
+            "sluice:{3:api:user:42}:sw60000p1000",
+            "sluice:{3:api:user:42}:tb1000m3b5",
+            // now, cost, margin
+            "1700000000000",
+            "2",
+            "1500",
+            // aligned fixed window: 2, max, per
+            "2",
+            "10",
+            "1000",
+            // sliding window: 3, max, per, precision
+            "3",
+            "100",
+            "60000",
+            "1000",
+            // token bucket: 4, max, per, burst, tau = 5000/3, step of the cost = 2000/3
+            "4",
+            "3",
+            "1000",
+            "5",
+            "1666",
+            "2",
+            "666",
+            "2",
+        ];
+        assert_eq!(args_of(&cmd), expected);
+    }
+
+    #[test]
+    fn a_batch_sends_each_policy_once_and_four_values_per_decision() {
+        let a = policy(vec![LimitSpec::token_bucket(3, 1_000)]);
+        let b = Policy::from_specs("b", vec![LimitSpec::fixed_window(5, 60_000)]).unwrap();
+        let entry = |p: &Policy, key: &str, op, now_ms| Entry {
+            policy: p.clone(),
+            key: key.to_owned(),
+            op,
+            now_ms,
+        };
+        let entries = [
+            entry(&a, "x", Op::Check { cost: 2 }, NOW),
+            entry(&b, "y", Op::Peek { cost: 1 }, NOW + 1),
+            entry(&a, "z", Op::Check { cost: 1 }, NOW + 2),
+        ];
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec(ClockSource::Redis).encode_batch(&mut cmd, &entries);
+        let expected = [
+            "3",
+            "sluice:{3:api:x}:tb1000m3b3",
+            "sluice:{1:b:y}:fw60000",
+            "sluice:{3:api:z}:tb1000m3b3",
+            "1500",
+            "redis",
+            // two policies, each once; a bucket's step is that of one unit (1000/3)
+            "2",
+            "1",
+            "4",
+            "3",
+            "1000",
+            "3",
+            "1000",
+            "0",
+            "333",
+            "1",
+            "1",
+            "1",
+            "5",
+            "60000",
+            // op (1 check, 2 peek), policy, now, cost
+            "1",
+            "1",
+            "1700000000000",
+            "2",
+            "2",
+            "2",
+            "1700000000001",
+            "1",
+            "1",
+            "1",
+            "1700000000002",
+            "1",
+        ];
+        assert_eq!(args_of(&cmd), expected);
+    }
+
+    #[test]
+    fn a_lean_reply_is_the_state_read_and_the_core_decides() {
+        let p = policy(vec![
+            LimitSpec::fixed_window(10, 1_000),
+            LimitSpec::sliding_window(8, 2_000).precision_ms(500),
+            LimitSpec::token_bucket(4, 1_000),
+        ]);
+        let now = 10_000;
+        // Window ends at 10 600 with 7 used; buckets 9 000 (2) and 9 500 (1), given out of
+        // order; the bucket's TAT 500 ms ahead (2 tokens of 4 spent).
+        let reply = ints(&[1, now, 10_600, 7, 2, 9_500, 1, 9_000, 2, 10_500, 0]);
+        let d = decode_rate(&reply, &p, Op::Check { cost: 2 }).expect("valid reply");
+        let states = [
+            LimitState::FixedWindow(FixedWindowState {
+                reset_ms: 10_600,
+                used: 7,
+            }),
+            LimitState::SlidingWindow(SlidingWindowState {
+                buckets: vec![(9_000, 2), (9_500, 1)],
+            }),
+            LimitState::TokenBucket(TokenBucketState {
+                tat_ms: 10_500,
+                tat_frac: 0,
+            }),
+        ];
+        let core = evaluate::check(&p, &states, 2, 10_000).decision;
+        assert_eq!(d, core);
+        assert_eq!(
+            d.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+            [1, 3, 0]
+        );
+        // The script admitted what the core refuses: an error, never a wrong answer.
+        let refused = decode_rate(&reply, &p, Op::Check { cost: 3 });
+        assert!(
+            matches!(&refused, Err(StoreError::Backend(m)) if m.contains("the script admitted what the core refuses")),
+            "{refused:?}"
+        );
+        // Nothing stored anywhere: (0, 0), no bucket, (0, 0).
+        let empty = decode_rate(&ints(&[1, now, 0, 0, 0, 0, 0]), &p, Op::Peek { cost: 1 })
+            .expect("valid reply");
+        assert_eq!(empty.limits[0].remaining, 9);
+        // A value short, a value too many, a negative one.
+        for (reply, says) in [
+            (
+                ints(&[1, now, 0, 0, 0, 0]),
+                "6 values for 3 limits of a peek",
+            ),
+            (
+                ints(&[1, now, 0, 0, 0, 0, 0, 9]),
+                "8 values for 3 limits of a peek",
+            ),
+            (ints(&[1, now, 0, -1, 0, 0, 0]), "used is -1"),
+        ] {
+            match decode_rate(&reply, &p, Op::Peek { cost: 1 }) {
+                Err(StoreError::Backend(m)) => assert!(m.contains(says), "{m} should say {says}"),
+                other => panic!("expected an error, got {other:?}"),
+            }
+        }
+    }
+
     fn ints(values: &[i64]) -> Value {
         Value::Array(values.iter().map(|&n| Value::Int(n)).collect())
     }

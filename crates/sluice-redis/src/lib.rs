@@ -8,8 +8,9 @@
 //!
 //! Inside: `config` (what [`RedisConfig`] holds), `topology` (standalone with replicas,
 //! Sentinel, Cluster), `script` (the Lua code and how it is loaded), `codec` (a call's
-//! arguments and reply, the wire format documented at the top of `scripts/sluice.lua`),
-//! `error` (Redis errors to [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
+//! arguments and reply, the wire format documented in `scripts/sluice.lua`), `coalesce`
+//! (concurrent checks bound for one Redis sent as one call), `error` (Redis errors to
+//! [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
 //!
 //! Redis replicates asynchronously, so a failover can lose acknowledged writes and admit
 //! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow

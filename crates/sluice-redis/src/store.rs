@@ -27,7 +27,9 @@ use crate::topology::{self, Backend, Node, Nodes};
 /// carries its full state, no second read is needed for headers. All keys of one decision
 /// share a hash tag, so in a Cluster they live in one slot. Concurrent calls share one
 /// multiplexed connection per node (pipelined by the client); a dropped connection is
-/// re-established in the background.
+/// re-established in the background. Checks and peeks that arrive while a call to the same
+/// Redis (Cluster: slot) is in flight are coalesced into one call of the `batch` function
+/// ([`RedisConfig::coalesce`], docs/redis.md "Coalescing").
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
