@@ -124,6 +124,10 @@ impl Drop for Leader {
                     let mut batch = first;
                     while !batch.is_empty() {
                         store.send_batch(batch).await;
+                        // Let the callers just answered run first (no timer: one turn of the
+                        // scheduler), so those that ask again join the next batch instead of
+                        // the one after it.
+                        tokio::task::yield_now().await;
                         batch = store.lanes().next_batch(lane, store.coalesce_max());
                     }
                 });

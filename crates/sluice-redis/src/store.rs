@@ -193,11 +193,17 @@ impl RedisStore {
     /// benchmarks that replay it through `redis-benchmark` as the physical baseline.
     #[doc(hidden)]
     pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
+        let op = Op::Check { cost };
         let call = Call {
             policy,
             key,
-            op: Op::Check { cost },
-            entry: Entry::Check,
+            op,
+            // The call a check makes when it goes alone: the lean one for a rate policy.
+            entry: if codec::is_rate(policy, op) {
+                Entry::Rate
+            } else {
+                Entry::Check
+            },
             now_ms,
         };
         self.command(&call, false)

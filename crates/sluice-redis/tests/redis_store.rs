@@ -28,7 +28,12 @@ async fn store(config: RedisConfig) -> RedisStore {
 async fn admitted_by_64_tasks(server: &RedisServer, spec: LimitSpec) -> u64 {
     const TASKS: usize = 64;
     const CHECKS: usize = 5_000;
-    let config = RedisConfig::new(server.url()).timeout(Duration::from_secs(5));
+    // The manual clock stands still while Redis's runs: a long margin keeps the key from
+    // expiring in real time under a window the frozen clock still holds open (on a loaded
+    // machine a run can outlast the 60 s window's expiry).
+    let config = RedisConfig::new(server.url())
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600));
     let p = policy("hot", vec![spec]);
     let limiter = Arc::new(
         Limiter::new(store(config).await)
