@@ -2,14 +2,17 @@
 //! and 64, for both ways of loading the code (Function library, EVALSHA), and in the same run
 //! `redis-benchmark` sending the very same FCALL as the physical baseline.
 //!
-//! Then **Redis CPU per decision** by algorithm: `redis-benchmark` sends the store's own
-//! `FCALL` for a policy of each kind, and, in the same run, the smallest script a rate limiter
-//! can be (`EVALSHA` of `INCR` + `PEXPIRE`), and Redis's own accounting (INFO commandstats,
-//! `usec` per call, which includes the commands the script runs) gives the CPU of each.
+//! Then **Redis CPU per decision** by algorithm, against the smallest script a rate limiter
+//! can be (`EVALSHA` of `INCR` + `PEXPIRE`) measured the same way in the same round: a single
+//! call at c = 1 (`redis-benchmark` replays the store's own command; INFO commandstats `usec`
+//! per call, which includes the commands the script runs), and coalesced at c = 16 and 64
+//! (Sluice's own client; Redis's whole-process CPU per decision). Then the latency at c = 1
+//! with coalescing on and off.
 //!
-//! `cargo bench -p sluice-redis --bench redis` (about a minute and a half; `SLUICE_BENCH_SECS`
-//! sets the seconds per measurement, default 5). Prints markdown tables for
-//! docs/benchmarks.md.
+//! `cargo bench -p sluice-redis --bench redis` (`SLUICE_BENCH_SECS` sets the seconds per
+//! measurement, default 5; `SLUICE_BENCH_ROUNDS` the alternating rounds, default 3;
+//! `SLUICE_BENCH_ONLY=cpu` the cost tables and the latency at c = 1 alone, `=latency` the
+//! latency alone). Prints markdown tables for docs/benchmarks.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -381,6 +384,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // `SLUICE_BENCH_ONLY=latency`: the latency at c = 1 alone.
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("latency") {
+        latency_at_one(&rt, &server, secs, rounds);
+        return;
+    }
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("cpu") {
         cost_tables(&rt, &server, secs, rounds);
         latency_at_one(&rt, &server, secs, rounds);
