@@ -71,4 +71,14 @@ pub mod fuzzing {
     ) -> Result<Decision, StoreError> {
         crate::codec::decode(reply, policy, op)
     }
+
+    /// The decoder of the lean path's reply (each limit's state as the script read it, turned
+    /// into a decision by `sluice_core::evaluate`), for a check or a peek.
+    pub fn decode_rate_reply(
+        reply: &redis::Value,
+        policy: &Policy,
+        op: Op,
+    ) -> Result<Decision, StoreError> {
+        crate::codec::decode_rate(reply, policy, op)
+    }
 }
