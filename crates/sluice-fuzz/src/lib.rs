@@ -8,6 +8,7 @@
 //! | `rls::text`, `rls::edits` | Envoy rate limit service YAML files, one to three at a time | no panic; an error names a file given and a line within it; a loaded configuration answers lookups consistently |
 //! | `http::raw`, `http::structured_sessions` | requests to the real axum router on the memory store: HTTP text, or sessions of up to 8 requests built from the API's vocabulary | never a 5xx; every error is JSON naming the problem; a refused or read-only request changes no state |
 //! | `reply::decode` | reply trees of the Lua function, to the reply decoder | a typed error exactly when the reply is not in the documented layout; otherwise a decision saying what the reply said; rendering it never panics |
+//! | `reply::decode_lean` | reply trees and integer arrays of any length, to the lean path's decoder (the state each limit's script read, evaluated by the core) | a typed error or a decision of the policy's limits, never a panic, whatever state the reply claims; rendering it never panics |
 //! | `algorithms::model` | policies of 1 to 4 limits, up to 64 checks, peeks, refunds and acquires, a clock that jumps and goes back | the core agrees with a naive model on every limit's answer |
 //!
 //! The `config` and `rls` targets also have a plain test that every `valid_*` seed of their

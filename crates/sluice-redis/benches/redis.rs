@@ -2,14 +2,17 @@
 //! and 64, for both ways of loading the code (Function library, EVALSHA), and in the same run
 //! `redis-benchmark` sending the very same FCALL as the physical baseline.
 //!
-//! Then **Redis CPU per decision** by algorithm: `redis-benchmark` sends the store's own
-//! `FCALL` for a policy of each kind, and, in the same run, the smallest script a rate limiter
-//! can be (`EVALSHA` of `INCR` + `PEXPIRE`), and Redis's own accounting (INFO commandstats,
-//! `usec` per call, which includes the commands the script runs) gives the CPU of each.
+//! Then **Redis CPU per decision** by algorithm, against the smallest script a rate limiter
+//! can be (`EVALSHA` of `INCR` + `PEXPIRE`) measured the same way in the same round: a single
+//! call at c = 1 (`redis-benchmark` replays the store's own command; INFO commandstats `usec`
+//! per call, which includes the commands the script runs), and coalesced at c = 16 and 64
+//! (Sluice's own client; Redis's whole-process CPU per decision). Then the latency at c = 1
+//! with coalescing on and off.
 //!
-//! `cargo bench -p sluice-redis --bench redis` (about a minute and a half; `SLUICE_BENCH_SECS`
-//! sets the seconds per measurement, default 5). Prints markdown tables for
-//! docs/benchmarks.md.
+//! `cargo bench -p sluice-redis --bench redis` (`SLUICE_BENCH_SECS` sets the seconds per
+//! measurement, default 5; `SLUICE_BENCH_ROUNDS` the alternating rounds, default 3;
+//! `SLUICE_BENCH_ONLY=cpu` the cost tables and the latency at c = 1 alone, `=latency` the
+//! latency alone). Prints markdown tables for docs/benchmarks.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -116,51 +119,96 @@ fn run_baseline(
 const MINIMAL_SCRIPT: &str =
     "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 60000) return n";
 
-/// Redis's CPU per call of `command` (µs, INFO commandstats: the script and every command it
-/// runs), sent by `redis-benchmark` at concurrency 16 over 10 000 keys.
-fn redis_cpu_per_call(server: &RedisServer, command: &[String], calls: u64) -> f64 {
-    server.cmd(&["FLUSHALL"]).unwrap();
-    server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
-    run_baseline(server, command, 16, calls);
+/// (calls, µs) of every script command (FCALL, FCALL_RO, EVALSHA) in INFO commandstats.
+fn script_stats(server: &RedisServer) -> (u64, u64) {
     let stats = server.command_stats().unwrap();
-    let (n, usec) = ["fcall", "evalsha"]
+    ["fcall", "fcall_ro", "evalsha"]
         .iter()
         .filter_map(|c| stats.get(*c))
-        .fold((0, 0), |(n, u), c| (n + c.calls, u + c.usec));
-    assert!(n >= calls, "{n} script calls counted, {calls} sent");
-    usec as f64 / n as f64
+        .fold((0, 0), |(n, u), c| (n + c.calls, u + c.usec))
 }
 
-/// The Redis CPU table: each algorithm's check against the minimal script, measured
-/// alternately `rounds` times; the median of each is reported.
-fn redis_cpu_table(rt: &tokio::runtime::Runtime, server: &RedisServer, calls: u64, rounds: usize) {
-    let store = rt
-        .block_on(RedisStore::connect(RedisConfig::new(server.url())))
-        .unwrap();
-    let sha = match server.cmd(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]).unwrap() {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        other => panic!("SCRIPT LOAD answered {other:?}"),
-    };
-    let minimal: Vec<String> = ["EVALSHA", &sha, "1", "bench:__rand_int__"]
-        .map(str::to_owned)
-        .to_vec();
+/// Redis's whole-process CPU so far (`used_cpu_sys + used_cpu_user`), in µs.
+fn process_cpu_us(server: &RedisServer) -> f64 {
+    ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .map(|f| {
+            server
+                .info_field("cpu", f)
+                .unwrap()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum::<f64>()
+        * 1e6
+}
+
+/// `command` sent `calls` times by `redis-benchmark -c <concurrency>` over 10 000 keys, from
+/// an empty Redis: (INFO commandstats µs per script call, whole-process CPU µs per call).
+fn replayed(
+    server: &RedisServer,
+    command: &[String],
+    concurrency: usize,
+    calls: u64,
+) -> (f64, f64) {
+    server.cmd(&["FLUSHALL"]).unwrap();
+    server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    let cpu = process_cpu_us(server);
+    run_baseline(server, command, concurrency, calls);
+    let cpu = process_cpu_us(server) - cpu;
+    let (n, usec) = script_stats(server);
+    assert!(n >= calls, "{n} script calls counted, {calls} sent");
+    (usec as f64 / n as f64, cpu / n as f64)
+}
+
+/// Sluice's own client (`RedisStore::check`, `concurrency` tasks, coalescing up to `coalesce`)
+/// for `secs`: (whole-process CPU µs per decision, decisions per script call, decisions/s).
+async fn through_the_client(
+    server: &RedisServer,
+    policy: &Policy,
+    concurrency: usize,
+    coalesce: usize,
+    secs: u64,
+) -> (f64, f64, f64) {
+    server.cmd(&["FLUSHALL"]).unwrap();
+    let store = RedisStore::connect(
+        RedisConfig::new(server.url())
+            .timeout(Duration::from_secs(2))
+            .coalesce(coalesce),
+    )
+    .await
+    .unwrap();
+    server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    let cpu = process_cpu_us(server);
+    let (decisions, _, elapsed) = common::load(store, policy, concurrency, secs, KEYS).await;
+    let cpu = process_cpu_us(server) - cpu;
+    let (calls, _) = script_stats(server);
+    (
+        cpu / decisions as f64,
+        decisions as f64 / calls.max(1) as f64,
+        decisions as f64 / elapsed,
+    )
+}
+
+/// The policies of the cost tables: one of each kind, and three fixed windows.
+fn cost_cases() -> Vec<(&'static str, Policy)> {
     let big = 1_000_000_000;
-    let cases: Vec<(&str, Policy)> = vec![
-        ("fixed_window", policy()),
+    vec![
+        ("one fixed window", policy()),
         (
-            "fixed_window, aligned (Envoy's)",
+            "one fixed window, aligned (Envoy's)",
             Policy::from_specs("b", vec![LimitSpec::fixed_window(big, 60_000).aligned()]).unwrap(),
         ),
         (
-            "token_bucket",
+            "one token bucket",
             Policy::from_specs("b", vec![LimitSpec::token_bucket(big, 60_000)]).unwrap(),
         ),
         (
-            "sliding_window (60 buckets)",
+            "one sliding window (60 buckets)",
             Policy::from_specs("b", vec![LimitSpec::sliding_window(big, 60_000)]).unwrap(),
         ),
         (
-            "3 limits (1 s, 1 min, 1 h fixed)",
+            "three fixed windows (1 s, 1 min, 1 h)",
             Policy::from_specs(
                 "b",
                 vec![
@@ -171,32 +219,144 @@ fn redis_cpu_table(rt: &tokio::runtime::Runtime, server: &RedisServer, calls: u6
             )
             .unwrap(),
         ),
-    ];
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+    ]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The cost tables of docs/benchmarks.md, each against the minimal script (`EVALSHA` of
+/// `INCR` + `PEXPIRE`) measured the same way in the same round, `rounds` alternating rounds:
+///
+/// 1. a single call (c = 1, where nothing coalesces): `redis-benchmark -c 1` replays the
+///    store's own command for a check (`RedisStore::check_command`), INFO commandstats µs
+///    per call;
+/// 2. coalesced (c = 16 and 64): Sluice through its own client, Redis's whole-process CPU
+///    (`used_cpu_sys + used_cpu_user`) per decision, against `redis-benchmark -c <c>`
+///    sending the minimal script; Sluice with coalescing off (`coalesce(1)`) alongside.
+fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, rounds: usize) {
+    let store = rt
+        .block_on(RedisStore::connect(RedisConfig::new(server.url())))
+        .unwrap();
+    let sha = match server.cmd(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]).unwrap() {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("SCRIPT LOAD answered {other:?}"),
     };
+    let minimal: Vec<String> = ["EVALSHA", &sha, "1", "bench:__rand_int__"]
+        .map(str::to_owned)
+        .to_vec();
+    let cases = cost_cases();
+    let single_calls = 30_000;
+
+    // 1. A single call at c = 1.
     let mut base = Vec::new();
-    let mut each: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut us: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut ratio: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..rounds {
-        base.push(redis_cpu_per_call(server, &minimal, calls));
+        let (b, _) = replayed(server, &minimal, 1, single_calls);
+        base.push(b);
         for (i, (_, p)) in cases.iter().enumerate() {
             let command = store.check_command(p, "bench:__rand_int__", 1, NOW);
-            each[i].push(redis_cpu_per_call(server, &command, calls));
+            let (u, _) = replayed(server, &command, 1, single_calls);
+            us[i].push(u);
+            ratio[i].push(u / b);
         }
     }
-    let base = median(base);
     println!();
     println!(
-        "Redis CPU per decision (INFO commandstats, median of {rounds} alternating runs of {calls} calls, redis-benchmark -c 16 -r 10000):"
+        "A single call, c = 1: redis-benchmark -c 1 -n {single_calls} -r {KEYS} replaying the store's command, INFO commandstats µs per call; median of {rounds} alternating rounds, ratio within each round (median):"
     );
     println!();
-    println!("| check | Redis µs/decision | × minimal script |");
-    println!("|---|---:|---:|");
-    println!("| minimal script (EVALSHA of INCR + PEXPIRE), the baseline | {base:.2} | 1.00 |");
-    for ((name, _), v) in cases.iter().zip(each) {
-        let us = median(v);
-        println!("| {name} | {us:.2} | {:.2} |", us / base);
+    println!("| check | commands | Redis µs/decision | × minimal script |");
+    println!("|---|---|---:|---:|");
+    println!(
+        "| minimal script: EVALSHA of INCR + PEXPIRE | 3 | {:.2} | 1.00 |",
+        median(base.clone())
+    );
+    for (i, (name, _)) in cases.iter().enumerate() {
+        println!(
+            "| {name} | | {:.2} | **{:.2}** |",
+            median(us[i].clone()),
+            median(ratio[i].clone())
+        );
+    }
+
+    // 2. Coalesced, c = 16 and 64.
+    for concurrency in [16usize, 64] {
+        let calls = 100_000;
+        let mut base = Vec::new();
+        let mut on: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); cases.len()];
+        let mut off: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); cases.len()];
+        for _ in 0..rounds {
+            let (_, b) = replayed(server, &minimal, concurrency, calls);
+            base.push(b);
+            for (i, (_, p)) in cases.iter().enumerate() {
+                let c = rt.block_on(through_the_client(server, p, concurrency, 64, secs));
+                on[i].push((c.0, c.0 / b, c.1));
+                let c = rt.block_on(through_the_client(server, p, concurrency, 1, secs));
+                off[i].push((c.0, c.0 / b, c.2));
+            }
+        }
+        let pick = |v: &Vec<(f64, f64, f64)>, f: fn(&(f64, f64, f64)) -> f64| {
+            median(v.iter().map(f).collect())
+        };
+        println!();
+        println!(
+            "Coalesced, c = {concurrency}: Redis whole-process CPU (used_cpu_sys + used_cpu_user) per decision; the minimal script sent by redis-benchmark -c {concurrency} -n {calls} -r {KEYS}, Sluice through its own client ({concurrency} tasks, {secs} s, 10 000 keys), coalescing up to 64 and off; median of {rounds} alternating rounds, ratios within each round:"
+        );
+        println!();
+        println!(
+            "| check | coalesced: Redis CPU µs/decision | × minimal script | decisions per call | not coalesced: µs/decision | × minimal script |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
+        println!(
+            "| minimal script (redis-benchmark) | {:.2} | 1.00 | 1 | | |",
+            median(base.clone())
+        );
+        for (i, (name, _)) in cases.iter().enumerate() {
+            println!(
+                "| {name} | {:.2} | **{:.2}** | {:.1} | {:.2} | {:.2} |",
+                pick(&on[i], |c| c.0),
+                pick(&on[i], |c| c.1),
+                pick(&on[i], |c| c.2),
+                pick(&off[i], |c| c.0),
+                pick(&off[i], |c| c.1),
+            );
+        }
+    }
+}
+
+/// Latency at c = 1 through the store, coalescing on (the default) and off, alternating.
+fn latency_at_one(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, rounds: usize) {
+    println!();
+    println!(
+        "Latency at c = 1 through RedisStore::check (one task, one fixed window, {secs} s per run, alternating):"
+    );
+    println!();
+    println!("| round | coalescing | decisions/s | p50 µs | p99 µs | p999 µs |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for round in 1..=rounds {
+        for coalesce in [64usize, 1] {
+            server.cmd(&["FLUSHALL"]).unwrap();
+            let store = rt
+                .block_on(RedisStore::connect(
+                    RedisConfig::new(server.url())
+                        .timeout(Duration::from_secs(2))
+                        .coalesce(coalesce),
+                ))
+                .unwrap();
+            let (n, hist, elapsed) = rt.block_on(common::load(store, &policy(), 1, secs, KEYS));
+            println!(
+                "| {round} | {} | {:.0} | {} | {} | {} |",
+                if coalesce > 1 { "on (64)" } else { "off" },
+                n as f64 / elapsed,
+                hist.value_at_quantile(0.5),
+                hist.value_at_quantile(0.99),
+                hist.value_at_quantile(0.999),
+            );
+        }
     }
 }
 
@@ -219,9 +379,19 @@ fn main() {
         .build()
         .unwrap();
 
-    // `SLUICE_BENCH_ONLY=cpu`: the Redis CPU table alone.
+    // `SLUICE_BENCH_ONLY=cpu`: the cost tables and the latency at c = 1 alone.
+    let rounds = std::env::var("SLUICE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    // `SLUICE_BENCH_ONLY=latency`: the latency at c = 1 alone.
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("latency") {
+        latency_at_one(&rt, &server, secs, rounds);
+        return;
+    }
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("cpu") {
-        redis_cpu_table(&rt, &server, 200_000, 3);
+        cost_tables(&rt, &server, secs, rounds);
+        latency_at_one(&rt, &server, secs, rounds);
         return;
     }
     println!(
@@ -261,5 +431,6 @@ fn main() {
             );
         }
     }
-    redis_cpu_table(&rt, &server, 200_000, 3);
+    cost_tables(&rt, &server, secs, rounds);
+    latency_at_one(&rt, &server, secs, rounds);
 }

@@ -3,9 +3,13 @@
 -- Mirrors crates/sluice-core/src/algorithms.rs and evaluate.rs field for field; a differential
 -- test holds the two identical. Loaded once, either as a Redis Function library (FUNCTION LOAD;
 -- functions __LIB___check, __LIB___peek, __LIB___refund, __LIB___acquire, __LIB___hold,
--- __LIB___release) or as one script per operation for EVALSHA whose
--- last line calls `run` with the operation. `__LIB__` is replaced by the library's versioned
--- name when loaded.
+-- __LIB___release, and the lean ones __LIB___rate, __LIB___rate_ro and __LIB___batch) or as
+-- one script per operation for EVALSHA whose last line calls `run` with the operation.
+-- `__LIB__` is replaced by the library's versioned name when loaded.
+--
+-- Checks and peeks of policies without a concurrency limit take the lean path (`rate`, its
+-- layout documented in its own section below) or, coalesced, a `batch`; every other operation
+-- takes the general path, whose layout follows.
 --
 -- KEYS[i]   the state of limit i of the policy, in the policy's order (`acquire` adds the
 --           holders set; a policy with a concurrency limit adds that limit's units hash,
@@ -673,100 +677,259 @@ local function acquire(keys, args, now, cost, margin, limits)
   return reply
 end
 
--- ----- the fast path -----------------------------------------------------------------------
--- By far the most common call (every Envoy descriptor; GitHub's and Carlson's policies): a
--- check where every limit is a fixed window. It decides exactly as `decide` over
--- `fixed_window` does (same reply, same writes, same errors on corrupt state) in one pass,
--- without the generic tables and closures, which cost Redis about a third of a call's CPU
--- (docs/benchmarks.md, "Redis CPU per decision"). Anything else, including arguments it does
--- not recognise, returns nil and takes the general path, which also reports malformed ones.
-local function check_fixed(keys, args)
-  local n = #keys
-  if args[4] ~= tostring(n) or #args ~= 4 + 9 * n then
-    return nil
+-- ----- rate policies: the lean path -----------------------------------------------------------
+-- A check or peek of a policy whose limits are fixed windows, sliding windows and token buckets
+-- (any mix): the calls that make up nearly all the traffic. The Rust caller has validated
+-- every argument (the policy is valid by construction), so nothing here re-checks them; only
+-- the stored state is checked, before anything is written. The script decides and writes; it
+-- returns each limit's state as it was read, and the caller computes every reported number
+-- (remaining, reset, retry_after, the binding limit) with `sluice_core::evaluate` itself, the
+-- very function the memory store runs. One pass, no table per limit, numbers passed to Redis
+-- as they are.
+--
+-- Lean layout (functions __LIB___rate and __LIB___rate_ro):
+--   KEYS[i]  limit i's state, in the policy's order
+--   ARGV[1]  now in ms, or "redis"; ARGV[2] cost; ARGV[3] expiry margin in ms;
+--   then per limit, by algorithm:
+--     1 max per          fixed window (2: aligned)
+--     3 max per prec     sliding window
+--     4 max per burst tau_ms tau_frac step_ms step_frac
+--                        token bucket; the step is `cost·per/max` (in a batch: of one unit)
+-- Reply: { allowed (0/1), now, then per limit the state read }:
+--   fixed window    reset, used          (0, 0: none)
+--   sliding window  k, then k pairs      (the counted buckets, start and units, any order)
+--   token bucket    tat, frac            (0, 0: none)
+-- Writes, when every limit admits a cost above zero and the call records (a check):
+--   fixed window    inside an open window only `used` (HINCRBY): the expiry set when the
+--                   window opened (its end + margin) still covers it; a new window: HSET
+--                   reset and used, PEXPIRE its end + margin
+--   sliding window  HINCRBY of the current bucket; PEXPIRE only when that bucket is new (an
+--                   existing one was given its expiry when it was made); HDEL of stale buckets
+--   token bucket    HSET tat and frac, PEXPIRE the new TAT + margin
+
+-- An integer read from stored state: a number, whole, 0 to 2^53; anything else is corrupt.
+local function stored(key, name, v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+    corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
   end
-  local cost, margin = tonumber(args[2]), tonumber(args[3])
-  if cost == nil or margin == nil or (args[1] ~= 'redis' and tonumber(args[1]) == nil) then
-    return nil
-  end
-  for i = 1, n do
-    local o = 9 * (i - 1)
-    local alg = args[o + 5]
-    if (alg ~= '1' and alg ~= '2') or tonumber(args[o + 6]) == nil or tonumber(args[o + 7]) == nil then
-      return nil
-    end
-  end
-  local now = now_of(args[1])
-  -- reply: allowed, now, then admits, remaining, reset, retry per limit (as `decide`).
-  local reply = {1, now}
-  local new_reset, new_used, was_open = {}, {}, {}
-  for i = 1, n do
-    local key, o = keys[i], 9 * (i - 1)
-    local max, per = tonumber(args[o + 6]), tonumber(args[o + 7])
-    local v = redis.call('HMGET', key, 'reset', 'used')
-    local reset, used = int_field(key, 'reset', v[1]), int_field(key, 'used', v[2])
-    if (reset == nil) ~= (used == nil) then
-      corrupt(key, 'a fixed window needs both reset and used')
-    end
-    local open = reset ~= nil and now < reset
-    if not open then
-      used = 0
-    end
-    local remaining = max - used
-    if remaining < 0 then
-      remaining = 0
-    end
-    local aligned = args[o + 5] == '2'
-    local r = reset
-    if not open then
-      if aligned then
-        r = idiv(now, per) * per + per
+  return n
+end
+
+-- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
+-- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
+-- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
+local function rate(keys, k, args, a, n, now, cost, margin, record, unit)
+  local out = {1, now}
+  local allowed = true
+  -- Pass 1: read and judge every limit; remember what a write would need.
+  local w = {}
+  local o = a
+  for i = 0, n - 1 do
+    local key, alg, max, per = keys[k + i], args[o], tonumber(args[o + 1]), tonumber(args[o + 2])
+    if alg == '1' or alg == '2' then
+      local v = redis.call('HMGET', key, 'reset', 'used')
+      local reset, used = v[1], v[2]
+      if reset then
+        if not used then
+          corrupt(key, 'a fixed window needs both reset and used')
+        end
+        reset, used = stored(key, 'reset', reset), stored(key, 'used', used)
+        out[#out + 1], out[#out + 2] = reset, used
       else
-        r = now
+        if used then
+          corrupt(key, 'a fixed window needs both reset and used')
+        end
+        reset, used = 0, 0
+        out[#out + 1], out[#out + 2] = 0, 0
       end
-    end
-    local b = 3 + 4 * (i - 1)
-    if cost > max then
-      reply[1] = 0
-      reply[b], reply[b + 1], reply[b + 2], reply[b + 3] = 0, remaining, r, -1
-    elseif cost > remaining then
-      reply[1] = 0
-      reply[b], reply[b + 1], reply[b + 2], reply[b + 3] = 0, remaining, r, r - now
-    elseif cost == 0 then
-      reply[b], reply[b + 1], reply[b + 2], reply[b + 3] = 1, remaining, r, 0
-    else
-      -- Admits. Reported as at cost 0 (what `decide` reports when another limit refuses);
-      -- the cost is applied below once every limit has admitted.
-      local nr = r
-      if not open and not aligned then
-        nr = now + per
+      if cost > max then
+        allowed = false
+      elseif now < reset then
+        if cost > 0 and used + cost > max then
+          allowed = false
+        end
+        w[i + 1] = true -- open: add to used
+      else
+        local r = now + per
+        if alg == '2' then
+          r = idiv(now, per) * per + per
+        end
+        w[i + 1] = r -- a new window ending at r
       end
-      new_reset[i], new_used[i], was_open[i] = nr, used + cost, open
-      reply[b], reply[b + 1], reply[b + 2], reply[b + 3] = 1, remaining, r, 0
-    end
-  end
-  if reply[1] == 1 then
-    for i = 1, n do
-      if new_reset[i] then
-        local b = 3 + 4 * (i - 1)
-        reply[b + 1], reply[b + 2] = reply[b + 1] - cost, new_reset[i]
-        if was_open[i] then
-          -- Inside an open window only `used` changes. Under Redis TIME the expiry set when
-          -- the window opened still holds; under the processes' own clocks it is set again
-          -- from this one's, so a process whose clock is behind the opener's still finds the
-          -- window until its own `now` reaches the stored end.
-          redis.call('HINCRBY', keys[i], 'used', fmt(cost))
-          if args[1] ~= 'redis' then
-            redis.call('PEXPIRE', keys[i], fmt(new_reset[i] - now + margin))
+      o = o + 3
+    elseif alg == '3' then
+      local p = tonumber(args[o + 3])
+      local h = redis.call('HGETALL', key)
+      local current = now - now % p
+      local lowest = current + p - per
+      local used, newest, count = 0, current, #out + 1
+      local stale = nil
+      out[count] = 0
+      for j = 1, #h, 2 do
+        local start = stored(key, 'bucket', h[j])
+        local c = stored(key, 'bucket ' .. h[j], h[j + 1])
+        if start >= lowest then
+          used = used + c
+          if start > newest then
+            newest = start
           end
+          out[#out + 1], out[#out + 2] = start, c
         else
-          redis.call('HSET', keys[i], 'reset', fmt(new_reset[i]), 'used', fmt(new_used[i]))
-          redis.call('PEXPIRE', keys[i], fmt(new_reset[i] - now + margin))
+          stale = stale or {}
+          stale[#stale + 1] = h[j]
         end
       end
+      out[count] = (#out - count) / 2
+      if cost > max or (cost > 0 and used + cost > max) then
+        allowed = false
+      end
+      w[i + 1] = {current, newest + per, stale}
+      o = o + 4
+    else
+      local burst = tonumber(args[o + 3])
+      local v = redis.call('HMGET', key, 'tat', 'frac')
+      local tat, frac = v[1], v[2]
+      local ams, af = 0, 0
+      if tat then
+        if not frac then
+          corrupt(key, 'a token bucket needs both tat and frac')
+        end
+        tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
+        if frac >= max then
+          corrupt(key, 'frac ' .. frac .. ' is not below max')
+        end
+        if tat > now or (tat == now and frac > 0) then
+          ams, af = tat - now, frac
+        end
+        out[#out + 1], out[#out + 2] = tat, frac
+      else
+        if frac then
+          corrupt(key, 'a token bucket needs both tat and frac')
+        end
+        out[#out + 1], out[#out + 2] = 0, 0
+      end
+      if cost > max or cost > burst then
+        allowed = false
+      else
+        local sms, sf = 0, 0
+        if cost > 0 then
+          sms, sf = tonumber(args[o + 6]), tonumber(args[o + 7])
+          if unit and cost > 1 then
+            sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
+          end
+        end
+        local nms, nf = pair_add(ams, af, sms, sf, max)
+        if pair_gt(nms, nf, tonumber(args[o + 4]), tonumber(args[o + 5])) then
+          allowed = false
+        end
+        w[i + 1] = {nms, nf}
+      end
+      o = o + 8
     end
   end
-  return reply
+  -- Pass 2: record the cost in every limit, only if all admit.
+  if allowed and record and cost > 0 then
+    o = a
+    for i = 0, n - 1 do
+      local key, alg, per, x = keys[k + i], args[o], tonumber(args[o + 2]), w[i + 1]
+      if alg == '1' or alg == '2' then
+        if x == true then
+          redis.call('HINCRBY', key, 'used', cost)
+        else
+          redis.call('HSET', key, 'reset', x, 'used', cost)
+          redis.call('PEXPIRE', key, x - now + margin)
+        end
+        o = o + 3
+      elseif alg == '3' then
+        if redis.call('HINCRBY', key, x[1], cost) == cost then
+          redis.call('PEXPIRE', key, x[2] - now + margin)
+        end
+        if x[3] then
+          redis.call('HDEL', key, unpack(x[3]))
+        end
+        o = o + 4
+      else
+        local reset = now + x[1]
+        if x[2] > 0 then
+          reset = reset + 1
+        end
+        redis.call('HSET', key, 'tat', now + x[1], 'frac', x[2])
+        redis.call('PEXPIRE', key, reset - now + margin)
+        o = o + 8
+      end
+    end
+  end
+  if not allowed then
+    out[1] = 0
+  end
+  return out
+end
+
+-- The number of ARGV values of the `n` limits whose values start at ARGV[a].
+local function rate_width(args, a, n)
+  local o = a
+  for _ = 1, n do
+    local alg = args[o]
+    if alg == '3' then
+      o = o + 4
+    elseif alg == '4' then
+      o = o + 8
+    else
+      o = o + 3
+    end
+  end
+  return o - a
+end
+
+-- A single call on the lean layout.
+local function rate_call(keys, args, record)
+  return rate(keys, 1, args, 4, #keys, now_of(args[1]), tonumber(args[2]), tonumber(args[3]),
+    record, false)
+end
+
+-- ----- a batch: the concurrent decisions of one Redis (one slot) in one call ---------------------
+-- Function __LIB___batch. Each decision is a check (1) or a peek (2) of a rate policy, decided
+-- in turn exactly as a single call would, atomically and all or nothing over its policy's
+-- limits; a policy's values are sent once per batch. A decision that fails (corrupt state, a
+-- key of the wrong type) fails alone: it wrote nothing (every limit is read and checked before
+-- any write), and its entry in the reply is that error.
+--   KEYS     every decision's keys, in order (n per decision, n its policy's limits)
+--   ARGV[1]  expiry margin in ms; ARGV[2] "app", or "redis" to read TIME once for the batch;
+--   ARGV[3]  the number of policies P, then each policy: n, then its limits' values as in the
+--            lean layout (a bucket's step is that of one unit);
+--   then per decision: op (1 check, 2 peek), its policy (1..P), now (ms; unused under
+--   "redis"), cost.
+-- Reply: one entry per decision, the lean reply or an error.
+local function batch(keys, args)
+  local margin, redis_time = tonumber(args[1]), args[2] == 'redis'
+  local policies, a = {}, 4
+  for p = 1, tonumber(args[3]) do
+    local n = tonumber(args[a])
+    policies[p] = {a + 1, n}
+    a = a + 1 + rate_width(args, a + 1, n)
+  end
+  local now = nil
+  if redis_time then
+    now = now_of('redis')
+  end
+  local out, k = {}, 1
+  for e = a, #args, 4 do
+    local p = policies[tonumber(args[e + 1])]
+    local at = now or tonumber(args[e + 2])
+    local ok, r = pcall(rate, keys, k, args, p[1], p[2], at, tonumber(args[e + 3]), margin,
+      args[e] == '1', true)
+    if ok then
+      out[#out + 1] = r
+    else
+      if type(r) == 'table' then
+        r = r.err
+      end
+      out[#out + 1] = {err = tostring(r)}
+    end
+    k = k + p[2]
+  end
+  return out
 end
 
 -- Frees the lease in the last ARGV (evaluate.rs `release`) and reports the state after it;
@@ -795,11 +958,10 @@ local function release(keys, args, now, margin, limits)
 end
 
 local function run(op, keys, args)
-  if op == 'check' then
-    local reply = check_fixed(keys, args)
-    if reply then
-      return reply
-    end
+  if op == 'rate' or op == 'rate_ro' then
+    return rate_call(keys, args, op == 'rate')
+  elseif op == 'batch' then
+    return batch(keys, args)
   end
   local now, cost, margin, limits = parse(op, keys, args)
   if op == 'check' then

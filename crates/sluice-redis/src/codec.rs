@@ -6,8 +6,8 @@
 //! (it only appends to a [`redis::Cmd`]); so is decoding.
 
 use redis::Value;
-use sluice::core::Algorithm;
-use sluice::{Decision, LimitStatus, Op, Policy, StoreError};
+use sluice::core::{Algorithm, FixedWindowState, SlidingWindowState, TokenBucketState, evaluate};
+use sluice::{Decision, Limit, LimitState, LimitStatus, Op, Policy, StoreError};
 
 use crate::config::{ClockSource, RedisConfig};
 use crate::keys;
@@ -105,6 +105,203 @@ impl Codec {
             cmd.arg(lease.to_string());
         }
     }
+}
+
+/// Whether `op` on `policy` takes the lean path (`rate`, `rate_ro`, a batch): a check or a
+/// peek of a policy without a concurrency limit.
+pub(crate) fn is_rate(policy: &Policy, op: Op) -> bool {
+    matches!(op, Op::Check { .. } | Op::Peek { .. })
+        && policy
+            .limits()
+            .iter()
+            .all(|l| l.algorithm() != Algorithm::Concurrency)
+}
+
+/// One decision of a batch: what the caller asked, owned (it waits in a queue).
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) policy: Policy,
+    pub(crate) key: String,
+    pub(crate) op: Op,
+    pub(crate) now_ms: u64,
+}
+
+impl Codec {
+    /// Appends the lean call of a rate check or peek (the layout at the top of the
+    /// `rate` section of `scripts/sluice.lua`): `numkeys KEYS… now cost margin` and each
+    /// limit's values, a bucket's step being that of `cost`.
+    pub(crate) fn encode_rate(
+        &self,
+        cmd: &mut redis::Cmd,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+    ) {
+        let keys = keys::policy_keys(&self.prefix, policy, key);
+        cmd.arg(keys.len()).arg(&keys);
+        self.now(cmd, now_ms);
+        cmd.arg(cost).arg(&self.margin_ms);
+        for limit in policy.limits() {
+            rate_limit(cmd, limit, cost.min(limit.max()));
+        }
+    }
+
+    /// Appends a batch of lean decisions (the `batch` section of `scripts/sluice.lua`): every
+    /// entry's keys, then the margin, the clock, each distinct policy once (a bucket's step
+    /// of one unit), and per entry its operation, policy, now and cost. Every entry must be
+    /// [`is_rate`].
+    pub(crate) fn encode_batch(&self, cmd: &mut redis::Cmd, entries: &[Entry]) {
+        let mut policies: Vec<&Policy> = Vec::new();
+        let mut index = Vec::with_capacity(entries.len());
+        let mut nkeys = 0;
+        for e in entries {
+            nkeys += e.policy.limits().len();
+            let i = match policies.iter().position(|p| **p == e.policy) {
+                Some(i) => i,
+                None => {
+                    policies.push(&e.policy);
+                    policies.len() - 1
+                }
+            };
+            index.push(i + 1);
+        }
+        cmd.arg(nkeys);
+        for e in entries {
+            cmd.arg(keys::policy_keys(&self.prefix, &e.policy, &e.key));
+        }
+        cmd.arg(&self.margin_ms).arg(match self.clock {
+            ClockSource::App => "app",
+            ClockSource::Redis => "redis",
+        });
+        cmd.arg(policies.len());
+        for p in &policies {
+            cmd.arg(p.limits().len());
+            for limit in p.limits() {
+                rate_limit(cmd, limit, 1);
+            }
+        }
+        for (e, i) in entries.iter().zip(index) {
+            let op = if matches!(e.op, Op::Peek { .. }) {
+                2
+            } else {
+                1
+            };
+            cmd.arg(op).arg(i).arg(e.now_ms).arg(e.op.cost());
+        }
+    }
+
+    fn now(&self, cmd: &mut redis::Cmd, now_ms: u64) {
+        match self.clock {
+            ClockSource::App => cmd.arg(now_ms),
+            ClockSource::Redis => cmd.arg("redis"),
+        };
+    }
+}
+
+/// One limit's values on the lean layout; a bucket's step is that of `units`.
+fn rate_limit(cmd: &mut redis::Cmd, limit: &Limit, units: u64) {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => {
+            cmd.arg(3)
+                .arg(limit.max())
+                .arg(limit.per_ms())
+                .arg(limit.precision_ms());
+        }
+        Algorithm::TokenBucket => {
+            let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
+            let tau = u128::from(limit.burst()) * per;
+            let step = u128::from(units) * per;
+            cmd.arg(4)
+                .arg(limit.max())
+                .arg(limit.per_ms())
+                .arg(limit.burst())
+                .arg((tau / max).to_string())
+                .arg((tau % max).to_string())
+                .arg((step / max).to_string())
+                .arg((step % max).to_string());
+        }
+        _ => {
+            cmd.arg(if limit.align() { 2 } else { 1 })
+                .arg(limit.max())
+                .arg(limit.per_ms());
+        }
+    }
+}
+
+/// Turns a lean reply (the state of every limit as the script read it) into the decision of
+/// `op`: computed by `sluice_core::evaluate`, the function the memory store runs, so every
+/// reported number is the core's own. The script's `allowed` must agree with it.
+pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Decision, StoreError> {
+    let bad = |what: &str| {
+        StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad("not an array"));
+    };
+    let mut next = items.iter();
+    let mut int = |what: &str| match next.next() {
+        Some(Value::Int(n)) => u64::try_from(*n).map_err(|_| bad(&format!("{what} is {n}"))),
+        Some(_) => Err(bad(&format!("{what} is not an integer"))),
+        None => Err(bad(&format!(
+            "{} values for {} limits of a {}",
+            items.len(),
+            policy.limits().len(),
+            op.name()
+        ))),
+    };
+    let allowed = int("allowed")? == 1;
+    let now = int("now")?;
+    let mut states = Vec::with_capacity(policy.limits().len());
+    for limit in policy.limits() {
+        let state = match limit.algorithm() {
+            Algorithm::SlidingWindow => {
+                let k = int("the bucket count")?;
+                let mut buckets = Vec::with_capacity(usize::try_from(k).unwrap_or(0).min(4_096));
+                for _ in 0..k {
+                    buckets.push((int("a bucket's start")?, int("a bucket's units")?));
+                }
+                buckets.sort_unstable();
+                if buckets.is_empty() {
+                    LimitState::Empty
+                } else {
+                    LimitState::SlidingWindow(SlidingWindowState { buckets })
+                }
+            }
+            Algorithm::TokenBucket => match (int("tat")?, int("frac")?) {
+                (0, 0) => LimitState::Empty,
+                (tat_ms, tat_frac) => {
+                    LimitState::TokenBucket(TokenBucketState { tat_ms, tat_frac })
+                }
+            },
+            _ => match (int("reset")?, int("used")?) {
+                (0, 0) => LimitState::Empty,
+                (reset_ms, used) => LimitState::FixedWindow(FixedWindowState { reset_ms, used }),
+            },
+        };
+        states.push(state);
+    }
+    if next.next().is_some() {
+        return Err(bad(&format!(
+            "{} values for {} limits of a {}",
+            items.len(),
+            policy.limits().len(),
+            op.name()
+        )));
+    }
+    let decision = evaluate::apply(policy, &states, op, now).decision;
+    if decision.allowed != allowed {
+        return Err(bad(&format!(
+            "the script {} what the core {}",
+            if allowed { "admitted" } else { "refused" },
+            if decision.allowed {
+                "admits"
+            } else {
+                "refuses"
+            }
+        )));
+    }
+    Ok(decision)
 }
 
 /// Turns the script's reply to `op` under `policy` into a decision (the binding limit is
@@ -323,6 +520,174 @@ mod tests {
             "1000",
         ];
         assert_eq!(args, expected);
+    }
+
+    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .skip(2)
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a simple argument>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rate_check_passes_only_what_each_algorithm_needs() {
+        let p = policy(vec![
+            LimitSpec::fixed_window(10, 1_000).aligned(),
+            LimitSpec::sliding_window(100, 60_000),
+            LimitSpec::token_bucket(3, 1_000).burst(5),
+        ]);
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec(ClockSource::App).encode_rate(&mut cmd, &p, "user:42", 2, NOW);
+        let expected = [
+            "3",
+            "sluice:{3:api:user:42}:fwa1000",
+            "sluice:{3:api:user:42}:sw60000p1000",
+            "sluice:{3:api:user:42}:tb1000m3b5",
+            // now, cost, margin
+            "1700000000000",
+            "2",
+            "1500",
+            // aligned fixed window: 2, max, per
+            "2",
+            "10",
+            "1000",
+            // sliding window: 3, max, per, precision
+            "3",
+            "100",
+            "60000",
+            "1000",
+            // token bucket: 4, max, per, burst, tau = 5000/3, step of the cost = 2000/3
+            "4",
+            "3",
+            "1000",
+            "5",
+            "1666",
+            "2",
+            "666",
+            "2",
+        ];
+        assert_eq!(args_of(&cmd), expected);
+    }
+
+    #[test]
+    fn a_batch_sends_each_policy_once_and_four_values_per_decision() {
+        let a = policy(vec![LimitSpec::token_bucket(3, 1_000)]);
+        let b = Policy::from_specs("b", vec![LimitSpec::fixed_window(5, 60_000)]).unwrap();
+        let entry = |p: &Policy, key: &str, op, now_ms| Entry {
+            policy: p.clone(),
+            key: key.to_owned(),
+            op,
+            now_ms,
+        };
+        let entries = [
+            entry(&a, "x", Op::Check { cost: 2 }, NOW),
+            entry(&b, "y", Op::Peek { cost: 1 }, NOW + 1),
+            entry(&a, "z", Op::Check { cost: 1 }, NOW + 2),
+        ];
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec(ClockSource::Redis).encode_batch(&mut cmd, &entries);
+        let expected = [
+            "3",
+            "sluice:{3:api:x}:tb1000m3b3",
+            "sluice:{1:b:y}:fw60000",
+            "sluice:{3:api:z}:tb1000m3b3",
+            "1500",
+            "redis",
+            // two policies, each once; a bucket's step is that of one unit (1000/3)
+            "2",
+            "1",
+            "4",
+            "3",
+            "1000",
+            "3",
+            "1000",
+            "0",
+            "333",
+            "1",
+            "1",
+            "1",
+            "5",
+            "60000",
+            // op (1 check, 2 peek), policy, now, cost
+            "1",
+            "1",
+            "1700000000000",
+            "2",
+            "2",
+            "2",
+            "1700000000001",
+            "1",
+            "1",
+            "1",
+            "1700000000002",
+            "1",
+        ];
+        assert_eq!(args_of(&cmd), expected);
+    }
+
+    #[test]
+    fn a_lean_reply_is_the_state_read_and_the_core_decides() {
+        let p = policy(vec![
+            LimitSpec::fixed_window(10, 1_000),
+            LimitSpec::sliding_window(8, 2_000).precision_ms(500),
+            LimitSpec::token_bucket(4, 1_000),
+        ]);
+        let now = 10_000;
+        // Window ends at 10 600 with 7 used; buckets 9 000 (2) and 9 500 (1), given out of
+        // order; the bucket's TAT 500 ms ahead (2 tokens of 4 spent).
+        let reply = ints(&[1, now, 10_600, 7, 2, 9_500, 1, 9_000, 2, 10_500, 0]);
+        let d = decode_rate(&reply, &p, Op::Check { cost: 2 }).expect("valid reply");
+        let states = [
+            LimitState::FixedWindow(FixedWindowState {
+                reset_ms: 10_600,
+                used: 7,
+            }),
+            LimitState::SlidingWindow(SlidingWindowState {
+                buckets: vec![(9_000, 2), (9_500, 1)],
+            }),
+            LimitState::TokenBucket(TokenBucketState {
+                tat_ms: 10_500,
+                tat_frac: 0,
+            }),
+        ];
+        let core = evaluate::check(&p, &states, 2, 10_000).decision;
+        assert_eq!(d, core);
+        assert_eq!(
+            d.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+            [1, 3, 0]
+        );
+        // The script admitted what the core refuses: an error, never a wrong answer.
+        let refused = decode_rate(&reply, &p, Op::Check { cost: 3 });
+        assert!(
+            matches!(&refused, Err(StoreError::Backend(m)) if m.contains("the script admitted what the core refuses")),
+            "{refused:?}"
+        );
+        // Nothing stored anywhere: (0, 0), no bucket, (0, 0).
+        let empty = decode_rate(&ints(&[1, now, 0, 0, 0, 0, 0]), &p, Op::Peek { cost: 1 })
+            .expect("valid reply");
+        assert_eq!(empty.limits[0].remaining, 9);
+        // A value short, a value too many, a negative one.
+        for (reply, says) in [
+            (
+                ints(&[1, now, 0, 0, 0, 0]),
+                "6 values for 3 limits of a peek",
+            ),
+            (
+                ints(&[1, now, 0, 0, 0, 0, 0, 9]),
+                "8 values for 3 limits of a peek",
+            ),
+            (ints(&[1, now, 0, -1, 0, 0, 0]), "used is -1"),
+        ] {
+            match decode_rate(&reply, &p, Op::Peek { cost: 1 }) {
+                Err(StoreError::Backend(m)) => assert!(m.contains(says), "{m} should say {says}"),
+                other => panic!("expected an error, got {other:?}"),
+            }
+        }
     }
 
     fn ints(values: &[i64]) -> Value {

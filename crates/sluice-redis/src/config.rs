@@ -256,6 +256,11 @@ pub struct RedisConfig {
     pub sentinel_credentials: Option<Credentials>,
     /// Wait for replicas after each write (`WAIT`); `None` (the default): do not.
     pub wait_for_replicas: Option<WaitForReplicas>,
+    /// The most concurrent checks and peeks sent to one Redis (one Cluster slot) as one call
+    /// (docs/redis.md, "Coalescing"): those that arrive while the previous call is in flight
+    /// go out together. 1 sends every decision alone. Default
+    /// [`DEFAULT_COALESCE`](crate::DEFAULT_COALESCE).
+    pub coalesce: usize,
 }
 
 /// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
@@ -415,6 +420,7 @@ impl RedisConfig {
             credentials: None,
             sentinel_credentials: None,
             wait_for_replicas: None,
+            coalesce: crate::DEFAULT_COALESCE,
         }
     }
 
@@ -479,6 +485,12 @@ impl RedisConfig {
     /// Waits for replicas after each write ([`WaitForReplicas`]).
     pub fn wait_for_replicas(mut self, wait: WaitForReplicas) -> Self {
         self.wait_for_replicas = Some(wait);
+        self
+    }
+
+    /// Sets the most decisions one coalesced call carries (1: every decision alone).
+    pub fn coalesce(mut self, max: usize) -> Self {
+        self.coalesce = max;
         self
     }
 

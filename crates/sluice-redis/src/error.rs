@@ -61,30 +61,6 @@ pub(crate) async fn query<C: redis::aio::ConnectionLike>(
     }
 }
 
-/// Sends `pipe` on a shared connection, bounded by `timeout`: every reply, in order, or the
-/// first error.
-pub(crate) async fn query_pipeline<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    pipe: &redis::Pipeline,
-    timeout: Duration,
-) -> Result<Vec<Value>, Failure> {
-    match tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(conn)).await {
-        Err(_) => Err(Failure::Timeout(timeout)),
-        Ok(result) => result.map_err(|e| Failure::Redis(first_of_pipeline(e))),
-    }
-}
-
-/// The error of a pipeline's first failing command, as that command alone would have
-/// reported it (`READONLY`, `NOSCRIPT`, … are judged the same either way).
-fn first_of_pipeline(e: RedisError) -> RedisError {
-    match e.clone().into_server_errors() {
-        Some(errors) => errors
-            .first()
-            .map_or(e, |(_, first)| RedisError::from(first.clone())),
-        None => e,
-    }
-}
-
 /// The store error for a client or server error, naming `what` (a node or a key).
 pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
     if e.is_timeout() {
@@ -98,6 +74,13 @@ pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
         return StoreError::Corrupt {
             key: what.to_owned(),
             detail: "a key of this policy holds a value of the wrong Redis type".to_owned(),
+        };
+    }
+    // One decision of a batch: its error is an element of the reply, code first.
+    if e.code() == Some("SLUICE_CORRUPT") {
+        return StoreError::Corrupt {
+            key: what.to_owned(),
+            detail: e.detail().unwrap_or_default().to_owned(),
         };
     }
     if let Some(at) = text.find("SLUICE_CORRUPT ") {

@@ -8,8 +8,9 @@
 //!
 //! Inside: `config` (what [`RedisConfig`] holds), `topology` (standalone with replicas,
 //! Sentinel, Cluster), `script` (the Lua code and how it is loaded), `codec` (a call's
-//! arguments and reply, the wire format documented at the top of `scripts/sluice.lua`),
-//! `error` (Redis errors to [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
+//! arguments and reply, the wire format documented in `scripts/sluice.lua`), `coalesce`
+//! (concurrent checks bound for one Redis sent as one call), `error` (Redis errors to
+//! [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
 //!
 //! Redis replicates asynchronously, so a failover can lose acknowledged writes and admit
 //! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow
@@ -34,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod coalesce;
 mod codec;
 mod config;
 mod error;
@@ -44,6 +46,7 @@ mod store;
 mod switches;
 mod topology;
 
+pub use coalesce::DEFAULT_COALESCE;
 pub use config::{
     ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shortfall, TlsFiles,
     Topology, WaitForReplicas, redact,
@@ -67,5 +70,15 @@ pub mod fuzzing {
         op: Op,
     ) -> Result<Decision, StoreError> {
         crate::codec::decode(reply, policy, op)
+    }
+
+    /// The decoder of the lean path's reply (each limit's state as the script read it, turned
+    /// into a decision by `sluice_core::evaluate`), for a check or a peek.
+    pub fn decode_rate_reply(
+        reply: &redis::Value,
+        policy: &Policy,
+        op: Op,
+    ) -> Result<Decision, StoreError> {
+        crate::codec::decode_rate(reply, policy, op)
     }
 }

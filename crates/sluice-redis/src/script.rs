@@ -41,16 +41,25 @@ pub(crate) enum Entry {
     Hold,
     /// Free a lease of a concurrency limit.
     Release,
+    /// A check of a rate policy on the lean layout (`codec::is_rate`).
+    Rate,
+    /// A peek of a rate policy on the lean layout: read only, so a replica may run it.
+    RatePeek,
+    /// Checks and peeks of rate policies, decided in turn in one call.
+    Batch,
 }
 
 impl Entry {
-    const ALL: [Entry; 6] = [
+    const ALL: [Entry; 9] = [
         Entry::Check,
         Entry::Peek,
         Entry::Refund,
         Entry::Acquire,
         Entry::Hold,
         Entry::Release,
+        Entry::Rate,
+        Entry::RatePeek,
+        Entry::Batch,
     ];
 
     /// The entry point that runs `op`; `None` for an operation the script does not know.
@@ -74,11 +83,14 @@ impl Entry {
             Entry::Acquire => "acquire",
             Entry::Hold => "hold",
             Entry::Release => "release",
+            Entry::Rate => "rate",
+            Entry::RatePeek => "rate_ro",
+            Entry::Batch => "batch",
         }
     }
 
     fn read_only(self) -> bool {
-        self == Entry::Peek
+        matches!(self, Entry::Peek | Entry::RatePeek)
     }
 }
 
@@ -91,9 +103,9 @@ pub(crate) struct Code {
     /// The `FUNCTION LOAD` body.
     library_source: String,
     /// Per entry point: the function name.
-    functions: [String; 6],
+    functions: [String; 9],
     /// Per entry point: the EVAL script and its SHA1.
-    scripts: [(String, String); 6],
+    scripts: [(String, String); 9],
 }
 
 impl Code {

@@ -11,9 +11,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use sluice::{Decision, Op, Policy, Store, StoreError};
 
+use crate::coalesce::{LaneId, Lanes, Pending, Turn};
 use crate::codec::{self, Codec};
 use crate::config::{ReadFrom, RedisConfig, Shortfall, WaitForReplicas};
-use crate::error::{self, Failure, map_error, query, query_pipeline};
+use crate::error::{self, Failure, map_error, query};
 use crate::keys;
 use crate::script::{Code, Entry, ScriptMode};
 use crate::topology::{self, Backend, Node, Nodes};
@@ -26,7 +27,9 @@ use crate::topology::{self, Backend, Node, Nodes};
 /// carries its full state, no second read is needed for headers. All keys of one decision
 /// share a hash tag, so in a Cluster they live in one slot. Concurrent calls share one
 /// multiplexed connection per node (pipelined by the client); a dropped connection is
-/// re-established in the background.
+/// re-established in the background. Checks and peeks that arrive while a call to the same
+/// Redis (Cluster: slot) is in flight are coalesced into one call of the `batch` function
+/// ([`RedisConfig::coalesce`], docs/redis.md "Coalescing").
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -43,6 +46,8 @@ pub(crate) struct Inner {
     codec: Codec,
     /// Sentinel subscriptions (`+switch-master`), stopped with the store.
     followers: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The lanes of coalesced decisions (`RedisConfig::coalesce`).
+    lanes: Lanes,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -99,6 +104,7 @@ impl RedisStore {
                 codec: Codec::new(&config),
                 config,
                 followers: std::sync::Mutex::new(Vec::new()),
+                lanes: Lanes::default(),
             }),
         };
         let inner = &store.inner;
@@ -187,11 +193,17 @@ impl RedisStore {
     /// benchmarks that replay it through `redis-benchmark` as the physical baseline.
     #[doc(hidden)]
     pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
+        let op = Op::Check { cost };
         let call = Call {
             policy,
             key,
-            op: Op::Check { cost },
-            entry: Entry::Check,
+            op,
+            // The call a check makes when it goes alone: the lean one for a rate policy.
+            entry: if codec::is_rate(policy, op) {
+                Entry::Rate
+            } else {
+                Entry::Check
+            },
             now_ms,
         };
         self.command(&call, false)
@@ -239,10 +251,114 @@ impl RedisStore {
     /// The command that runs `call` (`FCALL_RO`/`EVALSHA_RO` on a replica).
     fn command(&self, call: &Call<'_>, on_replica: bool) -> redis::Cmd {
         let mut cmd = self.inner.code.invocation(call.entry, on_replica);
-        self.inner
-            .codec
-            .encode(&mut cmd, call.policy, call.key, call.op, call.now_ms);
+        let codec = &self.inner.codec;
+        match call.entry {
+            Entry::Rate | Entry::RatePeek => {
+                codec.encode_rate(&mut cmd, call.policy, call.key, call.op.cost(), call.now_ms);
+            }
+            _ => codec.encode(&mut cmd, call.policy, call.key, call.op, call.now_ms),
+        }
         cmd
+    }
+
+    pub(crate) fn lanes(&self) -> &Lanes {
+        &self.inner.lanes
+    }
+
+    /// The most decisions one batch carries (1: no coalescing).
+    pub(crate) fn coalesce_max(&self) -> usize {
+        self.inner.config.coalesce.max(1)
+    }
+
+    /// Decides a rate check (or a peek on the primary) through its lane: alone at once if the
+    /// lane is idle, else in the next batch, waiting at most the call timeout.
+    async fn coalesced(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let lane: LaneId = match &self.inner.backend {
+            Backend::Direct { .. } => None,
+            Backend::Cluster { .. } => Some(redis::cluster_routing::Slot::for_key(keys::stem(
+                &self.inner.config.key_prefix,
+                policy,
+                key,
+            ))),
+        };
+        let entry = || codec::Entry {
+            policy: policy.clone(),
+            key: key.to_owned(),
+            op,
+            now_ms,
+        };
+        match self.inner.lanes.enter(self, lane, entry) {
+            Turn::Lead(leader) => {
+                let decided = self.single(policy, key, op, now_ms).await;
+                drop(leader);
+                decided
+            }
+            Turn::Wait(answer) => {
+                let timeout = self.inner.config.timeout;
+                match tokio::time::timeout(timeout, answer).await {
+                    Err(_) => Err(StoreError::Timeout(timeout)),
+                    Ok(Ok(decided)) => decided,
+                    Ok(Err(_)) => Err(StoreError::Unavailable(
+                        "the batch carrying this decision was dropped".to_owned(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Sends `batch` (rate checks and peeks of one lane) as one call of the `batch` function
+    /// to the primary (on a Cluster, the slot's primary) and answers each decision: with its
+    /// own decision or error, or every one with the call's error.
+    pub(crate) async fn send_batch(&self, batch: Vec<Pending>) {
+        let entries: Vec<codec::Entry> = batch.iter().map(|p| p.entry.clone()).collect();
+        let mut cmd = self.inner.code.invocation(Entry::Batch, false);
+        self.inner.codec.encode_batch(&mut cmd, &entries);
+        let writes = entries.iter().any(|e| !e.op.is_read_only());
+        let what = || format!("a batch of {} decisions", entries.len());
+        let reply = match &self.inner.backend {
+            Backend::Cluster { conn } => self.send_cluster(conn, &cmd, writes, &what).await,
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
+                self.send_on(&nodes, &nodes.primary, false, &cmd, writes, &what)
+                    .await
+            }
+        };
+        let items = match reply {
+            Ok(Value::Array(items)) if items.len() == batch.len() => items,
+            Ok(other) => {
+                let e = StoreError::Backend(format!(
+                    "unexpected reply from the Sluice script to {}: {other:?}",
+                    what()
+                ));
+                for p in batch {
+                    let _ = p.answer.send(Err(e.clone()));
+                }
+                return;
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.answer.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        for (p, item) in batch.into_iter().zip(items) {
+            let e = &p.entry;
+            let decided = match item {
+                Value::ServerError(failed) => Err(error::map_error(
+                    &redis::RedisError::from(failed),
+                    &keys::stem(&self.inner.config.key_prefix, &e.policy, &e.key),
+                )),
+                item => codec::decode_rate(&item, &e.policy, e.op),
+            };
+            let _ = p.answer.send(decided);
+        }
     }
 
     /// Runs `op` on the primary, or on a replica for a peek when configured; reloads the code
@@ -254,7 +370,28 @@ impl RedisStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        let Some(entry) = Entry::of(op) else {
+        let to_primary = !op.is_read_only() || self.inner.config.read_from == ReadFrom::Primary;
+        if to_primary && self.coalesce_max() > 1 && codec::is_rate(policy, op) {
+            return self.coalesced(policy, key, op, now_ms).await;
+        }
+        self.single(policy, key, op, now_ms).await
+    }
+
+    /// Runs `op` as a call of its own.
+    async fn single(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let rate = codec::is_rate(policy, op);
+        let entry = match op {
+            Op::Check { .. } if rate => Some(Entry::Rate),
+            Op::Peek { .. } if rate => Some(Entry::RatePeek),
+            _ => Entry::of(op),
+        };
+        let Some(entry) = entry else {
             return Err(StoreError::Backend(format!(
                 "the Redis store cannot run {op:?}"
             )));
@@ -291,7 +428,11 @@ impl RedisStore {
                 }
             }
         };
-        codec::decode(&reply, policy, op)
+        if rate {
+            codec::decode_rate(&reply, policy, op)
+        } else {
+            codec::decode(&reply, policy, op)
+        }
     }
 
     /// Sends `call` to `node` (one of `nodes`), loading the code once if it is missing.
@@ -303,18 +444,41 @@ impl RedisStore {
         call: &Call<'_>,
     ) -> Result<Value, StoreError> {
         let cmd = self.command(call, on_replica);
+        let what = || keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
+        self.send_on(
+            nodes,
+            node,
+            on_replica,
+            &cmd,
+            !call.op.is_read_only(),
+            &what,
+        )
+        .await
+    }
+
+    /// Sends `cmd` to `node` (one of `nodes`; followed by `WAIT` when configured and `writes`),
+    /// loading the code once if it is missing. Errors name `what()`.
+    async fn send_on(
+        &self,
+        nodes: &Nodes,
+        node: &Node,
+        on_replica: bool,
+        cmd: &redis::Cmd,
+        writes: bool,
+        what: &(dyn Fn() -> String + Sync),
+    ) -> Result<Value, StoreError> {
         let inner = &self.inner;
         let timeout = inner.config.timeout;
         let failed = |f: Failure| {
             if !on_replica && f.suggests_failover() {
                 self.rediscover_soon();
             }
-            f.into_store_error(&keys::stem(&inner.config.key_prefix, call.policy, call.key))
+            f.into_store_error(&what())
         };
-        let wait = self.wait_after(call, on_replica);
+        let wait = self.wait_after(writes, on_replica);
         let mut conn = node.conn.clone();
-        match send(&mut conn, &cmd, wait, timeout).await {
-            Ok(sent) => self.replicated(sent, call),
+        match send(&mut conn, cmd, wait, timeout).await {
+            Ok(sent) => self.replicated(sent, what),
             Err(f) if f.is_code_missing() => {
                 // Nothing ran: the node did not know the code. Load it and try once more.
                 let functions = inner.code.mode() == ScriptMode::Function;
@@ -328,8 +492,8 @@ impl RedisStore {
                 }
                 let target = if functions { &nodes.primary } else { node };
                 target.load(&inner.code, timeout).await?;
-                let sent = send(&mut conn, &cmd, wait, timeout).await.map_err(failed)?;
-                self.replicated(sent, call)
+                let sent = send(&mut conn, cmd, wait, timeout).await.map_err(failed)?;
+                self.replicated(sent, what)
             }
             Err(f) => Err(failed(f)),
         }
@@ -344,36 +508,53 @@ impl RedisStore {
         on_replica: bool,
     ) -> Result<Value, StoreError> {
         let cmd = self.command(call, on_replica);
+        let what = || keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
+        let writes = !on_replica && !call.op.is_read_only();
+        self.send_cluster(conn, &cmd, writes, &what).await
+    }
+
+    /// Sends `cmd` on a Cluster (followed by `WAIT` when configured and `writes`), loading the
+    /// code everywhere once if a node lacks it. Errors name `what()`.
+    async fn send_cluster(
+        &self,
+        conn: &ClusterConnection,
+        cmd: &redis::Cmd,
+        writes: bool,
+        what: &(dyn Fn() -> String + Sync),
+    ) -> Result<Value, StoreError> {
         let inner = &self.inner;
         let timeout = inner.config.timeout;
-        let what = || keys::stem(&inner.config.key_prefix, call.policy, call.key);
-        let wait = self.wait_after(call, on_replica);
+        let wait = self.wait_after(writes, false);
         let mut conn = conn.clone();
-        match send(&mut conn, &cmd, wait, timeout).await {
-            Ok(sent) => self.replicated(sent, call),
+        match send(&mut conn, cmd, wait, timeout).await {
+            Ok(sent) => self.replicated(sent, what),
             Err(f) if f.is_code_missing() => {
                 // A node restarted empty (functions replicate, but a new or flushed primary
                 // may not have them): load everywhere and try once more.
                 topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
-                let sent = send(&mut conn, &cmd, wait, timeout)
+                let sent = send(&mut conn, cmd, wait, timeout)
                     .await
                     .map_err(|f| f.into_store_error(&what()))?;
-                self.replicated(sent, call)
+                self.replicated(sent, what)
             }
             Err(f) => Err(f.into_store_error(&what())),
         }
     }
 
-    /// The `WAIT` to send behind `call`, if configured and `call` may write.
-    fn wait_after(&self, call: &Call<'_>, on_replica: bool) -> Option<&WaitForReplicas> {
+    /// The `WAIT` to send behind a call, if configured and the call `writes` on a primary.
+    fn wait_after(&self, writes: bool, on_replica: bool) -> Option<&WaitForReplicas> {
         let wait = self.inner.config.wait_for_replicas.as_ref()?;
-        (!on_replica && !call.op.is_read_only()).then_some(wait)
+        (!on_replica && writes).then_some(wait)
     }
 
     /// The reply of a call that was sent, once its `WAIT` (if any) is judged: fewer replicas
     /// than asked are counted in `sluice_store_unreplicated_total{store}` and, with
     /// [`Shortfall::Fail`], fail the call.
-    fn replicated(&self, sent: Sent, call: &Call<'_>) -> Result<Value, StoreError> {
+    fn replicated(
+        &self,
+        sent: Sent,
+        what: &(dyn Fn() -> String + Sync),
+    ) -> Result<Value, StoreError> {
         let (Some(wait), Some(acked)) = (self.inner.config.wait_for_replicas, sent.acked) else {
             return Ok(sent.reply);
         };
@@ -385,9 +566,9 @@ impl RedisStore {
         // A primary that lost its replicas may have been replaced (Sentinel moves the replicas
         // to the promoted node first): ask whether another node is the primary now.
         self.rediscover_soon();
-        let what = keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
         let message = format!(
-            "{what}: {acked} of {} replicas acknowledged the write within {}ms (WAIT)",
+            "{}: {acked} of {} replicas acknowledged the write within {}ms (WAIT)",
+            what(),
             wait.replicas,
             wait.timeout.as_millis()
         );
@@ -409,7 +590,8 @@ struct Sent {
 }
 
 /// Sends `cmd`, followed on the same connection by `WAIT` when `wait` is given (`WAIT` may
-/// not run inside a script, so it is pipelined right behind the call).
+/// not run inside a script, so it is pipelined right behind the call). The reply is as Redis
+/// sent it: an error inside an array (one decision of a batch) stays a value.
 async fn send<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     cmd: &redis::Cmd,
@@ -417,16 +599,27 @@ async fn send<C: redis::aio::ConnectionLike>(
     timeout: std::time::Duration,
 ) -> Result<Sent, Failure> {
     let Some(wait) = wait else {
-        let reply = query(conn, cmd, timeout).await?;
-        return Ok(Sent { reply, acked: None });
+        let reply = match tokio::time::timeout(timeout, conn.req_packed_command(cmd)).await {
+            Err(_) => return Err(Failure::Timeout(timeout)),
+            Ok(reply) => reply.map_err(Failure::Redis)?,
+        };
+        return match reply {
+            Value::ServerError(e) => Err(Failure::Redis(e.into())),
+            reply => Ok(Sent { reply, acked: None }),
+        };
     };
     let mut pipe = redis::pipe();
     pipe.add_command(cmd.clone())
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
-    let mut replies = query_pipeline(conn, &pipe, timeout).await?.into_iter();
+    let replies = match tokio::time::timeout(timeout, conn.req_packed_commands(&pipe, 0, 2)).await {
+        Err(_) => return Err(Failure::Timeout(timeout)),
+        Ok(replies) => replies.map_err(Failure::Redis)?,
+    };
+    let mut replies = replies.into_iter();
     match (replies.next(), replies.next()) {
+        (Some(Value::ServerError(e)), _) => Err(Failure::Redis(e.into())),
         (Some(reply), Some(Value::Int(acked))) => Ok(Sent {
             reply,
             acked: Some(acked),

@@ -60,6 +60,9 @@ enum Op {
         key: usize,
         lease: u64,
     },
+    /// Checks and peeks made at once (concurrently on the Redis store, so they coalesce into
+    /// batches; in order on the memory store, the order a batch decides them in).
+    Burst(Vec<Op>),
 }
 
 /// A limit spec: mostly small numbers (where windows fill and buckets run dry), sometimes
@@ -131,7 +134,13 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
             1 => target.clone().prop_map(|(policy, key)| Op::Forget { policy, key }),
             2 => (target.clone(), cost_for(biggest), cost_for(biggest)).prop_map(|((policy, key), a, b)| Op::Acquire { policy, key, min: a.min(b).min(sluice::core::MAX_AMOUNT), max: a.max(b).min(sluice::core::MAX_AMOUNT) }),
             4 => (target.clone(), cost_for(biggest), lease_id()).prop_map(|((policy, key), cost, lease)| Op::Hold { policy, key, cost: cost.min(sluice::core::MAX_AMOUNT), lease }),
-            3 => (target, lease_id()).prop_map(|((policy, key), lease)| Op::Release { policy, key, lease }),
+            3 => (target.clone(), lease_id()).prop_map(|((policy, key), lease)| Op::Release { policy, key, lease }),
+            3 => prop::collection::vec(
+                (target, cost_for(biggest), any::<bool>()).prop_map(|((policy, key), cost, peek)| {
+                    if peek { Op::Peek { policy, key, cost } } else { Op::Check { policy, key, cost } }
+                }),
+                2..10,
+            ).prop_map(Op::Burst),
         ];
         (Just(policies), prop::collection::vec(op, 50..250))
     })
@@ -141,7 +150,9 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
 /// Keys expire in real time while the manual clock barely moves, so a long margin keeps Redis
 /// from dropping state the memory store still holds.
 fn config(server: &RedisServer, mode: ScriptMode) -> RedisConfig {
+    // Peeks go to the primary, so they coalesce with the checks around them.
     RedisConfig::new(server.url())
+        .read_from(sluice_redis::ReadFrom::Primary)
         .script_mode(mode)
         .timeout(Duration::from_secs(5))
         .expiry_margin(Duration::from_secs(3_600))
@@ -159,17 +170,32 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
     let redis = rt
         .block_on(RedisStore::connect(config(&server, mode)))
         .expect("connect");
-    differential(&format!("{mode:?}"), &rt, redis, cases, min_ops);
+    let decisions = differential(&format!("{mode:?}"), &rt, redis, cases, min_ops);
+    // Bursts coalesced: fewer script calls than decisions.
+    let stats = server.command_stats().unwrap();
+    let calls: u64 = ["fcall", "fcall_ro", "evalsha", "evalsha_ro"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .map(|c| c.calls)
+        .sum();
+    println!("{mode:?}: {decisions} decisions in {calls} script calls");
+    assert!(
+        (calls as usize) < decisions,
+        "{calls} script calls for {decisions} decisions: nothing coalesced"
+    );
 }
 
+/// Runs the scenarios through the memory store and `redis`; returns the decisions asked of
+/// `redis`.
 fn differential<S: sluice::Store + Clone>(
     label: &str,
     rt: &tokio::runtime::Runtime,
     redis: S,
     cases: u32,
     min_ops: usize,
-) {
+) -> usize {
     let ops_run = AtomicUsize::new(0);
+    let decisions = AtomicUsize::new(0);
     let case = AtomicUsize::new(0);
 
     let mut runner = TestRunner::new(Config {
@@ -208,10 +234,32 @@ fn differential<S: sluice::Store + Clone>(
                         prop_assert_eq!(a, b);
                         continue;
                     }
-                    decision => (
-                        apply(&memory, &policies, decision, &key).await,
-                        apply(&remote, &policies, decision, &key).await,
-                    ),
+                    Op::Burst(ops) => {
+                        let mut expected = Vec::new();
+                        for op in ops {
+                            expected.push(apply(&memory, &policies, op, &key).await);
+                        }
+                        let got =
+                            futures_join(ops.iter().map(|op| apply(&remote, &policies, op, &key)))
+                                .await;
+                        decisions.fetch_add(ops.len(), Ordering::Relaxed);
+                        prop_assert_eq!(
+                            expected,
+                            got,
+                            "step {} {:?} at t+{}",
+                            step,
+                            op,
+                            clock_offset(&clock)
+                        );
+                        continue;
+                    }
+                    decision => {
+                        decisions.fetch_add(1, Ordering::Relaxed);
+                        (
+                            apply(&memory, &policies, decision, &key).await,
+                            apply(&remote, &policies, decision, &key).await,
+                        )
+                    }
                 };
                 // Both stores see the same validation, so errors must match too.
                 prop_assert_eq!(a, b, "step {} {:?} at t+{}", step, op, clock_offset(&clock));
@@ -228,6 +276,32 @@ fn differential<S: sluice::Store + Clone>(
         total >= min_ops,
         "only {total} operations ran, fewer than {min_ops}"
     );
+    decisions.load(Ordering::Relaxed)
+}
+
+/// Runs `futures` concurrently (polled in order, so a batch queues them in order) and returns
+/// their outputs in order.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
 }
 
 /// Runs a check, peek or refund on one limiter.
@@ -316,7 +390,9 @@ async fn apply<S: sluice::Store>(
                 .await
                 .map_err(sluice::Error::from)
         }
-        Op::Advance(_) | Op::Forget { .. } => unreachable!("handled by the caller"),
+        Op::Advance(_) | Op::Forget { .. } | Op::Burst(_) => {
+            unreachable!("handled by the caller")
+        }
     }
 }
 

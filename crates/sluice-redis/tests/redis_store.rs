@@ -28,7 +28,12 @@ async fn store(config: RedisConfig) -> RedisStore {
 async fn admitted_by_64_tasks(server: &RedisServer, spec: LimitSpec) -> u64 {
     const TASKS: usize = 64;
     const CHECKS: usize = 5_000;
-    let config = RedisConfig::new(server.url()).timeout(Duration::from_secs(5));
+    // The manual clock stands still while Redis's runs: a long margin keeps the key from
+    // expiring in real time under a window the frozen clock still holds open (on a loaded
+    // machine a run can outlast the 60 s window's expiry).
+    let config = RedisConfig::new(server.url())
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_secs(3_600));
     let p = policy("hot", vec![spec]);
     let limiter = Arc::new(
         Limiter::new(store(config).await)
@@ -74,6 +79,13 @@ async fn sixty_four_tasks_admit_exactly_max_for_each_algorithm() {
             "{spec:?}"
         );
     }
+    // Coalescing is on (the default): the 3 × 64 × 5 000 checks took far fewer calls.
+    let calls = script_calls(&server);
+    println!("{} checks in {calls} script calls", 3 * 64 * 5_000);
+    assert!(
+        calls < 3 * 64 * 5_000 / 2,
+        "{calls} script calls: little coalesced"
+    );
     // 64 concurrent tasks shared the store's one multiplexed connection: besides the test
     // kit's own connection, the server saw at most a handful of clients.
     let clients: u64 = server
@@ -438,4 +450,294 @@ async fn three_shards_each_key_decided_by_its_own_shard_only() {
         per_shard.iter().all(|&n| n > 60),
         "uneven spread {per_shard:?}"
     );
+}
+
+// ----- coalescing -----------------------------------------------------------------------------
+
+/// Script calls counted by the server so far (FCALL and EVALSHA, read-only forms too).
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.command_stats().unwrap();
+    ["fcall", "fcall_ro", "evalsha", "evalsha_ro"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .map(|c| c.calls)
+        .sum()
+}
+
+/// Runs `futures` at once, polled in order (so a busy lane queues them in order).
+async fn all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// In one batch, a key of the wrong type and a key holding a non-number fail alone, as
+/// corrupt state, and write nothing; every other decision of the batch is made.
+#[tokio::test]
+async fn one_bad_key_in_a_batch_fails_alone() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await;
+    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
+    let key =
+        |i: usize| sluice_redis::keys::policy_keys("sluice:", &p, &format!("k{i}"))[0].clone();
+    server.cmd(&["SET", &key(3), "x"]).unwrap();
+    server
+        .cmd(&["HSET", &key(5), "reset", "99999999999999", "used", "lots"])
+        .unwrap();
+    let before = [3, 5].map(|i| server.cmd(&["DUMP", &key(i)]).unwrap());
+    let calls = script_calls(&server);
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let decided = all(keys.iter().map(|k| s.check(&p, k, 1, T0)).collect()).await;
+    for (i, d) in decided.iter().enumerate() {
+        match (i, d) {
+            (3 | 5, Err(StoreError::Corrupt { key, detail })) => {
+                assert!(key.contains(&format!("{{3:api:k{i}}}")), "{key}");
+                assert!(!detail.is_empty());
+            }
+            (3 | 5, other) => panic!("k{i}: expected corrupt state, got {other:?}"),
+            (_, Ok(d)) => assert!(d.allowed && d.remaining() == 9, "k{i}: {d:?}"),
+            (_, Err(e)) => panic!("k{i} failed with its batch: {e}"),
+        }
+    }
+    let batched = script_calls(&server) - calls;
+    assert!(batched <= 2, "8 concurrent checks took {batched} calls");
+    let after = [3, 5].map(|i| server.cmd(&["DUMP", &key(i)]).unwrap());
+    assert_eq!(before, after, "a failed decision wrote");
+}
+
+/// A stalled Redis: every queued decision times out on its own timeout, typed, and the store
+/// answers again once Redis does.
+#[tokio::test]
+async fn queued_decisions_time_out_each_on_its_own() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = store(RedisConfig::new(server.url())).await; // 50 ms
+    let p = policy("api", vec![LimitSpec::fixed_window(100, 60_000)]);
+    assert!(s.check(&p, "k", 1, T0).await.is_ok());
+    server.pause().unwrap();
+    let started = std::time::Instant::now();
+    let decided = all((0..16).map(|_| s.check(&p, "k", 1, T0)).collect()).await;
+    let waited = started.elapsed();
+    server.resume().unwrap();
+    for d in decided {
+        assert_eq!(d, Err(StoreError::Timeout(Duration::from_millis(50))));
+    }
+    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+    let mut tries = 0;
+    while s.check(&p, "k", 0, T0).await.is_err() {
+        tries += 1;
+        assert!(tries < 100, "the store did not come back");
+    }
+}
+
+// ----- a rolling upgrade ----------------------------------------------------------------------
+
+/// The script of the release before the lean path and coalescing, as it was loaded.
+const OLD_SCRIPT: &str = include_str!("fixtures/sluice-d431fa8.lua");
+const OLD_LIBRARY: &str = "sluice_d431fa8";
+
+/// Loads the old release's functions, as that release loaded them (under its own library
+/// name, so both live side by side as they do during a deploy).
+fn load_old_release(server: &RedisServer) {
+    let mut source = format!(
+        "#!lua name={OLD_LIBRARY}\n{}\n",
+        OLD_SCRIPT.replace("__LIB__", OLD_LIBRARY)
+    );
+    for op in ["check", "peek"] {
+        source.push_str(&format!(
+            "redis.register_function{{function_name = '{OLD_LIBRARY}_{op}', callback = \
+             function(keys, args) return run('{op}', keys, args) end}}\n"
+        ));
+    }
+    server
+        .cmd(&["FUNCTION", "LOAD", "REPLACE", &source])
+        .unwrap();
+}
+
+/// A check as the old release sent it: its keys, then now, cost, margin, n and nine values
+/// per limit (its codec, frozen here).
+fn old_check(p: &Policy, key: &str, cost: u64, now: u64) -> Vec<String> {
+    use sluice::Algorithm;
+    let keys = sluice_redis::keys::policy_keys("sluice:", p, key);
+    let mut args = vec![format!("{OLD_LIBRARY}_check"), keys.len().to_string()];
+    args.extend(keys);
+    args.extend([now, cost, 1_000, p.limits().len() as u64].map(|n| n.to_string()));
+    for l in p.limits() {
+        let alg = match l.algorithm() {
+            Algorithm::FixedWindow if l.align() => 2,
+            Algorithm::FixedWindow => 1,
+            Algorithm::SlidingWindow => 3,
+            _ => 4,
+        };
+        let (max, per) = (u128::from(l.max()), u128::from(l.per_ms()));
+        let tau = u128::from(l.burst()) * per;
+        let step = u128::from(cost.min(l.max())) * per;
+        args.extend(
+            [
+                alg,
+                u128::from(l.max()),
+                per,
+                u128::from(l.precision_ms()),
+                u128::from(l.burst()),
+                tau / max,
+                tau % max,
+                step / max,
+                step % max,
+            ]
+            .map(|n| n.to_string()),
+        );
+    }
+    args
+}
+
+/// The old release's reply: allowed, now, then admits, remaining, reset, retry per limit.
+fn old_reply(v: &redis::Value) -> Vec<i64> {
+    match v {
+        redis::Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                redis::Value::Int(n) => *n,
+                other => panic!("old reply holds {other:?}"),
+            })
+            .collect(),
+        other => panic!("old reply {other:?}"),
+    }
+}
+
+/// What the old release would have answered for `d`, in its reply's shape.
+fn as_old_reply(d: &Decision) -> Vec<i64> {
+    let mut r = vec![i64::from(d.allowed), d.now_ms as i64];
+    for l in &d.limits {
+        r.extend([
+            i64::from(l.admits),
+            l.remaining as i64,
+            l.reset_ms as i64,
+            l.retry_after_ms.map_or(-1, |n| n as i64),
+        ]);
+    }
+    r
+}
+
+/// A rolling upgrade: processes of the old release (its own function library, its own
+/// layout of arguments) and of this one decide on the same keys, interleaved, while windows
+/// open and close; some of this release's checks go in batches. Every decision of either is
+/// the one a single memory store makes for the whole sequence: no count is lost or doubled in
+/// either direction, and state the old release wrote is read by this one as it is.
+#[tokio::test]
+async fn old_and_new_releases_side_by_side_lose_no_count() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    load_old_release(&server);
+    let clock = ManualClock::new(T0);
+    let policies = vec![
+        policy("fw", vec![LimitSpec::fixed_window(7, 1_000)]),
+        policy("fwa", vec![LimitSpec::fixed_window(5, 700).aligned()]),
+        policy(
+            "sw",
+            vec![LimitSpec::sliding_window(9, 2_000).precision_ms(250)],
+        ),
+        policy("tb", vec![LimitSpec::token_bucket(4, 1_000).burst(6)]),
+        policy(
+            "mix",
+            vec![
+                LimitSpec::fixed_window(6, 1_000),
+                LimitSpec::sliding_window(10, 3_000).precision_ms(500),
+                LimitSpec::token_bucket(5, 2_000),
+            ],
+        ),
+    ];
+    let new =
+        Limiter::new(store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await)
+            .with_clock(clock.clone())
+            .with_policies(policies.clone());
+    let memory = Limiter::new(sluice::MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policies(policies.clone());
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let (mut by_old, mut by_new, mut batched, mut admitted) = (0, 0, 0, 0);
+    for step in 0..3_000 {
+        let p = &policies[next(policies.len() as u64) as usize];
+        let key = format!("k{}", next(2));
+        let cost = [0, 1, 1, 1, 2, 3][next(6) as usize];
+        match next(10) {
+            0..=3 => {
+                use sluice::Clock;
+                let expected = memory.check(p.name(), &key, cost).await.unwrap();
+                let args = old_check(p, &key, cost, clock.now_ms());
+                let argv: Vec<&str> = std::iter::once("FCALL")
+                    .chain(args.iter().map(String::as_str))
+                    .collect();
+                let got = old_reply(&server.cmd(&argv).unwrap());
+                assert_eq!(
+                    got,
+                    as_old_reply(&expected),
+                    "step {step}: old release, {p:?} {key} cost {cost}"
+                );
+                by_old += 1;
+                admitted += u64::from(expected.allowed) * cost;
+            }
+            4..=6 => {
+                let expected = memory.check(p.name(), &key, cost).await.unwrap();
+                let got = new.check(p.name(), &key, cost).await.unwrap();
+                assert_eq!(
+                    got, expected,
+                    "step {step}: new release, {p:?} {key} cost {cost}"
+                );
+                by_new += 1;
+                admitted += u64::from(expected.allowed) * cost;
+            }
+            7 => {
+                // Three at once through this release: they coalesce.
+                let mut expected = Vec::new();
+                for _ in 0..3 {
+                    expected.push(memory.check(p.name(), &key, cost).await.unwrap());
+                }
+                let got = all((0..3).map(|_| new.check(p.name(), &key, cost)).collect()).await;
+                let got: Vec<Decision> = got.into_iter().map(Result::unwrap).collect();
+                assert_eq!(
+                    got, expected,
+                    "step {step}: new release, batched, {p:?} {key}"
+                );
+                by_new += 3;
+                batched += 1;
+            }
+            _ => {
+                clock.advance(next(400));
+            }
+        }
+    }
+    println!(
+        "{by_old} decisions by the old release, {by_new} by the new ({batched} bursts of 3), {admitted} units admitted"
+    );
+    assert!(by_old > 800 && by_new > 800 && batched > 100);
 }

@@ -107,10 +107,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             credentials,
             sentinel_credentials,
             wait_for_replicas,
+            coalesce,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
                     .read_from(*read_from)
+                    .coalesce(*coalesce)
                     .timeout(*timeout)
                     .clock(*clock)
                     .key_prefix(key_prefix.clone());

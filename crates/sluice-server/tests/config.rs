@@ -149,6 +149,30 @@ fn cluster_and_sentinel_layouts() {
 }
 
 #[test]
+fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
+    let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";
+    let coalesce = |c: Config| match c.store {
+        StoreConfig::Redis { coalesce, .. } => coalesce,
+        other => panic!("{other:?}"),
+    };
+    let c = Config::parse("sluice.yaml", redis).unwrap();
+    assert_eq!(coalesce(c), sluice_redis::DEFAULT_COALESCE);
+    for (n, expected) in [(1, 1), (16, 16), (1_024, 1_024)] {
+        let c = Config::parse("sluice.yaml", &format!("{redis}  coalesce: {n}\n")).unwrap();
+        assert_eq!(coalesce(c), expected);
+    }
+    for bad in ["0", "1025", "-1", "lots"] {
+        let e = Config::parse("sluice.yaml", &format!("{redis}  coalesce: {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("store.coalesce") || e.contains("coalesce"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn an_empty_file_means_defaults() {
     let c = Config::parse("sluice.yaml", "").unwrap();
     assert_eq!(c.http.to_string(), "127.0.0.1:8080");

@@ -278,3 +278,63 @@ fn decode() {
         }
     });
 }
+
+/// The lean path's reply (each limit's state as the script read it), which the core turns into
+/// the decision: any reply tree, or an array of integers of any length, gives a typed error
+/// ("unexpected reply …") or a decision of the policy's limits, never a panic, whatever state
+/// it claims (times at the edges, a count above `max`, a fraction above `max`, buckets out of
+/// order); and what the server renders from it never panics either.
+#[test]
+fn decode_lean() {
+    let tally = Tally::new("reply::decode_lean");
+    check!().with_test_time(budget()).for_each(|bytes: &[u8]| {
+        let Some(input) = structured::<Input>(bytes) else {
+            return;
+        };
+        let Some(policy) = crate::policy_of(&input.specs, Spec::spec) else {
+            return;
+        };
+        let op = match input.op {
+            FuzzOp::Peek(cost) => Op::Peek { cost },
+            FuzzOp::Check(cost) | FuzzOp::Refund(cost) | FuzzOp::Acquire(cost, _, _) => {
+                Op::Check { cost }
+            }
+        };
+        let reply = match &input.shape {
+            Shape::Any(tree) => tree.value(),
+            Shape::Layout { ints, odd, .. } => {
+                let mut items: Vec<Value> = ints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        let v = n.value();
+                        Value::Int(if i % 3 == 0 { v } else { v.rem_euclid(1 << 40) })
+                    })
+                    .collect();
+                if let Some((at, tree)) = odd
+                    && !items.is_empty()
+                {
+                    let i = usize::from(*at) % items.len();
+                    items[i] = tree.value();
+                }
+                Value::Array(items)
+            }
+        };
+        match sluice_redis::fuzzing::decode_rate_reply(&reply, &policy, op) {
+            Ok(d) => {
+                assert_eq!(d.limits.len(), policy.limits().len());
+                assert!(d.binding < d.limits.len());
+                let _ = sluice::headers::all(&policy, &d);
+                let response =
+                    sluice_server::http::decision_response(StatusCode::OK, &policy, "k", &d);
+                assert_ne!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+                tally.input(true);
+            }
+            Err(StoreError::Backend(m)) => {
+                assert!(m.contains("unexpected reply from the Sluice script"), "{m}");
+                tally.input(false);
+            }
+            Err(e) => panic!("{e:?} for {reply:?}"),
+        }
+    });
+}

@@ -118,6 +118,8 @@ pub enum StoreConfig {
         sentinel_credentials: Option<sluice_redis::Credentials>,
         /// `WAIT` behind every write (`store.wait_for_replicas`).
         wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
+        /// The most concurrent decisions sent to one Redis as one call (`store.coalesce`).
+        coalesce: usize,
     },
 }
 

@@ -34,6 +34,8 @@ pub(super) struct RawStore {
     sentinel_auth: Option<RawAuth>,
     #[serde(default)]
     wait_for_replicas: Option<RawWait>,
+    #[serde(default)]
+    coalesce: Option<u64>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -46,6 +48,10 @@ struct RawWait {
     #[serde(default)]
     on_shortfall: sluice_redis::Shortfall,
 }
+
+/// The largest `store.coalesce`: a batch runs in Redis as one script, during which Redis
+/// serves nobody else.
+const MAX_COALESCE: u64 = 1_024;
 
 fn one() -> u32 {
     1
@@ -198,8 +204,19 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
                         .map_err(|e| format!("store.{e}"))
                 })
                 .transpose()?;
+            let coalesce = match raw.coalesce {
+                None => sluice_redis::DEFAULT_COALESCE,
+                Some(n @ 1..=MAX_COALESCE) => usize::try_from(n).unwrap_or(1),
+                Some(n) => {
+                    return Err(format!(
+                        "store.coalesce: {n} is not a batch size; give 1 (every decision \
+                         alone) to {MAX_COALESCE}"
+                    ));
+                }
+            };
             Ok(StoreConfig::Redis {
                 wait_for_replicas,
+                coalesce,
                 tls,
                 credentials,
                 sentinel_credentials,
