@@ -24,8 +24,11 @@ pub const DEFAULT_BUCKETS: u64 = 60;
 /// about 142 years. It keeps every instant a bucket computes below 2^53 ms.
 pub const MAX_REFILL_MS: u64 = 1 << 42;
 
-/// The most limits one policy may hold.
-pub const MAX_LIMITS_PER_POLICY: usize = 16;
+/// The most limits one policy may hold. A decision carries every limit's status inline (no
+/// allocation), in an array this long, and is moved by value through every layer of a store
+/// call: each limit allowed costs every decision 56 bytes more to copy, whatever its policy
+/// (docs/benchmarks.md measured 4, 8 and 16).
+pub const MAX_LIMITS_PER_POLICY: usize = 8;
 
 /// The longest policy name, in bytes.
 pub const MAX_POLICY_NAME_LEN: usize = 128;
@@ -452,7 +455,7 @@ pub struct Policy {
 
 impl Policy {
     /// Builds a policy from validated limits. The name is 1 to 128 bytes of letters, digits,
-    /// `_`, `-`, `.` or `:`; there are 1 to 16 limits.
+    /// `_`, `-`, `.` or `:`; there are 1 to [`MAX_LIMITS_PER_POLICY`] (8) limits.
     pub fn new(name: impl Into<String>, limits: Vec<Limit>) -> Result<Self, LimitError> {
         let name: String = name.into();
         validate_policy_name(&name)?;
@@ -698,6 +701,21 @@ mod tests {
             ],
         );
         assert_eq!(dup.err().map(|e| e.field), Some("limits[1]".into()));
+    }
+
+    #[test]
+    fn a_policy_holds_at_most_eight_limits() {
+        let specs = |n: u64| {
+            (1..=n)
+                .map(|i| LimitSpec::fixed_window(10, i * 1_000))
+                .collect()
+        };
+        assert!(Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64)).is_ok());
+        let e = Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64 + 1)).err();
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("limits: 9 limits given; a policy holds at most 8")
+        );
     }
 
     #[test]

@@ -342,8 +342,8 @@ mod tests {
         let d = decode(&reply, &p, Op::Check { cost: 3 }).expect("valid reply");
         assert!(d.allowed);
         assert_eq!((d.cost, d.now_ms, d.degraded), (3, 1_234, None));
-        assert_eq!(d.binding, 0, "the least remaining binds");
-        let l = d.limits[1];
+        assert_eq!(d.binding_index(), 0, "the least remaining binds");
+        let l = d.limits()[1];
         assert_eq!(
             (l.max, l.per_ms, l.algorithm),
             (100, 60_000, Algorithm::TokenBucket)
@@ -362,9 +362,9 @@ mod tests {
         let d = decode(&reply, &p, Op::Peek { cost: 200 }).expect("valid reply");
         assert!(!d.allowed);
         assert_eq!((d.cost, d.now_ms), (200, 5_000));
-        assert_eq!(d.limits[0].retry_after_ms, Some(400));
-        assert_eq!(d.limits[1].retry_after_ms, None);
-        assert_eq!(d.binding, 1, "never fitting is the longest wait");
+        assert_eq!(d.limits()[0].retry_after_ms, Some(400));
+        assert_eq!(d.limits()[1].retry_after_ms, None);
+        assert_eq!(d.binding_index(), 1, "never fitting is the longest wait");
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub(crate) fn duration(ms: u64) -> String {
 /// [`RateLimitLayer::on_denied`](crate::RateLimitLayer::on_denied) too.
 pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes> {
     let b = decision.binding();
-    let item = item_name(policy, decision.binding);
+    let item = item_name(policy, decision.binding_index());
     let detail = match b.retry_after_ms {
         Some(ms) => format!(
             "quota `{item}` exceeded: {} per {}, {} left, this request costs {}; try again in {} s",
@@ -230,7 +230,7 @@ pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes
         ),
     };
     let violated = decision
-        .limits
+        .limits()
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.admits)

@@ -25,7 +25,7 @@
 //! let d = limiter.check("api", "user:42", 1).await?;
 //! assert!(d.allowed);
 //! assert_eq!(d.remaining(), 9); // the 10-per-second limit binds
-//! assert_eq!(d.limits[1].remaining, 4_999);
+//! assert_eq!(d.limits()[1].remaining, 4_999);
 //!
 //! assert!(!limiter.check("api", "user:42", 10).await?.allowed); // all or nothing
 //! clock.advance(1_000);

@@ -15,7 +15,9 @@
 use std::collections::HashMap;
 use std::future::{Future, ready};
 use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use hashbrown::HashTable;
 use sluice_core::evaluate::{self, Op};
@@ -36,6 +38,10 @@ pub struct MemoryStore {
     /// second per hot key), so one lock is enough.
     holders: Mutex<Holders>,
 }
+
+/// A key's states, one per limit of its policy: the first inline in the entry, so a
+/// one-limit policy's key is one allocation (its name) besides its slot in the table.
+type States = smallvec::SmallVec<[LimitState; 1]>;
 
 /// Per (policy, key): each holder and the instant it stops counting.
 type Holders = HashMap<(Box<str>, Box<str>), Vec<(u64, u64)>>;
@@ -63,7 +69,7 @@ struct Entry {
     key: Box<str>,
     /// The limits `states` line up with (shared with the policy, so one per policy).
     limits: Arc<[Limit]>,
-    states: Vec<LimitState>,
+    states: States,
     /// From this instant every state means the same as none: the entry may be dropped.
     expires_at: u64,
 }
@@ -147,35 +153,40 @@ impl MemoryStore {
         (hash, &self.shards[index])
     }
 
-    /// Runs `f` on the key's states under its shard's lock and applies the writes it returns.
-    fn update(
-        &self,
-        policy: &Policy,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(&[LimitState]) -> evaluate::Evaluation,
-    ) -> Decision {
+    /// Runs `op` on the key's state: the whole of [`Store::call`], done when its future is
+    /// polled.
+    fn decide(&self, policy: &Policy, key: &str, op: Op, now: u64) -> Decision {
+        let mut decision = Decision::empty(op.cost(), now);
+        if op.is_read_only() {
+            self.read(policy, key, op, now, &mut decision);
+        } else {
+            self.update(policy, key, op, now, &mut decision);
+        }
+        if let Op::Acquire { holder, .. } = op
+            && holder != 0
+        {
+            decision.holders = self.hold(policy, key, holder, now);
+        }
+        decision
+    }
+
+    /// Runs `op` on the key's states under its shard's lock, writing them in place.
+    fn update(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
         inner.maybe_sweep(now);
-        let found = inner.table.find_mut(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        });
-        match found {
+        match inner.table.find_mut(hash, |e| e.is(hash, policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
-                let eval = f(&entry.states);
-                if let Some(writes) = eval.writes {
-                    apply(&mut entry.states, writes);
+                if evaluate::apply_in_place(policy, &mut entry.states, op, now, decision) {
                     entry.expires_at = expiry(policy, &entry.states, now);
                 }
-                eval.decision
             }
             None => {
-                let eval = f(&[]);
-                if let Some(writes) = eval.writes {
-                    let mut states = Vec::with_capacity(writes.len());
-                    apply(&mut states, writes);
+                let mut states: States = std::iter::repeat_with(LimitState::default)
+                    .take(policy.limits().len())
+                    .collect();
+                if evaluate::apply_in_place(policy, &mut states, op, now, decision) {
                     let entry = Entry {
                         hash,
                         policy: policy.name_arc().clone(),
@@ -186,29 +197,43 @@ impl MemoryStore {
                     };
                     inner.table.insert_unique(hash, entry, |e| e.hash);
                 }
-                eval.decision
             }
         }
     }
 
-    fn read(
-        &self,
-        policy: &Policy,
-        key: &str,
-        f: impl FnOnce(&[LimitState]) -> Decision,
-    ) -> Decision {
+    /// The decision of a peek, from the key's states under its shard's lock.
+    fn read(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        let found = inner.table.find_mut(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        });
-        match found {
+        match inner.table.find_mut(hash, |e| e.is(hash, policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
-                f(&entry.states)
+                evaluate::apply_in_place(policy, &mut entry.states, op, now, decision);
             }
-            None => f(&[]),
+            None => {
+                evaluate::apply_in_place(policy, &mut [], op, now, decision);
+            }
         }
+    }
+}
+
+/// The future of [`MemoryStore::call`]: it decides when polled, so the decision is written
+/// straight into the poll's answer instead of being kept in the future and moved out of it.
+struct Decide<'s, 'p, 'k> {
+    store: &'s MemoryStore,
+    call: Option<(&'p Policy, &'k str, Op, u64)>,
+}
+
+impl Future for Decide<'_, '_, '_> {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match self.call.take() {
+            Some((policy, key, op, now)) => Ok(self.store.decide(policy, key, op, now)),
+            None => Err(StoreError::Backend(
+                "a memory store call was polled after it completed".to_owned(),
+            )),
+        })
     }
 }
 
@@ -221,22 +246,16 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardInner> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn apply(states: &mut Vec<LimitState>, writes: evaluate::Writes) {
-    if states.len() < writes.len() {
-        states.resize(writes.len(), LimitState::Empty);
-    }
-    for (state, write) in states.iter_mut().zip(writes) {
-        if let Some(w) = write {
-            *state = w;
-        }
-    }
-}
-
 fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
     evaluate::expires_at(policy, states).unwrap_or(now)
 }
 
 impl Entry {
+    /// Whether this is the entry of `key` under `policy` (whose hash is `hash`).
+    fn is(&self, hash: u64, policy: &Policy, key: &str) -> bool {
+        self.hash == hash && *self.policy == *policy.name() && *self.key == *key
+    }
+
     /// Lines the stored states up with `policy`'s limits. When the policy's limits changed
     /// (a configuration reload), each state follows the limit with the same state tag and
     /// limits that are new start empty.
@@ -302,18 +321,10 @@ impl Store for MemoryStore {
         op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let decide = |states: &[LimitState]| evaluate::apply(policy, states, op, now_ms);
-        let mut decision = if op.is_read_only() {
-            self.read(policy, key, |states| decide(states).decision)
-        } else {
-            self.update(policy, key, now_ms, decide)
-        };
-        if let Op::Acquire { holder, .. } = op
-            && holder != 0
-        {
-            decision.holders = self.hold(policy, key, holder, now_ms);
+        Decide {
+            store: self,
+            call: Some((policy, key, op, now_ms)),
         }
-        ready(Ok(decision))
     }
 
     fn forget(
@@ -323,9 +334,7 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        if let Ok(entry) = inner.table.find_entry(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        }) {
+        if let Ok(entry) = inner.table.find_entry(hash, |e| e.is(hash, policy, key)) {
             entry.remove();
         }
         drop(inner);
@@ -408,11 +417,11 @@ mod tests {
             LimitSpec::fixed_window(10, 1_000),
         ]);
         let d = block(s.peek(&new, "k", 0, T0 + 1)).expect("memory store");
-        assert_eq!(d.limits[0].remaining, 100);
-        assert_eq!(d.limits[1].remaining, 7);
+        assert_eq!(d.limits()[0].remaining, 100);
+        assert_eq!(d.limits()[1].remaining, 7);
         // A limit whose shape changed starts afresh.
         let reshaped = policy(vec![LimitSpec::fixed_window(10, 2_000)]);
         let d = block(s.peek(&reshaped, "k", 0, T0 + 2)).expect("memory store");
-        assert_eq!(d.limits[0].remaining, 10);
+        assert_eq!(d.limits()[0].remaining, 10);
     }
 }

@@ -65,11 +65,11 @@ async fn check_peek_refund_forget_through_a_shared_store() {
     assert!(!d.allowed);
     assert_eq!(d.retry_after_ms(), Some(1_000));
     let d = l.refund("api", "user:1", 1).await.unwrap();
-    assert_eq!(d.limits[0].remaining, 2);
-    assert_eq!(d.limits[1].remaining, 4);
+    assert_eq!(d.limits()[0].remaining, 2);
+    assert_eq!(d.limits()[1].remaining, 4);
     l.forget("api", "user:1").await.unwrap();
     assert_eq!(
-        l.peek("api", "user:1", 0).await.unwrap().limits[1].remaining,
+        l.peek("api", "user:1", 0).await.unwrap().limits()[1].remaining,
         5
     );
     // Time comes from the limiter's clock.
@@ -78,8 +78,8 @@ async fn check_peek_refund_forget_through_a_shared_store() {
     clock.advance(1_000);
     let d = l.check("api", "user:1", 3).await.unwrap();
     assert!(!d.allowed, "the minute's sliding window still binds");
-    assert_eq!(d.limits[0].remaining, 3);
-    assert_eq!(d.binding, 1);
+    assert_eq!(d.limits()[0].remaining, 3);
+    assert_eq!(d.binding_index(), 1);
 }
 
 #[tokio::test]

@@ -227,10 +227,10 @@ fn decode() {
             (Ok(d), Some(said)) => {
                 assert_eq!(d.allowed, said.allowed);
                 assert_eq!(d.now_ms, said.now);
-                assert_eq!(d.limits.len(), n);
-                assert!(d.binding < n);
+                assert_eq!(d.limits().len(), n);
+                assert!(d.binding_index() < n);
                 for ((status, limit), (admits, remaining, reset, retry)) in
-                    d.limits.iter().zip(policy.limits()).zip(&said.limits)
+                    d.limits().iter().zip(policy.limits()).zip(&said.limits)
                 {
                     assert_eq!(
                         (status.max, status.per_ms, status.algorithm),
