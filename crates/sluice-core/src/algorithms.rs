@@ -160,7 +160,11 @@ fn with_buckets(state: &mut LimitState, floor: u64, f: impl FnOnce(&mut Vec<(u64
             f(&mut s.buckets);
         }
         other => {
-            let mut s = SlidingWindowState::default();
+            // A new window holds one bucket: no more room than that until it needs it (a
+            // store keeps one per key).
+            let mut s = SlidingWindowState {
+                buckets: Vec::with_capacity(1),
+            };
             f(&mut s.buckets);
             *other = LimitState::SlidingWindow(s);
         }

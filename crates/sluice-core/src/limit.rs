@@ -445,12 +445,23 @@ impl std::str::FromStr for FailureMode {
 }
 
 /// A named, ordered set of limits applied together to one key.
+///
+/// A handle: the name and limits are one shared allocation, so a clone is one reference
+/// count and two handles of one policy compare by pointer ([`Policy::same_as`]). Callers
+/// that decide often resolve their policy once (e.g. `Limiter::policy`) and keep the handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    shared: Arc<Shared>,
+    on_store_error: FailureMode,
+}
+
+/// What every handle of one policy shares.
+#[derive(Debug, PartialEq, Eq)]
+struct Shared {
     name: Arc<str>,
     limits: Arc<[Limit]>,
     fingerprint: u64,
-    on_store_error: FailureMode,
+    name_hash: u64,
 }
 
 impl Policy {
@@ -489,11 +500,19 @@ impl Policy {
                 return Err(LimitError::new(format!("limits[{i}]"), reason));
             }
         }
-        let fingerprint = fingerprint(&limits);
+        let fingerprint = fnv1a(limits.iter().flat_map(|l| {
+            let mut tag = l.state_tag().into_bytes();
+            tag.push(b'|');
+            tag
+        }));
+        let name_hash = fnv1a(name.bytes());
         Ok(Self {
-            name: name.into(),
-            limits: limits.into(),
-            fingerprint,
+            shared: Arc::new(Shared {
+                name: name.into(),
+                limits: limits.into(),
+                fingerprint,
+                name_hash,
+            }),
             on_store_error: FailureMode::Open,
         })
     }
@@ -521,29 +540,42 @@ impl Policy {
 
     /// The policy's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.shared.name
     }
 
     /// The name as a shared string (cheap to clone).
     pub fn name_arc(&self) -> &Arc<str> {
-        &self.name
+        &self.shared.name
+    }
+
+    /// A hash of the name (FNV-1a), computed once: a store that keys a table by (policy, key)
+    /// hashes this rather than the name on every call.
+    pub fn name_hash(&self) -> u64 {
+        self.shared.name_hash
     }
 
     /// The limits, in the policy's order.
     pub fn limits(&self) -> &[Limit] {
-        &self.limits
+        &self.shared.limits
     }
 
     /// The limits as a shared slice: stores keep it beside a key's states to tell whether the
     /// policy changed since (a pointer comparison).
     pub fn limits_arc(&self) -> &Arc<[Limit]> {
-        &self.limits
+        &self.shared.limits
+    }
+
+    /// Whether `other` is a handle of this very policy (built once, then cloned): the same
+    /// name and limits, told by one pointer comparison. The failure modes may differ. Two
+    /// policies built apart are not the same even when equal.
+    pub fn same_as(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// A hash of the limits' state tags: equal fingerprints mean stored states line up with
     /// the limits index for index.
     pub fn fingerprint(&self) -> u64 {
-        self.fingerprint
+        self.shared.fingerprint
     }
 }
 
@@ -569,14 +601,12 @@ fn validate_policy_name(name: &str) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// FNV-1a over the state tags: stable across processes and versions (unlike `DefaultHasher`).
-fn fingerprint(limits: &[Limit]) -> u64 {
+/// FNV-1a: stable across processes and versions (unlike `DefaultHasher`).
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for limit in limits {
-        for b in limit.state_tag().bytes().chain(std::iter::once(b'|')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
 }

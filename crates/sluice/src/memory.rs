@@ -64,11 +64,10 @@ struct ShardInner {
 }
 
 struct Entry {
-    hash: u64,
-    policy: Arc<str>,
+    /// A handle of the policy whose limits `states` line up with (one allocation per policy,
+    /// shared by its keys).
+    policy: Policy,
     key: Box<str>,
-    /// The limits `states` line up with (shared with the policy, so one per policy).
-    limits: Arc<[Limit]>,
     states: States,
     /// From this instant every state means the same as none: the entry may be dropped.
     expires_at: u64,
@@ -132,7 +131,10 @@ impl MemoryStore {
             hs.retain(|&(_, until)| until > now_ms);
             !hs.is_empty()
         });
-        self.shards.iter().map(|s| lock(s).sweep(now_ms)).sum()
+        self.shards
+            .iter()
+            .map(|s| lock(s).sweep(now_ms, &self.hasher))
+            .sum()
     }
 
     /// Counts `holder` on (policy, key) until `now + the policy's shortest window` and returns
@@ -147,35 +149,33 @@ impl MemoryStore {
     }
 
     fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {
-        let hash = self.hasher.hash_one((policy.name(), key));
+        let hash = hash_of(&self.hasher, policy, key);
         // hashbrown uses the low bits for the slot and the top 7 for tags: take the middle.
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
         (hash, &self.shards[index])
     }
 
-    /// Runs `op` on the key's state: the whole of [`Store::call`], done when its future is
-    /// polled.
-    fn decide(&self, policy: &Policy, key: &str, op: Op, now: u64) -> Decision {
-        let mut decision = Decision::empty(op.cost(), now);
+    /// Runs `op` on the key's state into `decision`: the whole of [`Store::call`], done when
+    /// its future is polled.
+    fn decide(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         if op.is_read_only() {
-            self.read(policy, key, op, now, &mut decision);
+            self.read(policy, key, op, now, decision);
         } else {
-            self.update(policy, key, op, now, &mut decision);
+            self.update(policy, key, op, now, decision);
         }
         if let Op::Acquire { holder, .. } = op
             && holder != 0
         {
             decision.holders = self.hold(policy, key, holder, now);
         }
-        decision
     }
 
     /// Runs `op` on the key's states under its shard's lock, writing them in place.
     fn update(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        inner.maybe_sweep(now);
-        match inner.table.find_mut(hash, |e| e.is(hash, policy, key)) {
+        inner.maybe_sweep(now, &self.hasher);
+        match inner.table.find_mut(hash, |e| e.is(policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
                 if evaluate::apply_in_place(policy, &mut entry.states, op, now, decision) {
@@ -183,19 +183,19 @@ impl MemoryStore {
                 }
             }
             None => {
-                let mut states: States = std::iter::repeat_with(LimitState::default)
-                    .take(policy.limits().len())
-                    .collect();
+                // Exactly one state per limit (collecting would round the allocation up to
+                // a power of two).
+                let mut states = States::from_elem(LimitState::Empty, policy.limits().len());
                 if evaluate::apply_in_place(policy, &mut states, op, now, decision) {
                     let entry = Entry {
-                        hash,
-                        policy: policy.name_arc().clone(),
+                        policy: policy.clone(),
                         key: key.into(),
-                        limits: policy.limits_arc().clone(),
                         expires_at: expiry(policy, &states, now),
                         states,
                     };
-                    inner.table.insert_unique(hash, entry, |e| e.hash);
+                    inner
+                        .table
+                        .insert_unique(hash, entry, |e| e.hash(&self.hasher));
                 }
             }
         }
@@ -205,7 +205,7 @@ impl MemoryStore {
     fn read(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        match inner.table.find_mut(hash, |e| e.is(hash, policy, key)) {
+        match inner.table.find_mut(hash, |e| e.is(policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
                 evaluate::apply_in_place(policy, &mut entry.states, op, now, decision);
@@ -217,8 +217,9 @@ impl MemoryStore {
     }
 }
 
-/// The future of [`MemoryStore::call`]: it decides when polled, so the decision is written
-/// straight into the poll's answer instead of being kept in the future and moved out of it.
+/// The future of [`MemoryStore::call`]: it decides when polled, into the very value `poll`
+/// returns, so a decision (a few hundred bytes) is not built in one place and moved to
+/// another on its way out.
 struct Decide<'s, 'p, 'k> {
     store: &'s MemoryStore,
     call: Option<(&'p Policy, &'k str, Op, u64)>,
@@ -228,12 +229,20 @@ impl Future for Decide<'_, '_, '_> {
     type Output = Result<Decision, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match self.call.take() {
-            Some((policy, key, op, now)) => Ok(self.store.decide(policy, key, op, now)),
-            None => Err(StoreError::Backend(
-                "a memory store call was polled after it completed".to_owned(),
-            )),
-        })
+        // One value returned on every path, so it is built where the caller wants it.
+        let call = self.call.take();
+        let mut answer = Poll::Ready(Ok(Decision::empty(0, 0)));
+        match (call, &mut answer) {
+            (Some((policy, key, op, now)), Poll::Ready(Ok(decision))) => {
+                self.store.decide(policy, key, op, now, decision);
+            }
+            _ => {
+                answer = Poll::Ready(Err(StoreError::Backend(
+                    "a memory store call was polled after it completed".to_owned(),
+                )));
+            }
+        }
+        answer
     }
 }
 
@@ -246,38 +255,49 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardInner> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The hash of (policy, key), from the policy's name hash.
+fn hash_of(hasher: &foldhash::fast::RandomState, policy: &Policy, key: &str) -> u64 {
+    hasher.hash_one((policy.name_hash(), key))
+}
+
 fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
     evaluate::expires_at(policy, states).unwrap_or(now)
 }
 
 impl Entry {
-    /// Whether this is the entry of `key` under `policy` (whose hash is `hash`).
-    fn is(&self, hash: u64, policy: &Policy, key: &str) -> bool {
-        self.hash == hash && *self.policy == *policy.name() && *self.key == *key
+    /// Whether this is the entry of `key` under `policy`: by pointer for the handle it was
+    /// written with, by name for another (a reload's).
+    fn is(&self, policy: &Policy, key: &str) -> bool {
+        (self.policy.same_as(policy) || self.policy.name() == policy.name()) && *self.key == *key
+    }
+
+    /// Its hash in the shard's table (recomputed when the table grows or shrinks, rather than
+    /// kept in every entry).
+    fn hash(&self, hasher: &foldhash::fast::RandomState) -> u64 {
+        hash_of(hasher, &self.policy, &self.key)
     }
 
     /// Lines the stored states up with `policy`'s limits. When the policy's limits changed
     /// (a configuration reload), each state follows the limit with the same state tag and
     /// limits that are new start empty.
     fn align_to(&mut self, policy: &Policy) {
-        let limits = policy.limits_arc();
-        if Arc::ptr_eq(&self.limits, limits) {
+        if self.policy.same_as(policy) {
             return;
         }
-        let same_shape = self.limits.len() == limits.len()
-            && self
-                .limits
-                .iter()
-                .zip(limits.iter())
-                .all(|(a, b)| a.state_tag() == b.state_tag());
+        let (old, new) = (self.policy.limits(), policy.limits());
+        let same_shape = Arc::ptr_eq(self.policy.limits_arc(), policy.limits_arc())
+            || (old.len() == new.len()
+                && old
+                    .iter()
+                    .zip(new)
+                    .all(|(a, b)| a.state_tag() == b.state_tag()));
         if !same_shape {
-            let old: Vec<(String, LimitState)> = self
-                .limits
+            let old: Vec<(String, LimitState)> = old
                 .iter()
                 .map(Limit::state_tag)
                 .zip(std::mem::take(&mut self.states))
                 .collect();
-            self.states = limits
+            self.states = new
                 .iter()
                 .map(|l| {
                     let tag = l.state_tag();
@@ -287,25 +307,25 @@ impl Entry {
                 })
                 .collect();
         }
-        self.limits = limits.clone();
+        self.policy = policy.clone();
     }
 }
 
 impl ShardInner {
-    fn maybe_sweep(&mut self, now: u64) {
+    fn maybe_sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
         if self.table.len() >= self.sweep_at_len
             || now >= self.last_sweep_ms.saturating_add(SWEEP_INTERVAL_MS)
         {
-            self.sweep(now);
+            self.sweep(now, hasher);
         }
     }
 
-    fn sweep(&mut self, now: u64) -> usize {
+    fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) -> usize {
         let before = self.table.len();
         self.table.retain(|e| e.expires_at > now);
         let len = self.table.len();
         if self.table.capacity() > 4 * len.max(16) {
-            self.table.shrink_to_fit(|e| e.hash);
+            self.table.shrink_to_fit(|e| e.hash(hasher));
         }
         self.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
         self.last_sweep_ms = now;
@@ -334,7 +354,7 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        if let Ok(entry) = inner.table.find_entry(hash, |e| e.is(hash, policy, key)) {
+        if let Ok(entry) = inner.table.find_entry(hash, |e| e.is(policy, key)) {
             entry.remove();
         }
         drop(inner);
