@@ -608,9 +608,11 @@ pub fn token_bucket(
     let reset_at =
         |ahead: u128| now.saturating_add(u64::try_from(div_ceil(ahead, max)).unwrap_or(u64::MAX));
     let ahead = ahead_of(limit, state, now);
-    let remaining = remaining_at(ahead);
     if cost > limit.max() || cost > limit.burst() {
-        return (None, Outcome::refused(remaining, reset_at(ahead), None));
+        return (
+            None,
+            Outcome::refused(remaining_at(ahead), reset_at(ahead), None),
+        );
     }
     let new_ahead = ahead + u128::from(cost) * per;
     if new_ahead > tau {
@@ -618,15 +620,22 @@ pub fn token_bucket(
         let wait = u64::try_from(div_ceil(new_ahead - tau, max)).unwrap_or(u64::MAX);
         return (
             None,
-            Outcome::refused(remaining, reset_at(ahead), Some(wait)),
+            Outcome::refused(remaining_at(ahead), reset_at(ahead), Some(wait)),
         );
     }
     if cost == 0 {
-        return (None, Outcome::admitted(remaining, reset_at(ahead)));
+        return (
+            None,
+            Outcome::admitted(remaining_at(ahead), reset_at(ahead)),
+        );
     }
+    let next = tat_after(limit, now, new_ahead);
+    // The bucket is full again at the new TAT, rounded up to a whole ms: reset_at(new_ahead)
+    // without a second division.
+    let reset = next.tat_ms.saturating_add(u64::from(next.tat_frac > 0));
     (
-        Some(tat_after(limit, now, new_ahead)),
-        Outcome::admitted(remaining_at(new_ahead), reset_at(new_ahead)),
+        Some(next),
+        Outcome::admitted(remaining_at(new_ahead), reset),
     )
 }
 
