@@ -36,6 +36,7 @@
 //! ```
 
 pub mod breaker;
+mod clock;
 pub mod headers;
 mod limiter;
 mod memory;
@@ -43,13 +44,14 @@ pub mod reserve;
 mod store;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use clock::SystemClock;
 pub use limiter::{Error, Lease, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use reserve::{Batch, DEFAULT_MAX_ERROR, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::evaluate::Op;
 pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
-    LimitState, LimitStatus, ManualClock, Policy, SystemClock,
+    LimitState, LimitStatus, ManualClock, Policy,
 };
 pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError, StoreExt};
 

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sluice_core::evaluate::Op;
-use sluice_core::{
-    Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock,
-};
+use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
+
+use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
 use crate::store::{Store, StoreError};
