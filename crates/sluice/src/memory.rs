@@ -155,9 +155,16 @@ impl MemoryStore {
         (hash, &self.shards[index])
     }
 
+    /// What [`Store::call`] answers, at once: the memory store never waits.
+    pub fn decide(&self, policy: &Policy, key: &str, op: Op, now_ms: u64) -> Decision {
+        let mut decision = Decision::empty(0, now_ms);
+        self.decide_into(policy, key, op, now_ms, &mut decision);
+        decision
+    }
+
     /// Runs `op` on the key's state into `decision`: the whole of [`Store::call`], done when
     /// its future is polled.
-    fn decide(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
+    fn decide_into(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         if op.is_read_only() {
             self.read(policy, key, op, now, decision);
         } else {
@@ -228,13 +235,14 @@ struct Decide<'s, 'p, 'k> {
 impl Future for Decide<'_, '_, '_> {
     type Output = Result<Decision, StoreError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
         // One value returned on every path, so it is built where the caller wants it.
         let call = self.call.take();
         let mut answer = Poll::Ready(Ok(Decision::empty(0, 0)));
         match (call, &mut answer) {
             (Some((policy, key, op, now)), Poll::Ready(Ok(decision))) => {
-                self.store.decide(policy, key, op, now, decision);
+                self.store.decide_into(policy, key, op, now, decision);
             }
             _ => {
                 answer = Poll::Ready(Err(StoreError::Backend(
