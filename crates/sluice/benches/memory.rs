@@ -3,7 +3,9 @@
 //! at the end, the ratio sluice / governor for each pair.
 //!
 //! Both sides are driven the same way: a pre-built set of `String` keys, cycled in order, and
-//! a rate high enough that every decision is an admission (the common path).
+//! a rate high enough that every decision is an admission (the common path). Sluice is called
+//! as an application holding its policy does: `Limiter::check_policy` with a handle resolved
+//! once by `Limiter::policy`; one more row measures `Limiter::check` by name.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -18,6 +20,9 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
 use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+
+/// The limiter, the policy handle an application keeps, and the keys.
+type SluiceState = (Limiter<MemoryStore>, Policy, Vec<String>);
 
 const MANY_KEYS: usize = 1_000_000;
 const RATE: u32 = 1_000_000_000;
@@ -58,14 +63,15 @@ fn lazily<T>(setup: impl Fn() -> T) -> impl FnMut() -> std::rc::Rc<T> {
     }
 }
 
-fn sluice_setup(specs: Vec<LimitSpec>, n_keys: usize) -> (Limiter<MemoryStore>, Vec<String>) {
+fn sluice_setup(specs: Vec<LimitSpec>, n_keys: usize) -> SluiceState {
     let keys = keys(n_keys);
     let limiter = sluice_limiter(specs);
+    let policy = limiter.policy("p").unwrap().clone();
     // Insert every key first, so the measured loop is the steady state.
     for k in &keys {
-        now(limiter.check("p", k, 1)).unwrap();
+        now(limiter.check_policy(&policy, k, 1)).unwrap();
     }
-    (limiter, keys)
+    (limiter, policy, keys)
 }
 
 fn governor_setup(limiters: usize, n_keys: usize) -> (Vec<Governor>, Vec<String>) {
@@ -89,17 +95,33 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
     let mut sluice = lazily(move || sluice_setup(specs.clone(), n_keys));
     g.bench_function(BenchmarkId::new("sluice", label(n_keys)), |b| {
         let state = sluice();
-        let (limiter, keys) = &*state;
+        let (limiter, policy, keys) = &*state;
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % keys.len();
             black_box(
-                now(limiter.check("p", black_box(&keys[i]), 1))
+                now(limiter.check_policy(policy, black_box(&keys[i]), 1))
                     .unwrap()
                     .allowed,
             )
         })
     });
+    if n_keys == 1 {
+        // The convenience: the policy looked up by name on every call.
+        g.bench_function(BenchmarkId::new("sluice by name", label(n_keys)), |b| {
+            let state = sluice();
+            let (limiter, _, keys) = &*state;
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(
+                    now(limiter.check("p", black_box(&keys[i]), 1))
+                        .unwrap()
+                        .allowed,
+                )
+            })
+        });
+    }
     // Governor has one limit per limiter: a policy of n limits is n keyed limiters in turn.
     let mut gov = lazily(move || governor_setup(n_limits, n_keys));
     g.bench_function(BenchmarkId::new("governor", label(n_keys)), |b| {
@@ -161,16 +183,21 @@ fn main() {
     }
     println!("\nsluice / governor (ns per decision, latest measurement of each):");
     for group in ["token_bucket_1_limit", "sliding_3_limits"] {
-        for label in ["1 key".to_string(), format!("{MANY_KEYS} keys")] {
+        for (function, label) in [
+            ("sluice", "1 key".to_string()),
+            ("sluice by name", "1 key".to_string()),
+            ("sluice", format!("{MANY_KEYS} keys")),
+        ] {
+            let name = format!("{group} {}", label.replace(" keys", "").replace(" key", ""));
             match (
-                estimate_ns(group, "sluice", &label),
+                estimate_ns(group, function, &label),
                 estimate_ns(group, "governor", &label),
             ) {
                 (Some(s), Some(g)) => println!(
-                    "  {group:<22} {label:<14} sluice {s:>7.1} ns  governor {g:>7.1} ns  ratio {:.2}",
+                    "  {name:<30} {function:<15} {s:>7.1} ns  governor {g:>7.1} ns  ratio {:.2}",
                     s / g
                 ),
-                _ => println!("  {group:<22} {label:<14} (not measured in this run)"),
+                _ => println!("  {name:<30} {function:<15} (not measured in this run)"),
             }
         }
     }
