@@ -32,6 +32,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    #[inline]
     fn refused(remaining: u64, reset_ms: u64, retry_after_ms: Option<u64>) -> Self {
         Self {
             admits: false,
@@ -41,6 +42,7 @@ impl Outcome {
         }
     }
 
+    #[inline]
     fn admitted(remaining: u64, reset_ms: u64) -> Self {
         Self {
             admits: true,
@@ -101,11 +103,13 @@ pub(crate) enum Record {
 
 impl Record {
     /// Whether it changes the state.
+    #[inline]
     pub(crate) fn writes(&self) -> bool {
         !matches!(self, Record::Nothing)
     }
 
     /// Writes it into `state`, in place. A state of another algorithm's shape is replaced.
+    #[inline]
     pub(crate) fn write(self, state: &mut LimitState) {
         match self {
             Record::Nothing => {}
@@ -194,6 +198,7 @@ fn with_live_leases(
 
 /// Decides `cost` for one limit of any algorithm, as [`step_holding`] does, and says what
 /// to write rather than building the next state.
+#[inline]
 pub(crate) fn plan(
     limit: &Limit,
     state: &LimitState,
@@ -265,6 +270,7 @@ pub(crate) fn plan_refund(limit: &Limit, state: &LimitState, cost: u64, now: u64
 
 /// The first instant at which `state` means the same as no state at all: a store may delete
 /// it then. `None` for an empty state.
+#[inline]
 pub fn expires_at(limit: &Limit, state: &LimitState) -> Option<u64> {
     match state {
         LimitState::Empty => None,
@@ -292,6 +298,7 @@ pub fn fixed_window_end(limit: &Limit, now: u64) -> u64 {
 /// `fixed_window`: a window opens at the first admitted request and lasts `per`; its end is
 /// stored then and read back. The window is closed once `now >= reset`, whatever the store
 /// still holds.
+#[inline]
 pub fn fixed_window(
     limit: &Limit,
     state: Option<&FixedWindowState>,
@@ -555,6 +562,7 @@ pub(crate) fn plan_release(state: &LimitState, id: u64, now: u64) -> (Record, u6
 // values into limbs.
 
 /// `a / b`, on the 64-bit path when both fit.
+#[inline]
 fn div(a: u128, b: u128) -> u128 {
     match (u64::try_from(a), u64::try_from(b)) {
         (Ok(a), Ok(b)) => u128::from(a / b),
@@ -563,6 +571,7 @@ fn div(a: u128, b: u128) -> u128 {
 }
 
 /// `ceil(a / b)`, on the 64-bit path when both fit.
+#[inline]
 fn div_ceil(a: u128, b: u128) -> u128 {
     match (u64::try_from(a), u64::try_from(b)) {
         (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
@@ -571,6 +580,7 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 }
 
 /// How far the stored TAT lies beyond `now`, in units of 1/max ms.
+#[inline]
 fn ahead_of(limit: &Limit, state: Option<&TokenBucketState>, now: u64) -> u128 {
     match state {
         Some(s) if s.tat_ms > now || (s.tat_ms == now && s.tat_frac > 0) => {
@@ -581,6 +591,7 @@ fn ahead_of(limit: &Limit, state: Option<&TokenBucketState>, now: u64) -> u128 {
 }
 
 /// The state whose TAT lies `ahead` units beyond `now`.
+#[inline]
 fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
     let max = u128::from(limit.max());
     let whole = div(ahead, max);
@@ -594,6 +605,7 @@ fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
 /// `token_bucket` as GCRA: `max` tokens refill evenly over `per` into a bucket of `burst`.
 /// `reset` is when the bucket is full again; a refused cost's `retry_after` is when it fits.
 /// A cost above `max` never fits (docs/algorithms.md#all-or-nothing), nor one above `burst`.
+#[inline]
 pub fn token_bucket(
     limit: &Limit,
     state: Option<&TokenBucketState>,

@@ -57,6 +57,7 @@ impl LimitStatus {
     };
 
     /// Builds the status of `limit` from an algorithm's outcome.
+    #[inline]
     pub fn new(limit: &Limit, outcome: crate::Outcome) -> Self {
         Self {
             max: limit.max(),
@@ -71,6 +72,7 @@ impl LimitStatus {
 
     /// Units counted against the limit (`max - remaining`, never negative), for
     /// `X-RateLimit-Used`.
+    #[inline]
     pub fn used(&self) -> u64 {
         self.max.saturating_sub(self.remaining)
     }
@@ -195,6 +197,7 @@ impl Decision {
     }
 
     /// The statuses, mutably (to restate a refused decision's admitting limits).
+    #[inline]
     pub(crate) fn limits_mut(&mut self) -> &mut [LimitStatus] {
         &mut self.statuses[..usize::from(self.len)]
     }
@@ -243,38 +246,45 @@ impl Decision {
     }
 
     /// Whether the store did not make this decision.
+    #[inline]
     pub fn is_degraded(&self) -> bool {
         self.degraded.is_some()
     }
 
     /// Every limit's status, in the policy's order.
+    #[inline]
     pub fn limits(&self) -> &[LimitStatus] {
         &self.statuses[..usize::from(self.len)]
     }
 
     /// The index (into [`Decision::limits`]) of the binding limit, which headers and
     /// top-level fields describe.
+    #[inline]
     pub fn binding_index(&self) -> usize {
         usize::from(self.binding)
     }
 
     /// The binding limit.
+    #[inline]
     pub fn binding(&self) -> &LimitStatus {
         &self.statuses[usize::from(self.binding)]
     }
 
     /// The binding limit's remaining.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.binding().remaining
     }
 
     /// The binding limit's reset in ms.
+    #[inline]
     pub fn reset_ms(&self) -> u64 {
         self.binding().reset_ms
     }
 
     /// The binding limit's retry_after in ms (`Some(0)` when allowed, `None` if it can never
     /// pass).
+    #[inline]
     pub fn retry_after_ms(&self) -> Option<u64> {
         self.binding().retry_after_ms
     }

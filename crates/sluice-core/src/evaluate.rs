@@ -134,6 +134,9 @@ pub fn apply_in_place(
     now: u64,
     decision: &mut Decision,
 ) -> bool {
+    if let ([limit], [state], Op::Check { cost }) = (policy.limits(), &mut *states, op) {
+        return check_one(limit, state, cost, now, decision);
+    }
     let mut records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
     decide(policy, states, op, now, &mut records, decision);
     let mut wrote = false;
@@ -233,7 +236,11 @@ pub fn release(policy: &Policy, states: &[LimitState], lease: u64, now: u64) -> 
 
 /// The first instant at which every state of the key means the same as no state: a store may
 /// forget the key then. `None` if all states are empty.
+#[inline]
 pub fn expires_at(policy: &Policy, states: &[LimitState]) -> Option<u64> {
+    if let ([limit], [state]) = (policy.limits(), states) {
+        return algorithms::expires_at(limit, state);
+    }
     policy
         .limits()
         .iter()
@@ -306,6 +313,32 @@ fn decide(
             }
             d.cost = freed;
             d.finish(true);
+        }
+    }
+}
+
+/// A check of a policy of one limit (the common case), in place: [`check_holding`] without
+/// the bookkeeping that several limits need.
+#[inline]
+fn check_one(limit: &Limit, state: &mut LimitState, cost: u64, now: u64, d: &mut Decision) -> bool {
+    let (outcome, record) = algorithms::plan(limit, state, cost, now, None);
+    d.reset(cost, now);
+    d.push(LimitStatus::new(limit, outcome));
+    d.allowed = outcome.admits;
+    // The usual writes (a window, a bucket) are one store each; the rest take `write`.
+    match record {
+        Record::Nothing => false,
+        Record::FixedWindow(s) => {
+            *state = LimitState::FixedWindow(s);
+            true
+        }
+        Record::TokenBucket(s) => {
+            *state = LimitState::TokenBucket(s);
+            true
+        }
+        other => {
+            other.write(state);
+            true
         }
     }
 }

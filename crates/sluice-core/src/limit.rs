@@ -24,11 +24,12 @@ pub const DEFAULT_BUCKETS: u64 = 60;
 /// about 142 years. It keeps every instant a bucket computes below 2^53 ms.
 pub const MAX_REFILL_MS: u64 = 1 << 42;
 
-/// The most limits one policy may hold. A decision carries every limit's status inline (no
-/// allocation), in an array this long, and is moved by value through every layer of a store
-/// call: each limit allowed costs every decision 56 bytes more to copy, whatever its policy
+/// The most limits one policy may hold (a second, a minute, an hour and a day, say). A decision
+/// carries every limit's status inline (no allocation), in an array this long, and is moved by
+/// value through every layer of a call: each limit allowed costs every decision 56 bytes more
+/// to copy, whatever its policy. With 4 a decision is 248 bytes, within glibc's cheapest copy
 /// (docs/benchmarks.md measured 4, 8 and 16).
-pub const MAX_LIMITS_PER_POLICY: usize = 8;
+pub const MAX_LIMITS_PER_POLICY: usize = 4;
 
 /// The longest policy name, in bytes.
 pub const MAX_POLICY_NAME_LEN: usize = 128;
@@ -298,21 +299,25 @@ impl Limit {
     }
 
     /// Units admitted per window.
+    #[inline]
     pub fn max(&self) -> u64 {
         self.max
     }
 
     /// The window in milliseconds.
+    #[inline]
     pub fn per_ms(&self) -> u64 {
         self.per_ms
     }
 
     /// The algorithm.
+    #[inline]
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
     /// The sliding window's bucket width in ms (0 for other algorithms).
+    #[inline]
     pub fn precision_ms(&self) -> u64 {
         self.precision_ms
     }
@@ -323,11 +328,13 @@ impl Limit {
     }
 
     /// The token bucket's size (0 for other algorithms).
+    #[inline]
     pub fn burst(&self) -> u64 {
         self.burst
     }
 
     /// Whether a fixed window is aligned to the epoch.
+    #[inline]
     pub fn align(&self) -> bool {
         self.align
     }
@@ -466,7 +473,7 @@ struct Shared {
 
 impl Policy {
     /// Builds a policy from validated limits. The name is 1 to 128 bytes of letters, digits,
-    /// `_`, `-`, `.` or `:`; there are 1 to [`MAX_LIMITS_PER_POLICY`] (8) limits.
+    /// `_`, `-`, `.` or `:`; there are 1 to [`MAX_LIMITS_PER_POLICY`] (4) limits.
     pub fn new(name: impl Into<String>, limits: Vec<Limit>) -> Result<Self, LimitError> {
         let name: String = name.into();
         validate_policy_name(&name)?;
@@ -534,11 +541,13 @@ impl Policy {
     }
 
     /// What the policy does when its store cannot answer.
+    #[inline]
     pub fn failure_mode(&self) -> FailureMode {
         self.on_store_error
     }
 
     /// The policy's name.
+    #[inline]
     pub fn name(&self) -> &str {
         &self.shared.name
     }
@@ -550,17 +559,20 @@ impl Policy {
 
     /// A hash of the name (FNV-1a), computed once: a store that keys a table by (policy, key)
     /// hashes this rather than the name on every call.
+    #[inline]
     pub fn name_hash(&self) -> u64 {
         self.shared.name_hash
     }
 
     /// The limits, in the policy's order.
+    #[inline]
     pub fn limits(&self) -> &[Limit] {
         &self.shared.limits
     }
 
     /// The limits as a shared slice: stores keep it beside a key's states to tell whether the
     /// policy changed since (a pointer comparison).
+    #[inline]
     pub fn limits_arc(&self) -> &Arc<[Limit]> {
         &self.shared.limits
     }
@@ -568,6 +580,7 @@ impl Policy {
     /// Whether `other` is a handle of this very policy (built once, then cloned): the same
     /// name and limits, told by one pointer comparison. The failure modes may differ. Two
     /// policies built apart are not the same even when equal.
+    #[inline]
     pub fn same_as(&self, other: &Policy) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
@@ -734,7 +747,7 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_holds_at_most_eight_limits() {
+    fn a_policy_holds_at_most_four_limits() {
         let specs = |n: u64| {
             (1..=n)
                 .map(|i| LimitSpec::fixed_window(10, i * 1_000))
@@ -744,7 +757,7 @@ mod tests {
         let e = Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64 + 1)).err();
         assert_eq!(
             e.map(|e| e.to_string()).as_deref(),
-            Some("limits: 9 limits given; a policy holds at most 8")
+            Some("limits: 5 limits given; a policy holds at most 4")
         );
     }
 

@@ -164,7 +164,14 @@ impl MemoryStore {
 
     /// Runs `op` on the key's state into `decision`: the whole of [`Store::call`], done when
     /// its future is polled.
-    fn decide_into(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
+    pub(crate) fn decide_into(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now: u64,
+        decision: &mut Decision,
+    ) {
         if op.is_read_only() {
             self.read(policy, key, op, now, decision);
         } else {
@@ -268,8 +275,14 @@ fn hash_of(hasher: &foldhash::fast::RandomState, policy: &Policy, key: &str) -> 
     hasher.hash_one((policy.name_hash(), key))
 }
 
+/// From when the key's states mean nothing (`now` if they already do).
+#[inline]
 fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
-    evaluate::expires_at(policy, states).unwrap_or(now)
+    let at = match (policy.limits(), states) {
+        ([limit], [state]) => sluice_core::expires_at(limit, state),
+        _ => evaluate::expires_at(policy, states),
+    };
+    at.unwrap_or(now)
 }
 
 impl Entry {
@@ -288,10 +301,16 @@ impl Entry {
     /// Lines the stored states up with `policy`'s limits. When the policy's limits changed
     /// (a configuration reload), each state follows the limit with the same state tag and
     /// limits that are new start empty.
+    #[inline]
     fn align_to(&mut self, policy: &Policy) {
-        if self.policy.same_as(policy) {
-            return;
+        if !self.policy.same_as(policy) {
+            self.realign(policy);
         }
+    }
+
+    /// [`Entry::align_to`] for another handle than the one the states were written with.
+    #[cold]
+    fn realign(&mut self, policy: &Policy) {
         let (old, new) = (self.policy.limits(), policy.limits());
         let same_shape = Arc::ptr_eq(self.policy.limits_arc(), policy.limits_arc())
             || (old.len() == new.len()
