@@ -447,3 +447,36 @@ fn validate(key: &str, cost: u64) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// A limiter over the memory store can answer at once: the store never waits, so these skip
+/// the future. Through a future, a decision (a few hundred bytes) is moved once per layer, which
+/// costs more than the decision itself (docs/benchmarks.md).
+impl<C: Clock> Limiter<MemoryStore, C> {
+    /// [`Limiter::check_policy`], answered at once.
+    pub fn check_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Check { cost })
+    }
+
+    /// [`Limiter::peek_policy`], answered at once.
+    pub fn peek_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Peek { cost })
+    }
+
+    /// [`Limiter::refund_policy`], answered at once.
+    pub fn refund_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Refund { cost })
+    }
+
+    /// Validates the request and runs `op` on the memory store now. The decision is decided
+    /// into the value returned, so it is not built in one place and moved to another.
+    fn now(&self, policy: &Policy, key: &str, op: Op) -> Result<Decision, Error> {
+        let mut answer = Ok(Decision::empty(0, 0));
+        if let Err(e) = validate(key, op.cost()) {
+            answer = Err(e);
+        } else if let Ok(d) = &mut answer {
+            let now = self.clock.now_ms();
+            self.store.decide_into(policy, key, op, now, d);
+        }
+        answer
+    }
+}
