@@ -1,7 +1,8 @@
 //! A loop for profilers: `N` checks of one key (token bucket, one limit) through
 //! `Limiter::check_policy` with a policy handle resolved once, on the memory store, as the
-//! memory benchmark's single-key case does (`by-name` as a second argument: through
-//! `Limiter::check` and the lookup by name instead).
+//! memory benchmark's single-key case does. A second argument picks another way in: `now`,
+//! `Limiter::check_now` (answered at once, no future); `by-name`, `Limiter::check` and the
+//! lookup by name.
 //!
 //! ```sh
 //! cargo build --release -p sluice --example profile_memory
@@ -24,17 +25,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(a) => a.parse()?,
         None => 1_000_000,
     };
-    let by_name = std::env::args().nth(2).as_deref() == Some("by-name");
+    let mode = std::env::args().nth(2).unwrap_or_default();
     let policy = Policy::from_specs("p", vec![LimitSpec::token_bucket(1_000_000_000, 1_000)])?;
     let limiter = Limiter::new(MemoryStore::new()).with_policy(policy);
     let p = limiter.policy("p").ok_or("no policy p")?.clone();
     let key = String::from("user:1");
     let mut admitted = 0u64;
     for _ in 0..n {
-        let answer = if by_name {
-            now(limiter.check("p", black_box(&key), 1))
-        } else {
-            now(limiter.check_policy(&p, black_box(&key), 1))
+        let answer = match mode.as_str() {
+            "by-name" => now(limiter.check("p", black_box(&key), 1)),
+            "now" => Some(limiter.check_now(&p, black_box(&key), 1)),
+            _ => now(limiter.check_policy(&p, black_box(&key), 1)),
         };
         admitted += u64::from(answer.ok_or("the memory store never waits")??.allowed);
     }
