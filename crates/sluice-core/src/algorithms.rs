@@ -32,6 +32,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    #[inline]
     fn refused(remaining: u64, reset_ms: u64, retry_after_ms: Option<u64>) -> Self {
         Self {
             admits: false,
@@ -41,6 +42,7 @@ impl Outcome {
         }
     }
 
+    #[inline]
     fn admitted(remaining: u64, reset_ms: u64) -> Self {
         Self {
             admits: true,
@@ -71,6 +73,139 @@ pub fn step_holding(
     now: u64,
     lease: Option<u64>,
 ) -> (Option<LimitState>, Outcome) {
+    let (outcome, record) = plan(limit, state, cost, now, lease);
+    (record.written(state), outcome)
+}
+
+/// What one limit writes when a decision records: worked out by [`plan`] (or
+/// [`plan_refund`], [`plan_release`]) from the stored state, written by [`Record::write`].
+/// Small and `Copy`, so a store can decide every limit of a policy before writing any, and
+/// then write each state in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Nothing changes.
+    Nothing,
+    /// Store this fixed window.
+    FixedWindow(FixedWindowState),
+    /// Store this token bucket.
+    TokenBucket(TokenBucketState),
+    /// Drop the buckets that started before `floor`, then add `cost` to the bucket starting
+    /// at `start`.
+    SlidingAdd { floor: u64, start: u64, cost: u64 },
+    /// Drop the buckets that started before `floor`, then take `cost` from the newest
+    /// buckets first, never below zero.
+    SlidingTake { floor: u64, cost: u64 },
+    /// Drop the leases lapsed at `now` and any lease of the same id, then hold `lease`.
+    Hold { now: u64, lease: HeldLease },
+    /// Drop the leases lapsed at `now` and the lease `id`.
+    Release { now: u64, id: u64 },
+}
+
+impl Record {
+    /// Whether it changes the state.
+    #[inline]
+    pub(crate) fn writes(&self) -> bool {
+        !matches!(self, Record::Nothing)
+    }
+
+    /// Writes it into `state`, in place. A state of another algorithm's shape is replaced.
+    #[inline]
+    pub(crate) fn write(self, state: &mut LimitState) {
+        match self {
+            Record::Nothing => {}
+            Record::FixedWindow(s) => *state = LimitState::FixedWindow(s),
+            Record::TokenBucket(s) => *state = LimitState::TokenBucket(s),
+            Record::SlidingAdd { floor, start, cost } => {
+                with_buckets(state, floor, |buckets| {
+                    match buckets.binary_search_by_key(&start, |&(s, _)| s) {
+                        Ok(i) => buckets[i].1 += cost,
+                        Err(i) => buckets.insert(i, (start, cost)),
+                    }
+                });
+            }
+            Record::SlidingTake { floor, cost } => with_buckets(state, floor, |buckets| {
+                let mut left = cost;
+                while left > 0 {
+                    let Some(last) = buckets.last_mut() else {
+                        break;
+                    };
+                    let take = left.min(last.1);
+                    last.1 -= take;
+                    left -= take;
+                    if last.1 == 0 {
+                        buckets.pop();
+                    }
+                }
+            }),
+            Record::Hold { now, lease } => {
+                with_live_leases(state, now, lease.id, |leases| leases.push(lease));
+            }
+            Record::Release { now, id } => with_live_leases(state, now, id, |_| {}),
+        }
+    }
+
+    /// The state after writing it into a copy of `state`, or `None` when nothing changes.
+    pub(crate) fn written(self, state: &LimitState) -> Option<LimitState> {
+        self.writes().then(|| {
+            let mut next = state.clone();
+            self.write(&mut next);
+            next
+        })
+    }
+}
+
+/// Runs `f` on the buckets of a sliding window's state (made one if it is not), those that
+/// started before `floor` dropped first.
+fn with_buckets(state: &mut LimitState, floor: u64, f: impl FnOnce(&mut Vec<(u64, u64)>)) {
+    match state {
+        LimitState::SlidingWindow(s) => {
+            let first = s.buckets.partition_point(|&(start, _)| start < floor);
+            s.buckets.drain(..first);
+            f(&mut s.buckets);
+        }
+        other => {
+            // A new window holds one bucket: no more room than that until it needs it (a
+            // store keeps one per key).
+            let mut s = SlidingWindowState {
+                buckets: Vec::with_capacity(1),
+            };
+            f(&mut s.buckets);
+            *other = LimitState::SlidingWindow(s);
+        }
+    }
+}
+
+/// Runs `f` on the leases of a concurrency limit's state (made one if it is not), those
+/// lapsed at `now` and the lease `except` dropped first.
+fn with_live_leases(
+    state: &mut LimitState,
+    now: u64,
+    except: u64,
+    f: impl FnOnce(&mut Vec<HeldLease>),
+) {
+    match state {
+        LimitState::Concurrency(s) => {
+            s.leases.retain(|l| l.expires_ms > now && l.id != except);
+            f(&mut s.leases);
+        }
+        other => {
+            let mut s = ConcurrencyState::default();
+            f(&mut s.leases);
+            *other = LimitState::Concurrency(s);
+        }
+    }
+}
+
+/// Decides `cost` for one limit of any algorithm, as [`step_holding`] does, and says what
+/// to write rather than building the next state.
+#[inline]
+pub(crate) fn plan(
+    limit: &Limit,
+    state: &LimitState,
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
+) -> (Outcome, Record) {
     match limit.algorithm() {
         Algorithm::FixedWindow => {
             let s = match state {
@@ -78,15 +213,14 @@ pub fn step_holding(
                 _ => None,
             };
             let (next, out) = fixed_window(limit, s, cost, now);
-            (next.map(LimitState::FixedWindow), out)
+            (out, next.map_or(Record::Nothing, Record::FixedWindow))
         }
         Algorithm::SlidingWindow => {
             let s = match state {
                 LimitState::SlidingWindow(s) => Some(s),
                 _ => None,
             };
-            let (next, out) = sliding_window(limit, s, cost, now);
-            (next.map(LimitState::SlidingWindow), out)
+            sliding_window_plan(limit, s, cost, now)
         }
         Algorithm::TokenBucket => {
             let s = match state {
@@ -94,15 +228,16 @@ pub fn step_holding(
                 _ => None,
             };
             let (next, out) = token_bucket(limit, s, cost, now);
-            (next.map(LimitState::TokenBucket), out)
+            (out, next.map_or(Record::Nothing, Record::TokenBucket))
         }
         Algorithm::Concurrency => {
             let s = match state {
                 LimitState::Concurrency(s) => Some(s),
                 _ => None,
             };
-            let (next, out) = concurrency(limit, s, cost, now, lease);
-            (next.map(LimitState::Concurrency), out)
+            let (out, held) = concurrency_plan(limit, s, cost, now, lease);
+            let record = held.map_or(Record::Nothing, |lease| Record::Hold { now, lease });
+            (out, record)
         }
     }
 }
@@ -110,25 +245,32 @@ pub fn step_holding(
 /// Gives `cost` back to one limit's current window (never below zero used). Returns the state
 /// to store, or `None` when nothing changes.
 pub fn refund(limit: &Limit, state: &LimitState, cost: u64, now: u64) -> Option<LimitState> {
+    plan_refund(limit, state, cost, now).written(state)
+}
+
+/// What [`refund`] writes.
+pub(crate) fn plan_refund(limit: &Limit, state: &LimitState, cost: u64, now: u64) -> Record {
     if cost == 0 {
-        return None;
+        return Record::Nothing;
     }
-    match (limit.algorithm(), state) {
+    let record = match (limit.algorithm(), state) {
         (Algorithm::FixedWindow, LimitState::FixedWindow(s)) => {
-            fixed_window_refund(s, cost, now).map(LimitState::FixedWindow)
+            fixed_window_refund(s, cost, now).map(Record::FixedWindow)
         }
         (Algorithm::SlidingWindow, LimitState::SlidingWindow(s)) => {
-            sliding_window_refund(limit, s, cost, now).map(LimitState::SlidingWindow)
+            sliding_window_refund(limit, s, cost, now)
         }
         (Algorithm::TokenBucket, LimitState::TokenBucket(s)) => {
-            token_bucket_refund(limit, s, cost, now).map(LimitState::TokenBucket)
+            token_bucket_refund(limit, s, cost, now).map(Record::TokenBucket)
         }
         _ => None,
-    }
+    };
+    record.unwrap_or(Record::Nothing)
 }
 
 /// The first instant at which `state` means the same as no state at all: a store may delete
 /// it then. `None` for an empty state.
+#[inline]
 pub fn expires_at(limit: &Limit, state: &LimitState) -> Option<u64> {
     match state {
         LimitState::Empty => None,
@@ -156,6 +298,7 @@ pub fn fixed_window_end(limit: &Limit, now: u64) -> u64 {
 /// `fixed_window`: a window opens at the first admitted request and lasts `per`; its end is
 /// stored then and read back. The window is closed once `now >= reset`, whatever the store
 /// still holds.
+#[inline]
 pub fn fixed_window(
     limit: &Limit,
     state: Option<&FixedWindowState>,
@@ -226,6 +369,24 @@ pub fn sliding_window(
     cost: u64,
     now: u64,
 ) -> (Option<SlidingWindowState>, Outcome) {
+    let (outcome, record) = sliding_window_plan(limit, state, cost, now);
+    let next = record.writes().then(|| {
+        let mut next = LimitState::SlidingWindow(state.cloned().unwrap_or_default());
+        record.write(&mut next);
+        match next {
+            LimitState::SlidingWindow(s) => s,
+            _ => SlidingWindowState::default(),
+        }
+    });
+    (next, outcome)
+}
+
+fn sliding_window_plan(
+    limit: &Limit,
+    state: Option<&SlidingWindowState>,
+    cost: u64,
+    now: u64,
+) -> (Outcome, Record) {
     let max = limit.max();
     let per = limit.per_ms();
     let floor = sliding_window_floor(limit, now);
@@ -239,7 +400,7 @@ pub fn sliding_window(
     let remaining = max.saturating_sub(used);
     let reset = counted.first().map_or(now, |&(start, _)| start + per);
     if cost > max {
-        return (None, Outcome::refused(remaining, reset, None));
+        return (Outcome::refused(remaining, reset, None), Record::Nothing);
     }
     if cost > remaining {
         // Walk the buckets oldest first until enough has left the window for the cost to fit.
@@ -252,21 +413,17 @@ pub fn sliding_window(
                 break;
             }
         }
-        return (None, Outcome::refused(remaining, reset, wait));
+        return (Outcome::refused(remaining, reset, wait), Record::Nothing);
     }
     if cost == 0 {
-        return (None, Outcome::admitted(remaining, reset));
+        return (Outcome::admitted(remaining, reset), Record::Nothing);
     }
-    let current = now - now % limit.precision_ms();
-    let mut buckets = counted.to_vec();
-    match buckets.binary_search_by_key(&current, |&(start, _)| start) {
-        Ok(i) => buckets[i].1 += cost,
-        Err(i) => buckets.insert(i, (current, cost)),
-    }
-    let reset = buckets[0].0 + per;
+    let start = now - now % limit.precision_ms();
+    // The oldest counted bucket, or the new one if there is none before it.
+    let oldest = counted.first().map_or(start, |&(s, _)| s.min(start));
     (
-        Some(SlidingWindowState { buckets }),
-        Outcome::admitted(remaining - cost, reset),
+        Outcome::admitted(remaining - cost, oldest + per),
+        Record::SlidingAdd { floor, start, cost },
     )
 }
 
@@ -277,26 +434,10 @@ fn sliding_window_refund(
     s: &SlidingWindowState,
     cost: u64,
     now: u64,
-) -> Option<SlidingWindowState> {
+) -> Option<Record> {
     let floor = sliding_window_floor(limit, now);
     let first = s.buckets.partition_point(|&(start, _)| start < floor);
-    if first == s.buckets.len() {
-        return None;
-    }
-    let mut buckets = s.buckets[first..].to_vec();
-    let mut left = cost;
-    while left > 0 {
-        let Some(last) = buckets.last_mut() else {
-            break;
-        };
-        let take = left.min(last.1);
-        last.1 -= take;
-        left -= take;
-        if last.1 == 0 {
-            buckets.pop();
-        }
-    }
-    Some(SlidingWindowState { buckets })
+    (first < s.buckets.len()).then_some(Record::SlidingTake { floor, cost })
 }
 
 // ----- concurrency ---------------------------------------------------------------------------
@@ -328,6 +469,23 @@ pub fn concurrency(
     now: u64,
     lease: Option<u64>,
 ) -> (Option<ConcurrencyState>, Outcome) {
+    let (outcome, held) = concurrency_plan(limit, state, cost, now, lease);
+    let next = held.map(|held| {
+        let mut leases: Vec<HeldLease> = live_leases(state, now, Some(held.id)).copied().collect();
+        leases.push(held);
+        ConcurrencyState { leases }
+    });
+    (next, outcome)
+}
+
+/// The outcome of [`concurrency`], and the lease to hold when one is taken.
+fn concurrency_plan(
+    limit: &Limit,
+    state: Option<&ConcurrencyState>,
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
+) -> (Outcome, Option<HeldLease>) {
     let max = limit.max();
     let lease = lease.filter(|_| cost > 0);
     let used = live_leases(state, now, lease).fold(0u64, |a, l| a.saturating_add(l.cost));
@@ -337,7 +495,7 @@ pub fn concurrency(
         .max()
         .unwrap_or(now);
     if cost > max {
-        return (None, Outcome::refused(remaining, reset, None));
+        return (Outcome::refused(remaining, reset, None), None);
     }
     if cost > remaining {
         // Leases lapse in order of expiry; the first instant at which what is left admits.
@@ -350,26 +508,24 @@ pub fn concurrency(
             left = left.saturating_sub(c);
             if left.saturating_add(cost) <= max {
                 return (
-                    None,
                     Outcome::refused(remaining, reset, Some(expires_ms - now)),
+                    None,
                 );
             }
         }
-        return (None, Outcome::refused(remaining, reset, None)); // unreachable: cost <= max
+        return (Outcome::refused(remaining, reset, None), None); // unreachable: cost <= max
     }
     let Some(id) = lease else {
-        return (None, Outcome::admitted(remaining, reset));
+        return (Outcome::admitted(remaining, reset), None);
     };
     let expires_ms = now + limit.per_ms();
-    let mut leases: Vec<HeldLease> = live_leases(state, now, Some(id)).copied().collect();
-    leases.push(HeldLease {
-        id,
-        expires_ms,
-        cost,
-    });
     (
-        Some(ConcurrencyState { leases }),
         Outcome::admitted(remaining - cost, reset.max(expires_ms)),
+        Some(HeldLease {
+            id,
+            expires_ms,
+            cost,
+        }),
     )
 }
 
@@ -381,20 +537,19 @@ pub fn holds(state: &LimitState, id: u64, now: u64) -> bool {
 /// Frees the lease `id` of a concurrency limit. Returns the state to store (`None` when the
 /// lease is not held: unknown, already released or lapsed) and the units it held.
 pub fn release(state: &LimitState, id: u64, now: u64) -> (Option<LimitState>, u64) {
+    let (record, freed) = plan_release(state, id, now);
+    (record.written(state), freed)
+}
+
+/// What [`release`] writes, and the units the lease held.
+pub(crate) fn plan_release(state: &LimitState, id: u64, now: u64) -> (Record, u64) {
     let LimitState::Concurrency(s) = state else {
-        return (None, 0);
+        return (Record::Nothing, 0);
     };
-    let Some(freed) = live_leases(Some(s), now, None)
-        .find(|l| l.id == id)
-        .map(|l| l.cost)
-    else {
-        return (None, 0);
-    };
-    let leases = live_leases(Some(s), now, Some(id)).copied().collect();
-    (
-        Some(LimitState::Concurrency(ConcurrencyState { leases })),
-        freed,
-    )
+    match live_leases(Some(s), now, None).find(|l| l.id == id) {
+        Some(l) => (Record::Release { now, id }, l.cost),
+        None => (Record::Nothing, 0),
+    }
 }
 
 // ----- token bucket (GCRA) ------------------------------------------------------------------
@@ -407,6 +562,7 @@ pub fn release(state: &LimitState, id: u64, now: u64) -> (Option<LimitState>, u6
 // values into limbs.
 
 /// `a / b`, on the 64-bit path when both fit.
+#[inline]
 fn div(a: u128, b: u128) -> u128 {
     match (u64::try_from(a), u64::try_from(b)) {
         (Ok(a), Ok(b)) => u128::from(a / b),
@@ -415,6 +571,7 @@ fn div(a: u128, b: u128) -> u128 {
 }
 
 /// `ceil(a / b)`, on the 64-bit path when both fit.
+#[inline]
 fn div_ceil(a: u128, b: u128) -> u128 {
     match (u64::try_from(a), u64::try_from(b)) {
         (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
@@ -423,6 +580,7 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 }
 
 /// How far the stored TAT lies beyond `now`, in units of 1/max ms.
+#[inline]
 fn ahead_of(limit: &Limit, state: Option<&TokenBucketState>, now: u64) -> u128 {
     match state {
         Some(s) if s.tat_ms > now || (s.tat_ms == now && s.tat_frac > 0) => {
@@ -433,6 +591,7 @@ fn ahead_of(limit: &Limit, state: Option<&TokenBucketState>, now: u64) -> u128 {
 }
 
 /// The state whose TAT lies `ahead` units beyond `now`.
+#[inline]
 fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
     let max = u128::from(limit.max());
     let whole = div(ahead, max);
@@ -446,6 +605,7 @@ fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
 /// `token_bucket` as GCRA: `max` tokens refill evenly over `per` into a bucket of `burst`.
 /// `reset` is when the bucket is full again; a refused cost's `retry_after` is when it fits.
 /// A cost above `max` never fits (docs/algorithms.md#all-or-nothing), nor one above `burst`.
+#[inline]
 pub fn token_bucket(
     limit: &Limit,
     state: Option<&TokenBucketState>,
@@ -460,9 +620,11 @@ pub fn token_bucket(
     let reset_at =
         |ahead: u128| now.saturating_add(u64::try_from(div_ceil(ahead, max)).unwrap_or(u64::MAX));
     let ahead = ahead_of(limit, state, now);
-    let remaining = remaining_at(ahead);
     if cost > limit.max() || cost > limit.burst() {
-        return (None, Outcome::refused(remaining, reset_at(ahead), None));
+        return (
+            None,
+            Outcome::refused(remaining_at(ahead), reset_at(ahead), None),
+        );
     }
     let new_ahead = ahead + u128::from(cost) * per;
     if new_ahead > tau {
@@ -470,15 +632,22 @@ pub fn token_bucket(
         let wait = u64::try_from(div_ceil(new_ahead - tau, max)).unwrap_or(u64::MAX);
         return (
             None,
-            Outcome::refused(remaining, reset_at(ahead), Some(wait)),
+            Outcome::refused(remaining_at(ahead), reset_at(ahead), Some(wait)),
         );
     }
     if cost == 0 {
-        return (None, Outcome::admitted(remaining, reset_at(ahead)));
+        return (
+            None,
+            Outcome::admitted(remaining_at(ahead), reset_at(ahead)),
+        );
     }
+    let next = tat_after(limit, now, new_ahead);
+    // The bucket is full again at the new TAT, rounded up to a whole ms: reset_at(new_ahead)
+    // without a second division.
+    let reset = next.tat_ms.saturating_add(u64::from(next.tat_frac > 0));
     (
-        Some(tat_after(limit, now, new_ahead)),
-        Outcome::admitted(remaining_at(new_ahead), reset_at(new_ahead)),
+        Some(next),
+        Outcome::admitted(remaining_at(new_ahead), reset),
     )
 }
 

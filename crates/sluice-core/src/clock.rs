@@ -2,29 +2,16 @@
 //!
 //! The algorithms in this crate never read a clock; they are handed `now`. Whoever drives them
 //! (the `Limiter` of the `sluice` crate) owns a [`Clock`], so tests can time-travel with a
-//! [`ManualClock`] and a fleet can agree on time by asking Redis instead.
+//! [`ManualClock`] and a fleet can agree on time by asking Redis instead. The clock that reads
+//! the operating system's is the `sluice` crate's (`sluice::SystemClock`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of "now" in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
     /// The current time in milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
-}
-
-/// The operating system's wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        // A clock set before 1970 reads as the epoch rather than failing a decision.
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
 }
 
 /// A clock that only moves when told to. Clones share the same time, so a test can hand one
@@ -77,10 +64,5 @@ mod tests {
         assert_eq!(a.now_ms(), 1_250);
         a.set(5);
         assert_eq!(b.now_ms(), 5);
-    }
-
-    #[test]
-    fn system_clock_is_after_2020() {
-        assert!(SystemClock.now_ms() > 1_577_836_800_000);
     }
 }

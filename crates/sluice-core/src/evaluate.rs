@@ -2,11 +2,16 @@
 //!
 //! `states[i]` is the stored state of `policy.limits()[i]`; a missing index means no state.
 //! A store reads the states, calls one of these functions (or [`apply`] with an [`Op`]) and
-//! writes back what [`Evaluation::writes`] says, all in one atomic step.
+//! writes back what [`Evaluation::writes`] says, all in one atomic step. A store that holds
+//! the states in memory calls [`apply_in_place`] instead: the same decision, with the states
+//! written where they are (no list of writes, no copy of a state).
+//!
+//! Every operation decides each limit first, noting what it would write (a small `Record`
+//! per limit), and writes only once the whole policy has been decided: all or nothing.
 
-use crate::algorithms::{self, Outcome};
+use crate::algorithms::{self, Record};
 use crate::decision::{Decision, LimitStatus};
-use crate::limit::{Algorithm, Policy};
+use crate::limit::{Algorithm, Limit, MAX_LIMITS_PER_POLICY, Policy};
 use crate::state::LimitState;
 
 /// Per-limit writes of one decision (`Some(new state)` where the state changes); inline for
@@ -105,17 +110,41 @@ impl Op {
 /// Runs `op` on the states of one (policy, key): the function of this module it names. A peek
 /// never writes.
 pub fn apply(policy: &Policy, states: &[LimitState], op: Op, now: u64) -> Evaluation {
-    match op {
-        Op::Check { cost } => check(policy, states, cost, now),
-        Op::Peek { cost } => Evaluation {
-            decision: peek(policy, states, cost, now),
-            writes: None,
-        },
-        Op::Refund { cost } => refund(policy, states, cost, now),
-        Op::Acquire { min, max, .. } => acquire(policy, states, min, max, now),
-        Op::Hold { cost, lease } => hold(policy, states, cost, lease, now),
-        Op::Release { lease } => release(policy, states, lease, now),
+    let mut records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
+    let mut decision = Decision::empty(0, now);
+    decide(policy, states, op, now, &mut records, &mut decision);
+    Evaluation {
+        writes: writes(policy, states, &records),
+        decision,
     }
+}
+
+/// Runs `op` on the states of one (policy, key) and writes the states that change where they
+/// are: what a store holding `states` in memory does under its lock. The decision is written
+/// into `decision` (whatever it held before); returns whether any state changed. A peek never
+/// writes.
+///
+/// `states` holds one state per limit of the policy, in its order ([`LimitState::Empty`]
+/// for none); limits beyond its end are decided as having no state and are not written.
+#[inline]
+pub fn apply_in_place(
+    policy: &Policy,
+    states: &mut [LimitState],
+    op: Op,
+    now: u64,
+    decision: &mut Decision,
+) -> bool {
+    if let ([limit], [state], Op::Check { cost }) = (policy.limits(), &mut *states, op) {
+        return check_one(limit, state, cost, now, decision);
+    }
+    let mut records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
+    decide(policy, states, op, now, &mut records, decision);
+    let mut wrote = false;
+    for (state, record) in states.iter_mut().zip(records) {
+        wrote |= record.writes();
+        record.write(state);
+    }
+    wrote
 }
 
 /// A decision and what to store because of it.
@@ -132,7 +161,7 @@ pub struct Evaluation {
 /// `cost = 0` records nothing and reports the state.
 /// A concurrency limit is consulted, not held: it admits when `cost` could start now.
 pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
-    check_holding(policy, states, cost, now, None)
+    apply(policy, states, Op::Check { cost }, now)
 }
 
 /// Takes the lease `lease` for `cost` units in the policy's concurrency limit and records
@@ -142,60 +171,7 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
 /// neither charged nor consulted (they report their state). `cost = 0` takes nothing and
 /// reports the state.
 pub fn hold(policy: &Policy, states: &[LimitState], cost: u64, lease: u64, now: u64) -> Evaluation {
-    check_holding(policy, states, cost, now, Some(lease))
-}
-
-fn check_holding(
-    policy: &Policy,
-    states: &[LimitState],
-    cost: u64,
-    now: u64,
-    lease: Option<u64>,
-) -> Evaluation {
-    let limits = policy.limits();
-    // Taking again a lease that is still held renews it: the request it stands for was
-    // counted when the lease was first taken, so the other limits are not charged again.
-    let renewing = cost > 0
-        && lease.is_some_and(|id| {
-            limits.iter().enumerate().any(|(i, l)| {
-                l.algorithm() == Algorithm::Concurrency
-                    && algorithms::holds(state_at(states, i), id, now)
-            })
-        });
-    let mut statuses = Vec::with_capacity(limits.len());
-    let mut writes = Writes::with_capacity(limits.len());
-    let mut allowed = true;
-    for (i, limit) in limits.iter().enumerate() {
-        let charged = if renewing && limit.algorithm() != Algorithm::Concurrency {
-            0
-        } else {
-            cost
-        };
-        let (next, outcome) =
-            algorithms::step_holding(limit, state_at(states, i), charged, now, lease);
-        allowed &= outcome.admits;
-        statuses.push(LimitStatus::new(limit, outcome));
-        writes.push(next);
-    }
-    if !allowed {
-        // Nothing is recorded, so limits that would have admitted report their state as it
-        // stands (their outcome above had the cost deducted).
-        for (i, limit) in limits.iter().enumerate() {
-            if statuses[i].admits && cost > 0 {
-                let (_, outcome) = algorithms::step(limit, state_at(states, i), 0, now);
-                statuses[i] = LimitStatus::new(limit, outcome);
-            }
-        }
-        return Evaluation {
-            decision: Decision::new(false, cost, statuses, now),
-            writes: None,
-        };
-    }
-    let changed = writes.iter().any(Option::is_some);
-    Evaluation {
-        decision: Decision::new(true, cost, statuses, now),
-        writes: changed.then_some(writes),
-    }
+    apply(policy, states, Op::Hold { cost, lease }, now)
 }
 
 /// Takes as many units as every limit admits now, at least `min` and at most `max` (a batch
@@ -207,20 +183,22 @@ fn check_holding(
 /// (docs/algorithms.md#what-every-limit-reports), so the amount is the least `remaining` over
 /// the limits, capped by `max` and by each limit's `max` (a cost above it never fits).
 pub fn acquire(policy: &Policy, states: &[LimitState], min: u64, max: u64, now: u64) -> Evaluation {
-    let grant = grantable(policy, &peek(policy, states, 0, now), max);
-    if grant >= min && grant > 0 {
-        let eval = check(policy, states, grant, now);
-        debug_assert!(eval.decision.allowed, "every limit's remaining admits it");
-        eval
-    } else {
-        check(policy, states, min, now)
-    }
+    apply(
+        policy,
+        states,
+        Op::Acquire {
+            min,
+            max,
+            holder: 0,
+        },
+        now,
+    )
 }
 
 /// The most a check could take now, given `state` (a decision of cost 0), capped at `max`.
 pub fn grantable(policy: &Policy, state: &Decision, max: u64) -> u64 {
     state
-        .limits
+        .limits()
         .iter()
         .zip(policy.limits())
         .map(|(s, l)| s.remaining.min(l.max()))
@@ -229,28 +207,23 @@ pub fn grantable(policy: &Policy, state: &Decision, max: u64) -> u64 {
 
 /// The decision a check of `cost` would get now, recording nothing.
 pub fn peek(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Decision {
-    check(policy, states, cost, now).decision
+    let mut records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
+    let mut decision = Decision::empty(cost, now);
+    decide(
+        policy,
+        states,
+        Op::Peek { cost },
+        now,
+        &mut records,
+        &mut decision,
+    );
+    decision
 }
 
 /// Gives `cost` back to every limit's current window (never below zero used) and reports the
 /// state after it (as a check of cost 0: always allowed).
 pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
-    let limits = policy.limits();
-    let mut writes = Writes::with_capacity(limits.len());
-    let mut statuses = Vec::with_capacity(limits.len());
-    for (i, limit) in limits.iter().enumerate() {
-        let current = state_at(states, i);
-        let next = algorithms::refund(limit, current, cost, now);
-        let (_, outcome): (_, Outcome) =
-            algorithms::step(limit, next.as_ref().unwrap_or(current), 0, now);
-        statuses.push(LimitStatus::new(limit, outcome));
-        writes.push(next);
-    }
-    let changed = writes.iter().any(Option::is_some);
-    Evaluation {
-        decision: Decision::new(true, 0, statuses, now),
-        writes: changed.then_some(writes),
-    }
+    apply(policy, states, Op::Refund { cost }, now)
 }
 
 /// Frees the lease `lease` of the policy's concurrency limit and reports the state after it
@@ -258,32 +231,170 @@ pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Ev
 /// 0 when it was not held (never taken, released already, or lapsed). Other limits are left
 /// as they are: a release is not a refund.
 pub fn release(policy: &Policy, states: &[LimitState], lease: u64, now: u64) -> Evaluation {
-    let limits = policy.limits();
-    let mut writes = Writes::with_capacity(limits.len());
-    let mut statuses = Vec::with_capacity(limits.len());
-    let mut freed = 0;
-    for (i, limit) in limits.iter().enumerate() {
-        let current = state_at(states, i);
-        let (next, units) = algorithms::release(current, lease, now);
-        freed = freed.max(units);
-        let (_, outcome) = algorithms::step(limit, next.as_ref().unwrap_or(current), 0, now);
-        statuses.push(LimitStatus::new(limit, outcome));
-        writes.push(next);
-    }
-    let changed = writes.iter().any(Option::is_some);
-    Evaluation {
-        decision: Decision::new(true, freed, statuses, now),
-        writes: changed.then_some(writes),
-    }
+    apply(policy, states, Op::Release { lease }, now)
 }
 
 /// The first instant at which every state of the key means the same as no state: a store may
 /// forget the key then. `None` if all states are empty.
+#[inline]
 pub fn expires_at(policy: &Policy, states: &[LimitState]) -> Option<u64> {
+    if let ([limit], [state]) = (policy.limits(), states) {
+        return algorithms::expires_at(limit, state);
+    }
     policy
         .limits()
         .iter()
         .enumerate()
         .filter_map(|(i, limit)| algorithms::expires_at(limit, state_at(states, i)))
         .max()
+}
+
+/// What a store writes for `records`, as the list [`Evaluation::writes`] holds.
+fn writes(policy: &Policy, states: &[LimitState], records: &[Record]) -> Option<Writes> {
+    let n = policy.limits().len();
+    records[..n].iter().any(Record::writes).then(|| {
+        records[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.written(state_at(states, i)))
+            .collect()
+    })
+}
+
+/// Decides `op` into `d`, noting in `records` what each limit writes (nothing for a peek or
+/// a refusal).
+#[inline]
+fn decide(
+    policy: &Policy,
+    states: &[LimitState],
+    op: Op,
+    now: u64,
+    records: &mut [Record; MAX_LIMITS_PER_POLICY],
+    d: &mut Decision,
+) {
+    match op {
+        Op::Check { cost } => check_holding(policy, states, cost, now, None, records, d),
+        Op::Peek { cost } => {
+            check_holding(policy, states, cost, now, None, records, d);
+            *records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
+        }
+        Op::Hold { cost, lease } => {
+            check_holding(policy, states, cost, now, Some(lease), records, d);
+        }
+        Op::Acquire { min, max, .. } => {
+            check_holding(policy, states, 0, now, None, records, d);
+            let grant = grantable(policy, d, max);
+            if grant >= min && grant > 0 {
+                check_holding(policy, states, grant, now, None, records, d);
+                debug_assert!(d.allowed, "every limit's remaining admits it");
+            } else {
+                check_holding(policy, states, min, now, None, records, d);
+            }
+        }
+        Op::Refund { cost } => {
+            d.reset(0, now);
+            for (i, limit) in policy.limits().iter().enumerate() {
+                let current = state_at(states, i);
+                let record = algorithms::plan_refund(limit, current, cost, now);
+                d.push(status_after(limit, current, record, now));
+                records[i] = record;
+            }
+            d.finish(true);
+        }
+        Op::Release { lease } => {
+            let mut freed = 0;
+            d.reset(0, now);
+            for (i, limit) in policy.limits().iter().enumerate() {
+                let current = state_at(states, i);
+                let (record, units) = algorithms::plan_release(current, lease, now);
+                freed = freed.max(units);
+                d.push(status_after(limit, current, record, now));
+                records[i] = record;
+            }
+            d.cost = freed;
+            d.finish(true);
+        }
+    }
+}
+
+/// A check of a policy of one limit (the common case), in place: [`check_holding`] without
+/// the bookkeeping that several limits need.
+#[inline]
+fn check_one(limit: &Limit, state: &mut LimitState, cost: u64, now: u64, d: &mut Decision) -> bool {
+    let (outcome, record) = algorithms::plan(limit, state, cost, now, None);
+    d.reset(cost, now);
+    d.push(LimitStatus::new(limit, outcome));
+    d.allowed = outcome.admits;
+    // The usual writes (a window, a bucket) are one store each; the rest take `write`.
+    match record {
+        Record::Nothing => false,
+        Record::FixedWindow(s) => {
+            *state = LimitState::FixedWindow(s);
+            true
+        }
+        Record::TokenBucket(s) => {
+            *state = LimitState::TokenBucket(s);
+            true
+        }
+        other => {
+            other.write(state);
+            true
+        }
+    }
+}
+
+/// A limit's status after `record` is written into `current` (as a check of cost 0).
+fn status_after(limit: &Limit, current: &LimitState, record: Record, now: u64) -> LimitStatus {
+    let next = record.written(current);
+    let (outcome, _) = algorithms::plan(limit, next.as_ref().unwrap_or(current), 0, now, None);
+    LimitStatus::new(limit, outcome)
+}
+
+#[inline]
+fn check_holding(
+    policy: &Policy,
+    states: &[LimitState],
+    cost: u64,
+    now: u64,
+    lease: Option<u64>,
+    records: &mut [Record; MAX_LIMITS_PER_POLICY],
+    d: &mut Decision,
+) {
+    let limits = policy.limits();
+    // Taking again a lease that is still held renews it: the request it stands for was
+    // counted when the lease was first taken, so the other limits are not charged again.
+    let renewing = cost > 0
+        && lease.is_some_and(|id| {
+            limits.iter().enumerate().any(|(i, l)| {
+                l.algorithm() == Algorithm::Concurrency
+                    && algorithms::holds(state_at(states, i), id, now)
+            })
+        });
+    d.reset(cost, now);
+    let mut allowed = true;
+    for ((i, limit), record) in limits.iter().enumerate().zip(records.iter_mut()) {
+        let charged = if renewing && limit.algorithm() != Algorithm::Concurrency {
+            0
+        } else {
+            cost
+        };
+        let (outcome, planned) = algorithms::plan(limit, state_at(states, i), charged, now, lease);
+        allowed &= outcome.admits;
+        d.push(LimitStatus::new(limit, outcome));
+        *record = planned;
+    }
+    if !allowed {
+        // Nothing is recorded, so limits that would have admitted report their state as it
+        // stands (their outcome above had the cost deducted).
+        *records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
+        if cost > 0 {
+            for (i, (limit, status)) in limits.iter().zip(d.limits_mut()).enumerate() {
+                if status.admits {
+                    let (outcome, _) = algorithms::plan(limit, state_at(states, i), 0, now, None);
+                    *status = LimitStatus::new(limit, outcome);
+                }
+            }
+        }
+    }
+    d.finish(allowed);
 }

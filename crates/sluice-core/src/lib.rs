@@ -42,7 +42,7 @@ pub use algorithms::{
     Outcome, concurrency, expires_at, fixed_window, fixed_window_end, holds, refund, release,
     sliding_window, sliding_window_floor, step, step_holding, token_bucket,
 };
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, Degraded, LimitStatus};
 pub use evaluate::{Evaluation, Writes};
 pub use limit::{

@@ -24,8 +24,12 @@ pub const DEFAULT_BUCKETS: u64 = 60;
 /// about 142 years. It keeps every instant a bucket computes below 2^53 ms.
 pub const MAX_REFILL_MS: u64 = 1 << 42;
 
-/// The most limits one policy may hold.
-pub const MAX_LIMITS_PER_POLICY: usize = 16;
+/// The most limits one policy may hold (a second, a minute, an hour and a day, say). A decision
+/// carries every limit's status inline (no allocation), in an array this long, and is moved by
+/// value through every layer of a call: each limit allowed costs every decision 56 bytes more
+/// to copy, whatever its policy. With 4 a decision is 248 bytes, within glibc's cheapest copy
+/// (docs/benchmarks.md measured 4, 8 and 16).
+pub const MAX_LIMITS_PER_POLICY: usize = 4;
 
 /// The longest policy name, in bytes.
 pub const MAX_POLICY_NAME_LEN: usize = 128;
@@ -295,21 +299,25 @@ impl Limit {
     }
 
     /// Units admitted per window.
+    #[inline]
     pub fn max(&self) -> u64 {
         self.max
     }
 
     /// The window in milliseconds.
+    #[inline]
     pub fn per_ms(&self) -> u64 {
         self.per_ms
     }
 
     /// The algorithm.
+    #[inline]
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
     /// The sliding window's bucket width in ms (0 for other algorithms).
+    #[inline]
     pub fn precision_ms(&self) -> u64 {
         self.precision_ms
     }
@@ -320,6 +328,7 @@ impl Limit {
     }
 
     /// The token bucket's size (0 for other algorithms).
+    #[inline]
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -335,6 +344,7 @@ impl Limit {
     }
 
     /// Whether a fixed window is aligned to the epoch.
+    #[inline]
     pub fn align(&self) -> bool {
         self.align
     }
@@ -452,17 +462,28 @@ impl std::str::FromStr for FailureMode {
 }
 
 /// A named, ordered set of limits applied together to one key.
+///
+/// A handle: the name and limits are one shared allocation, so a clone is one reference
+/// count and two handles of one policy compare by pointer ([`Policy::same_as`]). Callers
+/// that decide often resolve their policy once (e.g. `Limiter::policy`) and keep the handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    shared: Arc<Shared>,
+    on_store_error: FailureMode,
+}
+
+/// What every handle of one policy shares.
+#[derive(Debug, PartialEq, Eq)]
+struct Shared {
     name: Arc<str>,
     limits: Arc<[Limit]>,
     fingerprint: u64,
-    on_store_error: FailureMode,
+    name_hash: u64,
 }
 
 impl Policy {
     /// Builds a policy from validated limits. The name is 1 to 128 bytes of letters, digits,
-    /// `_`, `-`, `.` or `:`; there are 1 to 16 limits.
+    /// `_`, `-`, `.` or `:`; there are 1 to [`MAX_LIMITS_PER_POLICY`] (4) limits.
     pub fn new(name: impl Into<String>, limits: Vec<Limit>) -> Result<Self, LimitError> {
         let name: String = name.into();
         validate_policy_name(&name)?;
@@ -496,11 +517,19 @@ impl Policy {
                 return Err(LimitError::new(format!("limits[{i}]"), reason));
             }
         }
-        let fingerprint = fingerprint(&limits);
+        let fingerprint = fnv1a(limits.iter().flat_map(|l| {
+            let mut tag = l.state_tag().into_bytes();
+            tag.push(b'|');
+            tag
+        }));
+        let name_hash = fnv1a(name.bytes());
         Ok(Self {
-            name: name.into(),
-            limits: limits.into(),
-            fingerprint,
+            shared: Arc::new(Shared {
+                name: name.into(),
+                limits: limits.into(),
+                fingerprint,
+                name_hash,
+            }),
             on_store_error: FailureMode::Open,
         })
     }
@@ -522,35 +551,54 @@ impl Policy {
     }
 
     /// What the policy does when its store cannot answer.
+    #[inline]
     pub fn failure_mode(&self) -> FailureMode {
         self.on_store_error
     }
 
     /// The policy's name.
+    #[inline]
     pub fn name(&self) -> &str {
-        &self.name
+        &self.shared.name
     }
 
     /// The name as a shared string (cheap to clone).
     pub fn name_arc(&self) -> &Arc<str> {
-        &self.name
+        &self.shared.name
+    }
+
+    /// A hash of the name (FNV-1a), computed once: a store that keys a table by (policy, key)
+    /// hashes this rather than the name on every call.
+    #[inline]
+    pub fn name_hash(&self) -> u64 {
+        self.shared.name_hash
     }
 
     /// The limits, in the policy's order.
+    #[inline]
     pub fn limits(&self) -> &[Limit] {
-        &self.limits
+        &self.shared.limits
     }
 
     /// The limits as a shared slice: stores keep it beside a key's states to tell whether the
     /// policy changed since (a pointer comparison).
+    #[inline]
     pub fn limits_arc(&self) -> &Arc<[Limit]> {
-        &self.limits
+        &self.shared.limits
+    }
+
+    /// Whether `other` is a handle of this very policy (built once, then cloned): the same
+    /// name and limits, told by one pointer comparison. The failure modes may differ. Two
+    /// policies built apart are not the same even when equal.
+    #[inline]
+    pub fn same_as(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// A hash of the limits' state tags: equal fingerprints mean stored states line up with
     /// the limits index for index.
     pub fn fingerprint(&self) -> u64 {
-        self.fingerprint
+        self.shared.fingerprint
     }
 }
 
@@ -576,14 +624,12 @@ fn validate_policy_name(name: &str) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// FNV-1a over the state tags: stable across processes and versions (unlike `DefaultHasher`).
-fn fingerprint(limits: &[Limit]) -> u64 {
+/// FNV-1a: stable across processes and versions (unlike `DefaultHasher`).
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for limit in limits {
-        for b in limit.state_tag().bytes().chain(std::iter::once(b'|')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
 }
@@ -708,6 +754,21 @@ mod tests {
             ],
         );
         assert_eq!(dup.err().map(|e| e.field), Some("limits[1]".into()));
+    }
+
+    #[test]
+    fn a_policy_holds_at_most_four_limits() {
+        let specs = |n: u64| {
+            (1..=n)
+                .map(|i| LimitSpec::fixed_window(10, i * 1_000))
+                .collect()
+        };
+        assert!(Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64)).is_ok());
+        let e = Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64 + 1)).err();
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("limits: 5 limits given; a policy holds at most 4")
+        );
     }
 
     #[test]

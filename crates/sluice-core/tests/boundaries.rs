@@ -318,10 +318,10 @@ fn all_or_nothing_records_nothing_when_one_limit_refuses() {
     assert!(!d.allowed);
     assert_eq!(k.states, before, "a denied check changes nothing");
     // The admitting limit reports its state without the cost; the refusing one binds.
-    assert_eq!(d.limits[0].remaining, 7);
-    assert_eq!(d.limits[0].retry_after_ms, Some(0));
-    assert!(d.limits[0].admits);
-    assert_eq!(d.binding, 1);
+    assert_eq!(d.limits()[0].remaining, 7);
+    assert_eq!(d.limits()[0].retry_after_ms, Some(0));
+    assert!(d.limits()[0].admits);
+    assert_eq!(d.binding_index(), 1);
     assert_eq!(d.retry_after_ms(), Some(59_999));
 }
 
@@ -333,12 +333,12 @@ fn binding_when_allowed_is_least_remaining_ties_to_shorter_per() {
         LimitSpec::fixed_window(5, 3_600_000),
     ]);
     let d = k.check(1, T0);
-    assert_eq!(d.binding, 2); // 4 remaining
+    assert_eq!(d.binding_index(), 2); // 4 remaining
     let mut k = Key::new(vec![
         LimitSpec::fixed_window(5, 60_000),
         LimitSpec::fixed_window(5, 1_000),
     ]);
-    assert_eq!(k.check(1, T0).binding, 1);
+    assert_eq!(k.check(1, T0).binding_index(), 1);
 }
 
 #[test]
@@ -349,9 +349,9 @@ fn binding_when_denied_is_largest_retry_after_never_fits_wins() {
     ]);
     k.check(2, T0);
     let d = k.check(2, T0 + 1);
-    assert_eq!(d.limits[0].retry_after_ms, Some(999));
-    assert_eq!(d.limits[1].retry_after_ms, Some(59_999));
-    assert_eq!(d.binding, 1);
+    assert_eq!(d.limits()[0].retry_after_ms, Some(999));
+    assert_eq!(d.limits()[1].retry_after_ms, Some(59_999));
+    assert_eq!(d.binding_index(), 1);
 
     let mut k = Key::new(vec![
         LimitSpec::fixed_window(10, 60_000),
@@ -359,8 +359,8 @@ fn binding_when_denied_is_largest_retry_after_never_fits_wins() {
     ]);
     assert!(k.check(5, T0).allowed);
     let d = k.check(6, T0 + 1); // the window refuses with a wait, the bucket never fits
-    assert_eq!(d.limits[0].retry_after_ms, Some(59_999));
-    assert_eq!(d.binding, 1);
+    assert_eq!(d.limits()[0].retry_after_ms, Some(59_999));
+    assert_eq!(d.binding_index(), 1);
     assert_eq!(d.retry_after_ms(), None);
-    assert_eq!(d.limits[1].algorithm, Algorithm::TokenBucket);
+    assert_eq!(d.limits()[1].algorithm, Algorithm::TokenBucket);
 }

@@ -124,18 +124,19 @@ fn a_renewal_is_not_counted_again_by_the_rate_limits() {
         LimitSpec::concurrency(2, 1_000),
         LimitSpec::fixed_window(3, 60_000),
     ]);
-    assert_eq!(k.hold(1, 1, T0).limits[1].remaining, 2);
+    assert_eq!(k.hold(1, 1, T0).limits()[1].remaining, 2);
     for i in 1..=5 {
         let renewed = k.hold(1, 1, T0 + i * 500);
         assert!(renewed.allowed, "renewal {i}");
         assert_eq!(
-            renewed.limits[1].remaining, 2,
+            renewed.limits()[1].remaining,
+            2,
             "renewal {i} was not charged"
         );
-        assert_eq!(renewed.limits[0].reset_ms, T0 + i * 500 + 1_000);
+        assert_eq!(renewed.limits()[0].reset_ms, T0 + i * 500 + 1_000);
     }
     // Once it has lapsed, the same id is a new lease, and a new request.
-    assert_eq!(k.hold(1, 1, T0 + 5_000).limits[1].remaining, 1);
+    assert_eq!(k.hold(1, 1, T0 + 5_000).limits()[1].remaining, 1);
     // A renewal the concurrency limit refuses keeps the lease as it was.
     assert!(k.hold(2, 1, T0 + 5_001).allowed);
     let grown = k.hold(1, 2, T0 + 5_002);
@@ -185,17 +186,21 @@ fn a_hold_is_all_or_nothing_with_the_rate_limits_of_its_policy() {
     // The concurrency limit is full: the rate limit is not charged.
     let full = k.hold(4, 1, T0 + 4);
     assert!(!full.allowed);
-    assert_eq!(full.limits[1].remaining, 0, "3 holds counted, none refused");
+    assert_eq!(
+        full.limits()[1].remaining,
+        0,
+        "3 holds counted, none refused"
+    );
     assert_eq!(k.release(2, T0 + 5).cost, 1);
     assert_eq!(
-        k.release(2, T0 + 5).limits[1].remaining,
+        k.release(2, T0 + 5).limits()[1].remaining,
         0,
         "a release refunds nothing"
     );
     // Room for a lease, but the window is spent: the lease is not taken.
     let spent = k.hold(4, 1, T0 + 6);
     assert!(!spent.allowed);
-    assert_eq!(spent.limits[0].remaining, 1);
+    assert_eq!(spent.limits()[0].remaining, 1);
     assert_eq!(spent.retry_after_ms(), Some(1_000 - 6));
     assert!(k.hold(4, 1, T0 + 1_000).allowed, "a new window");
     assert_eq!(k.release(4, T0 + 1_001).cost, 1);

@@ -360,4 +360,62 @@ proptest! {
             }
         }
     }
+
+    /// A store writing states in place (`apply_in_place`, the memory store's way) decides and
+    /// stores exactly what the list of writes (`apply`, the pure functions) says, for every
+    /// operation, over policies of one to three limits of every algorithm.
+    #[test]
+    fn writing_in_place_is_writing_the_list(
+        specs in prop::collection::vec(
+            prop_oneof![fixed_spec(), sliding_spec(), bucket_spec(), concurrency_spec()],
+            1..=3,
+        ),
+        ops in prop::collection::vec(any_op(), 1..200),
+    ) {
+        let Ok(policy) = Policy::from_specs("p", specs) else {
+            return Ok(()); // two limits counting the same window: not a valid policy
+        };
+        let n = policy.limits().len();
+        let mut listed: Vec<LimitState> = Vec::new();
+        let mut in_place: Vec<LimitState> = vec![LimitState::Empty; n];
+        let mut now = T0;
+        for (dt, op) in ops {
+            now += dt;
+            let eval = evaluate::apply(&policy, &listed, op, now);
+            let mut d = Decision::empty(0, 0);
+            let wrote = evaluate::apply_in_place(&policy, &mut in_place, op, now, &mut d);
+            prop_assert_eq!(&d, &eval.decision, "{:?} at {}", op, now);
+            prop_assert_eq!(wrote, eval.writes.is_some());
+            if let Some(writes) = eval.writes {
+                listed.resize(n, LimitState::Empty);
+                for (s, w) in listed.iter_mut().zip(writes) {
+                    if let Some(w) = w {
+                        *s = w;
+                    }
+                }
+            }
+            let mut padded = listed.clone();
+            padded.resize(n, LimitState::Empty);
+            prop_assert_eq!(&in_place, &padded, "{:?} at {}", op, now);
+        }
+    }
+}
+
+fn concurrency_spec() -> impl Strategy<Value = LimitSpec> {
+    (1u64..=5, prop_oneof![Just(50u64), Just(1_000)])
+        .prop_map(|(max, ttl)| LimitSpec::concurrency(max, ttl))
+}
+
+/// A pause and an operation of any kind (leases 1 to 3, so some are taken twice).
+fn any_op() -> impl Strategy<Value = (u64, evaluate::Op)> {
+    use evaluate::Op as O;
+    let op = prop_oneof![
+        4 => (0u64..=6).prop_map(|cost| O::Check { cost }),
+        1 => (0u64..=6).prop_map(|cost| O::Peek { cost }),
+        1 => (0u64..=6).prop_map(|cost| O::Refund { cost }),
+        1 => (0u64..=3, 0u64..=8).prop_map(|(min, max)| O::Acquire { min, max, holder: 0 }),
+        2 => (0u64..=3, 1u64..=3).prop_map(|(cost, lease)| O::Hold { cost, lease }),
+        1 => (1u64..=3).prop_map(|lease| O::Release { lease }),
+    ];
+    (prop_oneof![3 => 0u64..=20, 1 => 0u64..=2_000], op)
 }

@@ -658,7 +658,7 @@ mod tests {
         let core = evaluate::check(&p, &states, 2, 10_000).decision;
         assert_eq!(d, core);
         assert_eq!(
-            d.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+            d.limits().iter().map(|l| l.remaining).collect::<Vec<_>>(),
             [1, 3, 0]
         );
         // The script admitted what the core refuses: an error, never a wrong answer.
@@ -670,7 +670,7 @@ mod tests {
         // Nothing stored anywhere: (0, 0), no bucket, (0, 0).
         let empty = decode_rate(&ints(&[1, now, 0, 0, 0, 0, 0]), &p, Op::Peek { cost: 1 })
             .expect("valid reply");
-        assert_eq!(empty.limits[0].remaining, 9);
+        assert_eq!(empty.limits()[0].remaining, 9);
         // A value short, a value too many, a negative one.
         for (reply, says) in [
             (
@@ -708,8 +708,8 @@ mod tests {
         let d = decode(&reply, &p, Op::Check { cost: 3 }).expect("valid reply");
         assert!(d.allowed);
         assert_eq!((d.cost, d.now_ms, d.degraded), (3, 1_234, None));
-        assert_eq!(d.binding, 0, "the least remaining binds");
-        let l = d.limits[1];
+        assert_eq!(d.binding_index(), 0, "the least remaining binds");
+        let l = d.limits()[1];
         assert_eq!(
             (l.max, l.per_ms, l.algorithm),
             (100, 60_000, Algorithm::TokenBucket)
@@ -728,9 +728,9 @@ mod tests {
         let d = decode(&reply, &p, Op::Peek { cost: 200 }).expect("valid reply");
         assert!(!d.allowed);
         assert_eq!((d.cost, d.now_ms), (200, 5_000));
-        assert_eq!(d.limits[0].retry_after_ms, Some(400));
-        assert_eq!(d.limits[1].retry_after_ms, None);
-        assert_eq!(d.binding, 1, "never fitting is the longest wait");
+        assert_eq!(d.limits()[0].retry_after_ms, Some(400));
+        assert_eq!(d.limits()[1].retry_after_ms, None);
+        assert_eq!(d.binding_index(), 1, "never fitting is the longest wait");
     }
 
     #[test]

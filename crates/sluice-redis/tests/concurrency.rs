@@ -212,7 +212,8 @@ async fn what_a_redis_restart_keeps_of_the_leases() {
             assert!(limiter.acquire("jobs", "k", 1).await.unwrap().1.is_some());
         } else {
             assert_eq!(
-                after.limits[0].remaining, MAX,
+                after.limits()[0].remaining,
+                MAX,
                 "a restart forgot the leases"
             );
             assert_eq!(

@@ -149,7 +149,7 @@ async fn one_window_reports_one_reset_over_two_seconds_of_real_time() {
 /// The anomalies GitHub saw: "denied with remaining = max" and a reset that moves backwards
 /// inside a window.
 fn assert_consistent(label: &str, d: &Decision, cost: u64, last_reset: &mut [u64]) {
-    for (i, s) in d.limits.iter().enumerate() {
+    for (i, s) in d.limits().iter().enumerate() {
         let full = s.max.max(s.remaining);
         assert!(
             !(!s.admits && s.remaining >= full && cost <= s.max),
@@ -157,7 +157,7 @@ fn assert_consistent(label: &str, d: &Decision, cost: u64, last_reset: &mut [u64
         );
     }
     // The fixed window (limit 0): while it has something counted, its reset only moves on.
-    let fixed = &d.limits[0];
+    let fixed = &d.limits()[0];
     if fixed.remaining < fixed.max {
         assert!(
             fixed.reset_ms >= last_reset[0],
@@ -629,7 +629,7 @@ fn old_reply(v: &redis::Value) -> Vec<i64> {
 /// What the old release would have answered for `d`, in its reply's shape.
 fn as_old_reply(d: &Decision) -> Vec<i64> {
     let mut r = vec![i64::from(d.allowed), d.now_ms as i64];
-    for l in &d.limits {
+    for l in d.limits() {
         r.extend([
             i64::from(l.admits),
             l.remaining as i64,

@@ -588,7 +588,7 @@ fn decision_response_with(
         retry_after: b.retry_after_ms.map(secs_up),
         degraded: d.is_degraded(),
         limits: d
-            .limits
+            .limits()
             .iter()
             .map(|s| LimitBody {
                 max: s.max,

@@ -213,7 +213,7 @@ pub(crate) fn duration(ms: u64) -> String {
 /// [`RateLimitLayer::on_denied`](crate::RateLimitLayer::on_denied) too.
 pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes> {
     let b = decision.binding();
-    let item = item_name(policy, decision.binding);
+    let item = item_name(policy, decision.binding_index());
     // A token bucket's burst is part of its quota: a cost above it never fits.
     let quota = match b.algorithm {
         sluice::Algorithm::TokenBucket => {
@@ -234,7 +234,7 @@ pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes
         ),
     };
     let violated = decision
-        .limits
+        .limits()
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.admits)

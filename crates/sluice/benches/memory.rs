@@ -3,7 +3,15 @@
 //! at the end, the ratio sluice / governor for each pair.
 //!
 //! Both sides are driven the same way: a pre-built set of `String` keys, cycled in order, and
-//! a rate high enough that every decision is an admission (the common path).
+//! a rate high enough that every decision is an admission (the common path). Sluice is called
+//! as an application holding its policy does, with a handle resolved once by `Limiter::policy`:
+//! `Limiter::check_now` (the memory store answers at once, like governor) and
+//! `Limiter::check_policy` (the future every store has); one more row measures `Limiter::check`
+//! by name.
+//!
+//! The machine these run on is shared, so besides criterion's estimate the ratios are also
+//! given from each benchmark's fastest sample (ns per iteration), the one least disturbed by
+//! other processes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -18,6 +26,9 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
 use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+
+/// The limiter, the policy handle an application keeps, and the keys.
+type SluiceState = (Limiter<MemoryStore>, Policy, Vec<String>);
 
 const MANY_KEYS: usize = 1_000_000;
 const RATE: u32 = 1_000_000_000;
@@ -58,14 +69,15 @@ fn lazily<T>(setup: impl Fn() -> T) -> impl FnMut() -> std::rc::Rc<T> {
     }
 }
 
-fn sluice_setup(specs: Vec<LimitSpec>, n_keys: usize) -> (Limiter<MemoryStore>, Vec<String>) {
+fn sluice_setup(specs: Vec<LimitSpec>, n_keys: usize) -> SluiceState {
     let keys = keys(n_keys);
     let limiter = sluice_limiter(specs);
+    let policy = limiter.policy("p").unwrap().clone();
     // Insert every key first, so the measured loop is the steady state.
     for k in &keys {
-        now(limiter.check("p", k, 1)).unwrap();
+        now(limiter.check_policy(&policy, k, 1)).unwrap();
     }
-    (limiter, keys)
+    (limiter, policy, keys)
 }
 
 fn governor_setup(limiters: usize, n_keys: usize) -> (Vec<Governor>, Vec<String>) {
@@ -87,19 +99,49 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
     let mut g = c.benchmark_group(group);
     let n_limits = specs.len();
     let mut sluice = lazily(move || sluice_setup(specs.clone(), n_keys));
-    g.bench_function(BenchmarkId::new("sluice", label(n_keys)), |b| {
+    g.bench_function(BenchmarkId::new("sluice now", label(n_keys)), |b| {
         let state = sluice();
-        let (limiter, keys) = &*state;
+        let (limiter, policy, keys) = &*state;
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % keys.len();
             black_box(
-                now(limiter.check("p", black_box(&keys[i]), 1))
+                limiter
+                    .check_now(policy, black_box(&keys[i]), 1)
                     .unwrap()
                     .allowed,
             )
         })
     });
+    g.bench_function(BenchmarkId::new("sluice", label(n_keys)), |b| {
+        let state = sluice();
+        let (limiter, policy, keys) = &*state;
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(
+                now(limiter.check_policy(policy, black_box(&keys[i]), 1))
+                    .unwrap()
+                    .allowed,
+            )
+        })
+    });
+    if n_keys == 1 {
+        // The convenience: the policy looked up by name on every call.
+        g.bench_function(BenchmarkId::new("sluice by name", label(n_keys)), |b| {
+            let state = sluice();
+            let (limiter, _, keys) = &*state;
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(
+                    now(limiter.check("p", black_box(&keys[i]), 1))
+                        .unwrap()
+                        .allowed,
+                )
+            })
+        });
+    }
     // Governor has one limit per limiter: a policy of n limits is n keyed limiters in turn.
     let mut gov = lazily(move || governor_setup(n_limits, n_keys));
     g.bench_function(BenchmarkId::new("governor", label(n_keys)), |b| {
@@ -120,18 +162,26 @@ fn criterion_dir() -> PathBuf {
 }
 
 /// Reads criterion's estimate (ns) of one benchmark's latest run: the slope, which is the
-/// "time" criterion prints, or the median when there is no slope.
-fn estimate_ns(group: &str, function: &str, label: &str) -> Option<f64> {
-    let dir = criterion_dir()
-        .join(group)
-        .join(function)
-        .join(label)
-        .join("new/estimates.json");
-    let text = std::fs::read_to_string(&dir).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["slope"]["point_estimate"]
+/// "time" criterion prints, or the median when there is no slope; and its fastest sample
+/// (ns per iteration).
+fn estimate_ns(group: &str, function: &str, label: &str) -> Option<(f64, f64)> {
+    let dir = criterion_dir().join(group).join(function).join(label);
+    let read = |file: &str| -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.join("new").join(file)).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    let v = read("estimates.json")?;
+    let estimate = v["slope"]["point_estimate"]
         .as_f64()
-        .or_else(|| v["median"]["point_estimate"].as_f64())
+        .or_else(|| v["median"]["point_estimate"].as_f64())?;
+    let samples = read("sample.json")?;
+    let fastest = samples["times"]
+        .as_array()?
+        .iter()
+        .zip(samples["iters"].as_array()?)
+        .filter_map(|(t, n)| Some(t.as_f64()? / n.as_f64()?))
+        .fold(f64::INFINITY, f64::min);
+    Some((estimate, fastest))
 }
 
 fn main() {
@@ -159,18 +209,30 @@ fn main() {
     if !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    println!("\nsluice / governor (ns per decision, latest measurement of each):");
+    println!(
+        "\nsluice / governor, ns per decision (criterion's estimate; fastest sample), latest \
+         measurement of each:"
+    );
     for group in ["token_bucket_1_limit", "sliding_3_limits"] {
-        for label in ["1 key".to_string(), format!("{MANY_KEYS} keys")] {
+        for (function, label) in [
+            ("sluice now", "1 key".to_string()),
+            ("sluice", "1 key".to_string()),
+            ("sluice by name", "1 key".to_string()),
+            ("sluice now", format!("{MANY_KEYS} keys")),
+            ("sluice", format!("{MANY_KEYS} keys")),
+        ] {
+            let name = format!("{group} {label}");
             match (
-                estimate_ns(group, "sluice", &label),
+                estimate_ns(group, function, &label),
                 estimate_ns(group, "governor", &label),
             ) {
-                (Some(s), Some(g)) => println!(
-                    "  {group:<22} {label:<14} sluice {s:>7.1} ns  governor {g:>7.1} ns  ratio {:.2}",
-                    s / g
+                (Some((s, s_min)), Some((g, g_min))) => println!(
+                    "  {name:<36} {function:<15} {s:>7.1} ns / governor {g:>7.1} ns = {:.2}; \
+                     fastest {s_min:>6.1} / {g_min:>6.1} = {:.2}",
+                    s / g,
+                    s_min / g_min
                 ),
-                _ => println!("  {group:<22} {label:<14} (not measured in this run)"),
+                _ => println!("  {name:<36} {function:<15} (not measured in this run)"),
             }
         }
     }

@@ -29,8 +29,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             d.retry_after_ms()
         );
     }
+    // A hot path keeps the policy's handle; the memory store answers at once.
+    let uploads = limiter
+        .policy("uploads")
+        .ok_or("no policy uploads")?
+        .clone();
     for cost in [2, 1, 1, 3] {
-        let d = limiter.check("uploads", "user:42", cost).await?;
+        let d = limiter.check_now(&uploads, "user:42", cost)?;
         println!(
             "uploads user:42  {cost}     {:<7}  {:<9}  {}  {:?}",
             d.allowed,

@@ -186,7 +186,7 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
     }
     if sets.ietf {
         field(Field::RateLimitPolicy, &|o| {
-            for (i, s) in d.limits.iter().enumerate() {
+            for (i, s) in d.limits().iter().enumerate() {
                 if i > 0 {
                     o.push_str(", ");
                 }
@@ -200,7 +200,7 @@ pub fn render(policy: &Policy, d: &Decision, sets: Sets, mut emit: impl FnMut(Fi
             }
         });
         field(Field::RateLimit, &|o| {
-            for (i, s) in d.limits.iter().enumerate() {
+            for (i, s) in d.limits().iter().enumerate() {
                 if i > 0 {
                     o.push_str(", ");
                 }
@@ -376,13 +376,9 @@ mod tests {
         let d = run(&p, 1, 3);
         assert!(!d.allowed);
         assert_eq!(retry_after(&d), Some(("retry-after", "1".to_owned())));
-        let h = all(
-            &p,
-            &Decision {
-                now_ms: NOW + 400,
-                ..d.clone()
-            },
-        );
+        let mut later = d.clone();
+        later.now_ms = NOW + 400;
+        let h = all(&p, &later);
         assert_eq!(h[5], ("retry-after", "1".to_owned()));
         assert_eq!(h[1], ("x-ratelimit-remaining", "0".to_owned()));
         assert_eq!(h[2], ("x-ratelimit-used", "2".to_owned()));
@@ -465,10 +461,8 @@ mod tests {
         let d = run(&p, 1, 1);
         // The same decision, read 10 s later by a caller whose clock is ahead: `t` still
         // counts from when it was decided.
-        let later = Decision {
-            now_ms: NOW + 10_000,
-            ..d.clone()
-        };
+        let mut later = d.clone();
+        later.now_ms = NOW + 10_000;
         assert_eq!(
             ietf(&p, &d)[1].1,
             "\"api:0\";r=1;t=1, \"api:1\";r=99;t=3600"
@@ -488,10 +482,7 @@ mod tests {
         let mut seen = 0;
         render(&p, &open, Sets::ALL, |_, _| seen += 1);
         assert_eq!(seen, 0);
-        let local = Decision {
-            degraded: Some(Degraded::Local),
-            ..run(&p, 1, 1)
-        };
+        let local = run(&p, 1, 1).degraded(Degraded::Local);
         assert_eq!(
             all(&p, &local)[1],
             ("x-ratelimit-remaining", "1".to_owned())

@@ -5,6 +5,12 @@
 //! [`Decision`]: allowed or denied, with `remaining`, `reset` and `retry_after` for every limit
 //! and the binding one. Being limited is a value; an `Err` means the store failed.
 //!
+//! A caller deciding often resolves its policy once ([`Limiter::policy`]) and keeps the
+//! [`Policy`] handle for [`Limiter::check_policy`]; over the [`MemoryStore`], which never
+//! waits, [`Limiter::check_now`] answers without a future (the fastest way in, see
+//! docs/benchmarks.md). The default clock, [`SystemClock`], reads the CPU's time-stamp counter
+//! between readings of the wall clock once a second.
+//!
 //! The algorithms (fixed window, sliding window, token bucket as GCRA) live in
 //! [`sluice_core`], pure and re-exported here. Stores: [`MemoryStore`] (this process) and the
 //! Redis stores of `sluice-redis`, which run the same algorithms as Lua scripts.
@@ -25,17 +31,19 @@
 //! let d = limiter.check("api", "user:42", 1).await?;
 //! assert!(d.allowed);
 //! assert_eq!(d.remaining(), 9); // the 10-per-second limit binds
-//! assert_eq!(d.limits[1].remaining, 4_999);
+//! assert_eq!(d.limits()[1].remaining, 4_999);
 //!
 //! assert!(!limiter.check("api", "user:42", 10).await?.allowed); // all or nothing
 //! clock.advance(1_000);
-//! assert!(limiter.check("api", "user:42", 10).await?.allowed);
+//! let api = limiter.policy("api").expect("added above").clone(); // keep the handle
+//! assert!(limiter.check_now(&api, "user:42", 10)?.allowed);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })
 //! # }
 //! ```
 
 pub mod breaker;
+mod clock;
 pub mod headers;
 mod limiter;
 mod memory;
@@ -43,13 +51,14 @@ pub mod reserve;
 mod store;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use clock::SystemClock;
 pub use limiter::{Error, Lease, Limiter, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use reserve::{Batch, DEFAULT_MAX_ERROR, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::evaluate::Op;
 pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
-    LimitState, LimitStatus, ManualClock, Policy, SystemClock,
+    LimitState, LimitStatus, ManualClock, Policy,
 };
 pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError, StoreExt};
 

@@ -1,12 +1,15 @@
 //! The `Limiter`: policies, a clock and a store behind one small API.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use sluice_core::evaluate::Op;
-use sluice_core::{
-    Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy, SystemClock,
-};
+use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
+
+use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
 use crate::store::{Store, StoreError};
@@ -155,13 +158,15 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 
     /// [`Limiter::check`] with a policy the caller holds (one not registered by name).
-    pub async fn check_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
+    pub fn check_policy<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        self.call(policy, key, Op::Check { cost }).await
+    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
+        // The call's own future, not one more `async` layer around it: a decision is a few
+        // hundred bytes, and each layer would move it once more.
+        self.call(policy, key, Op::Check { cost })
     }
 
     /// The decision a check of `cost` would get now; records nothing.
@@ -170,13 +175,15 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 
     /// [`Limiter::peek`] with a policy the caller holds.
-    pub async fn peek_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
+    pub fn peek_policy<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        self.call(policy, key, Op::Peek { cost }).await
+    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
+        // The call's own future, not one more `async` layer around it: a decision is a few
+        // hundred bytes, and each layer would move it once more.
+        self.call(policy, key, Op::Peek { cost })
     }
 
     /// Gives `cost` back to the key's current windows, never below zero used.
@@ -185,13 +192,15 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 
     /// [`Limiter::refund`] with a policy the caller holds.
-    pub async fn refund_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
+    pub fn refund_policy<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        self.call(policy, key, Op::Refund { cost }).await
+    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
+        // The call's own future, not one more `async` layer around it: a decision is a few
+        // hundred bytes, and each layer would move it once more.
+        self.call(policy, key, Op::Refund { cost })
     }
 
     /// Takes a lease of `cost` units for `key` in the policy's concurrency limit, recording
@@ -294,18 +303,22 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     }
 
     /// Validates the request and runs `op` on the store now, applying the policy's failure
-    /// mode if the store cannot answer.
-    async fn call(&self, policy: &Policy, key: &str, op: Op) -> Result<Decision, Error> {
-        validate(key, op.cost())?;
-        let now = self.clock.now_ms();
-        match self.store.call(policy, key, op, now).await {
-            Ok(d) => Ok(d),
-            Err(e) => self.failed(policy, key, op, now, e).await,
-        }
+    /// mode if the store cannot answer. The key is validated and the clock read when the
+    /// future is first polled.
+    fn call<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        op: Op,
+    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
+        Call::new(self, policy, key, op, move |now| {
+            self.store.call(policy, key, op, now)
+        })
     }
 
-    /// Applies the policy's failure mode to a store error.
-    async fn failed(
+    /// Applies the policy's failure mode to a store error. The insurance store is in memory
+    /// and never waits, so this decides at once.
+    fn failed(
         &self,
         policy: &Policy,
         key: &str,
@@ -318,10 +331,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         }
         match policy.failure_mode() {
             FailureMode::Open => Ok(Decision::fail_open(policy, op.cost(), now)),
-            FailureMode::Local => {
-                let decided = self.insurance.call(policy, key, op, now).await;
-                Ok(decided?.degraded(Degraded::Local))
-            }
+            FailureMode::Local => Ok(self
+                .insurance
+                .decide(policy, key, op, now)
+                .degraded(Degraded::Local)),
             // Closed, and any mode added later: refuse to decide.
             _ => Err(Error::Store(error)),
         }
@@ -331,6 +344,76 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.policies
             .get(name)
             .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Limiter::call`], written out rather than `async`: a decision is a few
+    /// hundred bytes, and an `async fn` moves its answer through its state several times
+    /// where this moves it once.
+    struct Call<'a, S, C, G, F> {
+        limiter: &'a Limiter<S, C>,
+        policy: &'a Policy,
+        key: &'a str,
+        op: Op,
+        now: u64,
+        // Makes the store's future at the first poll, given `now`.
+        start: Option<G>,
+        #[pin]
+        store: Option<F>,
+    }
+}
+
+impl<'a, S, C, G, F> Call<'a, S, C, G, F>
+where
+    G: FnOnce(u64) -> F,
+{
+    fn new(limiter: &'a Limiter<S, C>, policy: &'a Policy, key: &'a str, op: Op, start: G) -> Self {
+        Self {
+            limiter,
+            policy,
+            key,
+            op,
+            now: 0,
+            start: Some(start),
+            store: None,
+        }
+    }
+}
+
+impl<S, C, G, F> Future for Call<'_, S, C, G, F>
+where
+    S: Store,
+    C: Clock,
+    G: FnOnce(u64) -> F,
+    F: Future<Output = Result<Decision, StoreError>>,
+{
+    type Output = Result<Decision, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Some(start) = this.start.take() {
+            if let Err(e) = validate(this.key, this.op.cost()) {
+                return Poll::Ready(Err(e));
+            }
+            *this.now = this.limiter.clock.now_ms();
+            this.store.set(Some(start(*this.now)));
+        }
+        let Some(store) = this.store.as_mut().as_pin_mut() else {
+            return Poll::Ready(Err(Error::Store(StoreError::Backend(
+                "a limiter call was polled after it completed".to_owned(),
+            ))));
+        };
+        match store.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(d)) => Poll::Ready(Ok(d)),
+            Poll::Ready(Err(e)) => {
+                Poll::Ready(
+                    this.limiter
+                        .failed(this.policy, this.key, *this.op, *this.now, e),
+                )
+            }
+        }
     }
 }
 
@@ -363,4 +446,37 @@ fn validate(key: &str, cost: u64) -> Result<(), Error> {
         return Err(Error::InvalidCost(cost));
     }
     Ok(())
+}
+
+/// A limiter over the memory store can answer at once: the store never waits, so these skip
+/// the future. Through a future, a decision (a few hundred bytes) is moved once per layer, which
+/// costs more than the decision itself (docs/benchmarks.md).
+impl<C: Clock> Limiter<MemoryStore, C> {
+    /// [`Limiter::check_policy`], answered at once.
+    pub fn check_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Check { cost })
+    }
+
+    /// [`Limiter::peek_policy`], answered at once.
+    pub fn peek_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Peek { cost })
+    }
+
+    /// [`Limiter::refund_policy`], answered at once.
+    pub fn refund_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.now(policy, key, Op::Refund { cost })
+    }
+
+    /// Validates the request and runs `op` on the memory store now. The decision is decided
+    /// into the value returned, so it is not built in one place and moved to another.
+    fn now(&self, policy: &Policy, key: &str, op: Op) -> Result<Decision, Error> {
+        let mut answer = Ok(Decision::empty(0, 0));
+        if let Err(e) = validate(key, op.cost()) {
+            answer = Err(e);
+        } else if let Ok(d) = &mut answer {
+            let now = self.clock.now_ms();
+            self.store.decide_into(policy, key, op, now, d);
+        }
+        answer
+    }
 }

@@ -15,7 +15,9 @@
 use std::collections::HashMap;
 use std::future::{Future, ready};
 use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use hashbrown::HashTable;
 use sluice_core::evaluate::{self, Op};
@@ -36,6 +38,10 @@ pub struct MemoryStore {
     /// second per hot key), so one lock is enough.
     holders: Mutex<Holders>,
 }
+
+/// A key's states, one per limit of its policy: the first inline in the entry, so a
+/// one-limit policy's key is one allocation (its name) besides its slot in the table.
+type States = smallvec::SmallVec<[LimitState; 1]>;
 
 /// Per (policy, key): each holder and the instant it stops counting.
 type Holders = HashMap<(Box<str>, Box<str>), Vec<(u64, u64)>>;
@@ -58,12 +64,11 @@ struct ShardInner {
 }
 
 struct Entry {
-    hash: u64,
-    policy: Arc<str>,
+    /// A handle of the policy whose limits `states` line up with (one allocation per policy,
+    /// shared by its keys).
+    policy: Policy,
     key: Box<str>,
-    /// The limits `states` line up with (shared with the policy, so one per policy).
-    limits: Arc<[Limit]>,
-    states: Vec<LimitState>,
+    states: States,
     /// From this instant every state means the same as none: the entry may be dropped.
     expires_at: u64,
 }
@@ -126,7 +131,10 @@ impl MemoryStore {
             hs.retain(|&(_, until)| until > now_ms);
             !hs.is_empty()
         });
-        self.shards.iter().map(|s| lock(s).sweep(now_ms)).sum()
+        self.shards
+            .iter()
+            .map(|s| lock(s).sweep(now_ms, &self.hasher))
+            .sum()
     }
 
     /// Counts `holder` on (policy, key) until `now + the policy's shortest window` and returns
@@ -141,74 +149,115 @@ impl MemoryStore {
     }
 
     fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {
-        let hash = self.hasher.hash_one((policy.name(), key));
+        let hash = hash_of(&self.hasher, policy, key);
         // hashbrown uses the low bits for the slot and the top 7 for tags: take the middle.
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
         (hash, &self.shards[index])
     }
 
-    /// Runs `f` on the key's states under its shard's lock and applies the writes it returns.
-    fn update(
+    /// What [`Store::call`] answers, at once: the memory store never waits.
+    pub fn decide(&self, policy: &Policy, key: &str, op: Op, now_ms: u64) -> Decision {
+        let mut decision = Decision::empty(0, now_ms);
+        self.decide_into(policy, key, op, now_ms, &mut decision);
+        decision
+    }
+
+    /// Runs `op` on the key's state into `decision`: the whole of [`Store::call`], done when
+    /// its future is polled.
+    pub(crate) fn decide_into(
         &self,
         policy: &Policy,
         key: &str,
+        op: Op,
         now: u64,
-        f: impl FnOnce(&[LimitState]) -> evaluate::Evaluation,
-    ) -> Decision {
+        decision: &mut Decision,
+    ) {
+        if op.is_read_only() {
+            self.read(policy, key, op, now, decision);
+        } else {
+            self.update(policy, key, op, now, decision);
+        }
+        if let Op::Acquire { holder, .. } = op
+            && holder != 0
+        {
+            decision.holders = self.hold(policy, key, holder, now);
+        }
+    }
+
+    /// Runs `op` on the key's states under its shard's lock, writing them in place.
+    fn update(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        inner.maybe_sweep(now);
-        let found = inner.table.find_mut(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        });
-        match found {
+        inner.maybe_sweep(now, &self.hasher);
+        match inner.table.find_mut(hash, |e| e.is(policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
-                let eval = f(&entry.states);
-                if let Some(writes) = eval.writes {
-                    apply(&mut entry.states, writes);
+                if evaluate::apply_in_place(policy, &mut entry.states, op, now, decision) {
                     entry.expires_at = expiry(policy, &entry.states, now);
                 }
-                eval.decision
             }
             None => {
-                let eval = f(&[]);
-                if let Some(writes) = eval.writes {
-                    let mut states = Vec::with_capacity(writes.len());
-                    apply(&mut states, writes);
+                // Exactly one state per limit (collecting would round the allocation up to
+                // a power of two).
+                let mut states = States::from_elem(LimitState::Empty, policy.limits().len());
+                if evaluate::apply_in_place(policy, &mut states, op, now, decision) {
                     let entry = Entry {
-                        hash,
-                        policy: policy.name_arc().clone(),
+                        policy: policy.clone(),
                         key: key.into(),
-                        limits: policy.limits_arc().clone(),
                         expires_at: expiry(policy, &states, now),
                         states,
                     };
-                    inner.table.insert_unique(hash, entry, |e| e.hash);
+                    inner
+                        .table
+                        .insert_unique(hash, entry, |e| e.hash(&self.hasher));
                 }
-                eval.decision
             }
         }
     }
 
-    fn read(
-        &self,
-        policy: &Policy,
-        key: &str,
-        f: impl FnOnce(&[LimitState]) -> Decision,
-    ) -> Decision {
+    /// The decision of a peek, from the key's states under its shard's lock.
+    fn read(&self, policy: &Policy, key: &str, op: Op, now: u64, decision: &mut Decision) {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        let found = inner.table.find_mut(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        });
-        match found {
+        match inner.table.find_mut(hash, |e| e.is(policy, key)) {
             Some(entry) => {
                 entry.align_to(policy);
-                f(&entry.states)
+                evaluate::apply_in_place(policy, &mut entry.states, op, now, decision);
             }
-            None => f(&[]),
+            None => {
+                evaluate::apply_in_place(policy, &mut [], op, now, decision);
+            }
         }
+    }
+}
+
+/// The future of [`MemoryStore::call`]: it decides when polled, into the very value `poll`
+/// returns, so a decision (a few hundred bytes) is not built in one place and moved to
+/// another on its way out.
+struct Decide<'s, 'p, 'k> {
+    store: &'s MemoryStore,
+    call: Option<(&'p Policy, &'k str, Op, u64)>,
+}
+
+impl Future for Decide<'_, '_, '_> {
+    type Output = Result<Decision, StoreError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        // One value returned on every path, so it is built where the caller wants it.
+        let call = self.call.take();
+        let mut answer = Poll::Ready(Ok(Decision::empty(0, 0)));
+        match (call, &mut answer) {
+            (Some((policy, key, op, now)), Poll::Ready(Ok(decision))) => {
+                self.store.decide_into(policy, key, op, now, decision);
+            }
+            _ => {
+                answer = Poll::Ready(Err(StoreError::Backend(
+                    "a memory store call was polled after it completed".to_owned(),
+                )));
+            }
+        }
+        answer
     }
 }
 
@@ -221,44 +270,61 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardInner> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn apply(states: &mut Vec<LimitState>, writes: evaluate::Writes) {
-    if states.len() < writes.len() {
-        states.resize(writes.len(), LimitState::Empty);
-    }
-    for (state, write) in states.iter_mut().zip(writes) {
-        if let Some(w) = write {
-            *state = w;
-        }
-    }
+/// The hash of (policy, key), from the policy's name hash.
+fn hash_of(hasher: &foldhash::fast::RandomState, policy: &Policy, key: &str) -> u64 {
+    hasher.hash_one((policy.name_hash(), key))
 }
 
+/// From when the key's states mean nothing (`now` if they already do).
+#[inline]
 fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
-    evaluate::expires_at(policy, states).unwrap_or(now)
+    let at = match (policy.limits(), states) {
+        ([limit], [state]) => sluice_core::expires_at(limit, state),
+        _ => evaluate::expires_at(policy, states),
+    };
+    at.unwrap_or(now)
 }
 
 impl Entry {
+    /// Whether this is the entry of `key` under `policy`: by pointer for the handle it was
+    /// written with, by name for another (a reload's).
+    fn is(&self, policy: &Policy, key: &str) -> bool {
+        (self.policy.same_as(policy) || self.policy.name() == policy.name()) && *self.key == *key
+    }
+
+    /// Its hash in the shard's table (recomputed when the table grows or shrinks, rather than
+    /// kept in every entry).
+    fn hash(&self, hasher: &foldhash::fast::RandomState) -> u64 {
+        hash_of(hasher, &self.policy, &self.key)
+    }
+
     /// Lines the stored states up with `policy`'s limits. When the policy's limits changed
     /// (a configuration reload), each state follows the limit with the same state tag and
     /// limits that are new start empty.
+    #[inline]
     fn align_to(&mut self, policy: &Policy) {
-        let limits = policy.limits_arc();
-        if Arc::ptr_eq(&self.limits, limits) {
-            return;
+        if !self.policy.same_as(policy) {
+            self.realign(policy);
         }
-        let same_shape = self.limits.len() == limits.len()
-            && self
-                .limits
-                .iter()
-                .zip(limits.iter())
-                .all(|(a, b)| a.state_tag() == b.state_tag());
+    }
+
+    /// [`Entry::align_to`] for another handle than the one the states were written with.
+    #[cold]
+    fn realign(&mut self, policy: &Policy) {
+        let (old, new) = (self.policy.limits(), policy.limits());
+        let same_shape = Arc::ptr_eq(self.policy.limits_arc(), policy.limits_arc())
+            || (old.len() == new.len()
+                && old
+                    .iter()
+                    .zip(new)
+                    .all(|(a, b)| a.state_tag() == b.state_tag()));
         if !same_shape {
-            let old: Vec<(String, LimitState)> = self
-                .limits
+            let old: Vec<(String, LimitState)> = old
                 .iter()
                 .map(Limit::state_tag)
                 .zip(std::mem::take(&mut self.states))
                 .collect();
-            self.states = limits
+            self.states = new
                 .iter()
                 .map(|l| {
                     let tag = l.state_tag();
@@ -268,25 +334,25 @@ impl Entry {
                 })
                 .collect();
         }
-        self.limits = limits.clone();
+        self.policy = policy.clone();
     }
 }
 
 impl ShardInner {
-    fn maybe_sweep(&mut self, now: u64) {
+    fn maybe_sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
         if self.table.len() >= self.sweep_at_len
             || now >= self.last_sweep_ms.saturating_add(SWEEP_INTERVAL_MS)
         {
-            self.sweep(now);
+            self.sweep(now, hasher);
         }
     }
 
-    fn sweep(&mut self, now: u64) -> usize {
+    fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) -> usize {
         let before = self.table.len();
         self.table.retain(|e| e.expires_at > now);
         let len = self.table.len();
         if self.table.capacity() > 4 * len.max(16) {
-            self.table.shrink_to_fit(|e| e.hash);
+            self.table.shrink_to_fit(|e| e.hash(hasher));
         }
         self.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
         self.last_sweep_ms = now;
@@ -302,18 +368,10 @@ impl Store for MemoryStore {
         op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let decide = |states: &[LimitState]| evaluate::apply(policy, states, op, now_ms);
-        let mut decision = if op.is_read_only() {
-            self.read(policy, key, |states| decide(states).decision)
-        } else {
-            self.update(policy, key, now_ms, decide)
-        };
-        if let Op::Acquire { holder, .. } = op
-            && holder != 0
-        {
-            decision.holders = self.hold(policy, key, holder, now_ms);
+        Decide {
+            store: self,
+            call: Some((policy, key, op, now_ms)),
         }
-        ready(Ok(decision))
     }
 
     fn forget(
@@ -323,9 +381,7 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (hash, shard) = self.locate(policy, key);
         let mut inner = lock(shard);
-        if let Ok(entry) = inner.table.find_entry(hash, |e| {
-            e.hash == hash && *e.policy == *policy.name() && *e.key == *key
-        }) {
+        if let Ok(entry) = inner.table.find_entry(hash, |e| e.is(policy, key)) {
             entry.remove();
         }
         drop(inner);
@@ -408,11 +464,11 @@ mod tests {
             LimitSpec::fixed_window(10, 1_000),
         ]);
         let d = block(s.peek(&new, "k", 0, T0 + 1)).expect("memory store");
-        assert_eq!(d.limits[0].remaining, 100);
-        assert_eq!(d.limits[1].remaining, 7);
+        assert_eq!(d.limits()[0].remaining, 100);
+        assert_eq!(d.limits()[1].remaining, 7);
         // A limit whose shape changed starts afresh.
         let reshaped = policy(vec![LimitSpec::fixed_window(10, 2_000)]);
         let d = block(s.peek(&reshaped, "k", 0, T0 + 2)).expect("memory store");
-        assert_eq!(d.limits[0].remaining, 10);
+        assert_eq!(d.limits()[0].remaining, 10);
     }
 }

@@ -135,7 +135,7 @@ fn agree(policy: &Policy, d: &Decision) -> Result<(u64, u64, u64), TestCaseError
         prop_assert!(r <= q, "item {i}: r {r} > q {q}");
         prop_assert!(t <= w, "item {i}: t {t} > w {w}");
         prop_assert!(w >= 1);
-        if i == d.binding {
+        if i == d.binding_index() {
             prop_assert_eq!(
                 (q, r),
                 (limit, remaining),

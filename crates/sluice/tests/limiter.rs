@@ -65,11 +65,11 @@ async fn check_peek_refund_forget_through_a_shared_store() {
     assert!(!d.allowed);
     assert_eq!(d.retry_after_ms(), Some(1_000));
     let d = l.refund("api", "user:1", 1).await.unwrap();
-    assert_eq!(d.limits[0].remaining, 2);
-    assert_eq!(d.limits[1].remaining, 4);
+    assert_eq!(d.limits()[0].remaining, 2);
+    assert_eq!(d.limits()[1].remaining, 4);
     l.forget("api", "user:1").await.unwrap();
     assert_eq!(
-        l.peek("api", "user:1", 0).await.unwrap().limits[1].remaining,
+        l.peek("api", "user:1", 0).await.unwrap().limits()[1].remaining,
         5
     );
     // Time comes from the limiter's clock.
@@ -78,8 +78,8 @@ async fn check_peek_refund_forget_through_a_shared_store() {
     clock.advance(1_000);
     let d = l.check("api", "user:1", 3).await.unwrap();
     assert!(!d.allowed, "the minute's sliding window still binds");
-    assert_eq!(d.limits[0].remaining, 3);
-    assert_eq!(d.binding, 1);
+    assert_eq!(d.limits()[0].remaining, 3);
+    assert_eq!(d.binding_index(), 1);
 }
 
 #[tokio::test]
@@ -88,4 +88,45 @@ async fn policies_are_listed_and_replaceable() {
     let l = l.with_policy(Policy::from_specs("api", vec![LimitSpec::fixed_window(1, 10)]).unwrap());
     assert_eq!(l.policies().count(), 1);
     assert_eq!(l.policy("api").map(|p| p.limits().len()), Some(1));
+}
+
+/// A limiter over the memory store answers at once (`check_now`, `peek_now`, `refund_now`)
+/// exactly what its futures answer, and refuses the same bad input.
+#[tokio::test]
+async fn the_memory_store_answers_at_once_what_its_futures_answer() {
+    let clock = ManualClock::new(T0);
+    let api = Policy::from_specs(
+        "api",
+        vec![
+            LimitSpec::fixed_window(3, 1_000),
+            LimitSpec::token_bucket(5, 60_000),
+        ],
+    )
+    .unwrap();
+    let at_once = Limiter::new(MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policy(api.clone());
+    let awaited = Limiter::new(MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policy(api.clone());
+    for step in 0..12u64 {
+        let key = if step % 3 == 0 { "a" } else { "b" };
+        let now = at_once.check_now(&api, key, 1).unwrap();
+        let later = awaited.check_policy(&api, key, 1).await.unwrap();
+        assert_eq!(now, later, "check {step}");
+        if step == 7 {
+            let now = at_once.refund_now(&api, key, 2).unwrap();
+            assert_eq!(now, awaited.refund_policy(&api, key, 2).await.unwrap());
+        }
+        let now = at_once.peek_now(&api, key, 0).unwrap();
+        assert_eq!(now, awaited.peek_policy(&api, key, 0).await.unwrap());
+        clock.advance(150);
+    }
+    assert!(!at_once.check_now(&api, "a", 9).unwrap().allowed);
+    assert_eq!(at_once.check_now(&api, "", 1), Err(Error::InvalidKey(0)));
+    let too_much = (1u64 << 53) + 1;
+    assert_eq!(
+        at_once.check_now(&api, "a", too_much),
+        Err(Error::InvalidCost(too_much))
+    );
 }

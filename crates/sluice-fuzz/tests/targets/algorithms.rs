@@ -403,8 +403,8 @@ fn agree(d: &Decision, allowed: bool, cost: u64, answers: &[Answer], limits: &[L
     assert_eq!(d.allowed, allowed, "{d:?} vs {answers:?}");
     assert_eq!(d.cost, cost);
     assert_eq!(d.now_ms, now);
-    assert_eq!(d.limits.len(), answers.len());
-    for (i, (s, a)) in d.limits.iter().zip(answers).enumerate() {
+    assert_eq!(d.limits().len(), answers.len());
+    for (i, (s, a)) in d.limits().iter().zip(answers).enumerate() {
         let core = Answer {
             admits: s.admits,
             remaining: s.remaining,
@@ -413,7 +413,11 @@ fn agree(d: &Decision, allowed: bool, cost: u64, answers: &[Answer], limits: &[L
         };
         assert_eq!(&core, a, "limit {i} ({:?}) at {now}", limits[i]);
     }
-    assert_eq!(d.binding, binding(limits, answers, allowed), "{d:?}");
+    assert_eq!(
+        d.binding_index(),
+        binding(limits, answers, allowed),
+        "{d:?}"
+    );
 }
 
 fn apply(states: &mut Vec<LimitState>, writes: Option<evaluate::Writes>) {

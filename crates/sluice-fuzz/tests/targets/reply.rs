@@ -227,10 +227,10 @@ fn decode() {
             (Ok(d), Some(said)) => {
                 assert_eq!(d.allowed, said.allowed);
                 assert_eq!(d.now_ms, said.now);
-                assert_eq!(d.limits.len(), n);
-                assert!(d.binding < n);
+                assert_eq!(d.limits().len(), n);
+                assert!(d.binding_index() < n);
                 for ((status, limit), (admits, remaining, reset, retry)) in
-                    d.limits.iter().zip(policy.limits()).zip(&said.limits)
+                    d.limits().iter().zip(policy.limits()).zip(&said.limits)
                 {
                     assert_eq!(
                         (status.max, status.capacity, status.per_ms, status.algorithm),
@@ -322,8 +322,8 @@ fn decode_lean() {
         };
         match sluice_redis::fuzzing::decode_rate_reply(&reply, &policy, op) {
             Ok(d) => {
-                assert_eq!(d.limits.len(), policy.limits().len());
-                assert!(d.binding < d.limits.len());
+                assert_eq!(d.limits().len(), policy.limits().len());
+                assert!(d.binding_index() < d.limits().len());
                 let _ = sluice::headers::all(&policy, &d);
                 let response =
                     sluice_server::http::decision_response(StatusCode::OK, &policy, "k", &d);

@@ -90,7 +90,7 @@ pub fn pace_cap(policy: &Policy, interval_ms: u64) -> u64 {
 /// `min(floor(R / N), ceil(C / N))`.
 pub fn share(policy: &Policy, decision: &Decision, interval_ms: u64) -> u64 {
     let left = decision
-        .limits
+        .limits()
         .iter()
         .map(|l| l.remaining)
         .min()
@@ -130,8 +130,7 @@ mod tests {
                 remaining: *r,
                 reset_ms: 0,
                 retry_after_ms: Some(0),
-            })
-            .collect();
+            });
         let mut d = Decision::new(true, 0, limits, 0);
         d.holders = holders;
         d

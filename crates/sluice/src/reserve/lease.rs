@@ -61,37 +61,28 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A locally served decision: allowed, each limit reporting the store's remaining at the
 /// last fetch plus what this process still holds.
 pub(super) fn local_decision(basis: &Decision, cost: u64, held: u64, now: u64) -> Decision {
-    let limits = basis
-        .limits
-        .iter()
-        .map(|s| LimitStatus {
-            admits: true,
-            remaining: s.remaining.saturating_add(held).min(s.capacity),
-            retry_after_ms: Some(0),
-            ..*s
-        })
-        .collect();
+    let limits = basis.limits().iter().map(|s| LimitStatus {
+        admits: true,
+        remaining: s.remaining.saturating_add(held).min(s.capacity),
+        retry_after_ms: Some(0),
+        ..*s
+    });
     Decision::new(true, cost, limits, now)
 }
 
 /// A cached refusal as of `now`: the same decision, its waits shortened by the time passed.
 pub(super) fn cached_denial(d: &Denial, now: u64) -> Decision {
     let passed = now.saturating_sub(d.at);
-    let limits = d
-        .decision
-        .limits
-        .iter()
-        .map(|s| LimitStatus {
-            retry_after_ms: s.retry_after_ms.map(|r| {
-                if s.admits {
-                    r
-                } else {
-                    r.saturating_sub(passed).max(1)
-                }
-            }),
-            ..*s
-        })
-        .collect();
+    let limits = d.decision.limits().iter().map(|s| LimitStatus {
+        retry_after_ms: s.retry_after_ms.map(|r| {
+            if s.admits {
+                r
+            } else {
+                r.saturating_sub(passed).max(1)
+            }
+        }),
+        ..*s
+    });
     Decision::new(false, d.cost, limits, now)
 }
 

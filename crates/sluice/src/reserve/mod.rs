@@ -281,7 +281,7 @@ impl<S: Store> Reserving<S> {
         let cap = now
             .saturating_add(u64::try_from(self.config.max_lease.as_millis()).unwrap_or(u64::MAX));
         let mut exact_until = u64::MAX;
-        for (limit, status) in policy.limits().iter().zip(&d.limits) {
+        for (limit, status) in policy.limits().iter().zip(d.limits()) {
             let until = match limit.algorithm() {
                 // Used any time before the window closes, a unit counts in the same window.
                 Algorithm::FixedWindow => status.reset_ms,

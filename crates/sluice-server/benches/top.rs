@@ -1,0 +1,88 @@
+//! Records per second into the top-keys summaries (`TopKeys::record`, which every admitting
+//! call of the server makes) from 1 to 64 concurrent callers on both cores: a tokio runtime of
+//! 2 workers, each caller a task recording keys spread uniformly over 100 000 and yielding
+//! every 16 records. In the same run, the same load on one shard: the single lock every call
+//! took before the summaries were sharded.
+//!
+//! `cargo bench -p sluice-server --bench top` (`SLUICE_BENCH_SECS`, default 3, sets the
+//! seconds per point). The machine is shared: compare ratios within one run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_server::top::TopKeys;
+
+const CALLERS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+const KEYS: u64 = 100_000;
+const YIELD_EVERY: u64 = 16;
+
+fn main() {
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let secs: f64 = std::env::var("SLUICE_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let run_for = if smoke {
+        Duration::from_millis(50)
+    } else {
+        Duration::from_secs_f64(secs)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let sharded = TopKeys::new(64, 60_000).shards();
+    println!(
+        "TopKeys::record, records/s by concurrent callers (tasks on 2 worker threads, {:.1} s a point)",
+        run_for.as_secs_f64()
+    );
+    println!("  callers   {sharded} shards (now)   1 shard (before)   now / before");
+    for callers in CALLERS {
+        let now = rt.block_on(measure(callers, sharded, run_for));
+        let before = rt.block_on(measure(callers, 1, run_for));
+        println!(
+            "  {callers:>7}   {now:>16.0}   {before:>16.0}   {:>12.2}",
+            now / before
+        );
+    }
+}
+
+async fn measure(callers: usize, shards: usize, run_for: Duration) -> f64 {
+    let top = Arc::new(TopKeys::with_shards(64, 60_000, shards));
+    let policy: Arc<str> = Arc::from("api");
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user:{i}")).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let (top, policy, keys, stop) =
+                (top.clone(), policy.clone(), keys.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (c as u64 + 1);
+                let mut done = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..YIELD_EVERY {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        top.record(&policy, &keys[(x % KEYS) as usize], true, 1, 1_000);
+                        done += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                done
+            })
+        })
+        .collect();
+    tokio::time::sleep(run_for).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0u64;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
