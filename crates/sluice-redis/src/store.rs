@@ -9,11 +9,11 @@ use std::time::Instant;
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use sluice::{Decision, Op, Policy, Store, StoreError};
+use sluice::{Decision, Op, Policy, Store, StoreError, StoreErrorKind};
 
 use crate::codec::{self, Codec};
 use crate::config::{ReadFrom, RedisConfig, Shortfall, WaitForReplicas};
-use crate::error::{self, Failure, map_error, query, query_pipeline};
+use crate::error::{Failure, map_error, query, query_pipeline};
 use crate::keys;
 use crate::script::{Code, Entry, ScriptMode};
 use crate::topology::{self, Backend, Node, Nodes};
@@ -306,13 +306,14 @@ impl RedisStore {
         let inner = &self.inner;
         let timeout = inner.config.timeout;
         let failed = |f: Failure| {
+            node.failed(&f);
             if !on_replica && f.suggests_failover() {
                 self.rediscover_soon();
             }
             f.into_store_error(&keys::stem(&inner.config.key_prefix, call.policy, call.key))
         };
         let wait = self.wait_after(call, on_replica);
-        let mut conn = node.conn.clone();
+        let mut conn = node.conn();
         match send(&mut conn, &cmd, wait, timeout).await {
             Ok(sent) => self.replicated(sent, call),
             Err(f) if f.is_code_missing() => {
@@ -321,10 +322,10 @@ impl RedisStore {
                 if on_replica && functions {
                     // Functions replicate from the primary; the caller falls back to it.
                     nodes.primary.load(&inner.code, timeout).await?;
-                    return Err(StoreError::Backend(format!(
-                        "{}: function library missing",
-                        node.url
-                    )));
+                    return Err(StoreError::refused(
+                        StoreErrorKind::CodeMissing,
+                        format!("{}: function library missing", node.url),
+                    ));
                 }
                 let target = if functions { &nodes.primary } else { node };
                 target.load(&inner.code, timeout).await?;
@@ -456,7 +457,7 @@ impl Store for RedisStore {
         metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => error::kind(e))
+            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => e.kind().as_str())
                 .increment(1);
         }
         result

@@ -83,28 +83,71 @@ fn lookup_limit(timeout: Duration) -> Duration {
 /// One node and its shared, multiplexed connection.
 pub(crate) struct Node {
     pub(crate) url: String,
-    pub(crate) conn: ConnectionManager,
+    client: Client,
+    config: ConnectionManagerConfig,
+    conn: RwLock<ConnectionManager>,
+    /// When the connection was last made anew after a refused login.
+    renewed: Mutex<Option<Instant>>,
 }
 
+/// The shortest time between two new connections to one node after refused logins.
+const RENEW_EVERY: Duration = Duration::from_millis(250);
+
 impl Node {
+    /// The node's shared connection (a cheap clone).
+    pub(crate) fn conn(&self) -> ConnectionManager {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes note of a call that failed. A connection whose login was refused
+    /// (`WRONGPASS`, a disabled ACL user) stays refused in redis-rs's `ConnectionManager`,
+    /// which reconnects only after I/O errors, so the node would never answer again once the
+    /// credentials work; such a connection is made anew (lazily: at the next call), at most
+    /// every [`RENEW_EVERY`].
+    pub(crate) fn failed(&self, failure: &Failure) {
+        if !failure.is_login_refused() {
+            return;
+        }
+        {
+            let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+            if renewed.is_some_and(|t| t.elapsed() < RENEW_EVERY) {
+                return;
+            }
+            *renewed = Some(Instant::now());
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(conn) => {
+                tracing::debug!(node = %self.url, "login refused: connecting anew at the next call");
+                *self.conn.write().unwrap_or_else(|p| p.into_inner()) = conn;
+            }
+            Err(e) => tracing::debug!(node = %self.url, error = %e, "cannot connect anew"),
+        }
+    }
+
     /// Sends one command on the node's shared connection, bounded by `timeout`.
     pub(crate) async fn query(
         &self,
         cmd: &redis::Cmd,
         timeout: Duration,
     ) -> Result<redis::Value, Failure> {
-        query(&mut self.conn.clone(), cmd, timeout).await
+        let result = query(&mut self.conn(), cmd, timeout).await;
+        if let Err(f) = &result {
+            self.failed(f);
+        }
+        result
     }
 
     /// Loads `code` on this node.
     pub(crate) async fn load(&self, code: &Code, timeout: Duration) -> Result<(), StoreError> {
-        code.load(&mut self.conn.clone(), timeout)
-            .await
-            .map_err(|f| match f.into_store_error(&self.url) {
-                // What a TLS port does to a plaintext client: say what to change.
-                StoreError::Unavailable(m) => StoreError::Unavailable(with_tls_hint(&self.url, m)),
-                e => e,
-            })
+        let loaded = code.load(&mut self.conn(), timeout).await;
+        if let Err(f) = &loaded {
+            self.failed(f);
+        }
+        loaded.map_err(|f| match f.into_store_error(&self.url) {
+            // What a TLS port does to a plaintext client: say what to change.
+            StoreError::Unavailable(m) => StoreError::Unavailable(with_tls_hint(&self.url, m)),
+            e => e,
+        })
     }
 }
 
@@ -157,9 +200,15 @@ fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<No
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100));
-    let conn = ConnectionManager::new_lazy_with_config(client, config)
+    let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
         .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
-    Ok(Node { url, conn })
+    Ok(Node {
+        url,
+        client,
+        config,
+        conn: RwLock::new(conn),
+        renewed: Mutex::new(None),
+    })
 }
 
 /// The sentinels of a [`Topology::Sentinel`], and how to reach the data nodes they name.

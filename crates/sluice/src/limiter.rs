@@ -1,7 +1,7 @@
 //! The `Limiter`: policies, a clock and a store behind one small API.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use sluice_core::evaluate::Op;
 use sluice_core::{
@@ -9,7 +9,7 @@ use sluice_core::{
 };
 
 use crate::memory::MemoryStore;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// The longest key, in bytes (docs/algorithms.md#words).
 pub const MAX_KEY_LEN: usize = 512;
@@ -33,9 +33,10 @@ pub enum Error {
          policy with one (algorithm: concurrency)"
     )]
     NotConcurrent(String),
-    /// The store could not answer: always for errors retrying cannot fix (corrupt state), and
-    /// for transient ones (timeouts, an unreachable store, an open circuit) when the policy
-    /// fails closed. A server answers 503.
+    /// The store could not answer: always for errors no retry or failover can fix (corrupt
+    /// state, a request the store refuses as such), and for transient ones (the store cannot
+    /// answer now: [`StoreError::is_transient`]) when the policy fails closed. A server
+    /// answers 503.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -73,6 +74,7 @@ pub struct Limiter<S, C = SystemClock> {
     clock: C,
     policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
     insurance: Arc<MemoryStore>,
+    reported: Reported,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {
@@ -83,6 +85,7 @@ impl<S: Store> Limiter<S, SystemClock> {
             clock: SystemClock,
             policies: Arc::default(),
             insurance: Arc::default(),
+            reported: Reported::default(),
         }
     }
 }
@@ -95,6 +98,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             clock,
             policies: self.policies,
             insurance: self.insurance,
+            reported: self.reported,
         }
     }
 
@@ -314,6 +318,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         error: StoreError,
     ) -> Result<Decision, Error> {
         if !error.is_transient() {
+            self.reported.first(policy, &error);
             return Err(Error::Store(error));
         }
         match policy.failure_mode() {
@@ -331,6 +336,49 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.policies
             .get(name)
             .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
+    }
+}
+
+/// The (policy, kind) pairs of errors no retry can fix that were logged already: each is
+/// logged once (at ERROR, target `sluice::limiter`), not once per request;
+/// `sluice_store_errors_total{kind}` counts every occurrence. Shared by a limiter's clones.
+#[derive(Debug, Clone, Default)]
+struct Reported(Arc<Mutex<HashSet<PolicyKind>>>);
+
+/// A policy's name and an error kind.
+type PolicyKind = (Arc<str>, StoreErrorKind);
+
+/// Pairs remembered at most; past this many (only policies built per request get there)
+/// every further one is logged.
+const MAX_REPORTED: usize = 4_096;
+
+impl Reported {
+    /// Logs `error` of `policy` if it is the first of its kind for the policy.
+    fn first(&self, policy: &Policy, error: &StoreError) {
+        let kind = error.kind();
+        let new = {
+            let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let pair = (policy.name_arc().clone(), kind);
+            if seen.contains(&pair) {
+                false
+            } else {
+                if seen.len() < MAX_REPORTED {
+                    seen.insert(pair);
+                }
+                true
+            }
+        };
+        if new {
+            tracing::error!(
+                target: "sluice::limiter",
+                policy = policy.name(),
+                kind = kind.as_str(),
+                error = %error,
+                "the store refused a decision, and retrying will not change that: the caller \
+                 gets the error whatever the policy's on_store_error (logged once per policy \
+                 and kind; sluice_store_errors_total counts each)"
+            );
+        }
     }
 }
 
