@@ -171,3 +171,118 @@ async fn errors_retrying_cannot_fix_are_reported_in_every_mode() {
         );
     }
 }
+
+/// Every error of the store counts as one of two: the store cannot answer now (the failure
+/// mode applies), or no retry changes it (the caller gets it). Kinds that Redis reports are
+/// classified by `sluice-redis`; here, each class through the limiter.
+#[tokio::test]
+async fn every_kind_of_store_error_is_one_of_two_classes() {
+    use sluice::StoreErrorKind as K;
+    let transient = [
+        K::Timeout,
+        K::Unavailable,
+        K::OutOfMemory,
+        K::ReadOnly,
+        K::Loading,
+        K::Busy,
+        K::MasterDown,
+        K::TryAgain,
+        K::ClusterDown,
+        K::Redirected,
+        K::Denied,
+        K::CodeMissing,
+        K::Other,
+    ];
+    for kind in transient {
+        let store = Switch::new(StoreError::refused(kind, "redis://10.0.0.7:6379: …"));
+        let limiter = limiter(store.clone());
+        store.down.store(true, Ordering::SeqCst);
+        let open = limiter.check("open", "k", 1).await.unwrap();
+        assert_eq!(open.degraded, Some(Degraded::Open), "{kind}");
+        match limiter.check("closed", "k", 1).await {
+            Err(Error::Store(e)) => assert_eq!(e.kind(), kind),
+            other => panic!("{kind}: {other:?}"),
+        }
+        let local = limiter.check("local", "k", 1).await.unwrap();
+        assert_eq!(local.degraded, Some(Degraded::Local), "{kind}");
+    }
+    for kind in [K::Corrupt, K::Rejected] {
+        let store = Switch::new(StoreError::refused(kind, "…"));
+        let limiter = limiter(store.clone());
+        store.down.store(true, Ordering::SeqCst);
+        for name in ["open", "closed", "local"] {
+            match limiter.check(name, "k", 1).await {
+                Err(Error::Store(e)) => assert_eq!(e.kind(), kind, "{name}"),
+                other => panic!("{kind}, {name}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(StoreError::Backend("x".into()).kind(), K::Rejected);
+    assert_eq!(
+        StoreError::Timeout(Duration::from_millis(50)).kind(),
+        K::Timeout
+    );
+}
+
+/// An error no retry changes is logged once per policy and kind, not once per request.
+#[test]
+fn errors_no_retry_changes_are_logged_once_per_policy_and_kind() {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let corrupt = Switch::new(StoreError::Corrupt {
+        key: "sluice:{4:open:k}:fw1000".into(),
+        detail: "used is not a number".into(),
+    });
+    let rejected = Switch::new(StoreError::Backend("SLUICE_ARGS …".into()));
+    runtime.block_on(async {
+        for store in [&corrupt, &rejected] {
+            let limiter = limiter(store.clone());
+            let clone = limiter.clone();
+            store.down.store(true, Ordering::SeqCst);
+            for _ in 0..10 {
+                for name in ["open", "closed"] {
+                    assert!(limiter.check(name, "k", 1).await.is_err());
+                    assert!(clone.check(name, "other", 1).await.is_err());
+                }
+            }
+        }
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let logged: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("retrying will not change that"))
+        .collect();
+    // 2 policies × 2 kinds (a limiter's clones share what was logged).
+    assert_eq!(logged.len(), 4, "{text}");
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("kind=\"corrupt\"") && l.contains("policy=\"open\"")),
+        "{text}"
+    );
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("kind=\"rejected\"") && l.contains("policy=\"closed\"")),
+        "{text}"
+    );
+}
