@@ -35,6 +35,19 @@ impl Failure {
         }
     }
 
+    /// Whether a Cluster's slot map may be stale: what suggests a failover, and the Cluster's
+    /// own `CLUSTERDOWN` or a slot without a connection.
+    pub(crate) fn suggests_new_slots(&self) -> bool {
+        self.suggests_failover()
+            || match self {
+                Failure::Timeout(_) => false,
+                Failure::Redis(e) => {
+                    e.kind() == ErrorKind::ClusterConnectionNotFound
+                        || e.code() == Some("CLUSTERDOWN")
+                }
+            }
+    }
+
     /// Whether the node refused to log in (wrong password, a disabled or deleted ACL user).
     pub(crate) fn is_login_refused(&self) -> bool {
         match self {

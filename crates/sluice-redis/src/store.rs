@@ -13,7 +13,7 @@ use sluice::{Decision, Op, Policy, Store, StoreError, StoreErrorKind};
 
 use crate::codec::{self, Codec};
 use crate::config::{ReadFrom, RedisConfig, Shortfall, WaitForReplicas};
-use crate::error::{Failure, map_error, query, query_pipeline};
+use crate::error::{Failure, query, query_pipeline};
 use crate::keys;
 use crate::script::{Code, Entry, ScriptMode};
 use crate::topology::{self, Backend, Node, Nodes};
@@ -226,12 +226,15 @@ impl RedisStore {
                     MultipleNodeRoutingInfo::AllMasters,
                     Some(ResponsePolicy::AllSucceeded),
                 ));
-                let mut conn = conn.clone();
+                let mut conn = conn.get();
                 let ping = conn.route_command(redis::cmd("PING"), routing);
-                match tokio::time::timeout(timeout, ping).await {
-                    Err(_) => Err(StoreError::Timeout(timeout)),
-                    Ok(r) => r.map(drop).map_err(|e| map_error(&e, &self.inner.name)),
-                }
+                let failure = match tokio::time::timeout(timeout, ping).await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => Failure::Redis(e),
+                    Err(_) => Failure::Timeout(timeout),
+                };
+                self.reconnect_cluster_soon(&failure);
+                Err(failure.into_store_error(&self.inner.name))
             }
         }
     }
@@ -269,7 +272,7 @@ impl RedisStore {
         let inner = &self.inner;
         let on_replica = op.is_read_only() && inner.config.read_from == ReadFrom::Replicas;
         let reply = match &inner.backend {
-            Backend::Cluster { conn } => self.call_cluster(conn, &call, on_replica).await?,
+            Backend::Cluster { conn } => self.call_cluster(&conn.get(), &call, on_replica).await?,
             Backend::Direct { nodes, .. } => {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 let mut answered = None;
@@ -356,12 +359,16 @@ impl RedisStore {
                 // A node restarted empty (functions replicate, but a new or flushed primary
                 // may not have them): load everywhere and try once more.
                 topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
-                let sent = send(&mut conn, &cmd, wait, timeout)
-                    .await
-                    .map_err(|f| f.into_store_error(&what()))?;
+                let sent = send(&mut conn, &cmd, wait, timeout).await.map_err(|f| {
+                    self.reconnect_cluster_soon(&f);
+                    f.into_store_error(&what())
+                })?;
                 self.replicated(sent, call)
             }
-            Err(f) => Err(f.into_store_error(&what())),
+            Err(f) => {
+                self.reconnect_cluster_soon(&f);
+                Err(f.into_store_error(&what()))
+            }
         }
     }
 
@@ -476,7 +483,7 @@ impl Store for RedisStore {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 nodes.primary.query(&del, timeout).await
             }
-            Backend::Cluster { conn } => query(&mut conn.clone(), &del, timeout).await,
+            Backend::Cluster { conn } => query(&mut conn.get(), &del, timeout).await,
         };
         result
             .map(drop)

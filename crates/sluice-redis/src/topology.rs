@@ -26,7 +26,33 @@ pub(crate) enum Backend {
         sentinel: Option<Box<SentinelWatch>>,
     },
     /// A Redis Cluster: the client routes each call by its keys' slot.
-    Cluster { conn: ClusterConnection },
+    Cluster { conn: Box<ClusterLink> },
+}
+
+/// A Cluster's connection, made anew when a failure suggests that its slot map is stale.
+///
+/// redis-rs's cluster client asks for the slot map again after `MOVED`, `READONLY` or a lost
+/// connection, but not after timeouts: a primary that stalls rather than dies (paused, its
+/// host unreachable) keeps receiving the calls of its slots, which time out for good, even
+/// after the Cluster has promoted its replica. A new connection asks the seeds for the slots.
+pub(crate) struct ClusterLink {
+    client: redis::cluster::ClusterClient,
+    conn: RwLock<ClusterConnection>,
+    /// How long making a new connection may take.
+    connect_within: Duration,
+    /// One new connection at a time, and not more often than every [`RECONNECT_CLUSTER_EVERY`].
+    connecting: AtomicBool,
+    last_connect: Mutex<Option<Instant>>,
+}
+
+/// The shortest time between two new Cluster connections after failures.
+const RECONNECT_CLUSTER_EVERY: Duration = Duration::from_millis(500);
+
+impl ClusterLink {
+    /// The connection in use now (a cheap clone).
+    pub(crate) fn get(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// The nodes a direct store talks to now.
@@ -592,16 +618,25 @@ impl Backend {
                         nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
                     ))
                 })?;
-                let conn = tokio::time::timeout(
-                    config.timeout.max(Duration::from_secs(2)),
-                    client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
-                .map_err(|e| {
-                    StoreError::Unavailable(with_tls_hint(&first, format!("cluster {first}: {e}")))
-                })?;
-                Ok(Backend::Cluster { conn })
+                let connect_within = config.timeout.max(Duration::from_secs(2));
+                let conn = tokio::time::timeout(connect_within, client.get_async_connection())
+                    .await
+                    .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
+                    .map_err(|e| {
+                        StoreError::Unavailable(with_tls_hint(
+                            &first,
+                            format!("cluster {first}: {e}"),
+                        ))
+                    })?;
+                Ok(Backend::Cluster {
+                    conn: Box::new(ClusterLink {
+                        client,
+                        conn: RwLock::new(conn),
+                        connect_within,
+                        connecting: AtomicBool::new(false),
+                        last_connect: Mutex::new(None),
+                    }),
+                })
             }
         }
     }
@@ -640,7 +675,7 @@ impl Backend {
                 }
                 Ok(())
             }
-            Backend::Cluster { conn } => load_cluster(conn, code, timeout, name).await,
+            Backend::Cluster { conn } => load_cluster(&conn.get(), code, timeout, name).await,
         }
     }
 }
@@ -689,6 +724,47 @@ impl RedisStore {
             {
                 watch.looking.store(false, Ordering::Release);
             }
+        });
+    }
+
+    /// On a Cluster: after `failure`, if it suggests that the slot map is stale (a timeout, a
+    /// lost or refused connection, `READONLY`, `CLUSTERDOWN`, …), makes a new connection in the
+    /// background (at most every [`RECONNECT_CLUSTER_EVERY`], one at a time), which asks the
+    /// seeds for the slots; calls use it once it is made.
+    pub(crate) fn reconnect_cluster_soon(&self, failure: &Failure) {
+        let Backend::Cluster { conn: link } = self.backend() else {
+            return;
+        };
+        if !failure.suggests_new_slots() {
+            return;
+        }
+        {
+            let mut last = link.last_connect.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < RECONNECT_CLUSTER_EVERY) {
+                return;
+            }
+            if link.connecting.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let Backend::Cluster { conn: link } = store.backend() else {
+                return;
+            };
+            let name = store.name();
+            match tokio::time::timeout(link.connect_within, link.client.get_async_connection())
+                .await
+            {
+                Ok(Ok(conn)) => {
+                    *link.conn.write().unwrap_or_else(|p| p.into_inner()) = conn;
+                    tracing::info!(cluster = %name, "connected anew after a failure: the slot map is fresh");
+                }
+                Ok(Err(e)) => tracing::debug!(cluster = %name, error = %e, "cannot connect anew"),
+                Err(_) => tracing::debug!(cluster = %name, "cannot connect anew: no answer"),
+            }
+            link.connecting.store(false, Ordering::Release);
         });
     }
 
