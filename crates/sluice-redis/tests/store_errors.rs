@@ -424,3 +424,92 @@ async fn a_migrating_slot_is_transient() {
     let d = two_limiter.check("open", "used", 1).await.unwrap();
     assert_eq!((d.degraded, d.limits[0].remaining), (None, MAX - 2));
 }
+
+/// A window's max in the charge-back tests.
+const WIDE: u64 = 100;
+
+/// What two limiters (two processes, each with its own insurance store) admit of one key's
+/// window (`WIDE` per hour, `on_store_error: local`) across an outage of the shared Redis
+/// (paused, then resumed): `[by Redis before, by the insurance stores, by Redis after]`.
+/// `before` checks go through the first limiter, `during` through each. After the resume each
+/// limiter peeks (admitting nothing) until Redis answers it again, which charges its local
+/// admissions back; then both check in turn until each is refused five times in a row.
+/// Degraded answers are counted apart from Redis's.
+async fn across_an_outage(server: &RedisServer, key: &str, before: u64, during: u64) -> [u64; 3] {
+    let wide = Policy::from_specs("local", vec![LimitSpec::fixed_window(WIDE, 3_600_000)])
+        .unwrap()
+        .with_failure_mode(FailureMode::Local);
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let s = setup(&server.url()).await;
+        limiters.push(Limiter::new(s.sharded).with_policy(wide.clone()));
+    }
+    let mut admitted = [0u64; 3];
+    for _ in 0..before {
+        let d = limiters[0].check("local", key, 1).await.unwrap();
+        assert_eq!((d.allowed, d.degraded), (true, None));
+        admitted[0] += 1;
+    }
+    tokio::task::block_in_place(|| server.pause().unwrap());
+    for limiter in &limiters {
+        for _ in 0..during {
+            let d = limiter.check("local", key, 1).await.unwrap();
+            assert_eq!((d.allowed, d.degraded), (true, Some(Degraded::Local)));
+            admitted[1] += 1;
+        }
+    }
+    tokio::task::block_in_place(|| server.resume().unwrap());
+    for limiter in &limiters {
+        until("Redis to answer again", || async {
+            limiter
+                .peek("local", key, 0)
+                .await
+                .unwrap()
+                .degraded
+                .is_none()
+        })
+        .await;
+    }
+    let mut refused = [0; 2];
+    while refused.iter().any(|&r| r < 5) {
+        for (i, limiter) in limiters.iter().enumerate() {
+            let d = limiter.check("local", key, 1).await.unwrap();
+            assert_eq!(d.degraded, None);
+            admitted[2] += u64::from(d.allowed);
+            refused[i] = if d.allowed { 0 } else { refused[i] + 1 };
+        }
+    }
+    admitted
+}
+
+/// `on_store_error: local` charges back: what the insurance stores admitted while Redis was
+/// paused is charged to Redis when it answers again, so the window admits what is left of
+/// `max`, not a whole `max` more. With `u` admitted by the store before the outage and `L`
+/// by the processes' insurance stores, a window admits at most `max(max, u + L)` when each
+/// process's charge lands before the store's next admission of the key (docs/configuration.md,
+/// `on_store_error`, states the general bound); without the charge-back it admitted
+/// `max + L` (the 1.44 × max in one process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_admissions_are_charged_back_when_the_store_returns() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    // What fits: every admission ends up counted once; the window admits exactly max.
+    let [u, l, after] = across_an_outage(&server, "fits", 30, 20).await;
+    println!("u {u} + L {l} fits in {WIDE}: {after} admitted after the return");
+    assert_eq!((u, l), (30, 40));
+    // The checks that timed out before each limiter's breaker opened (3 each) reached Redis
+    // once it ran again: counted there and by the insurance stores, so the window may admit
+    // up to 6 fewer than max (stricter, never looser).
+    let total = u + l + after;
+    assert!(
+        (WIDE - 6..=WIDE).contains(&total),
+        "{total} admitted, max {WIDE}"
+    );
+
+    // What does not fit: the store admits nothing more; the local admissions stand.
+    let [u, l, after] = across_an_outage(&server, "over", 30, 40).await;
+    println!("u {u} + L {l} over {WIDE}: {after} admitted after the return");
+    assert_eq!((u, l, after), (30, 80, 0), "max(max, u + L) = u + L");
+}

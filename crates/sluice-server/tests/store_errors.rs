@@ -617,3 +617,67 @@ fn rls_on_store_error_is_a_failure_mode() {
         "the default"
     );
 }
+
+/// `on_store_error: local` over HTTP: what one server's insurance store admitted while Redis
+/// was down is charged to Redis once it answers again, even for a key that server is not
+/// asked about any more (its background task does it every second): another server sharing
+/// the Redis sees the window used up. (Redis is killed and restarted with its append-only
+/// file: a paused one would run the checks that timed out once it resumes, counting them
+/// without any charge-back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_admissions_reach_redis_when_it_returns() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut redis =
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
+    let config = config(&shard(&redis.url()), "closed");
+    let a = TestServer::start(&config, &[("rules/d.yaml", RULES)]).await;
+    let b = TestServer::start(&config, &[("rules/d.yaml", RULES)]).await;
+    let http = Client::new();
+    let call = |s: &TestServer, op: &str| {
+        let url = format!("{}/v1/{op}", s.url);
+        let http = http.clone();
+        // A peek of cost 0: what is left, nothing deducted.
+        let cost = u64::from(op != "peek");
+        async move {
+            let body = json!({"policy": "local", "key": "k", "cost": cost});
+            let r = common::post(&http, &url, body).await;
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let first = call(&a, "check").await;
+    assert_eq!(first["remaining"], MAX - 1, "{first}");
+    tokio::task::block_in_place(|| redis.kill().unwrap());
+    for _ in 0..2 {
+        let d = call(&a, "check").await;
+        assert_eq!(
+            (&d["allowed"], &d["degraded"]),
+            (&json!(true), &json!(true)),
+            "{d}"
+        );
+    }
+    tokio::task::block_in_place(|| redis.restart().unwrap());
+    // Only `b` is asked from now on: `a` charges its two local admissions on its own.
+    let mut last = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        last = match call(&b, "peek").await {
+            seen if seen.get("degraded").is_none() => seen,
+            _ => last,
+        };
+        if last["remaining"] == json!(0) {
+            break;
+        }
+        assert!(
+            last["remaining"] == json!(MAX - 1) || last.is_null(),
+            "the restarted Redis kept its count, then the charge came: {last}"
+        );
+        assert!(Instant::now() < deadline, "never charged back: {last}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let d = call(&b, "check").await;
+    assert_eq!(d["allowed"], false, "{d}");
+    a.stop().await;
+    b.stop().await;
+}

@@ -1,6 +1,7 @@
 //! The `Limiter`: policies, a clock and a store behind one small API.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_core::evaluate::Op;
@@ -75,6 +76,7 @@ pub struct Limiter<S, C = SystemClock> {
     policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
     insurance: Arc<MemoryStore>,
     reported: Reported,
+    charges: Charges,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {
@@ -86,6 +88,7 @@ impl<S: Store> Limiter<S, SystemClock> {
             policies: Arc::default(),
             insurance: Arc::default(),
             reported: Reported::default(),
+            charges: Charges::default(),
         }
     }
 }
@@ -99,6 +102,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             policies: self.policies,
             insurance: self.insurance,
             reported: self.reported,
+            charges: self.charges,
         }
     }
 
@@ -303,9 +307,103 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         validate(key, op.cost())?;
         let now = self.clock.now_ms();
         match self.store.call(policy, key, op, now).await {
-            Ok(d) => Ok(d),
+            Ok(d) => {
+                if policy.failure_mode() == FailureMode::Local && self.charges.owed() {
+                    // The store answers again: what this process admitted on its own for the
+                    // key goes to it now, before this process's next decision of the key.
+                    if let Err(e) = self.charge_key(policy, key, now).await {
+                        tracing::debug!(target: "sluice::limiter", policy = policy.name(), error = %e, "charge-back failed; it is tried again later");
+                    }
+                }
+                Ok(d)
+            }
             Err(e) => self.failed(policy, key, op, now, e).await,
         }
+    }
+
+    /// Charges the shared store with what the insurance store admitted while the store could
+    /// not answer (`on_store_error: local`), key by key, and forgets it locally: afterwards
+    /// the store counts those admissions, so the window they fall in admits what is left of
+    /// `max` and not a whole `max` again. Returns how many keys were charged; stops at the
+    /// first key the store cannot take (they stay owed). Call it now and then (the server
+    /// does every second); a key this limiter decides again is charged right after that
+    /// decision anyway.
+    ///
+    /// A key is charged with one [`Op::Acquire`] of the most any of its policy's limits counts
+    /// locally in its current window (a window that ended owes nothing), taken as far as every
+    /// limit admits: a store that already counts `max` is not pushed past it. A policy of one
+    /// limit is charged exactly; with several, each limit is charged the same amount (the
+    /// store's one operation covers the whole policy), so a short window that rolled over
+    /// meanwhile may be charged more than it owes (stricter, for that window) and a long one
+    /// less when a shorter one is full. Keys whose policy holds a concurrency limit are left
+    /// alone (their leases live in the insurance store until released or lapsed). The bound
+    /// this gives is in docs/configuration.md, "`on_store_error`".
+    pub async fn charge_back(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now_ms();
+        let mut charged = 0;
+        for (name, limits, key) in self.insurance.held() {
+            let Ok(policy) = Policy::new(name.as_ref(), limits.to_vec()) else {
+                continue;
+            };
+            if self.charge_key(&policy, &key, now).await? {
+                charged += 1;
+            }
+        }
+        if self.insurance.is_empty() {
+            self.charges.paid();
+        }
+        Ok(charged)
+    }
+
+    /// Charges `key`'s local admissions under `policy` to the store (see
+    /// [`Limiter::charge_back`]); `false` if there were none.
+    async fn charge_key(&self, policy: &Policy, key: &str, now: u64) -> Result<bool, StoreError> {
+        if policy
+            .limits()
+            .iter()
+            .any(|l| l.algorithm() == Algorithm::Concurrency)
+        {
+            return Ok(false);
+        }
+        if self.owed_locally(policy, key, now) == 0 {
+            return Ok(false);
+        }
+        // One charge of a key at a time (two would charge the same admissions twice), from
+        // what the insurance store counts once it is ours.
+        let Some(_charging) = self.charges.lock(policy, key) else {
+            return Ok(false);
+        };
+        let owed = self.owed_locally(policy, key, now);
+        if owed == 0 {
+            return Ok(false);
+        }
+        let take = Op::Acquire {
+            min: 0,
+            max: owed,
+            holder: 0,
+        };
+        self.store.call(policy, key, take, now).await?;
+        self.insurance.forget(policy, key).await?;
+        Ok(true)
+    }
+
+    /// What the insurance store admitted for `key` that its windows still count: the most
+    /// any limit counts (a window that ended owes nothing). Read, not taken: while the store
+    /// is down a failed charge must leave the insurance store deciding with all of it.
+    fn owed_locally(&self, policy: &Policy, key: &str, now: u64) -> u64 {
+        let mut owed = 0;
+        for (limit, status) in policy
+            .limits()
+            .iter()
+            .zip(&self.insurance.seen(policy, key, now).limits)
+        {
+            let whole = match limit.algorithm() {
+                Algorithm::TokenBucket => limit.burst(),
+                _ => limit.max(),
+            };
+            owed = owed.max(whole.saturating_sub(status.remaining));
+        }
+        owed
     }
 
     /// Applies the policy's failure mode to a store error.
@@ -324,8 +422,11 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         match policy.failure_mode() {
             FailureMode::Open => Ok(Decision::fail_open(policy, op.cost(), now)),
             FailureMode::Local => {
-                let decided = self.insurance.call(policy, key, op, now).await;
-                Ok(decided?.degraded(Degraded::Local))
+                let decided = self.insurance.call(policy, key, op, now).await?;
+                if decided.allowed && decided.cost > 0 {
+                    self.charges.owe();
+                }
+                Ok(decided.degraded(Degraded::Local))
             }
             // Closed, and any mode added later: refuse to decide.
             _ => Err(Error::Store(error)),
@@ -336,6 +437,56 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.policies
             .get(name)
             .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
+    }
+}
+
+/// What [`Limiter::charge_back`] keeps, shared by a limiter's clones: whether the insurance
+/// store admitted something since everything was charged back (a decision the store makes
+/// looks for a local debt of its key only then), and the keys being charged now.
+#[derive(Debug, Clone, Default)]
+struct Charges(Arc<(AtomicBool, Mutex<HashSet<PolicyKey>>)>);
+
+/// A policy's name and a key.
+type PolicyKey = (Arc<str>, Box<str>);
+
+/// A key's charge under way; dropping it lets the next one start.
+struct Charging<'a> {
+    charges: &'a Charges,
+    key: Option<PolicyKey>,
+}
+
+impl Drop for Charging<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.charges.charging().remove(&key);
+        }
+    }
+}
+
+impl Charges {
+    fn owe(&self) {
+        self.0.0.store(true, Ordering::Relaxed);
+    }
+
+    fn owed(&self) -> bool {
+        self.0.0.load(Ordering::Relaxed)
+    }
+
+    fn paid(&self) {
+        self.0.0.store(false, Ordering::Relaxed);
+    }
+
+    fn charging(&self) -> std::sync::MutexGuard<'_, HashSet<PolicyKey>> {
+        self.0.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The right to charge `key` of `policy`, unless its charge is under way.
+    fn lock(&self, policy: &Policy, key: &str) -> Option<Charging<'_>> {
+        let id: PolicyKey = (policy.name_arc().clone(), key.into());
+        self.charging().insert(id.clone()).then_some(Charging {
+            charges: self,
+            key: Some(id),
+        })
     }
 }
 

@@ -37,6 +37,9 @@ pub struct MemoryStore {
     holders: Mutex<Holders>,
 }
 
+/// A key held: its policy's name, the policy's limits and the key.
+pub(crate) type Held = (Arc<str>, Arc<[Limit]>, Box<str>);
+
 /// Per (policy, key): each holder and the instant it stops counting.
 type Holders = HashMap<(Box<str>, Box<str>), Vec<(u64, u64)>>;
 
@@ -138,6 +141,27 @@ impl MemoryStore {
         hs.retain(|&(h, until)| until > now_ms && h != holder);
         hs.push((holder, now_ms.saturating_add(ttl)));
         u32::try_from(hs.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Every (policy name, limits, key) held, expired or not: what an insurance store owes
+    /// the shared store ([`crate::Limiter::charge_back`]).
+    pub(crate) fn held(&self) -> Vec<Held> {
+        let mut held = Vec::new();
+        for shard in &self.shards {
+            let inner = lock(shard);
+            held.extend(
+                inner
+                    .table
+                    .iter()
+                    .map(|e| (e.policy.clone(), e.limits.clone(), e.key.clone())),
+            );
+        }
+        held
+    }
+
+    /// What a peek of cost 0 says of `key` under `policy` at `now`, synchronously.
+    pub(crate) fn seen(&self, policy: &Policy, key: &str, now: u64) -> Decision {
+        self.read(policy, key, |states| evaluate::peek(policy, states, 0, now))
     }
 
     fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {

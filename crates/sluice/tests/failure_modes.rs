@@ -286,3 +286,48 @@ fn errors_no_retry_changes_are_logged_once_per_policy_and_kind() {
         "{text}"
     );
 }
+
+/// `Limiter::charge_back` (what the server calls every second) charges the store with what the
+/// insurance store admitted for keys no decision touched since the store returned: another
+/// process sharing the store sees them counted. While the store is still down nothing is
+/// lost: the debt stays for the next try.
+#[tokio::test]
+async fn charge_back_gives_the_store_what_was_admitted_locally() {
+    let store = Switch::new(StoreError::Unavailable("down".into()));
+    let a = limiter(store.clone());
+    let other_process = limiter(store.clone());
+    assert!(a.check("local", "k", 1).await.unwrap().allowed);
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let d = a.check("local", "k", 1).await.unwrap();
+        assert_eq!((d.allowed, d.degraded), (true, Some(Degraded::Local)));
+    }
+    // Still down: nothing charged, nothing lost.
+    assert!(a.charge_back().await.is_err());
+    assert_eq!(a.insurance().len(), 1);
+
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(a.charge_back().await, Ok(1));
+    assert!(a.insurance().is_empty(), "charged once, forgotten locally");
+    assert_eq!(a.charge_back().await, Ok(0));
+    // max 3 per window: 1 by the store and 2 locally, all counted by the store now.
+    let d = other_process.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded), (false, None), "{d:?}");
+}
+
+/// A key decided again by the store is charged right after that decision, before the next.
+#[tokio::test]
+async fn a_key_decided_again_is_charged_back_at_once() {
+    let store = Switch::new(StoreError::Unavailable("down".into()));
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        assert!(limiter.check("local", "k", 1).await.unwrap().allowed);
+    }
+    store.down.store(false, Ordering::SeqCst);
+    // The store's first decision (1 of 3), then the 2 local ones are charged: full.
+    let d = limiter.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded, d.remaining()), (true, None, 2));
+    let d = limiter.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded), (false, None), "{d:?}");
+}
