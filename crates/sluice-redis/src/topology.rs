@@ -590,54 +590,7 @@ impl Backend {
                 };
                 Ok(backend)
             }
-            Topology::Cluster { nodes } => {
-                let Some(first) = nodes.first().map(|n| redact(n)) else {
-                    return Err(StoreError::Backend(
-                        "cluster: at least one node URL is needed".to_owned(),
-                    ));
-                };
-                let seeds: Vec<String> = match &config.credentials {
-                    Some(c) => nodes.iter().map(|u| c.apply(u)).collect(),
-                    None => nodes.clone(),
-                };
-                let mut builder = ClusterClientBuilder::new(seeds)
-                    .connection_timeout(config.timeout.max(Duration::from_millis(500)))
-                    .response_timeout(config.timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100);
-                if config.read_from == ReadFrom::Replicas {
-                    builder = builder.read_routing_strategy(RandomReplicaStrategy);
-                }
-                if let Some(certs) = certificates(config)? {
-                    builder = builder.certs(certs);
-                }
-                let client = builder.build().map_err(|e| {
-                    StoreError::Backend(format!(
-                        "invalid cluster node URLs {:?}: {e}",
-                        nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
-                    ))
-                })?;
-                let connect_within = config.timeout.max(Duration::from_secs(2));
-                let conn = tokio::time::timeout(connect_within, client.get_async_connection())
-                    .await
-                    .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
-                    .map_err(|e| {
-                        StoreError::Unavailable(with_tls_hint(
-                            &first,
-                            format!("cluster {first}: {e}"),
-                        ))
-                    })?;
-                Ok(Backend::Cluster {
-                    conn: Box::new(ClusterLink {
-                        client,
-                        conn: RwLock::new(conn),
-                        connect_within,
-                        connecting: AtomicBool::new(false),
-                        last_connect: Mutex::new(None),
-                    }),
-                })
-            }
+            Topology::Cluster { nodes } => cluster(config, nodes).await,
         }
     }
 
@@ -678,6 +631,53 @@ impl Backend {
             Backend::Cluster { conn } => load_cluster(&conn.get(), code, timeout, name).await,
         }
     }
+}
+
+/// Connects to a Redis Cluster through the seed `nodes` (asking for the slot map now).
+async fn cluster(config: &RedisConfig, nodes: &[String]) -> Result<Backend, StoreError> {
+    let Some(first) = nodes.first().map(|n| redact(n)) else {
+        return Err(StoreError::Backend(
+            "cluster: at least one node URL is needed".to_owned(),
+        ));
+    };
+    let seeds: Vec<String> = match &config.credentials {
+        Some(c) => nodes.iter().map(|u| c.apply(u)).collect(),
+        None => nodes.to_vec(),
+    };
+    let mut builder = ClusterClientBuilder::new(seeds)
+        .connection_timeout(config.timeout.max(Duration::from_millis(500)))
+        .response_timeout(config.timeout)
+        .retries(2)
+        .min_retry_wait(5)
+        .max_retry_wait(100);
+    if config.read_from == ReadFrom::Replicas {
+        builder = builder.read_routing_strategy(RandomReplicaStrategy);
+    }
+    if let Some(certs) = certificates(config)? {
+        builder = builder.certs(certs);
+    }
+    let client = builder.build().map_err(|e| {
+        StoreError::Backend(format!(
+            "invalid cluster node URLs {:?}: {e}",
+            nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
+        ))
+    })?;
+    let connect_within = config.timeout.max(Duration::from_secs(2));
+    let conn = tokio::time::timeout(connect_within, client.get_async_connection())
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
+        .map_err(|e| {
+            StoreError::Unavailable(with_tls_hint(&first, format!("cluster {first}: {e}")))
+        })?;
+    Ok(Backend::Cluster {
+        conn: Box::new(ClusterLink {
+            client,
+            conn: RwLock::new(conn),
+            connect_within,
+            connecting: AtomicBool::new(false),
+            last_connect: Mutex::new(None),
+        }),
+    })
 }
 
 /// Loads `code` on every primary of a Cluster (scripts: on every node): the client routes
