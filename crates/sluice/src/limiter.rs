@@ -325,7 +325,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// not answer (`on_store_error: local`), key by key, and forgets it locally: afterwards
     /// the store counts those admissions, so the window they fall in admits what is left of
     /// `max` and not a whole `max` again. Returns how many keys were charged; stops at the
-    /// first key the store cannot take (they stay owed). Call it now and then (the server
+    /// first key the store cannot answer for now (they stay owed; one it refuses for good is
+    /// dropped, and logged). Call it now and then (the server
     /// does every second); a key this limiter decides again is charged right after that
     /// decision anyway.
     ///
@@ -345,8 +346,14 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             let Ok(policy) = Policy::new(name.as_ref(), limits.to_vec()) else {
                 continue;
             };
-            if self.charge_key(&policy, &key, now).await? {
-                charged += 1;
+            match self.charge_key(&policy, &key, now).await {
+                Ok(true) => charged += 1,
+                Ok(false) => {}
+                // The store cannot answer now: the others wait for the next call.
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(target: "sluice::limiter", policy = policy.name(), error = %e, "a local admission cannot be charged back; dropped")
+                }
             }
         }
         if self.insurance.is_empty() {
@@ -382,7 +389,13 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             max: owed,
             holder: 0,
         };
-        self.store.call(policy, key, take, now).await?;
+        if let Err(e) = self.store.call(policy, key, take, now).await {
+            if !e.is_transient() {
+                // The store will never take it (corrupt state of the key, …): not owed.
+                self.insurance.forget(policy, key).await?;
+            }
+            return Err(e);
+        }
         self.insurance.forget(policy, key).await?;
         Ok(true)
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice::{
     Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Op,
-    Policy, Store, StoreError,
+    Policy, Store, StoreError, StoreExt,
 };
 
 /// A memory store that answers with `failure` while `down` is set.
@@ -330,4 +330,61 @@ async fn a_key_decided_again_is_charged_back_at_once() {
     assert_eq!((d.allowed, d.degraded, d.remaining()), (true, None, 2));
     let d = limiter.check("local", "k", 1).await.unwrap();
     assert_eq!((d.allowed, d.degraded), (false, None), "{d:?}");
+}
+
+/// A key the store refuses for good (here: every acquire meets corrupt state) is not owed for
+/// ever: `charge_back` drops it and goes on with the other keys.
+#[tokio::test]
+async fn a_charge_the_store_refuses_for_good_is_dropped() {
+    struct CorruptKey {
+        down: AtomicBool,
+        memory: MemoryStore,
+    }
+    impl Store for CorruptKey {
+        async fn call(
+            &self,
+            p: &Policy,
+            k: &str,
+            op: Op,
+            now: u64,
+        ) -> Result<Decision, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            if k == "bad" && matches!(op, Op::Acquire { .. }) {
+                return Err(StoreError::Corrupt {
+                    key: "sluice:{5:local:bad}:fw1000".into(),
+                    detail: "used is not a number".into(),
+                });
+            }
+            self.memory.call(p, k, op, now).await
+        }
+        async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
+            self.memory.forget(p, k).await
+        }
+    }
+    let store = Arc::new(CorruptKey {
+        down: AtomicBool::new(true),
+        memory: MemoryStore::new(),
+    });
+    let limiter = Limiter::new(store.clone())
+        .with_clock(ManualClock::new(1_000_000))
+        .with_policy(policy("local", FailureMode::Local));
+    for key in ["bad", "good"] {
+        assert!(limiter.check("local", key, 1).await.unwrap().allowed);
+    }
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        limiter.charge_back().await,
+        Ok(1),
+        "good is charged, bad dropped"
+    );
+    assert!(limiter.insurance().is_empty());
+    let local = policy("local", FailureMode::Local);
+    let good = store.memory.peek(&local, "good", 0, 1_000_000).await;
+    assert_eq!(
+        good.unwrap().limits[0].remaining,
+        2,
+        "the store counts good's admission"
+    );
 }
