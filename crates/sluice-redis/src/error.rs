@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use redis::{RedisError, Value};
-use sluice::StoreError;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use sluice::{StoreError, StoreErrorKind};
 
 /// Why one command failed: no answer in time, or an error from the client or the server.
 pub(crate) enum Failure {
@@ -31,6 +31,30 @@ impl Failure {
                     || e.is_connection_refusal()
                     || e.is_timeout()
                     || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+            }
+        }
+    }
+
+    /// Whether a Cluster's slot map may be stale: what suggests a failover, and the Cluster's
+    /// own `CLUSTERDOWN` or a slot without a connection.
+    pub(crate) fn suggests_new_slots(&self) -> bool {
+        self.suggests_failover()
+            || match self {
+                Failure::Timeout(_) => false,
+                Failure::Redis(e) => {
+                    e.kind() == ErrorKind::ClusterConnectionNotFound
+                        || e.code() == Some("CLUSTERDOWN")
+                }
+            }
+    }
+
+    /// Whether the node refused to log in (wrong password, a disabled or deleted ACL user).
+    pub(crate) fn is_login_refused(&self) -> bool {
+        match self {
+            Failure::Timeout(_) => false,
+            Failure::Redis(e) => {
+                e.kind() == ErrorKind::AuthenticationFailed
+                    || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
             }
         }
     }
@@ -62,13 +86,13 @@ pub(crate) async fn query<C: redis::aio::ConnectionLike>(
 }
 
 /// The store error for a client or server error, naming `what` (a node or a key).
+///
+/// Every error lands in one [`StoreErrorKind`]; only the two that no retry or failover can
+/// change are not transient: corrupt state (`WRONGTYPE`, the script's `SLUICE_CORRUPT`) and a
+/// request the store refuses as such (the script's `SLUICE_ARGS`, a Lua error, `CROSSSLOT`, an
+/// unknown command). Anything else, including an error Sluice does not know, means the store
+/// cannot answer now. The table is in docs/redis.md ("Connections, timeouts and errors").
 pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
-    if e.is_timeout() {
-        return StoreError::Unavailable(format!("{what}: {e}"));
-    }
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return StoreError::Unavailable(format!("{what}: {e}"));
-    }
     let text = e.to_string();
     if e.code() == Some("WRONGTYPE") {
         return StoreError::Corrupt {
@@ -83,28 +107,235 @@ pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
             detail: e.detail().unwrap_or_default().to_owned(),
         };
     }
-    if let Some(at) = text.find("SLUICE_CORRUPT ") {
-        let detail = text[at + "SLUICE_CORRUPT ".len()..].to_owned();
+    // Redis 7 answers a script's `error('SLUICE_CORRUPT …')` as `ERR SLUICE_CORRUPT …`; a
+    // server that kept the first word as the code would show `"SLUICE_CORRUPT": …`.
+    if let Some(at) = text.find("SLUICE_CORRUPT") {
+        let rest = &text[at + "SLUICE_CORRUPT".len()..];
+        let detail = rest.trim_start_matches(['"', ':', ' ']).to_owned();
         return StoreError::Corrupt {
             key: what.to_owned(),
             detail,
         };
     }
-    if matches!(
-        e.code(),
-        Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY")
-    ) {
-        return StoreError::Unavailable(format!("{what}: {e}"));
+    match classify(e, &text) {
+        StoreErrorKind::Unavailable => StoreError::Unavailable(format!("{what}: {e}")),
+        StoreErrorKind::Rejected => StoreError::Backend(format!("{what}: {text}")),
+        kind => StoreError::refused(kind, format!("{what}: {e}")),
     }
-    StoreError::Backend(format!("{what}: {text}"))
 }
 
-/// The `kind` label of `sluice_store_errors_total`.
-pub(crate) fn kind(e: &StoreError) -> &'static str {
-    match e {
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Corrupt { .. } => "corrupt",
-        _ => "other",
+/// The kind of an error that is not corrupt state.
+fn classify(e: &RedisError, text: &str) -> StoreErrorKind {
+    if e.is_timeout() {
+        return StoreErrorKind::Timeout;
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return StoreErrorKind::Unavailable;
+    }
+    match e.kind() {
+        ErrorKind::Server(kind) => match kind {
+            ServerErrorKind::BusyLoading => StoreErrorKind::Loading,
+            ServerErrorKind::NoScript => StoreErrorKind::CodeMissing,
+            ServerErrorKind::Moved | ServerErrorKind::Ask => StoreErrorKind::Redirected,
+            ServerErrorKind::TryAgain => StoreErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown => StoreErrorKind::ClusterDown,
+            ServerErrorKind::MasterDown => StoreErrorKind::MasterDown,
+            ServerErrorKind::ReadOnly => StoreErrorKind::ReadOnly,
+            ServerErrorKind::NoPerm => StoreErrorKind::Denied,
+            ServerErrorKind::CrossSlot | ServerErrorKind::NotBusy | ServerErrorKind::NoSub => {
+                StoreErrorKind::Rejected
+            }
+            ServerErrorKind::ResponseError => classify_err(text),
+            _ => StoreErrorKind::Other,
+        },
+        ErrorKind::Extension => match e.code() {
+            Some("OOM") => StoreErrorKind::OutOfMemory,
+            Some("BUSY" | "UNKILLABLE") => StoreErrorKind::Busy,
+            Some("WRONGPASS" | "NOAUTH") => StoreErrorKind::Denied,
+            Some("SLUICE_ARGS") => StoreErrorKind::Rejected,
+            _ if text.contains("SLUICE_ARGS ") => StoreErrorKind::Rejected,
+            _ => StoreErrorKind::Other,
+        },
+        ErrorKind::AuthenticationFailed => StoreErrorKind::Denied,
+        ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::Io
+        | ErrorKind::Parse
+        | ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel => StoreErrorKind::Unavailable,
+        ErrorKind::UnexpectedReturnType
+        | ErrorKind::InvalidClientConfig
+        | ErrorKind::Client
+        | ErrorKind::EmptySentinelList
+        | ErrorKind::RESP3NotSupported => StoreErrorKind::Rejected,
+        _ => StoreErrorKind::Other,
+    }
+}
+
+/// The kind of a generic `ERR …` reply, by its text.
+fn classify_err(text: &str) -> StoreErrorKind {
+    let lower = text.to_ascii_lowercase();
+    if text.contains("SLUICE_ARGS ") {
+        StoreErrorKind::Rejected
+    } else if lower.contains("function not found") {
+        StoreErrorKind::CodeMissing
+    } else if lower.contains("max number of clients") {
+        StoreErrorKind::Unavailable
+    } else if lower.contains("@user_function")
+        || lower.contains("@user_script")
+        || lower.contains("user_script:")
+        || lower.contains("error running script")
+        || lower.contains("unknown command")
+        || lower.contains("wrong number of arguments")
+        || lower.contains("syntax error")
+    {
+        // A Lua error in Sluice's code, or a command this Redis does not take: the same
+        // request fails the same way on every node.
+        StoreErrorKind::Rejected
+    } else {
+        StoreErrorKind::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// The error a server's reply line `-<line>` is, as the client reports it.
+    fn reply(line: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(Value::ServerError(e)) => RedisError::from(e),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    fn kind(e: &RedisError) -> StoreErrorKind {
+        map_error(e, "k").kind()
+    }
+
+    #[test]
+    fn what_redis_says_when_it_cannot_answer_now_is_transient() {
+        let cases = [
+            (
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                StoreErrorKind::OutOfMemory,
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                StoreErrorKind::ReadOnly,
+            ),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                StoreErrorKind::Loading,
+            ),
+            (
+                "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN \
+                 NOSAVE.",
+                StoreErrorKind::Busy,
+            ),
+            (
+                "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+                StoreErrorKind::MasterDown,
+            ),
+            (
+                "TRYAGAIN Multiple keys request during rehashing of slot",
+                StoreErrorKind::TryAgain,
+            ),
+            (
+                "CLUSTERDOWN The cluster is down",
+                StoreErrorKind::ClusterDown,
+            ),
+            ("MOVED 3999 127.0.0.1:6381", StoreErrorKind::Redirected),
+            ("ASK 3999 127.0.0.1:6381", StoreErrorKind::Redirected),
+            (
+                "NOPERM User alice has no permissions to run the 'fcall' command",
+                StoreErrorKind::Denied,
+            ),
+            (
+                "WRONGPASS invalid username-password pair or user is disabled.",
+                StoreErrorKind::Denied,
+            ),
+            ("NOAUTH Authentication required.", StoreErrorKind::Denied),
+            (
+                "NOSCRIPT No matching script. Please use EVAL.",
+                StoreErrorKind::CodeMissing,
+            ),
+            ("ERR Function not found", StoreErrorKind::CodeMissing),
+            (
+                "ERR max number of clients reached",
+                StoreErrorKind::Unavailable,
+            ),
+            (
+                "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to \
+                 persist to disk.",
+                StoreErrorKind::Other,
+            ),
+            ("ERR something new", StoreErrorKind::Other),
+        ];
+        for (line, expected) in cases {
+            let e = map_error(&reply(line), "redis://10.0.0.1:6379");
+            assert_eq!(e.kind(), expected, "{line}: {e}");
+            assert!(e.is_transient(), "{line}: {e}");
+            assert!(e.to_string().contains("redis://10.0.0.1:6379"), "{e}");
+        }
+    }
+
+    #[test]
+    fn client_side_failures_to_reach_the_store_are_transient() {
+        let cases = [
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            RedisError::from((
+                ErrorKind::ClusterConnectionNotFound,
+                "Unable to find connection",
+            )),
+            RedisError::from((
+                ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+            )),
+            RedisError::from((ErrorKind::Parse, "invalid first byte")),
+        ];
+        for e in &cases {
+            assert!(map_error(e, "k").is_transient(), "{e}");
+        }
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(kind(&timed_out), StoreErrorKind::Timeout);
+        assert_eq!(kind(&cases[2]), StoreErrorKind::Unavailable);
+        assert_eq!(kind(&cases[3]), StoreErrorKind::Denied);
+    }
+
+    #[test]
+    fn only_what_no_retry_changes_goes_to_the_caller() {
+        let corrupt = [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR SLUICE_CORRUPT sluice:{3:api:k}:fw1000: used is not a number script: \
+             sluice_1_check, on @user_function:73.",
+            "SLUICE_CORRUPT sluice:{3:api:k}:fw1000: used is not a number",
+        ];
+        for line in corrupt {
+            let e = map_error(&reply(line), "sluice:{3:api:k}");
+            assert!(matches!(e, StoreError::Corrupt { .. }), "{line}: {e:?}");
+            assert!(!e.is_transient());
+        }
+        let rejected = [
+            "SLUICE_ARGS unknown algorithm 9",
+            "ERR SLUICE_ARGS acquire needs the most units to take script: sluice_1_acquire, on \
+             @user_function:637.",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "ERR unknown command 'FCALL', with args beginning with: ",
+            "ERR wrong number of arguments for 'fcall' command",
+            "ERR user_script:1: attempt to compare nil with number script: 9f2e, on \
+             @user_script:1.",
+            "ERR user_function:3: attempt to perform arithmetic on local 'x' (a nil value) \
+             script: sluice_1_check, on @user_function:3.",
+        ];
+        for line in rejected {
+            let e = map_error(&reply(line), "k");
+            assert_eq!(e.kind(), StoreErrorKind::Rejected, "{line}: {e}");
+            assert!(!e.is_transient());
+        }
+        let client = RedisError::from((ErrorKind::UnexpectedReturnType, "unexpected reply"));
+        assert_eq!(kind(&client), StoreErrorKind::Rejected);
     }
 }

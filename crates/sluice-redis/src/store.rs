@@ -9,12 +9,12 @@ use std::time::Instant;
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use sluice::{Decision, Op, Policy, Store, StoreError};
+use sluice::{Decision, Op, Policy, Store, StoreError, StoreErrorKind};
 
 use crate::coalesce::{LaneId, Lanes, Pending, Turn};
 use crate::codec::{self, Codec};
 use crate::config::{ReadFrom, RedisConfig, Shortfall, WaitForReplicas};
-use crate::error::{self, Failure, map_error, query};
+use crate::error::{self, Failure, query};
 use crate::keys;
 use crate::script::{Code, Entry, ScriptMode};
 use crate::topology::{self, Backend, Node, Nodes};
@@ -238,12 +238,15 @@ impl RedisStore {
                     MultipleNodeRoutingInfo::AllMasters,
                     Some(ResponsePolicy::AllSucceeded),
                 ));
-                let mut conn = conn.clone();
+                let mut conn = conn.get();
                 let ping = conn.route_command(redis::cmd("PING"), routing);
-                match tokio::time::timeout(timeout, ping).await {
-                    Err(_) => Err(StoreError::Timeout(timeout)),
-                    Ok(r) => r.map(drop).map_err(|e| map_error(&e, &self.inner.name)),
-                }
+                let failure = match tokio::time::timeout(timeout, ping).await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => Failure::Redis(e),
+                    Err(_) => Failure::Timeout(timeout),
+                };
+                self.reconnect_cluster_soon(&failure);
+                Err(failure.into_store_error(&self.inner.name))
             }
         }
     }
@@ -322,7 +325,7 @@ impl RedisStore {
         let writes = entries.iter().any(|e| !e.op.is_read_only());
         let what = || format!("a batch of {} decisions", entries.len());
         let reply = match &self.inner.backend {
-            Backend::Cluster { conn } => self.send_cluster(conn, &cmd, writes, &what).await,
+            Backend::Cluster { conn } => self.send_cluster(&conn.get(), &cmd, writes, &what).await,
             Backend::Direct { nodes, .. } => {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 self.send_on(&nodes, &nodes.primary, false, &cmd, writes, &what)
@@ -406,7 +409,7 @@ impl RedisStore {
         let inner = &self.inner;
         let on_replica = op.is_read_only() && inner.config.read_from == ReadFrom::Replicas;
         let reply = match &inner.backend {
-            Backend::Cluster { conn } => self.call_cluster(conn, &call, on_replica).await?,
+            Backend::Cluster { conn } => self.call_cluster(&conn.get(), &call, on_replica).await?,
             Backend::Direct { nodes, .. } => {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 let mut answered = None;
@@ -470,13 +473,14 @@ impl RedisStore {
         let inner = &self.inner;
         let timeout = inner.config.timeout;
         let failed = |f: Failure| {
+            node.failed(&f);
             if !on_replica && f.suggests_failover() {
                 self.rediscover_soon();
             }
             f.into_store_error(&what())
         };
         let wait = self.wait_after(writes, on_replica);
-        let mut conn = node.conn.clone();
+        let mut conn = node.conn();
         match send(&mut conn, cmd, wait, timeout).await {
             Ok(sent) => self.replicated(sent, what),
             Err(f) if f.is_code_missing() => {
@@ -485,10 +489,10 @@ impl RedisStore {
                 if on_replica && functions {
                     // Functions replicate from the primary; the caller falls back to it.
                     nodes.primary.load(&inner.code, timeout).await?;
-                    return Err(StoreError::Backend(format!(
-                        "{}: function library missing",
-                        node.url
-                    )));
+                    return Err(StoreError::refused(
+                        StoreErrorKind::CodeMissing,
+                        format!("{}: function library missing", node.url),
+                    ));
                 }
                 let target = if functions { &nodes.primary } else { node };
                 target.load(&inner.code, timeout).await?;
@@ -532,12 +536,16 @@ impl RedisStore {
                 // A node restarted empty (functions replicate, but a new or flushed primary
                 // may not have them): load everywhere and try once more.
                 topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
-                let sent = send(&mut conn, cmd, wait, timeout)
-                    .await
-                    .map_err(|f| f.into_store_error(&what()))?;
+                let sent = send(&mut conn, cmd, wait, timeout).await.map_err(|f| {
+                    self.reconnect_cluster_soon(&f);
+                    f.into_store_error(&what())
+                })?;
                 self.replicated(sent, what)
             }
-            Err(f) => Err(f.into_store_error(&what())),
+            Err(f) => {
+                self.reconnect_cluster_soon(&f);
+                Err(f.into_store_error(&what()))
+            }
         }
     }
 
@@ -649,7 +657,7 @@ impl Store for RedisStore {
         metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => error::kind(e))
+            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => e.kind().as_str())
                 .increment(1);
         }
         result
@@ -668,7 +676,7 @@ impl Store for RedisStore {
                 let nodes = nodes.read().unwrap_or_else(|p| p.into_inner()).clone();
                 nodes.primary.query(&del, timeout).await
             }
-            Backend::Cluster { conn } => query(&mut conn.clone(), &del, timeout).await,
+            Backend::Cluster { conn } => query(&mut conn.get(), &del, timeout).await,
         };
         result
             .map(drop)

@@ -26,7 +26,33 @@ pub(crate) enum Backend {
         sentinel: Option<Box<SentinelWatch>>,
     },
     /// A Redis Cluster: the client routes each call by its keys' slot.
-    Cluster { conn: ClusterConnection },
+    Cluster { conn: Box<ClusterLink> },
+}
+
+/// A Cluster's connection, made anew when a failure suggests that its slot map is stale.
+///
+/// redis-rs's cluster client asks for the slot map again after `MOVED`, `READONLY` or a lost
+/// connection, but not after timeouts: a primary that stalls rather than dies (paused, its
+/// host unreachable) keeps receiving the calls of its slots, which time out for good, even
+/// after the Cluster has promoted its replica. A new connection asks the seeds for the slots.
+pub(crate) struct ClusterLink {
+    client: redis::cluster::ClusterClient,
+    conn: RwLock<ClusterConnection>,
+    /// How long making a new connection may take.
+    connect_within: Duration,
+    /// One new connection at a time, and not more often than every [`RECONNECT_CLUSTER_EVERY`].
+    connecting: AtomicBool,
+    last_connect: Mutex<Option<Instant>>,
+}
+
+/// The shortest time between two new Cluster connections after failures.
+const RECONNECT_CLUSTER_EVERY: Duration = Duration::from_millis(500);
+
+impl ClusterLink {
+    /// The connection in use now (a cheap clone).
+    pub(crate) fn get(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// The nodes a direct store talks to now.
@@ -83,28 +109,71 @@ fn lookup_limit(timeout: Duration) -> Duration {
 /// One node and its shared, multiplexed connection.
 pub(crate) struct Node {
     pub(crate) url: String,
-    pub(crate) conn: ConnectionManager,
+    client: Client,
+    config: ConnectionManagerConfig,
+    conn: RwLock<ConnectionManager>,
+    /// When the connection was last made anew after a refused login.
+    renewed: Mutex<Option<Instant>>,
 }
 
+/// The shortest time between two new connections to one node after refused logins.
+const RENEW_EVERY: Duration = Duration::from_millis(250);
+
 impl Node {
+    /// The node's shared connection (a cheap clone).
+    pub(crate) fn conn(&self) -> ConnectionManager {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes note of a call that failed. A connection whose login was refused
+    /// (`WRONGPASS`, a disabled ACL user) stays refused in redis-rs's `ConnectionManager`,
+    /// which reconnects only after I/O errors, so the node would never answer again once the
+    /// credentials work; such a connection is made anew (lazily: at the next call), at most
+    /// every [`RENEW_EVERY`].
+    pub(crate) fn failed(&self, failure: &Failure) {
+        if !failure.is_login_refused() {
+            return;
+        }
+        {
+            let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+            if renewed.is_some_and(|t| t.elapsed() < RENEW_EVERY) {
+                return;
+            }
+            *renewed = Some(Instant::now());
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(conn) => {
+                tracing::debug!(node = %self.url, "login refused: connecting anew at the next call");
+                *self.conn.write().unwrap_or_else(|p| p.into_inner()) = conn;
+            }
+            Err(e) => tracing::debug!(node = %self.url, error = %e, "cannot connect anew"),
+        }
+    }
+
     /// Sends one command on the node's shared connection, bounded by `timeout`.
     pub(crate) async fn query(
         &self,
         cmd: &redis::Cmd,
         timeout: Duration,
     ) -> Result<redis::Value, Failure> {
-        query(&mut self.conn.clone(), cmd, timeout).await
+        let result = query(&mut self.conn(), cmd, timeout).await;
+        if let Err(f) = &result {
+            self.failed(f);
+        }
+        result
     }
 
     /// Loads `code` on this node.
     pub(crate) async fn load(&self, code: &Code, timeout: Duration) -> Result<(), StoreError> {
-        code.load(&mut self.conn.clone(), timeout)
-            .await
-            .map_err(|f| match f.into_store_error(&self.url) {
-                // What a TLS port does to a plaintext client: say what to change.
-                StoreError::Unavailable(m) => StoreError::Unavailable(with_tls_hint(&self.url, m)),
-                e => e,
-            })
+        let loaded = code.load(&mut self.conn(), timeout).await;
+        if let Err(f) = &loaded {
+            self.failed(f);
+        }
+        loaded.map_err(|f| match f.into_store_error(&self.url) {
+            // What a TLS port does to a plaintext client: say what to change.
+            StoreError::Unavailable(m) => StoreError::Unavailable(with_tls_hint(&self.url, m)),
+            e => e,
+        })
     }
 }
 
@@ -157,9 +226,15 @@ fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<No
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100));
-    let conn = ConnectionManager::new_lazy_with_config(client, config)
+    let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
         .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
-    Ok(Node { url, conn })
+    Ok(Node {
+        url,
+        client,
+        config,
+        conn: RwLock::new(conn),
+        renewed: Mutex::new(None),
+    })
 }
 
 /// The sentinels of a [`Topology::Sentinel`], and how to reach the data nodes they name.
@@ -515,45 +590,7 @@ impl Backend {
                 };
                 Ok(backend)
             }
-            Topology::Cluster { nodes } => {
-                let Some(first) = nodes.first().map(|n| redact(n)) else {
-                    return Err(StoreError::Backend(
-                        "cluster: at least one node URL is needed".to_owned(),
-                    ));
-                };
-                let seeds: Vec<String> = match &config.credentials {
-                    Some(c) => nodes.iter().map(|u| c.apply(u)).collect(),
-                    None => nodes.clone(),
-                };
-                let mut builder = ClusterClientBuilder::new(seeds)
-                    .connection_timeout(config.timeout.max(Duration::from_millis(500)))
-                    .response_timeout(config.timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100);
-                if config.read_from == ReadFrom::Replicas {
-                    builder = builder.read_routing_strategy(RandomReplicaStrategy);
-                }
-                if let Some(certs) = certificates(config)? {
-                    builder = builder.certs(certs);
-                }
-                let client = builder.build().map_err(|e| {
-                    StoreError::Backend(format!(
-                        "invalid cluster node URLs {:?}: {e}",
-                        nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
-                    ))
-                })?;
-                let conn = tokio::time::timeout(
-                    config.timeout.max(Duration::from_secs(2)),
-                    client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
-                .map_err(|e| {
-                    StoreError::Unavailable(with_tls_hint(&first, format!("cluster {first}: {e}")))
-                })?;
-                Ok(Backend::Cluster { conn })
-            }
+            Topology::Cluster { nodes } => cluster(config, nodes).await,
         }
     }
 
@@ -591,9 +628,56 @@ impl Backend {
                 }
                 Ok(())
             }
-            Backend::Cluster { conn } => load_cluster(conn, code, timeout, name).await,
+            Backend::Cluster { conn } => load_cluster(&conn.get(), code, timeout, name).await,
         }
     }
+}
+
+/// Connects to a Redis Cluster through the seed `nodes` (asking for the slot map now).
+async fn cluster(config: &RedisConfig, nodes: &[String]) -> Result<Backend, StoreError> {
+    let Some(first) = nodes.first().map(|n| redact(n)) else {
+        return Err(StoreError::Backend(
+            "cluster: at least one node URL is needed".to_owned(),
+        ));
+    };
+    let seeds: Vec<String> = match &config.credentials {
+        Some(c) => nodes.iter().map(|u| c.apply(u)).collect(),
+        None => nodes.to_vec(),
+    };
+    let mut builder = ClusterClientBuilder::new(seeds)
+        .connection_timeout(config.timeout.max(Duration::from_millis(500)))
+        .response_timeout(config.timeout)
+        .retries(2)
+        .min_retry_wait(5)
+        .max_retry_wait(100);
+    if config.read_from == ReadFrom::Replicas {
+        builder = builder.read_routing_strategy(RandomReplicaStrategy);
+    }
+    if let Some(certs) = certificates(config)? {
+        builder = builder.certs(certs);
+    }
+    let client = builder.build().map_err(|e| {
+        StoreError::Backend(format!(
+            "invalid cluster node URLs {:?}: {e}",
+            nodes.iter().map(|n| redact(n)).collect::<Vec<_>>()
+        ))
+    })?;
+    let connect_within = config.timeout.max(Duration::from_secs(2));
+    let conn = tokio::time::timeout(connect_within, client.get_async_connection())
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("cluster {first}: no answer")))?
+        .map_err(|e| {
+            StoreError::Unavailable(with_tls_hint(&first, format!("cluster {first}: {e}")))
+        })?;
+    Ok(Backend::Cluster {
+        conn: Box::new(ClusterLink {
+            client,
+            conn: RwLock::new(conn),
+            connect_within,
+            connecting: AtomicBool::new(false),
+            last_connect: Mutex::new(None),
+        }),
+    })
 }
 
 /// Loads `code` on every primary of a Cluster (scripts: on every node): the client routes
@@ -640,6 +724,47 @@ impl RedisStore {
             {
                 watch.looking.store(false, Ordering::Release);
             }
+        });
+    }
+
+    /// On a Cluster: after `failure`, if it suggests that the slot map is stale (a timeout, a
+    /// lost or refused connection, `READONLY`, `CLUSTERDOWN`, …), makes a new connection in the
+    /// background (at most every [`RECONNECT_CLUSTER_EVERY`], one at a time), which asks the
+    /// seeds for the slots; calls use it once it is made.
+    pub(crate) fn reconnect_cluster_soon(&self, failure: &Failure) {
+        let Backend::Cluster { conn: link } = self.backend() else {
+            return;
+        };
+        if !failure.suggests_new_slots() {
+            return;
+        }
+        {
+            let mut last = link.last_connect.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < RECONNECT_CLUSTER_EVERY) {
+                return;
+            }
+            if link.connecting.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let Backend::Cluster { conn: link } = store.backend() else {
+                return;
+            };
+            let name = store.name();
+            match tokio::time::timeout(link.connect_within, link.client.get_async_connection())
+                .await
+            {
+                Ok(Ok(conn)) => {
+                    *link.conn.write().unwrap_or_else(|p| p.into_inner()) = conn;
+                    tracing::info!(cluster = %name, "connected anew after a failure: the slot map is fresh");
+                }
+                Ok(Err(e)) => tracing::debug!(cluster = %name, error = %e, "cannot connect anew"),
+                Err(_) => tracing::debug!(cluster = %name, "cannot connect anew: no answer"),
+            }
+            link.connecting.store(false, Ordering::Release);
         });
     }
 

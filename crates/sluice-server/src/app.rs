@@ -213,6 +213,7 @@ pub async fn run_with_clock(
         let insurance = shared.insurance().clone();
         let reserving = shared.reserving().cloned();
         let clock = clock.clone();
+        let shared = shared.clone();
         background.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -224,6 +225,11 @@ pub async fn run_with_clock(
                 insurance.sweep(now);
                 if let Some(reserving) = &reserving {
                     reserving.sweep(now);
+                }
+                // What `on_store_error: local` admitted while the store was down goes to the
+                // store once it answers (keys no request decided since).
+                if let Err(e) = shared.snapshot().limiter.charge_back().await {
+                    tracing::debug!(error = %e, "charge-back of local admissions: the store cannot take it yet");
                 }
             }
         });

@@ -77,8 +77,8 @@ pub const MAX_ENTRIES: usize = 32;
 #[derive(Debug)]
 pub struct RlsService {
     shared: Arc<Shared>,
-    /// One policy per (window, requests per unit), built on first use.
-    policies: Mutex<HashMap<(u64, u32), Policy>>,
+    /// One policy per (window, requests per unit, failure mode), built on first use.
+    policies: Mutex<HashMap<(u64, u32, sluice::FailureMode), Policy>>,
     /// The statistics keys seen, bounded by [`MAX_STATS_KEYS`].
     stats_keys: Mutex<HashSet<Arc<str>>>,
 }
@@ -101,19 +101,26 @@ impl RlsService {
     /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed
     /// window, named by the unit alone so that every rule of one unit counts a descriptor in
     /// one counter, as the reference's cache key (entries and window start) does; changing
-    /// `requests_per_unit` on a reload keeps the count.
-    fn policy(&self, window: u64, requests_per_unit: u32) -> Option<Policy> {
+    /// `requests_per_unit` on a reload keeps the count. It fails as `rls.on_store_error`
+    /// says (by default closed: a store failure reaches Envoy as an error and its
+    /// `failure_mode_deny` decides).
+    fn policy(
+        &self,
+        window: u64,
+        requests_per_unit: u32,
+        on_store_error: sluice::FailureMode,
+    ) -> Option<Policy> {
         let mut cache = self.policies.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = cache.get(&(window, requests_per_unit)) {
+        let id = (window, requests_per_unit, on_store_error);
+        if let Some(p) = cache.get(&id) {
             return Some(p.clone());
         }
         let spec = LimitSpec::fixed_window(u64::from(requests_per_unit), window).aligned();
-        // Closed: a store failure reaches Envoy as an error and its `failure_mode_deny` decides.
         let policy = Policy::from_specs(format!("rls:{window}"), vec![spec])
             .ok()?
-            .with_failure_mode(sluice::FailureMode::Closed);
+            .with_failure_mode(on_store_error);
         if cache.len() < MAX_CACHED_POLICIES {
-            cache.insert((window, requests_per_unit), policy.clone());
+            cache.insert(id, policy.clone());
         }
         Some(policy)
     }
@@ -237,6 +244,8 @@ struct Part {
     charge: Option<(Policy, String, u64)>,
     /// Whole seconds until the descriptor's window ends.
     reset_secs: u64,
+    /// Decided without the store (`rls.on_store_error: open` or `local`).
+    degraded: Option<sluice::Degraded>,
 }
 
 impl Part {
@@ -330,7 +339,8 @@ impl RlsService {
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
             let cost = hits(req.hits_addend, descriptor);
             let part = if descriptor.is_negative_hits {
-                self.refund_descriptor(limiter, found, cost, now).await
+                self.refund_descriptor(limiter, settings, found, cost, now)
+                    .await
             } else {
                 self.check_descriptor(limiter, settings, found, cost, now)
                     .await
@@ -367,10 +377,17 @@ impl RlsService {
         match failure {
             // As in the reference service, a store failure is a gRPC error, so that Envoy's
             // `failure_mode_deny` decides whether the request passes.
-            Some(e @ sluice::Error::Store(_)) => {
+            Some(sluice::Error::Store(e)) => {
+                if !e.is_transient() {
+                    // Logged once per rule's policy and kind by the limiter.
+                    return Err(Status::unavailable(format!(
+                        "the rate limit store refused the decision ({e}); retrying will not \
+                         change that"
+                    )));
+                }
                 tracing::warn!(error = %e, "store failed during ShouldRateLimit");
                 return Err(Status::unavailable(format!(
-                    "the rate limit store cannot answer: {e}"
+                    "the rate limit store cannot answer now: {e}"
                 )));
             }
             // The bounds are checked first; this is a backstop, never a store error.
@@ -391,10 +408,10 @@ impl RlsService {
                 metrics::rls_hits(label, &rule, result, cost);
                 self.shared.counts().count(
                     &rule,
-                    if part.limited {
-                        crate::stats::Outcome::Denied
-                    } else {
-                        crate::stats::Outcome::Allowed
+                    match (part.degraded, part.limited) {
+                        (Some(_), _) => crate::stats::Outcome::Degraded,
+                        (None, true) => crate::stats::Outcome::Denied,
+                        (None, false) => crate::stats::Outcome::Allowed,
                     },
                 );
                 // What was spent stands only if the request passed; a refused one was refunded.
@@ -416,6 +433,7 @@ impl RlsService {
             } else {
                 Code::Ok
             } as i32,
+            dynamic_metadata: degraded_metadata(&parts),
             statuses: parts.into_iter().map(|p| p.status).collect(),
             response_headers_to_add,
             ..RateLimitResponse::default()
@@ -443,6 +461,7 @@ impl RlsService {
                 limited: false,
                 charge: None,
                 reset_secs: 0,
+                degraded: None,
             });
         };
         let rule = &m.rule;
@@ -458,6 +477,7 @@ impl RlsService {
                 limited: false,
                 charge: None,
                 reset_secs: 0,
+                degraded: None,
             });
         };
         let quota = settings.quota_mode || rule.quota_mode;
@@ -468,7 +488,8 @@ impl RlsService {
                 Code::Ok
             }
         };
-        let Some(policy) = self.policy(window, rule.requests_per_unit) else {
+        let Some(policy) = self.policy(window, rule.requests_per_unit, settings.on_store_error)
+        else {
             // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
             // no limit of 0 can be built, and nothing is counted, so no store has an instant:
             // the server's clock tells the window's end.
@@ -486,6 +507,7 @@ impl RlsService {
                 limited: true,
                 charge: None,
                 reset_secs,
+                degraded: None,
             });
         };
         let d = limiter.check_policy(&policy, &m.counter_key, cost).await?;
@@ -507,6 +529,7 @@ impl RlsService {
             quota,
             limited: !d.allowed,
             reset_secs,
+            degraded: d.degraded,
         })
     }
 
@@ -515,6 +538,7 @@ impl RlsService {
     async fn refund_descriptor(
         &self,
         limiter: &ServerLimiter,
+        settings: &RlsSettings,
         found: Option<Match>,
         cost: u64,
         now: u64,
@@ -526,6 +550,7 @@ impl RlsService {
             limited: false,
             charge: None,
             reset_secs: 0,
+            degraded: None,
         };
         let Some(m) = found else {
             return Ok(ok(DescriptorStatus {
@@ -540,7 +565,8 @@ impl RlsService {
                 ..DescriptorStatus::default()
             }));
         };
-        let (remaining, reset_secs) = match self.policy(window, m.rule.requests_per_unit) {
+        let policy = self.policy(window, m.rule.requests_per_unit, settings.on_store_error);
+        let (remaining, reset_secs) = match policy {
             Some(policy) => {
                 let d = limiter.refund_policy(&policy, &m.counter_key, cost).await?;
                 (d.binding().remaining, until_reset(window, d.now_ms))
@@ -555,6 +581,23 @@ impl RlsService {
             ..DescriptorStatus::default()
         }))
     }
+}
+
+/// `{"degraded": "open"}` (or `"local"`) when a descriptor was decided without the store
+/// (`rls.on_store_error`): Envoy emits it as the filter's dynamic metadata, for access logs.
+fn degraded_metadata(parts: &[Part]) -> Option<envoy_types::pb::google::protobuf::Struct> {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    let how = parts.iter().find_map(|p| p.degraded)?.as_str();
+    Some(Struct {
+        fields: [(
+            "degraded".to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(how.to_owned())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    })
 }
 
 fn header(key: &str, value: String) -> HeaderValue {

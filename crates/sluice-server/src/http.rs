@@ -501,15 +501,35 @@ async fn answer(shared: &Shared, op: Endpoint, body: Result<Bytes, BytesRejectio
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
-                format!(
-                    "the store cannot answer ({e}) and policy `{}` fails {}; retry later",
-                    policy.name(),
-                    policy.failure_mode()
-                ),
+                store_failure(policy, &req.key, &e),
             )
         }
         Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     }
+}
+
+/// What a `503 store_unavailable` says: the store cannot answer now and the policy fails
+/// closed, or the store refused the decision in a way no retry changes (whatever the mode).
+fn store_failure(policy: &Policy, key: &str, e: &sluice::StoreError) -> String {
+    if e.is_transient() {
+        return format!(
+            "the store cannot answer now ({e}) and policy `{}` fails {}; retry later",
+            policy.name(),
+            policy.failure_mode()
+        );
+    }
+    let fix = match e {
+        sluice::StoreError::Corrupt { .. } => format!(
+            "; DELETE /v1/keys/{}/{key} clears the key's state",
+            policy.name()
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "the store refused this decision ({e}); retrying will not change that, whatever policy \
+         `{}`'s on_store_error{fix}",
+        policy.name()
+    )
 }
 
 /// The decision body (docs/api.md#the-decision-body), in the documented field order.
@@ -970,7 +990,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready"})),
         Err(down) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": format!("shards not answering: {down}")}}),
+            &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": down}}),
         ),
     }
 }

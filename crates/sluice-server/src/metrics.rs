@@ -10,7 +10,7 @@
 //! | `sluice_rls_hits_total` | domain, key (a rule's statistics key, at most `grpc::MAX_STATS_KEYS`), result (within_limit/over_limit/shadow_mode) |
 //! | `sluice_decision_latency_seconds` (histogram) | op: the whole decision, any store, failure mode included |
 //! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `sluice-redis`) |
-//! | `sluice_store_errors_total` | store, kind (timeout/unavailable/corrupt/other): failed Redis calls |
+//! | `sluice_store_errors_total` | store, kind (`sluice::StoreErrorKind::as_str`: timeout, unavailable, oom, readonly, busy, denied, …, corrupt, rejected): failed Redis calls |
 //! | `sluice_store_circuit_state` (gauge) | store: 0 closed, 1 open, 2 half-open |
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |

@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, RwLock};
 
-use sluice::{Clock, Limiter, MemoryStore, Reserving, SharedStore};
+use sluice::breaker::{BreakerState, CircuitBreaker};
+use sluice::{Clock, Limiter, MemoryStore, Policy, Reserving, SharedStore, StoreExt};
 use sluice_redis::{RedisStore, ShardedStore};
 
 use crate::config::Config;
@@ -116,7 +117,9 @@ impl Snapshot {
         self.limiter.clock().now_ms()
     }
 
-    /// Whether every store shard answers; the error names those that do not.
+    /// Whether the store can decide: every store shard answers `PING`, and with Redis shards
+    /// at least one shard's circuit is closed. The error names the shards that do not answer,
+    /// or every shard and the error that keeps its circuit open.
     pub async fn ping(&self) -> Result<(), String> {
         match &self.store {
             StoreHandle::Memory(_) => Ok(()),
@@ -128,17 +131,60 @@ impl Snapshot {
                     }
                 }
                 if down.is_empty() {
-                    Ok(())
+                    any_circuit_closed(sharded, self.now_ms()).await
                 } else {
-                    Err(down.join(", "))
+                    Err(format!("shards not answering: {}", down.join(", ")))
                 }
             }
             StoreHandle::Cluster(cluster) => cluster
                 .ping()
                 .await
-                .map_err(|e| format!("{} ({e})", cluster.name())),
+                .map_err(|e| format!("shards not answering: {} ({e})", cluster.name())),
         }
     }
+}
+
+/// The policy of readiness probes: a decision of cost 0 on its own key records nothing.
+static PROBE: std::sync::LazyLock<Option<Policy>> = std::sync::LazyLock::new(|| {
+    Policy::from_specs(
+        "sluice:ready",
+        vec![sluice::LimitSpec::fixed_window(1, 1_000)],
+    )
+    .ok()
+});
+
+/// `Ok` while at least one shard's circuit is closed. When none is, each shard is probed
+/// first, through its breaker, as a request would be (a check of cost 0 on a key of its own,
+/// which fails as decisions fail: a `PING` passes where a decision meets `OOM` or `NOPERM`):
+/// a server that is not ready gets no traffic to probe with, and must still find out that
+/// the store is back.
+async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), String> {
+    let closed = |s: &CircuitBreaker<RedisStore>| s.state() == BreakerState::Closed;
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    if let Some(probe) = PROBE.as_ref() {
+        for shard in sharded.shards().iter() {
+            // The outcome shows in the circuit's state.
+            let _ = shard.check(probe, "probe", 0, now_ms).await;
+        }
+    }
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    let open: Vec<String> = sharded
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let last = shard.last_error().unwrap_or_default();
+            format!("shard {i} {} (last: {last})", shard.name())
+        })
+        .collect();
+    Err(format!(
+        "every shard's circuit is open: {}",
+        open.join(", ")
+    ))
 }
 
 /// Reload bookkeeping, reported by `GET /v1/policies`.

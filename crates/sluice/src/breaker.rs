@@ -9,8 +9,9 @@
 //!    └─────────────────────────── the probe succeeds ─────────────────────┘
 //! ```
 //!
-//! Only transient errors ([`StoreError::is_transient`]: timeouts, unreachable) count as
-//! failures: a store that answers "corrupt state" is up. While the circuit is open, calls fail
+//! Only transient errors ([`StoreError::is_transient`]: the store cannot answer now — a
+//! timeout, unreachable, out of memory, read-only, busy, refusing the credentials, …) count as
+//! failures: a store that answers "corrupt state" or refuses a malformed request is up. While the circuit is open, calls fail
 //! with [`StoreError::Unavailable`] without touching the store, so the policy's failure mode
 //! applies immediately. Every transition is logged (`tracing`, target `sluice::breaker`) and
 //! [`CircuitBreaker::state`] and [`CircuitBreaker::opened_total`] expose it for metrics.
@@ -166,6 +167,16 @@ impl<S> CircuitBreaker<S> {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { .. } => BreakerState::Open,
             Inner::HalfOpen { .. } => BreakerState::HalfOpen,
+        }
+    }
+
+    /// The error that opened the circuit (or kept it open), while it is not closed.
+    pub fn last_error(&self) -> Option<String> {
+        match &*self.lock() {
+            Inner::Closed { .. } => None,
+            Inner::Open { last_error, .. } | Inner::HalfOpen { last_error } => {
+                Some(last_error.clone())
+            }
         }
     }
 

@@ -1,9 +1,10 @@
 //! The `Limiter`: policies, a clock and a store behind one small API.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use sluice_core::evaluate::Op;
@@ -12,7 +13,7 @@ use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT,
 use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// The longest key, in bytes (docs/algorithms.md#words).
 pub const MAX_KEY_LEN: usize = 512;
@@ -36,9 +37,10 @@ pub enum Error {
          policy with one (algorithm: concurrency)"
     )]
     NotConcurrent(String),
-    /// The store could not answer: always for errors retrying cannot fix (corrupt state), and
-    /// for transient ones (timeouts, an unreachable store, an open circuit) when the policy
-    /// fails closed. A server answers 503.
+    /// The store could not answer: always for errors no retry or failover can fix (corrupt
+    /// state, a request the store refuses as such), and for transient ones (the store cannot
+    /// answer now: [`StoreError::is_transient`]) when the policy fails closed. A server
+    /// answers 503.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -76,6 +78,8 @@ pub struct Limiter<S, C = SystemClock> {
     clock: C,
     policies: Arc<HashMap<Arc<str>, Policy, foldhash::fast::RandomState>>,
     insurance: Arc<MemoryStore>,
+    reported: Reported,
+    charges: Charges,
 }
 
 impl<S: Store> Limiter<S, SystemClock> {
@@ -86,6 +90,8 @@ impl<S: Store> Limiter<S, SystemClock> {
             clock: SystemClock,
             policies: Arc::default(),
             insurance: Arc::default(),
+            reported: Reported::default(),
+            charges: Charges::default(),
         }
     }
 }
@@ -98,6 +104,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             clock,
             policies: self.policies,
             insurance: self.insurance,
+            reported: self.reported,
+            charges: self.charges,
         }
     }
 
@@ -316,6 +324,106 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         })
     }
 
+    /// Charges the shared store with what the insurance store admitted while the store could
+    /// not answer (`on_store_error: local`), key by key, and forgets it locally: afterwards
+    /// the store counts those admissions, so the window they fall in admits what is left of
+    /// `max` and not a whole `max` again. Returns how many keys were charged; stops at the
+    /// first key the store cannot answer for now (they stay owed; one it refuses for good is
+    /// dropped, and logged). Call it now and then (the server
+    /// does every second); a key this limiter decides again is charged right after that
+    /// decision anyway.
+    ///
+    /// A key is charged with one [`Op::Acquire`] of the most any of its policy's limits counts
+    /// locally in its current window (a window that ended owes nothing), taken as far as every
+    /// limit admits: a store that already counts `max` is not pushed past it. A policy of one
+    /// limit is charged exactly; with several, each limit is charged the same amount (the
+    /// store's one operation covers the whole policy), so a short window that rolled over
+    /// meanwhile may be charged more than it owes (stricter, for that window) and a long one
+    /// less when a shorter one is full. Keys whose policy holds a concurrency limit are left
+    /// alone (their leases live in the insurance store until released or lapsed). The bound
+    /// this gives is in docs/configuration.md, "`on_store_error`".
+    pub async fn charge_back(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now_ms();
+        let mut charged = 0;
+        for (policy, key) in self.insurance.held() {
+            match self.charge_key(&policy, &key, now).await {
+                Ok(true) => charged += 1,
+                Ok(false) => {}
+                // The store cannot answer now: the others wait for the next call.
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(target: "sluice::limiter", policy = policy.name(), error = %e, "a local admission cannot be charged back; dropped")
+                }
+            }
+        }
+        if self.insurance.is_empty() {
+            self.charges.paid();
+        }
+        Ok(charged)
+    }
+
+    /// Charges `key`'s local admissions under `policy` to the store (see
+    /// [`Limiter::charge_back`]); `false` if there were none.
+    async fn charge_key(&self, policy: &Policy, key: &str, now: u64) -> Result<bool, StoreError> {
+        if policy
+            .limits()
+            .iter()
+            .any(|l| l.algorithm() == Algorithm::Concurrency)
+        {
+            return Ok(false);
+        }
+        if self.owed_locally(policy, key, now) == 0 {
+            return Ok(false);
+        }
+        // One charge of a key at a time (two would charge the same admissions twice), from
+        // what the insurance store counts once it is ours.
+        let Some(_charging) = self.charges.lock(policy, key) else {
+            return Ok(false);
+        };
+        let owed = self.owed_locally(policy, key, now);
+        if owed == 0 {
+            return Ok(false);
+        }
+        let take = Op::Acquire {
+            min: 0,
+            max: owed,
+            holder: 0,
+        };
+        if let Err(e) = self.store.call(policy, key, take, now).await {
+            if !e.is_transient() {
+                // The store will never take it (corrupt state of the key, …): not owed.
+                self.insurance.forget(policy, key).await?;
+            }
+            return Err(e);
+        }
+        self.insurance.forget(policy, key).await?;
+        Ok(true)
+    }
+
+    /// What the insurance store admitted for `key` that its windows still count: the most
+    /// any limit counts (a window that ended owes nothing). Read, not taken: while the store
+    /// is down a failed charge must leave the insurance store deciding with all of it.
+    fn owed_locally(&self, policy: &Policy, key: &str, now: u64) -> u64 {
+        let mut owed = 0;
+        for (limit, status) in policy.limits().iter().zip(
+            self.insurance
+                .decide(policy, key, Op::Peek { cost: 0 }, now)
+                .limits(),
+        ) {
+            owed = owed.max(limit.capacity().saturating_sub(status.remaining));
+        }
+        owed
+    }
+
+    /// After a decision the store made of a `local` policy's key: charges what this process
+    /// admitted of the key on its own while the store could not answer, before this process's
+    /// next decision of the key. A charge that fails is tried again later.
+    async fn charge_after(&self, policy: &Policy, key: &str, now: u64) {
+        if let Err(e) = self.charge_key(policy, key, now).await {
+            tracing::debug!(target: "sluice::limiter", policy = policy.name(), error = %e, "charge-back failed; it is tried again later");
+        }
+    }
+
     /// Applies the policy's failure mode to a store error. The insurance store is in memory
     /// and never waits, so this decides at once.
     fn failed(
@@ -327,14 +435,18 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         error: StoreError,
     ) -> Result<Decision, Error> {
         if !error.is_transient() {
+            self.reported.first(policy, &error);
             return Err(Error::Store(error));
         }
         match policy.failure_mode() {
             FailureMode::Open => Ok(Decision::fail_open(policy, op.cost(), now)),
-            FailureMode::Local => Ok(self
-                .insurance
-                .decide(policy, key, op, now)
-                .degraded(Degraded::Local)),
+            FailureMode::Local => {
+                let decided = self.insurance.decide(policy, key, op, now);
+                if decided.allowed && decided.cost > 0 {
+                    self.charges.owe();
+                }
+                Ok(decided.degraded(Degraded::Local))
+            }
             // Closed, and any mode added later: refuse to decide.
             _ => Err(Error::Store(error)),
         }
@@ -361,6 +473,10 @@ pin_project_lite::pin_project! {
         start: Option<G>,
         #[pin]
         store: Option<F>,
+        // Only after the store answered for a `local` policy while local admissions are owed:
+        // their charge-back (rare, so boxed), then the decision it waits with.
+        charge: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+        decided: Option<Decision>,
     }
 }
 
@@ -377,6 +493,8 @@ where
             now: 0,
             start: Some(start),
             store: None,
+            charge: None,
+            decided: None,
         }
     }
 }
@@ -384,7 +502,7 @@ where
 impl<S, C, G, F> Future for Call<'_, S, C, G, F>
 where
     S: Store,
-    C: Clock,
+    C: Clock + Sync,
     G: FnOnce(u64) -> F,
     F: Future<Output = Result<Decision, StoreError>>,
 {
@@ -399,20 +517,148 @@ where
             *this.now = this.limiter.clock.now_ms();
             this.store.set(Some(start(*this.now)));
         }
+        if let Some(charge) = this.charge.as_mut() {
+            return match charge.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(()) => {
+                    *this.charge = None;
+                    match this.decided.take() {
+                        Some(d) => Poll::Ready(Ok(d)),
+                        None => Poll::Ready(Err(polled_after_completion())),
+                    }
+                }
+            };
+        }
         let Some(store) = this.store.as_mut().as_pin_mut() else {
-            return Poll::Ready(Err(Error::Store(StoreError::Backend(
-                "a limiter call was polled after it completed".to_owned(),
-            ))));
+            return Poll::Ready(Err(polled_after_completion()));
         };
         match store.poll(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(d)) => Poll::Ready(Ok(d)),
+            Poll::Ready(Ok(d)) => {
+                let limiter = *this.limiter;
+                if this.policy.failure_mode() != FailureMode::Local || !limiter.charges.owed() {
+                    return Poll::Ready(Ok(d));
+                }
+                this.store.set(None);
+                *this.decided = Some(d);
+                let mut charge = Box::pin(limiter.charge_after(this.policy, this.key, *this.now));
+                match charge.as_mut().poll(cx) {
+                    Poll::Ready(()) => match this.decided.take() {
+                        Some(d) => Poll::Ready(Ok(d)),
+                        None => Poll::Ready(Err(polled_after_completion())),
+                    },
+                    Poll::Pending => {
+                        *this.charge = Some(charge);
+                        Poll::Pending
+                    }
+                }
+            }
             Poll::Ready(Err(e)) => {
                 Poll::Ready(
                     this.limiter
                         .failed(this.policy, this.key, *this.op, *this.now, e),
                 )
             }
+        }
+    }
+}
+
+/// The error of a limiter call's future polled again after it completed.
+fn polled_after_completion() -> Error {
+    Error::Store(StoreError::Backend(
+        "a limiter call was polled after it completed".to_owned(),
+    ))
+}
+
+/// What [`Limiter::charge_back`] keeps, shared by a limiter's clones: whether the insurance
+/// store admitted something since everything was charged back (a decision the store makes
+/// looks for a local debt of its key only then), and the keys being charged now.
+#[derive(Debug, Clone, Default)]
+struct Charges(Arc<(AtomicBool, Mutex<HashSet<PolicyKey>>)>);
+
+/// A policy's name and a key.
+type PolicyKey = (Arc<str>, Box<str>);
+
+/// A key's charge under way; dropping it lets the next one start.
+struct Charging<'a> {
+    charges: &'a Charges,
+    key: Option<PolicyKey>,
+}
+
+impl Drop for Charging<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.charges.charging().remove(&key);
+        }
+    }
+}
+
+impl Charges {
+    fn owe(&self) {
+        self.0.0.store(true, Ordering::Relaxed);
+    }
+
+    fn owed(&self) -> bool {
+        self.0.0.load(Ordering::Relaxed)
+    }
+
+    fn paid(&self) {
+        self.0.0.store(false, Ordering::Relaxed);
+    }
+
+    fn charging(&self) -> std::sync::MutexGuard<'_, HashSet<PolicyKey>> {
+        self.0.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The right to charge `key` of `policy`, unless its charge is under way.
+    fn lock(&self, policy: &Policy, key: &str) -> Option<Charging<'_>> {
+        let id: PolicyKey = (policy.name_arc().clone(), key.into());
+        self.charging().insert(id.clone()).then_some(Charging {
+            charges: self,
+            key: Some(id),
+        })
+    }
+}
+
+/// The (policy, kind) pairs of errors no retry can fix that were logged already: each is
+/// logged once (at ERROR, target `sluice::limiter`), not once per request;
+/// `sluice_store_errors_total{kind}` counts every occurrence. Shared by a limiter's clones.
+#[derive(Debug, Clone, Default)]
+struct Reported(Arc<Mutex<HashSet<PolicyKind>>>);
+
+/// A policy's name and an error kind.
+type PolicyKind = (Arc<str>, StoreErrorKind);
+
+/// Pairs remembered at most; past this many (only policies built per request get there)
+/// every further one is logged.
+const MAX_REPORTED: usize = 4_096;
+
+impl Reported {
+    /// Logs `error` of `policy` if it is the first of its kind for the policy.
+    fn first(&self, policy: &Policy, error: &StoreError) {
+        let kind = error.kind();
+        let new = {
+            let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let pair = (policy.name_arc().clone(), kind);
+            if seen.contains(&pair) {
+                false
+            } else {
+                if seen.len() < MAX_REPORTED {
+                    seen.insert(pair);
+                }
+                true
+            }
+        };
+        if new {
+            tracing::error!(
+                target: "sluice::limiter",
+                policy = policy.name(),
+                kind = kind.as_str(),
+                error = %error,
+                "the store refused a decision, and retrying will not change that: the caller \
+                 gets the error whatever the policy's on_store_error (logged once per policy \
+                 and kind; sluice_store_errors_total counts each)"
+            );
         }
     }
 }

@@ -148,6 +148,22 @@ impl MemoryStore {
         u32::try_from(hs.len()).unwrap_or(u32::MAX)
     }
 
+    /// Every (policy, key) held, expired or not: what an insurance store owes the shared
+    /// store ([`crate::Limiter::charge_back`]).
+    pub(crate) fn held(&self) -> Vec<(Policy, Box<str>)> {
+        let mut held = Vec::new();
+        for shard in &self.shards {
+            let inner = lock(shard);
+            held.extend(
+                inner
+                    .table
+                    .iter()
+                    .map(|e| (e.policy.clone(), e.key.clone())),
+            );
+        }
+        held
+    }
+
     fn locate(&self, policy: &Policy, key: &str) -> (u64, &Shard) {
         let hash = hash_of(&self.hasher, policy, key);
         // hashbrown uses the low bits for the slot and the top 7 for tags: take the middle.

@@ -9,6 +9,12 @@ use sluice_core::evaluate::Op;
 use sluice_core::{Decision, Policy};
 
 /// A store failed to answer. Being rate limited is never an error: it is a [`Decision`].
+///
+/// Every error has one [`StoreErrorKind`] ([`StoreError::kind`]), and the kind alone says what
+/// happens to the request ([`StoreError::is_transient`]): the store *cannot answer now*
+/// (the policy's failure mode applies and a circuit breaker counts it), or the error is one
+/// no retry or failover can change (corrupt state, a request the store refuses as such: an
+/// error to the caller).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -18,6 +24,16 @@ pub enum StoreError {
     /// The store could not be reached (connection refused, reset, circuit open, …).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store answered that it cannot serve now, for the reason `kind` names (out of
+    /// memory, read-only after a failover, loading its data, busy with a script, refusing
+    /// the credentials, …).
+    #[error("store cannot answer now ({kind}): {message}")]
+    Refused {
+        /// Why; its [`StoreErrorKind::is_transient`] decides what the caller does.
+        kind: StoreErrorKind,
+        /// What the store said, naming the node or the key.
+        message: String,
+    },
     /// The store holds data for the key that is not a valid state (wrong type, bad field).
     #[error("store holds invalid state for `{key}`: {detail}")]
     Corrupt {
@@ -26,15 +42,120 @@ pub enum StoreError {
         /// What is wrong with it.
         detail: String,
     },
-    /// Any other failure reported by the store.
+    /// The store refused the request itself, as any node would at any time, or its reply does
+    /// not decode: a bug in the request or in Sluice (or a configuration the store cannot
+    /// run), which no retry changes.
     #[error("store error: {0}")]
     Backend(String),
 }
 
 impl StoreError {
-    /// Whether trying again later may succeed (timeouts and unreachable stores).
+    /// A [`StoreError::Refused`] of `kind`.
+    pub fn refused(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError::Refused {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// What kind of failure this is: the metrics label, and through
+    /// [`StoreErrorKind::is_transient`] what the caller does with it.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Timeout(_) => StoreErrorKind::Timeout,
+            StoreError::Unavailable(_) => StoreErrorKind::Unavailable,
+            StoreError::Refused { kind, .. } => *kind,
+            StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
+            StoreError::Backend(_) => StoreErrorKind::Rejected,
+        }
+    }
+
+    /// Whether the store cannot answer *now* (trying again later, or after a failover, may
+    /// succeed): the policy's `on_store_error` applies and a circuit breaker counts it.
+    /// `false` for errors no retry changes, which go to the caller whatever the mode.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Timeout(_) | StoreError::Unavailable(_))
+        self.kind().is_transient()
+    }
+}
+
+/// What kind of failure a [`StoreError`] is. The label of `sluice_store_errors_total{kind}`
+/// ([`StoreErrorKind::as_str`]); [`StoreErrorKind::is_transient`] is the one classification every
+/// layer uses (the limiter's failure modes, the circuit breaker, the server's answers).
+///
+/// Transient (the store cannot answer now): everything but [`StoreErrorKind::Corrupt`] and
+/// [`StoreErrorKind::Rejected`]. Docs: docs/redis.md, "Connections, timeouts and errors".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// No answer within the timeout.
+    Timeout,
+    /// Not reachable: connection refused, reset or dropped, no connection to a Cluster node,
+    /// a circuit breaker skipping the store.
+    Unavailable,
+    /// `OOM`: the store is out of memory (`maxmemory` with `noeviction`).
+    OutOfMemory,
+    /// `READONLY`: the node is a replica now (a failover happened).
+    ReadOnly,
+    /// `LOADING`: the node is loading its data set.
+    Loading,
+    /// `BUSY`: the node is running a long script or function.
+    Busy,
+    /// `MASTERDOWN`: a replica lost its primary.
+    MasterDown,
+    /// `TRYAGAIN`: a Cluster slot is being migrated.
+    TryAgain,
+    /// `CLUSTERDOWN`: the Cluster cannot serve the slot.
+    ClusterDown,
+    /// `MOVED`/`ASK` beyond the redirections the client follows (resharding, failover).
+    Redirected,
+    /// `NOPERM`, `WRONGPASS`, `NOAUTH`, a failed login: the store refuses the credentials
+    /// or their permissions (an ACL change).
+    Denied,
+    /// `NOSCRIPT` / function not found, and loading the code again did not help.
+    CodeMissing,
+    /// An error the store reported that Sluice does not know: treated as transient, since
+    /// nothing says a retry or a failover cannot change it.
+    Other,
+    /// The key's stored state is not a valid state. Not transient.
+    Corrupt,
+    /// The store refused the request as such (bad arguments, a script error, a command the
+    /// store does not have), or answered what Sluice's own code cannot read: a bug, which no
+    /// retry or failover changes. Not transient.
+    Rejected,
+}
+
+impl StoreErrorKind {
+    /// Whether the store cannot answer now (the policy's failure mode applies, breakers count
+    /// it), rather than an error no retry or failover changes.
+    pub fn is_transient(self) -> bool {
+        !matches!(self, StoreErrorKind::Corrupt | StoreErrorKind::Rejected)
+    }
+
+    /// The snake-case name: the `kind` label of `sluice_store_errors_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::OutOfMemory => "oom",
+            StoreErrorKind::ReadOnly => "readonly",
+            StoreErrorKind::Loading => "loading",
+            StoreErrorKind::Busy => "busy",
+            StoreErrorKind::MasterDown => "masterdown",
+            StoreErrorKind::TryAgain => "tryagain",
+            StoreErrorKind::ClusterDown => "clusterdown",
+            StoreErrorKind::Redirected => "redirected",
+            StoreErrorKind::Denied => "denied",
+            StoreErrorKind::CodeMissing => "code_missing",
+            StoreErrorKind::Other => "other",
+            StoreErrorKind::Corrupt => "corrupt",
+            StoreErrorKind::Rejected => "rejected",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

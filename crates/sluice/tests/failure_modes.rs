@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice::{
     Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Op,
-    Policy, Store, StoreError,
+    Policy, Store, StoreError, StoreExt,
 };
 
 /// A memory store that answers with `failure` while `down` is set.
@@ -170,4 +170,221 @@ async fn errors_retrying_cannot_fix_are_reported_in_every_mode() {
             "{name}"
         );
     }
+}
+
+/// Every error of the store counts as one of two: the store cannot answer now (the failure
+/// mode applies), or no retry changes it (the caller gets it). Kinds that Redis reports are
+/// classified by `sluice-redis`; here, each class through the limiter.
+#[tokio::test]
+async fn every_kind_of_store_error_is_one_of_two_classes() {
+    use sluice::StoreErrorKind as K;
+    let transient = [
+        K::Timeout,
+        K::Unavailable,
+        K::OutOfMemory,
+        K::ReadOnly,
+        K::Loading,
+        K::Busy,
+        K::MasterDown,
+        K::TryAgain,
+        K::ClusterDown,
+        K::Redirected,
+        K::Denied,
+        K::CodeMissing,
+        K::Other,
+    ];
+    for kind in transient {
+        let store = Switch::new(StoreError::refused(kind, "redis://10.0.0.7:6379: …"));
+        let limiter = limiter(store.clone());
+        store.down.store(true, Ordering::SeqCst);
+        let open = limiter.check("open", "k", 1).await.unwrap();
+        assert_eq!(open.degraded, Some(Degraded::Open), "{kind}");
+        match limiter.check("closed", "k", 1).await {
+            Err(Error::Store(e)) => assert_eq!(e.kind(), kind),
+            other => panic!("{kind}: {other:?}"),
+        }
+        let local = limiter.check("local", "k", 1).await.unwrap();
+        assert_eq!(local.degraded, Some(Degraded::Local), "{kind}");
+    }
+    for kind in [K::Corrupt, K::Rejected] {
+        let store = Switch::new(StoreError::refused(kind, "…"));
+        let limiter = limiter(store.clone());
+        store.down.store(true, Ordering::SeqCst);
+        for name in ["open", "closed", "local"] {
+            match limiter.check(name, "k", 1).await {
+                Err(Error::Store(e)) => assert_eq!(e.kind(), kind, "{name}"),
+                other => panic!("{kind}, {name}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(StoreError::Backend("x".into()).kind(), K::Rejected);
+    assert_eq!(
+        StoreError::Timeout(Duration::from_millis(50)).kind(),
+        K::Timeout
+    );
+}
+
+/// An error no retry changes is logged once per policy and kind, not once per request.
+#[test]
+fn errors_no_retry_changes_are_logged_once_per_policy_and_kind() {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let corrupt = Switch::new(StoreError::Corrupt {
+        key: "sluice:{4:open:k}:fw1000".into(),
+        detail: "used is not a number".into(),
+    });
+    let rejected = Switch::new(StoreError::Backend("SLUICE_ARGS …".into()));
+    runtime.block_on(async {
+        for store in [&corrupt, &rejected] {
+            let limiter = limiter(store.clone());
+            let clone = limiter.clone();
+            store.down.store(true, Ordering::SeqCst);
+            for _ in 0..10 {
+                for name in ["open", "closed"] {
+                    assert!(limiter.check(name, "k", 1).await.is_err());
+                    assert!(clone.check(name, "other", 1).await.is_err());
+                }
+            }
+        }
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let logged: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("retrying will not change that"))
+        .collect();
+    // 2 policies × 2 kinds (a limiter's clones share what was logged).
+    assert_eq!(logged.len(), 4, "{text}");
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("kind=\"corrupt\"") && l.contains("policy=\"open\"")),
+        "{text}"
+    );
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("kind=\"rejected\"") && l.contains("policy=\"closed\"")),
+        "{text}"
+    );
+}
+
+/// `Limiter::charge_back` (what the server calls every second) charges the store with what the
+/// insurance store admitted for keys no decision touched since the store returned: another
+/// process sharing the store sees them counted. While the store is still down nothing is
+/// lost: the debt stays for the next try.
+#[tokio::test]
+async fn charge_back_gives_the_store_what_was_admitted_locally() {
+    let store = Switch::new(StoreError::Unavailable("down".into()));
+    let a = limiter(store.clone());
+    let other_process = limiter(store.clone());
+    assert!(a.check("local", "k", 1).await.unwrap().allowed);
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let d = a.check("local", "k", 1).await.unwrap();
+        assert_eq!((d.allowed, d.degraded), (true, Some(Degraded::Local)));
+    }
+    // Still down: nothing charged, nothing lost.
+    assert!(a.charge_back().await.is_err());
+    assert_eq!(a.insurance().len(), 1);
+
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(a.charge_back().await, Ok(1));
+    assert!(a.insurance().is_empty(), "charged once, forgotten locally");
+    assert_eq!(a.charge_back().await, Ok(0));
+    // max 3 per window: 1 by the store and 2 locally, all counted by the store now.
+    let d = other_process.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded), (false, None), "{d:?}");
+}
+
+/// A key decided again by the store is charged right after that decision, before the next.
+#[tokio::test]
+async fn a_key_decided_again_is_charged_back_at_once() {
+    let store = Switch::new(StoreError::Unavailable("down".into()));
+    let limiter = limiter(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        assert!(limiter.check("local", "k", 1).await.unwrap().allowed);
+    }
+    store.down.store(false, Ordering::SeqCst);
+    // The store's first decision (1 of 3), then the 2 local ones are charged: full.
+    let d = limiter.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded, d.remaining()), (true, None, 2));
+    let d = limiter.check("local", "k", 1).await.unwrap();
+    assert_eq!((d.allowed, d.degraded), (false, None), "{d:?}");
+}
+
+/// A key the store refuses for good (here: every acquire meets corrupt state) is not owed for
+/// ever: `charge_back` drops it and goes on with the other keys.
+#[tokio::test]
+async fn a_charge_the_store_refuses_for_good_is_dropped() {
+    struct CorruptKey {
+        down: AtomicBool,
+        memory: MemoryStore,
+    }
+    impl Store for CorruptKey {
+        async fn call(
+            &self,
+            p: &Policy,
+            k: &str,
+            op: Op,
+            now: u64,
+        ) -> Result<Decision, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            if k == "bad" && matches!(op, Op::Acquire { .. }) {
+                return Err(StoreError::Corrupt {
+                    key: "sluice:{5:local:bad}:fw1000".into(),
+                    detail: "used is not a number".into(),
+                });
+            }
+            self.memory.call(p, k, op, now).await
+        }
+        async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
+            self.memory.forget(p, k).await
+        }
+    }
+    let store = Arc::new(CorruptKey {
+        down: AtomicBool::new(true),
+        memory: MemoryStore::new(),
+    });
+    let limiter = Limiter::new(store.clone())
+        .with_clock(ManualClock::new(1_000_000))
+        .with_policy(policy("local", FailureMode::Local));
+    for key in ["bad", "good"] {
+        assert!(limiter.check("local", key, 1).await.unwrap().allowed);
+    }
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        limiter.charge_back().await,
+        Ok(1),
+        "good is charged, bad dropped"
+    );
+    assert!(limiter.insurance().is_empty());
+    let local = policy("local", FailureMode::Local);
+    let good = store.memory.peek(&local, "good", 0, 1_000_000).await;
+    assert_eq!(
+        good.unwrap().limits()[0].remaining,
+        2,
+        "the store counts good's admission"
+    );
 }

@@ -140,6 +140,30 @@ pub struct RlsSettings {
     /// Skip files and directories whose name starts with `.`: the reference's
     /// `RUNTIME_IGNOREDOTFILES` (for Kubernetes ConfigMap mounts).
     pub ignore_dot_files: bool,
+    /// What a rule does when the store cannot answer: `closed` (the default: `UNAVAILABLE`,
+    /// and Envoy's `failure_mode_deny` decides), `open` or `local`, as a policy's
+    /// `on_store_error`.
+    pub on_store_error: FailureMode,
+}
+
+impl RlsSettings {
+    fn from_raw(r: RawRls) -> Result<Self, String> {
+        let on_store_error = match r.on_store_error.as_deref() {
+            None => FailureMode::Closed,
+            Some(mode) => mode
+                .parse::<FailureMode>()
+                .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
+        };
+        Ok(Self {
+            config_dir: r.config_dir,
+            shadow_mode: r.shadow_mode,
+            quota_mode: r.quota_mode,
+            response_headers: r.response_headers,
+            merge_domains: r.merge_domains,
+            ignore_dot_files: r.ignore_dot_files,
+            on_store_error,
+        })
+    }
 }
 
 /// Which rate-limit headers `ShouldRateLimit` answers in `response_headers_to_add`, for Envoy
@@ -393,6 +417,8 @@ struct RawRls {
     merge_domains: bool,
     #[serde(default)]
     ignore_dot_files: bool,
+    #[serde(default)]
+    on_store_error: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -627,14 +653,11 @@ impl Config {
             admin_http,
             tls,
             policies,
-            rls: raw.rls.map(|r| RlsSettings {
-                config_dir: r.config_dir,
-                shadow_mode: r.shadow_mode,
-                quota_mode: r.quota_mode,
-                response_headers: r.response_headers,
-                merge_domains: r.merge_domains,
-                ignore_dot_files: r.ignore_dot_files,
-            }),
+            rls: raw
+                .rls
+                .map(RlsSettings::from_raw)
+                .transpose()
+                .map_err(err)?,
             rlqs,
             store,
             local,
