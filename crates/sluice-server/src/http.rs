@@ -1,6 +1,7 @@
 //! The HTTP JSON API (docs/api.md).
 //!
-//! Every answer is JSON (`content-type: application/json`), errors included:
+//! Every answer is JSON (`content-type: application/json`), errors included (a `204` has no
+//! body, so no content type):
 //! `{"error": {"code": "…", "message": "…"}}` with a message a person can act on. Bodies are
 //! read as bytes under a 64 KiB cap (refused with 413 before any parsing) and validated by hand,
 //! so each 400 names the field at fault.
@@ -221,8 +222,7 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             bad(format!("the body could not be read: {rejection}"))
         }
     })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+    let value = crate::unique::json(&bytes).map_err(bad)?;
     let Value::Object(map) = value else {
         return Err(bad(
             "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}"
@@ -658,14 +658,8 @@ async fn forget(
         return unknown_policy(&policy, &snapshot);
     }
     match snapshot.limiter.forget(&policy, &key).await {
-        Ok(()) => {
-            let mut r = StatusCode::NO_CONTENT.into_response();
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        // No body, so no content type.
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(LimitError::Store(e)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",

@@ -17,3 +17,4 @@ pub mod state;
 pub mod stats;
 pub mod tls;
 pub mod top;
+mod unique;

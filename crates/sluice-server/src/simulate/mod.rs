@@ -750,8 +750,20 @@ pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
                 "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
             ));
         };
-        let mut definition: Value = serde_yaml_ng::from_str(rest)
-            .map_err(|e| bad(field.clone(), format!("not a policy definition: {e}")))?;
+        use crate::unique::Outcome;
+        let mut definition =
+            match crate::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
+                Outcome::Value(v) => v,
+                Outcome::Duplicate { duplicate, .. } => {
+                    return Err(bad(
+                        field,
+                        format!("`{}` is given twice", duplicate.full_path()),
+                    ));
+                }
+                Outcome::Probed(e) | Outcome::Other(e) => {
+                    return Err(bad(field, format!("not a policy definition: {e}")));
+                }
+            };
         let Value::Object(map) = &mut definition else {
             return Err(bad(
                 field,
