@@ -245,15 +245,16 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             key.len()
         )));
     }
+    // Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
     let lease_id = |lease: &str| {
-        (1..=16)
-            .contains(&lease.len())
+        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| u64::from_str_radix(lease, 16).ok())
             .flatten()
-            .filter(|&id| id != 0 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
+            .filter(|&id| id != 0)
             .ok_or_else(|| {
                 bad(format!(
-                    "`lease` must be the id /v1/acquire returned (16 hex digits), got `{}`",
+                    "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
+                     zero (e.g. 9f86d081884c7d65), got `{}`",
                     lease.chars().take(40).collect::<String>()
                 ))
             })
@@ -296,6 +297,15 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             )));
         }
     };
+    // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
+    // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
+    if op == Endpoint::Acquire && cost == 0 {
+        return Err(bad(
+            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
+             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
+                .to_owned(),
+        ));
+    }
     // An acquire may name a lease it holds, to renew it.
     let lease = match (op, map.get("lease")) {
         (Endpoint::Acquire, None | Some(Value::Null)) => 0,

@@ -161,7 +161,9 @@ pub struct Shared {
     reserving: Option<Arc<Reserving<SharedStore>>>,
     /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
     insurance: Arc<MemoryStore>,
-    store_config: crate::config::StoreConfig,
+    /// The configuration the server started with: its `listen`, `store`, `local` and `top`
+    /// sections are the ones in force until a restart.
+    started_with: Config,
     status: RwLock<ReloadStatus>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
@@ -193,7 +195,7 @@ impl Shared {
             deciding,
             reserving,
             insurance,
-            store_config: config.store.clone(),
+            started_with: config.clone(),
             status: RwLock::new(ReloadStatus {
                 generation: 1,
                 last_error: None,
@@ -255,9 +257,10 @@ impl Shared {
             .clone()
     }
 
-    /// The store settings the server started with (a reload cannot change them).
-    pub fn current_store_config(&self) -> crate::config::StoreConfig {
-        self.store_config.clone()
+    /// The configuration the server started with (a reload cannot change its `listen`,
+    /// `store`, `local` and `top` sections).
+    pub fn started_with(&self) -> &Config {
+        &self.started_with
     }
 
     /// The store.
