@@ -320,3 +320,64 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
         "{moved}"
     );
 }
+
+/// Issue 22: with the process's file descriptors exhausted, no client was answered and nothing
+/// was logged. At `listen.max_connections` the listener stops accepting, says so at WARN, the
+/// open connections are served, and the waiting client is answered once one closes.
+#[test]
+fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
+    use std::io::Write;
+    let mut s = Serve::start(&CONFIG.replace("listen:\n", "listen:\n  max_connections: 2\n"));
+    let keep_alive = |stream: &mut std::net::TcpStream| -> String {
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let open = || {
+        let stream = std::net::TcpStream::connect(&s.url).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let mut a = open();
+    // The readiness check's connections close by themselves (`connection: close`): wait
+    // until `a` is answered, which proves it was accepted.
+    assert!(keep_alive(&mut a).starts_with("HTTP/1.1 200"));
+    let mut b = open();
+    assert!(keep_alive(&mut b).starts_with("HTTP/1.1 200"));
+    let mut c = open();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
+        .unwrap();
+    s.wait_until("the bound is logged", |s| {
+        s.log().contains("listener at its connection bound")
+    });
+    let log = s.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("listener at its connection bound"))
+        .unwrap();
+    assert!(
+        line.contains("WARN")
+            && line.contains("listener=\"http\"")
+            && line.contains("max_connections=2"),
+        "{line}"
+    );
+    // The open ones are served; the third is not, while they stay open.
+    assert!(keep_alive(&mut a).starts_with("HTTP/1.1 200"));
+    assert!(keep_alive(&mut b).starts_with("HTTP/1.1 200"));
+    c.set_nonblocking(true).unwrap();
+    let mut nothing = [0u8; 64];
+    assert!(
+        matches!(c.read(&mut nothing), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the third client was answered beyond the bound"
+    );
+    c.set_nonblocking(false).unwrap();
+    drop(b);
+    let mut answer = [0u8; 1024];
+    let n = c.read(&mut answer).unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+}

@@ -11,6 +11,7 @@ use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
 use crate::config::{Config, RedisLayout, StoreConfig};
+use crate::conn;
 use crate::grpc::RlsService;
 use crate::http;
 use crate::rlqs::RlqsService;
@@ -50,31 +51,18 @@ impl Listeners {
     }
 }
 
-/// A running HTTP server's task.
-type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
-
-/// Serves `app` on `listener`, over TLS when `tls` is given, until `stopped` completes.
+/// Serves `app` on `listener` (over TLS when `tls` is given, under the `listen` bounds of
+/// `config`) until `stopped` completes.
 fn serve_http(
     listener: TcpListener,
+    name: conn::Listener,
+    config: &Config,
     tls: Option<&Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stopped: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<Serving> {
-    Ok(match tls {
-        Some(config) => {
-            let listener = crate::tls::TlsListener::new(listener, config.clone())?;
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            })
-        }
-        None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-        }),
-    })
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let incoming = conn::Incoming::new(listener, name, config.connections, tls.cloned());
+    conn::serve_http(incoming, name, config.connections, app, stopped)
 }
 
 /// The warning of a server with neither an `admin` section nor an admin listener: every admin
@@ -277,19 +265,18 @@ pub async fn run_with_clock(
                 .add_service(RlsService::new(shared.clone()).into_server())
                 .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server());
             let stop = stopped(stop_rx.clone());
-            Some(match &grpc_tls {
-                Some(config) => {
-                    let incoming =
-                        crate::tls::TlsListener::new(listener, config.clone())?.into_stream();
-                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
-                }
-                None => {
-                    // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
-                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                        .with_nodelay(Some(true));
-                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
-                }
-            })
+            // The connections come through the same accept loop as HTTP's: TLS, the
+            // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).
+            let incoming = conn::Incoming::new(
+                listener,
+                conn::Listener::Grpc,
+                config.connections,
+                grpc_tls.clone(),
+            )
+            .into_stream();
+            Some(tokio::spawn(
+                server.serve_with_incoming_shutdown(incoming, stop),
+            ))
         }
         None => None,
     };
@@ -299,10 +286,12 @@ pub async fn run_with_clock(
             let app = http::router_for(shared.clone(), http::Surface::All);
             Some(serve_http(
                 listener,
+                conn::Listener::Admin,
+                &config,
                 http_tls.as_ref(),
                 app,
                 stopped(stop_rx.clone()),
-            )?)
+            ))
         }
         None => None,
     };
@@ -313,7 +302,15 @@ pub async fn run_with_clock(
     };
     tracing::info!(http = %listeners.http.local_addr()?, tls = http_tls.is_some(), "sluice serving");
     let app = http::router_for(shared.clone(), surface);
-    let served = serve_http(listeners.http, http_tls.as_ref(), app, stopped(stop_rx))?.await;
+    let served = serve_http(
+        listeners.http,
+        conn::Listener::Http,
+        &config,
+        http_tls.as_ref(),
+        app,
+        stopped(stop_rx),
+    )
+    .await;
     if let Some(grpc) = grpc {
         grpc.await??;
     }

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod conn;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

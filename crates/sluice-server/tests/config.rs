@@ -582,3 +582,58 @@ fn a_second_document_is_refused_at_its_line() {
         "{e}"
     );
 }
+
+/// `listen.header_timeout`, `body_timeout`, `idle_timeout` and `max_connections`: their
+/// defaults, and what cannot work.
+#[test]
+fn connection_bounds_have_defaults_and_refuse_what_cannot_work() {
+    let c = Config::parse("sluice.yaml", "{}\n").unwrap();
+    assert_eq!(c.connections.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.connections.body_timeout, Duration::from_secs(30));
+    assert_eq!(c.connections.idle_timeout, Duration::from_secs(60));
+    assert!((64..=10_000).contains(&c.connections.max_connections));
+    let c = Config::parse(
+        "sluice.yaml",
+        "listen:\n  header_timeout: 2s\n  body_timeout: 5s\n  idle_timeout: 2m\n  max_connections: 500\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.connections.header_timeout,
+            c.connections.body_timeout,
+            c.connections.idle_timeout,
+            c.connections.max_connections
+        ),
+        (
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            Duration::from_secs(120),
+            500
+        )
+    );
+    let e = error("listen:\n  max_connections: 0\n");
+    assert!(
+        e.contains("listen.max_connections: 0 would accept nothing"),
+        "{e}"
+    );
+    let e = error("listen:\n  max_connections: 1000001\n");
+    assert!(
+        e.contains("listen.max_connections: 1000001 is more than 1000000"),
+        "{e}"
+    );
+    let e = error("listen:\n  idle_timeout: 0s\n");
+    assert!(
+        e.contains("listen.idle_timeout") && e.contains("not a positive duration"),
+        "{e}"
+    );
+    // An RLQS stream is silent between two reports: the default idle timeout makes room for
+    // three, and a shorter one given is refused.
+    let rlqs = "policies:\n  api:\n    limits: [{ max: 100, per: 1h }]\nrlqs:\n  reporting_interval: 1m\n  buckets: [{ policy: api }]\n";
+    let c = Config::parse("sluice.yaml", rlqs).unwrap();
+    assert_eq!(c.connections.idle_timeout, Duration::from_secs(180));
+    let e = error(&format!("listen:\n  idle_timeout: 1m\n{rlqs}"));
+    assert!(
+        e.contains("listen.idle_timeout: 1m is not longer than rlqs.reporting_interval (1m)"),
+        "{e}"
+    );
+}

@@ -171,6 +171,9 @@ pub struct Config {
     pub admin_http: Option<SocketAddr>,
     /// TLS on every listener (`listen.tls`).
     pub tls: Option<crate::tls::ListenTls>,
+    /// What a connection may hold: `listen.header_timeout`, `body_timeout`, `idle_timeout`,
+    /// `max_connections`.
+    pub connections: crate::conn::ConnLimits,
     /// Policies by name, in name order.
     pub policies: Vec<PolicyConfig>,
     /// Envoy RLS settings, if any.
@@ -444,6 +447,61 @@ struct RawListen {
     admin: Option<ListenAddr>,
     #[serde(default)]
     tls: Option<crate::tls::RawListenTls>,
+    #[serde(default)]
+    header_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    body_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    idle_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    max_connections: Option<usize>,
+}
+
+/// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
+/// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
+/// reporting intervals, and one given must be longer than an interval.
+fn conn_limits(
+    raw: &RawListen,
+    reporting_interval: Option<Duration>,
+) -> Result<crate::conn::ConnLimits, String> {
+    let defaults = crate::conn::ConnLimits::default();
+    let text =
+        |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let idle_timeout = match (raw.idle_timeout, reporting_interval) {
+        (None, None) => defaults.idle_timeout,
+        (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
+        (Some(idle), Some(interval)) if idle.0 <= interval => {
+            return Err(format!(
+                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
+                 Envoy's quota stream is silent between two reports and would be closed",
+                text(idle.0),
+                text(interval)
+            ));
+        }
+        (Some(idle), _) => idle.0,
+    };
+    let max_connections = match raw.max_connections {
+        None => defaults.max_connections,
+        Some(0) => {
+            return Err(
+                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
+            );
+        }
+        Some(n) if n > crate::conn::MAX_CONNECTIONS => {
+            return Err(format!(
+                "listen.max_connections: {n} is more than {} (each open connection holds a file \
+                 descriptor and memory)",
+                crate::conn::MAX_CONNECTIONS
+            ));
+        }
+        Some(n) => n,
+    };
+    Ok(crate::conn::ConnLimits {
+        header_timeout: raw.header_timeout.map_or(defaults.header_timeout, |d| d.0),
+        body_timeout: raw.body_timeout.map_or(defaults.body_timeout, |d| d.0),
+        idle_timeout,
+        max_connections,
+    })
 }
 
 #[derive(Deserialize)]
@@ -653,6 +711,8 @@ impl Config {
             .transpose()
             .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
+        let connections =
+            conn_limits(&raw.listen, rlqs.as_ref().map(|r| r.reporting_interval)).map_err(err)?;
         let http = match raw.listen.http {
             Some(a) => a.0,
             None => default_addr(DEFAULT_HTTP)?,
@@ -661,7 +721,7 @@ impl Config {
             Some(a) => a.0,
             None => default_addr(DEFAULT_GRPC)?,
         };
-        let admin_http = raw.listen.admin.map(|a| a.0);
+        let admin_http = raw.listen.admin.as_ref().map(|a| a.0);
         let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
         if clash(http, grpc) {
             return Err(err(format!(
@@ -687,6 +747,7 @@ impl Config {
             grpc,
             admin_http,
             tls,
+            connections,
             policies,
             rls: raw.rls.map(|r| RlsSettings {
                 config_dir: r.config_dir,
@@ -707,7 +768,7 @@ impl Config {
     /// The sections read at start only (`listen`, `store`, `local`, `top`) that differ in
     /// `next`: a reload applies its policies and rules, and these after a restart.
     pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
-        let listen = |c: &Config| (c.http, c.grpc, c.admin_http, c.tls.clone());
+        let listen = |c: &Config| (c.http, c.grpc, c.admin_http, c.tls.clone(), c.connections);
         let mut changed = Vec::new();
         if listen(self) != listen(next) {
             changed.push("listen");
