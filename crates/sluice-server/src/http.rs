@@ -911,38 +911,52 @@ async fn ui_script() -> Response {
 /// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
 /// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
 /// a request the simulator refuses is a 400 naming the field or the bound.
-/// An admin route: it reads configured policies' limits, and it spends CPU on request.
-async fn simulate(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "POST /v1/simulate", false) {
+/// An admin route: it reads configured policies' limits, and it spends CPU on request. At
+/// most [`crate::simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
+/// read (so a refused request costs no buffer) and held by the work itself until it ends,
+/// even if the client leaves.
+async fn simulate(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+    if let Some(refused) = admin_only(&shared, request.headers(), "POST /v1/simulate", false) {
         return refused;
     }
-    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let bytes = match body {
-        Ok(b) => b,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
-                     cap); simulate a part of the log, or run `sluice simulate` on the file"
-                ),
-            );
-        }
-        Err(rejection) => return bad(format!("the body could not be read: {rejection}")),
+    let Ok(slot) = shared.simulations().clone().try_acquire_owned() else {
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "{n} simulations are running, the most this server runs at once \
+                 (max_concurrent {n}); retry in a moment",
+                n = crate::simulate::MAX_CONCURRENT
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
     };
-    let value: Value = match serde_json::from_slice(&bytes) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("the body is not valid JSON: {e}")),
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let bytes = match <Bytes as axum::extract::FromRequest<()>>::from_request(request, &()).await {
+        Ok(b) => b,
+        Err(rejection) => {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
+                         cap); simulate a part of the log, or run `sluice simulate` on the file"
+                    ),
+                );
+            }
+            return bad(format!("the body could not be read: {rejection}"));
+        }
     };
     let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
     // Reading a large log or generating a large traffic is CPU work too: all of it off the
     // runtime's threads.
     let work = move || {
+        let _slot = slot;
+        let value =
+            crate::unique::json(&bytes).map_err(|e| crate::simulate::SimError::new("", e))?;
         let bounds = crate::simulate::Bounds::default();
         crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
@@ -951,6 +965,8 @@ async fn simulate(
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         },
+        // Not JSON, or a key given twice: the message as the other routes word it.
+        Ok(Err(e)) if e.field.is_empty() => bad(e.message),
         Ok(Err(e)) => bad(e.to_string()),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,

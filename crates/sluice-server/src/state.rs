@@ -170,6 +170,8 @@ pub struct Shared {
     top: crate::top::TopKeys,
     /// Checks per policy and outcome since start.
     counts: crate::stats::DecisionCounts,
+    /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
+    simulations: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -203,7 +205,13 @@ impl Shared {
             clock,
             top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
             counts: crate::stats::DecisionCounts::default(),
+            simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
+    }
+
+    /// The slots of `POST /v1/simulate`: a simulation runs holding one.
+    pub fn simulations(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.simulations
     }
 
     /// Checks per policy (and Envoy rule) and outcome since start.
