@@ -22,10 +22,14 @@ fn main() -> ExitCode {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    let log_format = cli.log_format;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("sluice: cannot start the runtime: {e}");
+            match log_format {
+                LogFormat::Human => eprintln!("sluice: cannot start the runtime: {e}"),
+                LogFormat::Json => tracing::error!("sluice: cannot start the runtime: {e}"),
+            }
             return ExitCode::from(2);
         }
     };
@@ -68,7 +72,9 @@ fn main() -> ExitCode {
                 command: ConfigCommand::Check { file },
             } => match Config::load(&file) {
                 Ok(c) => {
-                    println!("{}: valid ({} policies)", file.display(), c.policies.len());
+                    let n = c.policies.len();
+                    let policies = if n == 1 { "policy" } else { "policies" };
+                    println!("{}: valid ({n} {policies})", file.display());
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -79,7 +85,11 @@ fn main() -> ExitCode {
         }
     });
     result.unwrap_or_else(|e: anyhow::Error| {
-        eprintln!("sluice: {e:#}");
+        // A collector reading JSON lines gets the reason a server did not start as one too.
+        match log_format {
+            LogFormat::Human => eprintln!("sluice: {e:#}"),
+            LogFormat::Json => tracing::error!("sluice: {e:#}"),
+        }
         ExitCode::from(2)
     })
 }

@@ -67,7 +67,7 @@ fn a_configured_and_an_inline_policy_side_by_side_with_a_chart() {
         row("candidate")[..5],
         ["candidate", "69", "51", "(42.5%)", "9.500s"]
     );
-    assert!(out.contains("120 requests over 1 keys"), "{out}");
+    assert!(out.contains("120 requests over 1 key,"), "{out}");
 
     // The chart parses as XML: an <svg> with one panel per policy, a green bar for each of
     // the 50 seconds the fixed window admits and a red one for each of the 10 it refuses.

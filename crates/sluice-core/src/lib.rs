@@ -48,6 +48,7 @@ pub use evaluate::{Evaluation, Writes};
 pub use limit::{
     Algorithm, DEFAULT_BUCKETS, FailureMode, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
     MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS, Policy,
+    duration_text,
 };
 pub use state::{
     ConcurrencyState, FixedWindowState, HeldLease, LimitState, SlidingWindowState, TokenBucketState,

@@ -20,6 +20,24 @@ pub const MAX_BUCKETS: u64 = 3_600;
 /// The fewest buckets the default sliding precision aims for (Carlson's "per / 60").
 pub const DEFAULT_BUCKETS: u64 = 60;
 
+/// A duration as the configuration writes it: a whole number of the largest unit that divides
+/// it exactly (`1s`, `90m`, `1500ms`, `366d`), so an error shows what its reader wrote.
+pub fn duration_text(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    UNITS
+        .iter()
+        .find(|(size, _)| ms != 0 && ms.is_multiple_of(*size))
+        .map_or_else(
+            || format!("{ms}ms"),
+            |(size, unit)| format!("{}{unit}", ms / size),
+        )
+}
+
 /// The longest time a token bucket may take to refill from empty (`burst · per / max`):
 /// about 142 years. It keeps every instant a bucket computes below 2^53 ms.
 pub const MAX_REFILL_MS: u64 = 1 << 42;
@@ -237,7 +255,10 @@ impl Limit {
         if !(MIN_PER_MS..=MAX_PER_MS).contains(&per_ms) {
             return Err(LimitError::new(
                 "per",
-                format!("{per_ms}ms is out of range; per must be between 1ms and 366d"),
+                format!(
+                    "{} is out of range; per must be between 1ms and 366d",
+                    duration_text(per_ms)
+                ),
             ));
         }
         if algorithm != Algorithm::SlidingWindow && precision_ms.is_some() {
@@ -279,8 +300,11 @@ impl Limit {
                     return Err(LimitError::new(
                         "burst",
                         format!(
-                            "refilling {burst} tokens at {max} per {per_ms}ms takes {refill}ms, \
-                             longer than the {MAX_REFILL_MS}ms allowed; lower burst or raise max"
+                            "refilling {burst} tokens at {max} per {} takes about {} days, \
+                             longer than the {} days allowed (2^42 ms); lower burst or raise max",
+                            duration_text(per_ms),
+                            refill / 86_400_000,
+                            MAX_REFILL_MS / 86_400_000
                         ),
                     ));
                 }
@@ -376,17 +400,23 @@ fn validate_precision(precision_ms: u64, per_ms: u64) -> Result<u64, LimitError>
     if precision_ms > per_ms || !per_ms.is_multiple_of(precision_ms) {
         return Err(LimitError::new(
             "precision",
-            format!("per ({per_ms}ms) must be a multiple of precision ({precision_ms}ms)"),
+            format!(
+                "per ({}) must be a multiple of precision ({})",
+                duration_text(per_ms),
+                duration_text(precision_ms)
+            ),
         ));
     }
     if per_ms / precision_ms > MAX_BUCKETS {
         return Err(LimitError::new(
             "precision",
             format!(
-                "{precision_ms}ms splits per ({per_ms}ms) into {} buckets; at most {MAX_BUCKETS} \
-                 are allowed, so precision must be at least {}ms",
+                "{} splits per ({}) into {} buckets; at most {MAX_BUCKETS} are allowed, so \
+                 precision must be at least {}",
+                duration_text(precision_ms),
+                duration_text(per_ms),
                 per_ms / precision_ms,
-                per_ms.div_ceil(MAX_BUCKETS)
+                duration_text(per_ms.div_ceil(MAX_BUCKETS))
             ),
         ));
     }
@@ -404,8 +434,9 @@ fn default_precision(per_ms: u64) -> Result<u64, LimitError> {
             LimitError::new(
                 "precision",
                 format!(
-                    "no default precision splits per ({per_ms}ms) into {DEFAULT_BUCKETS} to \
-                     {MAX_BUCKETS} equal buckets; set precision explicitly"
+                    "no default precision splits per ({}) into {DEFAULT_BUCKETS} to \
+                     {MAX_BUCKETS} equal buckets; set precision explicitly",
+                    duration_text(per_ms)
                 ),
             )
         })

@@ -11,6 +11,7 @@ use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
 use crate::config::{Config, RedisLayout, StoreConfig};
+use crate::conn;
 use crate::grpc::RlsService;
 use crate::http;
 use crate::rlqs::RlqsService;
@@ -50,31 +51,32 @@ impl Listeners {
     }
 }
 
-/// A running HTTP server's task.
-type Serving = tokio::task::JoinHandle<std::io::Result<()>>;
-
-/// Serves `app` on `listener`, over TLS when `tls` is given, until `stopped` completes.
+/// Serves `app` on `listener` (over TLS when `tls` is given, under the `listen` bounds of
+/// `config`) until `stopped` completes.
 fn serve_http(
     listener: TcpListener,
+    name: conn::Listener,
+    config: &Config,
     tls: Option<&Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stopped: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<Serving> {
-    Ok(match tls {
-        Some(config) => {
-            let listener = crate::tls::TlsListener::new(listener, config.clone())?;
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stopped)
-                    .await
-            })
-        }
-        None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-        }),
-    })
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let incoming = conn::Incoming::new(listener, name, config.connections, tls.cloned());
+    conn::serve_http(incoming, name, config.connections, app, stopped)
+}
+
+/// The warning of a server with neither an `admin` section nor an admin listener: every admin
+/// route, from the route table, answers anyone.
+pub fn open_admin_warning() -> String {
+    let routes: Vec<String> = http::ADMIN_ROUTES
+        .iter()
+        .map(|(method, path)| format!("{method} {path}"))
+        .collect();
+    format!(
+        "no admin section: the admin routes {} answer anyone who reaches the HTTP port \
+         (docs/security.md)",
+        routes.join(", ")
+    )
 }
 
 /// Reads the Envoy rate limit service files, if configured.
@@ -235,10 +237,7 @@ pub async fn run_with_clock(
         });
     }
     if config.admin.is_none() && listeners.admin.is_none() {
-        tracing::warn!(
-            "no admin section: POST /v1/refund, DELETE /v1/keys and GET /v1/policies answer \
-             anyone who reaches the HTTP port (docs/security.md)"
-        );
+        tracing::warn!("{}", open_admin_warning());
     }
     if let Some(path) = config_file {
         background.spawn(watch_config(path, shared.clone()));
@@ -274,19 +273,18 @@ pub async fn run_with_clock(
                 .add_service(RlsService::new(shared.clone()).into_server())
                 .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server());
             let stop = stopped(stop_rx.clone());
-            Some(match &grpc_tls {
-                Some(config) => {
-                    let incoming =
-                        crate::tls::TlsListener::new(listener, config.clone())?.into_stream();
-                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
-                }
-                None => {
-                    // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
-                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                        .with_nodelay(Some(true));
-                    tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop))
-                }
-            })
+            // The connections come through the same accept loop as HTTP's: TLS, the
+            // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).
+            let incoming = conn::Incoming::new(
+                listener,
+                conn::Listener::Grpc,
+                config.connections,
+                grpc_tls.clone(),
+            )
+            .into_stream();
+            Some(tokio::spawn(
+                server.serve_with_incoming_shutdown(incoming, stop),
+            ))
         }
         None => None,
     };
@@ -296,10 +294,12 @@ pub async fn run_with_clock(
             let app = http::router_for(shared.clone(), http::Surface::All);
             Some(serve_http(
                 listener,
+                conn::Listener::Admin,
+                &config,
                 http_tls.as_ref(),
                 app,
                 stopped(stop_rx.clone()),
-            )?)
+            ))
         }
         None => None,
     };
@@ -310,7 +310,15 @@ pub async fn run_with_clock(
     };
     tracing::info!(http = %listeners.http.local_addr()?, tls = http_tls.is_some(), "sluice serving");
     let app = http::router_for(shared.clone(), surface);
-    let served = serve_http(listeners.http, http_tls.as_ref(), app, stopped(stop_rx))?.await;
+    let served = serve_http(
+        listeners.http,
+        conn::Listener::Http,
+        &config,
+        http_tls.as_ref(),
+        app,
+        stopped(stop_rx),
+    )
+    .await;
     if let Some(grpc) = grpc {
         grpc.await??;
     }
@@ -346,9 +354,18 @@ fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec
             continue;
         };
         for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
+            // What the loader reads: not kubelet's `..data` and `..<timestamp>` (their files
+            // are read through the mount's top-level links), nor a linked directory.
+            if crate::rls::is_kubelet_entry(&entry.file_name()) {
+                continue;
+            }
+            let Ok(file_type) = entry.file_type() else {
+                continue;
+            };
+            if file_type.is_dir() {
                 stack.push(entry.path());
+            } else if file_type.is_symlink() && entry.path().is_dir() {
+                continue;
             } else {
                 let mut f = entry.path().display().to_string().into_bytes();
                 f.push(0);
@@ -362,6 +379,45 @@ fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec
         out.extend_from_slice(&f);
     }
     out
+}
+
+/// Why a reload that would leave nothing to limit is refused: the running configuration has
+/// policies (or Envoy rules) and the new one has none. An editor's truncating write, or a file
+/// caught half-written, reads as a configuration of nothing; applying it would answer every
+/// check `404 unknown_policy`. Running without any is done by a restart.
+fn refuse_emptying(
+    running: &crate::state::Snapshot,
+    next: &Config,
+    next_rls: Option<&RlsConfig>,
+) -> Option<String> {
+    let mut names: Vec<&str> = running
+        .limiter
+        .policies()
+        .map(sluice::Policy::name)
+        .collect();
+    if !names.is_empty() && next.policies.is_empty() {
+        names.sort_unstable();
+        return Some(format!(
+            "the new configuration has no policies where the running one has {} ({}); a reload \
+             never removes every policy at once (a file truncated by an editor or caught \
+             half-written reads as none): restart the server to run without policies",
+            names.len(),
+            names.join(", ")
+        ));
+    }
+    let running_domains: Vec<&str> = running
+        .rls
+        .as_deref()
+        .map_or_else(Vec::new, |r| r.domains().collect());
+    if !running_domains.is_empty() && next_rls.is_none_or(RlsConfig::is_empty) {
+        return Some(format!(
+            "the new configuration has no Envoy rate limit rules where the running one has the \
+             domains {}; a reload never removes every rule at once (a rule file truncated by an \
+             editor reads as none): restart the server to run without them",
+            running_domains.join(", ")
+        ));
+    }
+    None
 }
 
 /// Reloads the configuration on SIGHUP and when the file, or a file of its Envoy rate limit
@@ -404,18 +460,23 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
             .map_err(anyhow::Error::from)
             .and_then(|c| {
                 let rls = load_rls(&c)?;
-                Ok((c, rls))
+                refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
+                    .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
             }) {
             Ok((config, rls)) => {
-                if config.store != shared.current_store_config() {
-                    tracing::warn!("store settings changed: they apply after a restart");
+                for section in shared.started_with().restart_only_changes(&config) {
+                    tracing::warn!(
+                        file = %path.display(),
+                        "the {section} section changed: it is read at start only, so the change \
+                         applies after a restart"
+                    );
                 }
                 shared.apply(&config, rls);
                 crate::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
-                tracing::error!(error = %e, "configuration reload failed; keeping the last good one");
+                tracing::error!(file = %path.display(), error = %e, "configuration reload refused; keeping the last good one");
                 shared.reload_failed(e.to_string());
                 crate::metrics::reload(false);
             }

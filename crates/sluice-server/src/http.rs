@@ -1,6 +1,7 @@
 //! The HTTP JSON API (docs/api.md).
 //!
-//! Every answer is JSON (`content-type: application/json`), errors included:
+//! Every answer is JSON (`content-type: application/json`), errors included (a `204` has no
+//! body, so no content type):
 //! `{"error": {"code": "…", "message": "…"}}` with a message a person can act on. Bodies are
 //! read as bytes under a 64 KiB cap (refused with 413 before any parsing) and validated by hand,
 //! so each 400 names the field at fault.
@@ -221,8 +222,7 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             bad(format!("the body could not be read: {rejection}"))
         }
     })?;
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+    let value = crate::unique::json(&bytes).map_err(bad)?;
     let Value::Object(map) = value else {
         return Err(bad(
             "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}"
@@ -245,15 +245,16 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             key.len()
         )));
     }
+    // Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
     let lease_id = |lease: &str| {
-        (1..=16)
-            .contains(&lease.len())
+        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| u64::from_str_radix(lease, 16).ok())
             .flatten()
-            .filter(|&id| id != 0 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
+            .filter(|&id| id != 0)
             .ok_or_else(|| {
                 bad(format!(
-                    "`lease` must be the id /v1/acquire returned (16 hex digits), got `{}`",
+                    "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
+                     zero (e.g. 9f86d081884c7d65), got `{}`",
                     lease.chars().take(40).collect::<String>()
                 ))
             })
@@ -296,6 +297,15 @@ fn parse_request(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Re
             )));
         }
     };
+    // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
+    // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
+    if op == Endpoint::Acquire && cost == 0 {
+        return Err(bad(
+            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
+             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
+                .to_owned(),
+        ));
+    }
     // An acquire may name a lease it holds, to renew it.
     let lease = match (op, map.get("lease")) {
         (Endpoint::Acquire, None | Some(Value::Null)) => 0,
@@ -682,14 +692,8 @@ async fn forget(
         return unknown_policy(&policy, &snapshot);
     }
     match snapshot.limiter.forget(&policy, &key).await {
-        Ok(()) => {
-            let mut r = StatusCode::NO_CONTENT.into_response();
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        // No body, so no content type.
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(LimitError::Store(e)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
@@ -931,38 +935,52 @@ async fn ui_script() -> Response {
 /// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
 /// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
 /// a request the simulator refuses is a 400 naming the field or the bound.
-/// An admin route: it reads configured policies' limits, and it spends CPU on request.
-async fn simulate(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "POST /v1/simulate", false) {
+/// An admin route: it reads configured policies' limits, and it spends CPU on request. At
+/// most [`crate::simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
+/// read (so a refused request costs no buffer) and held by the work itself until it ends,
+/// even if the client leaves.
+async fn simulate(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+    if let Some(refused) = admin_only(&shared, request.headers(), "POST /v1/simulate", false) {
         return refused;
     }
-    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let bytes = match body {
-        Ok(b) => b,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
-                     cap); simulate a part of the log, or run `sluice simulate` on the file"
-                ),
-            );
-        }
-        Err(rejection) => return bad(format!("the body could not be read: {rejection}")),
+    let Ok(slot) = shared.simulations().clone().try_acquire_owned() else {
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "{n} simulations are running, the most this server runs at once \
+                 (max_concurrent {n}); retry in a moment",
+                n = crate::simulate::MAX_CONCURRENT
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
     };
-    let value: Value = match serde_json::from_slice(&bytes) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("the body is not valid JSON: {e}")),
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let bytes = match <Bytes as axum::extract::FromRequest<()>>::from_request(request, &()).await {
+        Ok(b) => b,
+        Err(rejection) => {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
+                         cap); simulate a part of the log, or run `sluice simulate` on the file"
+                    ),
+                );
+            }
+            return bad(format!("the body could not be read: {rejection}"));
+        }
     };
     let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
     // Reading a large log or generating a large traffic is CPU work too: all of it off the
     // runtime's threads.
     let work = move || {
+        let _slot = slot;
+        let value =
+            crate::unique::json(&bytes).map_err(|e| crate::simulate::SimError::new("", e))?;
         let bounds = crate::simulate::Bounds::default();
         crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
@@ -971,6 +989,8 @@ async fn simulate(
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         },
+        // Not JSON, or a key given twice: the message as the other routes word it.
+        Ok(Err(e)) if e.field.is_empty() => bad(e.message),
         Ok(Err(e)) => bad(e.to_string()),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod conn;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
@@ -17,3 +18,4 @@ pub mod state;
 pub mod stats;
 pub mod tls;
 pub mod top;
+mod unique;

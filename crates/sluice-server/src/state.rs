@@ -207,13 +207,17 @@ pub struct Shared {
     reserving: Option<Arc<Reserving<SharedStore>>>,
     /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
     insurance: Arc<MemoryStore>,
-    store_config: crate::config::StoreConfig,
+    /// The configuration the server started with: its `listen`, `store`, `local` and `top`
+    /// sections are the ones in force until a restart.
+    started_with: Config,
     status: RwLock<ReloadStatus>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
     top: crate::top::TopKeys,
     /// Checks per policy and outcome since start.
     counts: crate::stats::DecisionCounts,
+    /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
+    simulations: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -239,7 +243,7 @@ impl Shared {
             deciding,
             reserving,
             insurance,
-            store_config: config.store.clone(),
+            started_with: config.clone(),
             status: RwLock::new(ReloadStatus {
                 generation: 1,
                 last_error: None,
@@ -247,7 +251,13 @@ impl Shared {
             clock,
             top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
             counts: crate::stats::DecisionCounts::default(),
+            simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
+    }
+
+    /// The slots of `POST /v1/simulate`: a simulation runs holding one.
+    pub fn simulations(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.simulations
     }
 
     /// Checks per policy (and Envoy rule) and outcome since start.
@@ -301,9 +311,10 @@ impl Shared {
             .clone()
     }
 
-    /// The store settings the server started with (a reload cannot change them).
-    pub fn current_store_config(&self) -> crate::config::StoreConfig {
-        self.store_config.clone()
+    /// The configuration the server started with (a reload cannot change its `listen`,
+    /// `store`, `local` and `top` sections).
+    pub fn started_with(&self) -> &Config {
+        &self.started_with
     }
 
     /// The store.

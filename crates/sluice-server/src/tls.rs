@@ -2,28 +2,17 @@
 //! over TLS with one certificate chain and key, and with `client_ca_file` require a client
 //! certificate signed by that CA (mutual TLS).
 //!
-//! rustls with the ring provider, as for Redis. Handshakes run in their own tasks, each bounded
-//! by [`HANDSHAKE_TIMEOUT`], so a client that connects and says nothing holds only its own
-//! socket, never the accept loop. A failed handshake is logged at debug level and dropped; the
-//! listener goes on.
+//! rustls with the ring provider, as for Redis. The handshakes are made by the listeners' accept
+//! loop ([`crate::conn`]), each in its own task and bounded by `listen.header_timeout`, so a
+//! client that connects and says nothing holds only its own socket, never the accept loop. A
+//! failed handshake is logged at debug level and dropped; the listener goes on.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-
-/// How long a client has to finish its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Accepted connections waiting for `accept` (beyond it, handshaken clients wait in their task).
-const BACKLOG: usize = 256;
 
 /// `listen.tls` as written.
 #[derive(Debug, Deserialize)]
@@ -123,97 +112,4 @@ fn certificates(file: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>
         ));
     }
     Ok(certs)
-}
-
-/// A TCP listener whose connections come out TLS-terminated: for `axum::serve` (it is an
-/// [`axum::serve::Listener`]) and, through [`TlsListener::into_stream`], for tonic. Dropping it
-/// stops the accept loop.
-#[derive(Debug)]
-pub struct TlsListener {
-    local: std::net::SocketAddr,
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
-    _accept_loop: AbortOnDrop,
-}
-
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl TlsListener {
-    /// Starts accepting on `listener`, each handshake in its own task.
-    pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, accepted) = mpsc::channel(BACKLOG);
-        let acceptor = TlsAcceptor::from(config);
-        let accept_loop = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off rather than spin.
-                        tracing::warn!(error = %e, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // No Nagle: a decision is one small frame, and delayed ACKs would add ~40 ms.
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self {
-            local,
-            accepted,
-            _accept_loop: AbortOnDrop(accept_loop),
-        })
-    }
-
-    /// The connections as a stream, for tonic's `serve_with_incoming`; the accept loop lives
-    /// as long as the stream.
-    pub fn into_stream(
-        self,
-    ) -> impl tokio_stream::Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static
-    {
-        let guard = self._accept_loop;
-        tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::ReceiverStream::new(self.accepted),
-            move |(tls, _)| {
-                let _ = &guard;
-                Ok(tls)
-            },
-        )
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(conn) => conn,
-            // The accept loop holds a sender for as long as it runs; it only stops with this
-            // listener, so this is never reached while serving. Wait for shutdown.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }

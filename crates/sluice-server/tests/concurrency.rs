@@ -171,7 +171,7 @@ async fn bad_acquires_and_releases_are_refused_by_name() {
         post(
             &c,
             &release,
-            json!({"policy": "rate", "key": "k", "lease": "01"}),
+            json!({"policy": "rate", "key": "k", "lease": "0000000000000001"}),
         )
         .await,
     )
@@ -210,7 +210,7 @@ async fn bad_acquires_and_releases_are_refused_by_name() {
         post(
             &c,
             &release,
-            json!({"policy": "jobs", "key": "k", "lease": "01", "cost": 1}),
+            json!({"policy": "jobs", "key": "k", "lease": "0000000000000001", "cost": 1}),
         )
         .await,
     )
@@ -317,5 +317,80 @@ async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
         (1..=3).contains(&peak),
         "{peak} leases at once; the limit is 3"
     );
+    s.stop().await;
+}
+
+/// Issue 22: an acquire of cost 0 answered `allowed` with no lease, which a client reads as
+/// "go ahead, holding a slot"; and a lease id of one digit was taken although the API speaks
+/// of 16. Both are refused, naming the field.
+#[tokio::test]
+async fn an_acquire_of_nothing_and_a_short_lease_id_are_refused() {
+    let s = common::TestServer::start(POLICIES, &[]).await;
+    let c = Client::new();
+    let acquire = format!("{}/v1/acquire", s.url);
+    let release = format!("{}/v1/release", s.url);
+    let m = refused(
+        post(
+            &c,
+            &acquire,
+            json!({"policy": "jobs", "key": "k", "cost": 0}),
+        )
+        .await,
+    )
+    .await;
+    assert!(
+        m.starts_with("`cost` must be at least 1 for an acquire") && m.contains("/v1/peek"),
+        "{m}"
+    );
+    // Renewing with a cost of 0 is no way around it.
+    let m = refused(
+        post(
+            &c,
+            &acquire,
+            json!({"policy": "jobs", "key": "k", "cost": 0, "lease": "9f86d081884c7d65"}),
+        )
+        .await,
+    )
+    .await;
+    assert!(m.starts_with("`cost` must be at least 1"), "{m}");
+    for lease in ["1", "01", "9f86d081884c7d6", "0x86d081884c7d65"] {
+        for url in [&acquire, &release] {
+            let m = refused(
+                post(
+                    &c,
+                    url,
+                    json!({"policy": "jobs", "key": "k", "lease": lease}),
+                )
+                .await,
+            )
+            .await;
+            assert!(
+                m.contains("`lease` must be the id /v1/acquire returned: exactly 16 hex digits"),
+                "{lease}: {m}"
+            );
+        }
+    }
+    // Nothing was held by any of them: three leases are still there to take.
+    for _ in 0..3 {
+        let r = post(&c, &acquire, json!({"policy": "jobs", "key": "k"})).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // Upper-case digits are hex digits too: the same lease as its lower-case id.
+    let r = post(
+        &c,
+        &acquire,
+        json!({"policy": "jobs", "key": "u", "lease": "9F86D081884C7D65"}),
+    )
+    .await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["lease"]["id"], "9f86d081884c7d65", "{body}");
+    let r = post(
+        &c,
+        &release,
+        json!({"policy": "jobs", "key": "u", "lease": "9f86d081884c7d65"}),
+    )
+    .await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["released"], true, "{body}");
     s.stop().await;
 }

@@ -749,3 +749,83 @@ async fn grpc_metrics_are_bounded_by_the_configuration() {
     );
     s.stop().await;
 }
+
+/// Issue 22: a Kubernetes ConfigMap mount, laid out as kubelet writes it: each file a link at
+/// the top (`edge.yaml -> ..data/edge.yaml`), `..data` a link to the current version
+/// `..<timestamp>/`. Its `..` entries used to be read as rule files too (every domain twice:
+/// the server did not start). They are skipped; the top-level links are followed; and
+/// kubelet's atomic update (a new version, `..data` renamed over) reloads the new rules.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_configmap_mount_is_read_once_and_its_atomic_update_reloads() {
+    use std::os::unix::fs::symlink;
+    let mount = tempfile::tempdir().unwrap();
+    let m = mount.path();
+    let version = |name: &str, per_minute: u32| {
+        std::fs::create_dir(m.join(name)).unwrap();
+        std::fs::write(
+            m.join(name).join("edge.yaml"),
+            RLS_YAML.replace(
+                "requests_per_unit: 3",
+                &format!("requests_per_unit: {per_minute}"),
+            ),
+        )
+        .unwrap();
+    };
+    version("..2026_11_25_10_00_00.123456789", 3);
+    symlink("..2026_11_25_10_00_00.123456789", m.join("..data")).unwrap();
+    symlink("..data/edge.yaml", m.join("edge.yaml")).unwrap();
+
+    // The loader sees one file, without a warning about the `..` entries.
+    let rls = sluice_server::rls::RlsConfig::load_dir(m).unwrap();
+    assert_eq!(rls.domains().collect::<Vec<_>>(), ["edge"]);
+    assert!(rls.warnings().is_empty(), "{:?}", rls.warnings());
+
+    let s = common::TestServer::start(&format!("rls:\n  config_dir: {}\n", m.display()), &[]).await;
+    let client = RateLimitServiceClient::new(s.channel().await);
+    let limit = || {
+        let mut req = request("edge", &[&[("remote_address", "r")]], 1);
+        req.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit)
+        }
+    };
+    assert_eq!(limit().await, Some(3));
+
+    // kubelet's update: the new version beside the old, a temporary link to it renamed over
+    // `..data` (one atomic step), the old version removed.
+    version("..2026_11_25_10_05_00.987654321", 7);
+    symlink("..2026_11_25_10_05_00.987654321", m.join("..data_tmp")).unwrap();
+    std::fs::rename(m.join("..data_tmp"), m.join("..data")).unwrap();
+    std::fs::remove_dir_all(m.join("..2026_11_25_10_00_00.123456789")).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while limit().await != Some(7) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the updated ConfigMap never applied"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stats: serde_json::Value = reqwest::get(format!("{}/v1/stats", s.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stats["config"]["last_reload_error"],
+        serde_json::Value::Null,
+        "{stats}"
+    );
+    s.stop().await;
+}

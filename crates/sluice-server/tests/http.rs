@@ -126,6 +126,9 @@ async fn peek_refund_forget_and_policies() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // No body, so no content type (issue 22: it said application/json).
+    assert_eq!(header(&r, "content-type"), None);
+    assert_eq!(r.bytes().await.unwrap().len(), 0);
     let r = post(&c, &check, json!({"policy": "api", "key": "k", "cost": 3})).await;
     assert_eq!(r.status(), StatusCode::OK, "forgotten: a full window again");
     // Keys with slashes and spaces survive the path.
@@ -910,5 +913,51 @@ async fn a_token_bucket_reports_its_burst_as_the_limit() {
         header(&r, "ratelimit").as_deref(),
         Some(r#""uploads:0";r=17;t=2"#)
     );
+    s.stop().await;
+}
+
+/// Issue 22: a JSON body naming a field twice was read with the last value (`{"cost": 1,
+/// "cost": 500}` costs 500). It is refused, naming the field, before anything is decided.
+#[tokio::test]
+async fn a_body_naming_a_field_twice_is_refused() {
+    let s = start(CONFIG).await;
+    let c = Client::new();
+    for (path, body, field) in [
+        (
+            "/v1/check",
+            r#"{"policy": "api", "key": "k", "cost": 1, "cost": 3}"#,
+            "cost",
+        ),
+        (
+            "/v1/peek",
+            r#"{"policy": "api", "policy": "search", "key": "k"}"#,
+            "policy",
+        ),
+        (
+            "/v1/refund",
+            r#"{"key": "k", "policy": "api", "key": "j"}"#,
+            "key",
+        ),
+    ] {
+        let r = c
+            .post(format!("{}{path}", s.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let m = error_of(r, StatusCode::BAD_REQUEST).await;
+        assert!(
+            m.contains(&format!("`{field}` is given twice")),
+            "{path}: {m}"
+        );
+    }
+    // Nothing was charged by the refused check.
+    let r = post(
+        &c,
+        &format!("{}/v1/check", s.url),
+        json!({"policy": "api", "key": "k", "cost": 3}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+use std::sync::Arc;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -316,4 +318,85 @@ async fn listener_settings_that_cannot_work_are_refused_naming_the_field() {
         e.contains("listen.admin") && e.contains(&addr.to_string()),
         "{e}"
     );
+}
+
+/// Issue 22, over TLS: a client that connects and never starts its handshake is closed after
+/// `listen.header_timeout`, one that finishes it and then says nothing after
+/// `listen.idle_timeout`, on the HTTP and the gRPC listener alike.
+#[tokio::test]
+async fn silent_tls_clients_are_closed_before_and_after_the_handshake() {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::AsyncReadExt;
+    let certs = TlsCerts::generate().unwrap();
+    let config = tls_config(&certs, false).replacen(
+        "listen:\n",
+        "listen:\n  header_timeout: 300ms\n  idle_timeout: 400ms\n",
+        1,
+    );
+    let server = common::TestServer::start_tls(
+        &config,
+        &[("ratelimit-config/edge.yaml", RLS_YAML)],
+        https_client(&certs, false),
+    )
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(certs.ca_file()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    async fn until_closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) {
+        let mut buf = [0u8; 256];
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("the server kept a silent TLS connection open for 10 s"),
+            }
+        }
+    }
+    for (url, alpn) in [
+        (&server.url, b"http/1.1".to_vec()),
+        (&server.grpc_url, b"h2".to_vec()),
+    ] {
+        let addr = url.trim_start_matches("https://");
+        let started = std::time::Instant::now();
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        until_closed(&mut silent).await;
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+
+        let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+        client.alpn_protocols = vec![alpn];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = connector
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap();
+        let handshaken = std::time::Instant::now();
+        until_closed(&mut tls).await;
+        assert!(handshaken.elapsed() >= std::time::Duration::from_millis(400));
+    }
+    let metrics = https_client(&certs, false)
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for listener in ["http", "grpc"] {
+        for timeout in ["handshake", "idle"] {
+            let series = format!(
+                "sluice_connection_timeouts_total{{listener=\"{listener}\",timeout=\"{timeout}\"}}"
+            );
+            assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+        }
+    }
+    server.stop().await;
 }

@@ -747,7 +747,7 @@ async fn bad_input_is_invalid_argument_and_charges_nothing() {
 
 #[tokio::test]
 async fn without_an_rlqs_section_streams_are_refused() {
-    let server = common::TestServer::start("", &[]).await;
+    let server = common::TestServer::start("{}\n", &[]).await;
     let mut s = Stream::open(&server.channel().await).await;
     let e = s
         .report("edge", &[(&bucket(&[("a", "b")]), 1)])

@@ -1252,8 +1252,13 @@ fn dot_files_are_read_unless_ignored() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write(dir, "api.yaml", EXAMPLE_1);
-    // A Kubernetes ConfigMap mount keeps a copy of each file in a dot directory.
+    // A Kubernetes ConfigMap mount keeps a copy of each file in a `..` directory: skipped
+    // whatever the setting (issue 22; it used to load every domain twice).
     write(dir, "..2024_01_01/api.yaml", EXAMPLE_1);
+    let config = RlsConfig::load_dir(dir).unwrap();
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["mongo_cps"]);
+    // Another dot directory is read, as the reference reads it.
+    write(dir, ".old/api.yaml", EXAMPLE_1);
     let err = RlsConfig::load_dir(dir).unwrap_err();
     assert!(
         err.message.contains("\"mongo_cps\" is already defined"),

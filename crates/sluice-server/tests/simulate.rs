@@ -691,3 +691,165 @@ async fn with_an_admin_section_the_route_needs_a_token_and_lives_on_the_admin_li
     assert_eq!(status, StatusCode::OK, "{r}");
     s.stop().await;
 }
+
+// ----- what the route may cost (issue 22) -------------------------------------------------
+
+/// A simulation's memory is reckoned before any work, and one over `max_memory` is refused
+/// naming it: a pattern at both the events and the keys bounds, or a log of long keys.
+#[tokio::test]
+async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
+    let corner = json!({
+        "policies": [{"policy": "api"}],
+        "traffic": {"pattern": "steady", "rate": 1000, "duration": "1000s", "keys": 100_000},
+    });
+    // The library refuses it before generating a single event…
+    let started = std::time::Instant::now();
+    let configured = sluice_server::config::Config::parse("sluice.yaml", CONFIG)
+        .unwrap()
+        .policies
+        .into_iter()
+        .map(|p| p.policy)
+        .collect::<Vec<_>>();
+    // (Not `unwrap_err`: an accepted simulation's Debug is a million events long.)
+    let Err(e) = Simulation::from_request(&corner, &configured, &Bounds::default()) else {
+        panic!("a simulation over max_memory was accepted");
+    };
+    assert_eq!(e.field, "traffic");
+    assert!(
+        e.message.starts_with(
+            "this pattern's 1000000 events over 100000 keys would hold about 65 MiB, more than \
+             the 64 MiB one simulation may use (max_memory)"
+        ),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // … and so does the route, with a 400 naming the bound.
+    let s = common::TestServer::start(CONFIG, &[]).await;
+    let (status, e) = post(&s.url, &corner, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("traffic: this pattern's") && message.contains("(max_memory)"),
+        "{e}"
+    );
+    // Fewer keys fit.
+    let fits = Simulation::from_request(
+        &json!({"policies": [{"policy": "api"}], "traffic": {"pattern": "steady", "rate": 1000, "duration": "1000s", "keys": 1000}}),
+        &configured,
+        &Bounds::default(),
+    );
+    assert!(fits.is_ok(), "{:?}", fits.err());
+    s.stop().await;
+    // A log is reckoned once read, on its real keys.
+    let long = "k".repeat(500);
+    let text: String = (0..20)
+        .map(|i| format!("{},{long}{i}\n", 1_767_225_600 + i))
+        .collect();
+    let e = Simulation::from_request(
+        &json!({"policies": [{"name": "p", "limits": [{"max": 1, "per": "1s"}]}], "traffic": {"format": "csv", "log": text}}),
+        &[],
+        &Bounds {
+            max_memory: 32 << 10,
+            ..Bounds::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "traffic.log");
+    assert!(
+        e.message
+            .starts_with("20 events over 20 keys would hold about")
+            && e.message.contains("max_memory"),
+        "{e}"
+    );
+}
+
+/// At most `MAX_CONCURRENT` simulations at once: two clients hold the slots (their bodies
+/// still arriving), a third is refused `503 busy` with `Retry-After`, and once the two are
+/// answered a new one runs.
+#[tokio::test]
+async fn more_simulations_at_once_than_allowed_are_refused_busy() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    assert_eq!(sluice_server::simulate::MAX_CONCURRENT, 2);
+    let s = common::TestServer::start(CONFIG, &[]).await;
+    let body = json!({"policies": [{"policy": "api"}], "traffic": steady(2.0, "60s")}).to_string();
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(
+            format!(
+                "POST /v1/simulate HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
+                body.len(),
+                &body[..10]
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        holders.push(c);
+    }
+    // Poll until both hold a slot: then a third is refused.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let refusal = loop {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/simulate", s.url))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::SERVICE_UNAVAILABLE {
+            break r;
+        }
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(std::time::Instant::now() < deadline, "never refused");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        common::header(&refusal, "retry-after").as_deref(),
+        Some("1")
+    );
+    let e: Value = refusal.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "busy", "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains(
+            "2 simulations are running, the most this server runs at once (max_concurrent 2)"
+        ),
+        "{e}"
+    );
+    // The two finish their bodies and are answered.
+    for mut c in holders {
+        c.write_all(&body.as_bytes()[10..]).await.unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let (status, r) = post(
+        &s.url,
+        &json!({"policies": [{"policy": "api"}], "traffic": steady(2.0, "60s")}),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    s.stop().await;
+}
+
+/// Issue 22: a body naming a field twice is refused naming it (the last value used to win),
+/// in the body itself and in an inline policy of the command.
+#[tokio::test]
+async fn a_field_given_twice_is_refused_naming_it() {
+    let s = common::TestServer::start(CONFIG, &[]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/simulate", s.url))
+        .body(r#"{"policies": [{"policy": "api"}], "traffic": {"pattern": "steady", "rate": 1, "rate": 2, "duration": "1m"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e: Value = r.json().await.unwrap();
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("`traffic.rate` is given twice"), "{e}");
+    s.stop().await;
+    let e = sluice_server::simulate::policy_flag("p={limits: [{max: 1, per: 1s, max: 2}]}")
+        .unwrap_err();
+    assert_eq!(e.message, "`limits[0].max` is given twice", "{e}");
+}

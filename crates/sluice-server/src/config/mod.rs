@@ -199,6 +199,9 @@ pub struct Config {
     pub admin_http: Option<SocketAddr>,
     /// TLS on every listener (`listen.tls`).
     pub tls: Option<crate::tls::ListenTls>,
+    /// What a connection may hold: `listen.header_timeout`, `body_timeout`, `idle_timeout`,
+    /// `max_connections`.
+    pub connections: crate::conn::ConnLimits,
     /// Policies by name, in name order.
     pub policies: Vec<PolicyConfig>,
     /// Envoy RLS settings, if any.
@@ -298,12 +301,28 @@ struct ValidLimit(Limit);
 
 impl<'de> Deserialize<'de> for ValidLimit {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = RawLimit::deserialize(d)?;
+        // The limit is checked inside the visit of its own mapping, so that an error carries
+        // the limit's place and path (`limits[1]`), not the list's.
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = ValidLimit;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a limit such as { max: 100, per: 1m }")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ValidLimit, A::Error> {
+                let raw = RawLimit::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                ValidLimit::from_raw(raw).map_err(de::Error::custom)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl ValidLimit {
+    fn from_raw(raw: RawLimit) -> Result<Self, String> {
         let algorithm = match raw.algorithm.as_deref() {
             None => Algorithm::FixedWindow,
-            Some(a) => a
-                .parse()
-                .map_err(|e: sluice::LimitError| de::Error::custom(e))?,
+            Some(a) => a.parse().map_err(|e: sluice::LimitError| e.to_string())?,
         };
         let spec = LimitSpec {
             max: raw.max,
@@ -313,7 +332,7 @@ impl<'de> Deserialize<'de> for ValidLimit {
             burst: raw.burst,
             align: raw.align,
         };
-        Limit::new(spec).map(ValidLimit).map_err(de::Error::custom)
+        Limit::new(spec).map(ValidLimit).map_err(|e| e.to_string())
     }
 }
 
@@ -392,15 +411,125 @@ pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, St
     })
 }
 
+/// A listen address as written: `IP:port`. A port alone or a host name is refused with what
+/// to write instead: which interfaces to expose is a decision to state, not to guess.
+struct ListenAddr(SocketAddr);
+
+impl ListenAddr {
+    fn parse(text: &str) -> Result<Self, String> {
+        if let Ok(addr) = text.trim().parse() {
+            return Ok(Self(addr));
+        }
+        let port = text.trim().trim_start_matches(':');
+        if port.parse::<u16>().is_ok() {
+            return Err(format!(
+                "`{text}` is a port alone; write IP:port: 127.0.0.1:{port} (this machine only) \
+                 or 0.0.0.0:{port} (every interface; [::]:{port} for IPv6 too)"
+            ));
+        }
+        if let Some((host, port)) = text.trim().rsplit_once(':')
+            && port.parse::<u16>().is_ok()
+        {
+            let instead = if host == "localhost" {
+                format!("127.0.0.1:{port} (or [::1]:{port})")
+            } else {
+                format!("the IP address {host} stands for, e.g. 10.0.0.5:{port}")
+            };
+            return Err(format!(
+                "`{text}` names a host; a listener binds an IP address, not a name: write \
+                 {instead}, or 0.0.0.0:{port} for every interface"
+            ));
+        }
+        Err(format!(
+            "`{text}` is not a socket address; write IP:port, e.g. 127.0.0.1:8080, \
+             0.0.0.0:8080 or [::]:8080"
+        ))
+    }
+}
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = ListenAddr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address such as 127.0.0.1:8080")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenAddr, E> {
+                ListenAddr::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListenAddr, E> {
+                ListenAddr::parse(&v.to_string()).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawListen {
-    http: Option<SocketAddr>,
-    grpc: Option<SocketAddr>,
+    http: Option<ListenAddr>,
+    grpc: Option<ListenAddr>,
     #[serde(default)]
-    admin: Option<SocketAddr>,
+    admin: Option<ListenAddr>,
     #[serde(default)]
     tls: Option<crate::tls::RawListenTls>,
+    #[serde(default)]
+    header_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    body_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    idle_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    max_connections: Option<usize>,
+}
+
+/// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
+/// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
+/// reporting intervals, and one given must be longer than an interval.
+fn conn_limits(
+    raw: &RawListen,
+    reporting_interval: Option<Duration>,
+) -> Result<crate::conn::ConnLimits, String> {
+    let defaults = crate::conn::ConnLimits::default();
+    let text =
+        |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let idle_timeout = match (raw.idle_timeout, reporting_interval) {
+        (None, None) => defaults.idle_timeout,
+        (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
+        (Some(idle), Some(interval)) if idle.0 <= interval => {
+            return Err(format!(
+                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
+                 Envoy's quota stream is silent between two reports and would be closed",
+                text(idle.0),
+                text(interval)
+            ));
+        }
+        (Some(idle), _) => idle.0,
+    };
+    let max_connections = match raw.max_connections {
+        None => defaults.max_connections,
+        Some(0) => {
+            return Err(
+                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
+            );
+        }
+        Some(n) if n > crate::conn::MAX_CONNECTIONS => {
+            return Err(format!(
+                "listen.max_connections: {n} is more than {} (each open connection holds a file \
+                 descriptor and memory)",
+                crate::conn::MAX_CONNECTIONS
+            ));
+        }
+        Some(n) => n,
+    };
+    Ok(crate::conn::ConnLimits {
+        header_timeout: raw.header_timeout.map_or(defaults.header_timeout, |d| d.0),
+        body_timeout: raw.body_timeout.map_or(defaults.body_timeout, |d| d.0),
+        idle_timeout,
+        max_connections,
+    })
 }
 
 #[derive(Deserialize)]
@@ -558,13 +687,7 @@ impl Config {
 
     /// [`Config::parse`] with relative files relative to `base`.
     fn parse_in(file: &str, text: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
-        let raw: RawConfig = if text.trim().is_empty() {
-            RawConfig::default()
-        } else {
-            serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))?
-        };
-        // A check made once a section was read names the value's path; its line is found
-        // by reading the text again down that path (`locate`).
+        let raw = read_raw(file, text)?;
         let err = |message: String| ConfigError {
             file: file.to_owned(),
             line: locate::path_of(&message).and_then(|path| locate::locate(text, path)),
@@ -618,15 +741,17 @@ impl Config {
             .transpose()
             .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
+        let connections =
+            conn_limits(&raw.listen, rlqs.as_ref().map(|r| r.reporting_interval)).map_err(err)?;
         let http = match raw.listen.http {
-            Some(a) => a,
+            Some(a) => a.0,
             None => default_addr(DEFAULT_HTTP)?,
         };
         let grpc = match raw.listen.grpc {
-            Some(a) => a,
+            Some(a) => a.0,
             None => default_addr(DEFAULT_GRPC)?,
         };
-        let admin_http = raw.listen.admin;
+        let admin_http = raw.listen.admin.as_ref().map(|a| a.0);
         let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
         if clash(http, grpc) {
             return Err(err(format!(
@@ -652,6 +777,7 @@ impl Config {
             grpc,
             admin_http,
             tls,
+            connections,
             policies,
             rls: raw
                 .rls
@@ -664,6 +790,26 @@ impl Config {
             admin,
             top,
         })
+    }
+
+    /// The sections read at start only (`listen`, `store`, `local`, `top`) that differ in
+    /// `next`: a reload applies its policies and rules, and these after a restart.
+    pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
+        let listen = |c: &Config| (c.http, c.grpc, c.admin_http, c.tls.clone(), c.connections);
+        let mut changed = Vec::new();
+        if listen(self) != listen(next) {
+            changed.push("listen");
+        }
+        if self.store != next.store {
+            changed.push("store");
+        }
+        if self.local != next.local {
+            changed.push("local");
+        }
+        if self.top != next.top {
+            changed.push("top");
+        }
+        changed
     }
 
     /// The configuration used when none is given: the in-memory store and a demo policy.
@@ -685,12 +831,122 @@ policies:
       - { max: 100, per: 1h }
 ";
 
+/// The file as written: refused when it is empty, when its YAML is not well-formed (reported
+/// before any value is interpreted, so an unclosed `{` is reported as such and not as the odd
+/// value it swallowed), or when a mapping names a key twice.
+fn read_raw(file: &str, text: &str) -> Result<RawConfig, ConfigError> {
+    let document: Option<de::IgnoredAny> =
+        serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))?;
+    if document.is_none() {
+        return Err(ConfigError {
+            file: file.to_owned(),
+            line: None,
+            message: "the file is empty (or holds only comments): an empty file is refused, so \
+                      that a file caught half-written never replaces a configuration; write `{}` \
+                      for every default and no policy"
+                .to_owned(),
+        });
+    }
+    duplicate_keys(file, text)?;
+    serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))
+}
+
+/// A key given twice in one mapping (serde would keep the last one silently), named with the
+/// lines of both.
+fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
+    use crate::unique::{Outcome, Probe, read};
+    let Outcome::Duplicate { duplicate, error } =
+        read(serde_yaml_ng::Deserializer::from_str(text), None)
+    else {
+        return Ok(());
+    };
+    let second = error.location().map(|l| (l.line(), l.column()));
+    let first = match read(
+        serde_yaml_ng::Deserializer::from_str(text),
+        Some(Probe(duplicate.clone())),
+    ) {
+        Outcome::Probed(e) => e.location().map(|l| l.line()),
+        _ => None,
+    };
+    let lines = match (first, second) {
+        (Some(a), Some((b, _))) if a == b => format!(" on line {a}"),
+        (Some(a), Some((b, _))) => format!(", at lines {a} and {b}"),
+        _ => String::new(),
+    };
+    let at = if duplicate.path.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", duplicate.path)
+    };
+    let why = if duplicate.path == "policies" {
+        "each policy needs its own name"
+    } else {
+        "a key may appear once in a mapping (the second would silently replace the first)"
+    };
+    Err(ConfigError {
+        file: file.to_owned(),
+        line: second,
+        message: format!("{at}`{}` is given twice{lines}; {why}", duplicate.key),
+    })
+}
+
+/// serde's messages name Rust types (`expected u64`, `expected struct RawConfig`); this says
+/// what to write instead.
+pub(crate) fn plain_words(message: &str) -> String {
+    const WORDS: &[(&str, &str)] = &[
+        ("u8", "a whole number"),
+        ("u16", "a whole number"),
+        ("u32", "a whole number"),
+        ("u64", "a whole number"),
+        ("u128", "a whole number"),
+        ("usize", "a whole number"),
+        ("i8", "a whole number"),
+        ("i16", "a whole number"),
+        ("i32", "a whole number"),
+        ("i64", "a whole number"),
+        ("i128", "a whole number"),
+        ("isize", "a whole number"),
+        ("f32", "a number"),
+        ("f64", "a number"),
+        ("a map", "a mapping (key: value)"),
+        ("a sequence", "a list"),
+        ("path string", "a file path"),
+        ("a borrowed string", "a string"),
+    ];
+    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("expected ") {
+        let (before, after) = rest.split_at(at + "expected ".len());
+        out.push_str(before);
+        rest = after;
+        if let Some(name) = rest.strip_prefix("struct ") {
+            // `struct RawConfig`, `struct RawLimit`: a mapping of the section's keys.
+            let end = name.find(|c: char| !is_word(c)).unwrap_or(name.len());
+            out.push_str("a mapping (key: value)");
+            rest = &name[end..];
+            continue;
+        }
+        for (rust, words) in WORDS {
+            if let Some(tail) = rest.strip_prefix(rust)
+                && !tail.starts_with(is_word)
+            {
+                out.push_str(words);
+                rest = tail;
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A YAML error with its line. The parser knows no line for a second document (`---`), so it
 /// is found here: a configuration is one document, and the error points at the second. An
 /// error that has no line says it is about the whole file.
 fn yaml_error(file: &str, text: &str, e: &serde_yaml_ng::Error) -> ConfigError {
     let mut line = e.location().map(|l| (l.line(), l.column()));
-    let mut message = strip_location(&e.to_string());
+    let mut message = plain_words(&strip_location(&e.to_string()));
     if line.is_none() && message.contains("more than one document") {
         let mut content = false;
         let mut markers = 0;
@@ -720,9 +976,28 @@ fn yaml_error(file: &str, text: &str, e: &serde_yaml_ng::Error) -> ConfigError {
 }
 
 /// serde_yaml_ng appends " at line L column C"; the error already carries the location.
+/// libyaml's own messages carry one inside (`did not find expected ',' or '}' at line 5 column
+/// 8, while parsing a flow mapping`): every ` at line L column C` goes, and an unclosed flow
+/// collection says so in words.
 fn strip_location(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(i) => message[..i].to_owned(),
-        None => message.to_owned(),
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find(" at line ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + " at line ".len()..];
+        let digits = |t: &str| t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let after = &after[digits(after)..];
+        rest = match after.strip_prefix(" column ") {
+            Some(column) => &column[digits(column)..],
+            None => after,
+        };
     }
+    out.push_str(rest);
+    if out.contains("while parsing a flow mapping") {
+        return "a `{` opened above is never closed: expected `,` or `}` here".to_owned();
+    }
+    if out.contains("while parsing a flow sequence") {
+        return "a `[` opened above is never closed: expected `,` or `]` here".to_owned();
+    }
+    out
 }

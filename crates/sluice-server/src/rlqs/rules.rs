@@ -193,9 +193,9 @@ pub struct RawRlqs {
 fn whole_seconds(field: &str, d: Duration) -> Result<Duration, String> {
     if d.subsec_nanos() != 0 {
         return Err(format!(
-            "rlqs.{field}: {}ms is not a whole number of seconds; Envoy reads this duration in \
+            "rlqs.{field}: {} is not a whole number of seconds; Envoy reads this duration in \
              whole seconds",
-            d.as_millis()
+            sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         ));
     }
     Ok(d)
@@ -271,9 +271,14 @@ pub fn rlqs_config(
     let abandon_after = raw.abandon_after.map_or(DEFAULT_ABANDON_AFTER, |d| d.0);
     if abandon_after < reporting_interval {
         return Err(format!(
-            "rlqs.abandon_after: {}ms is shorter than reporting_interval; every bucket would be \
-             abandoned between two reports",
-            abandon_after.as_millis()
+            "rlqs.abandon_after: {} is shorter than reporting_interval ({}); every bucket \
+             would be abandoned between two reports",
+            sluice::core::duration_text(
+                u64::try_from(abandon_after.as_millis()).unwrap_or(u64::MAX)
+            ),
+            sluice::core::duration_text(
+                u64::try_from(reporting_interval.as_millis()).unwrap_or(u64::MAX)
+            )
         ));
     }
     let mut buckets = Vec::with_capacity(raw.buckets.len());
@@ -290,10 +295,11 @@ pub fn rlqs_config(
         // and periodic reports cannot enforce it anyway.
         if u128::from(window) <= reporting_interval.as_millis() {
             return Err(format!(
-                "{at}.policy: `{}` has a window of {window}ms, not longer than \
+                "{at}.policy: `{}` has a window of {}, not longer than \
                  reporting_interval {}s; reports every interval cannot enforce it (use a \
                  longer window, or Envoy's rate limit service for per-request limits)",
                 r.policy,
+                sluice::core::duration_text(window),
                 reporting_interval.as_secs()
             ));
         }
@@ -442,7 +448,7 @@ mod tests {
             ("abandon_after: 10ms\n", "rlqs.abandon_after"),
             (
                 "reporting_interval: 10s\nbuckets:\n  - {policy: api}\n",
-                "rlqs.buckets[0].policy: `api` has a window of 10000ms",
+                "rlqs.buckets[0].policy: `api` has a window of 10s",
             ),
             (
                 "buckets:\n  - {name: a, policy: api}\n  - {name: a, policy: api}\n",

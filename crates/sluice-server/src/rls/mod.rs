@@ -255,8 +255,8 @@ pub struct LoadOptions {
     /// defined in two such files is still an error.
     pub merge_domains: bool,
     /// Skip files and directories whose name starts with `.` (the reference's
-    /// `RUNTIME_IGNOREDOTFILES`, off by default; turn it on for Kubernetes ConfigMap mounts,
-    /// whose `..data` directories would otherwise be read as well).
+    /// `RUNTIME_IGNOREDOTFILES`, off by default). Names starting with `..`, which kubelet adds
+    /// to a ConfigMap mount, are skipped either way ([`is_kubelet_entry`]).
     pub ignore_dot_files: bool,
 }
 
@@ -521,6 +521,16 @@ impl RlsConfig {
     }
 }
 
+/// Whether a directory entry is one of those kubelet adds to a ConfigMap or Secret mount:
+/// `..data` (a symbolic link to the current version) and `..2026_11_25_10_00_00.123456789`
+/// (the version itself). The files a mount shows are symbolic links at its top level
+/// (`edge.yaml -> ..data/edge.yaml`), which are read; reading the versions too would read every
+/// file twice. No rule file is named `..something`, so these are skipped whatever
+/// `ignore_dot_files` says.
+pub fn is_kubelet_entry(name: &std::ffi::OsStr) -> bool {
+    name.as_encoded_bytes().starts_with(b"..")
+}
+
 /// Collects the regular files below `root.join(relative)` (relative paths), as
 /// `filepath.Walk` visits them in the reference's loader.
 fn collect_files(
@@ -534,7 +544,9 @@ fn collect_files(
     for entry in std::fs::read_dir(&dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        if options.ignore_dot_files && name.to_string_lossy().starts_with('.') {
+        if is_kubelet_entry(&name)
+            || options.ignore_dot_files && name.to_string_lossy().starts_with('.')
+        {
             continue;
         }
         let child = relative.join(&name);

@@ -67,6 +67,9 @@ pub struct Bounds {
     pub max_buckets: u64,
     /// Keys listed per policy (`top`).
     pub max_top: usize,
+    /// The memory one simulation may hold, in bytes, as [`memory_estimate`] reckons it before
+    /// the work (`max_memory`).
+    pub max_memory: u64,
 }
 
 impl Default for Bounds {
@@ -78,8 +81,51 @@ impl Default for Bounds {
             max_policies: 8,
             max_buckets: 10_000,
             max_top: 100,
+            max_memory: 64 << 20,
         }
     }
+}
+
+/// How many simulations a server runs at once (`POST /v1/simulate`); beyond, a request is
+/// refused with `503 busy` before its body is read. Each is CPU work on a blocking thread and
+/// holds up to [`Bounds::max_memory`]: together they bound what the route can cost.
+pub const MAX_CONCURRENT: usize = 2;
+
+/// Bytes one event costs at the peak: the event (24) and, while a traffic is made, the list
+/// it is made from (a log's lines, a pattern's instants) and the growth of both.
+const EVENT_BYTES: u64 = 48;
+/// Bytes one distinct key costs besides its text: its place in the traffic's key list, in a
+/// log's index of keys, and its entry and state in the memory store a policy runs on.
+const KEY_BYTES: u64 = 160;
+
+/// What a simulation holds at its peak, in bytes: its events, its keys (each written three
+/// times: the traffic's list, a log's index, the store), and one count per bucket and policy
+/// in the answer. The policies run one after the other, so one store is alive at a time.
+/// Reckoned on the generous side: 1 000 000 events over 85 000 keys reckon 63 MiB, and
+/// measured about 50 MiB above the server's own (docs/simulate.md#bounds).
+pub fn memory_estimate(events: u64, keys: u64, key_text: u64, policies: u64, buckets: u64) -> u64 {
+    events
+        .saturating_mul(EVENT_BYTES)
+        .saturating_add(keys.saturating_mul(KEY_BYTES))
+        .saturating_add(key_text.saturating_mul(3))
+        .saturating_add(policies.saturating_mul(buckets).saturating_mul(24))
+}
+
+/// Refuses a simulation whose [`memory_estimate`] is over `bounds.max_memory`, naming it.
+fn check_memory(field: &str, estimate: u64, what: String, bounds: &Bounds) -> Result<(), SimError> {
+    if estimate <= bounds.max_memory {
+        return Ok(());
+    }
+    Err(bad(
+        field,
+        format!(
+            "{what} would hold about {} MiB, more than the {} MiB one simulation may use \
+             (max_memory); lower the rate, the duration or the keys, or simulate a part of the \
+             log",
+            estimate.div_ceil(1 << 20),
+            bounds.max_memory >> 20
+        ),
+    ))
 }
 
 /// One event of a traffic: a request of `cost` for key `key` at `t_ms` after the start.
@@ -301,7 +347,7 @@ impl Simulation {
         let traffic_value = map
             .get("traffic")
             .ok_or_else(|| bad("traffic", "is missing: a pattern or a log"))?;
-        let (traffic, seed) = parse_traffic(traffic_value, bounds)?;
+        let (traffic, seed) = parse_traffic(traffic_value, policies.len() as u64, bounds)?;
         let bucket_ms = match duration(map, "bucket", "bucket")? {
             Some(b) => b,
             None => default_bucket(traffic.duration_ms, bounds.max_buckets),
@@ -580,7 +626,11 @@ fn parse_policies(
     Ok(out)
 }
 
-fn parse_traffic(value: &Value, bounds: &Bounds) -> Result<(Traffic, Option<u64>), SimError> {
+fn parse_traffic(
+    value: &Value,
+    policies: u64,
+    bounds: &Bounds,
+) -> Result<(Traffic, Option<u64>), SimError> {
     let map = object(
         value,
         "traffic",
@@ -600,7 +650,21 @@ fn parse_traffic(value: &Value, bounds: &Bounds) -> Result<(Traffic, Option<u64>
             }
         };
         let key_field = string(map, "key_field", "traffic.key_field")?;
-        return Ok((logs::read(format, text, key_field, bounds)?, None));
+        let traffic = logs::read(format, text, key_field, bounds)?;
+        let key_text: u64 = traffic.keys.iter().map(|k| k.len() as u64).sum();
+        let events = traffic.events.len() as u64;
+        let keys = traffic.keys.len() as u64;
+        check_memory(
+            "traffic.log",
+            memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
+            format!(
+                "{} over {}",
+                render::count(events, "event", "events"),
+                render::count(keys, "key", "keys")
+            ),
+            bounds,
+        )?;
+        return Ok((traffic, None));
     }
     let pattern_name = string(map, "pattern", "traffic.pattern")?.ok_or_else(|| {
         bad(
@@ -730,6 +794,22 @@ fn parse_traffic(value: &Value, bounds: &Bounds) -> Result<(Traffic, Option<u64>
         cost,
         seed,
     };
+    // Before making it (over max_events, `generate` refuses it by that name): the keys are
+    // `key-1` … `key-N`.
+    let events = generated.expected_events().ceil() as u64;
+    if events <= bounds.max_events as u64 {
+        let key_text = keys * (4 + keys.to_string().len() as u64);
+        check_memory(
+            "traffic",
+            memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
+            format!(
+                "this pattern's {} over {}",
+                render::count(events, "event", "events"),
+                render::count(keys, "key", "keys")
+            ),
+            bounds,
+        )?;
+    }
     Ok((generated.generate(bounds)?, Some(seed)))
 }
 
@@ -750,8 +830,20 @@ pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
                 "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
             ));
         };
-        let mut definition: Value = serde_yaml_ng::from_str(rest)
-            .map_err(|e| bad(field.clone(), format!("not a policy definition: {e}")))?;
+        use crate::unique::Outcome;
+        let mut definition =
+            match crate::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
+                Outcome::Value(v) => v,
+                Outcome::Duplicate { duplicate, .. } => {
+                    return Err(bad(
+                        field,
+                        format!("`{}` is given twice", duplicate.full_path()),
+                    ));
+                }
+                Outcome::Probed(e) | Outcome::Other(e) => {
+                    return Err(bad(field, format!("not a policy definition: {e}")));
+                }
+            };
         let Value::Object(map) = &mut definition else {
             return Err(bad(
                 field,

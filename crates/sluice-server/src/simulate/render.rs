@@ -27,14 +27,19 @@ pub fn human_ms(ms: u64) -> String {
     format!("{ms}ms")
 }
 
+/// `1 key`, `2 keys`.
+pub(crate) fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// The summary table: one row per policy, then each policy's keys with the most denials.
 pub fn table(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "traffic: {} requests over {} keys, {} (buckets of {}){}",
-        report.events,
-        report.keys,
+        "traffic: {} over {}, {} (buckets of {}){}",
+        count(report.events, "request", "requests"),
+        count(report.keys, "key", "keys"),
         human_ms(report.duration_ms),
         human_ms(report.bucket_ms),
         report
@@ -150,10 +155,10 @@ pub fn svg(report: &Report) -> String {
     let _ = writeln!(
         s,
         r##"<rect width="100%" height="100%" fill="#ffffff"/>
-<text x="{LEFT}" y="20" font-size="14">requests per {} bucket: admitted (green) and denied (red); {} requests, {} keys</text>"##,
+<text x="{LEFT}" y="20" font-size="14">requests per {} bucket: admitted (green) and denied (red); {}, {}</text>"##,
         human_ms(report.bucket_ms),
-        report.events,
-        report.keys
+        count(report.events, "request", "requests"),
+        count(report.keys, "key", "keys")
     );
     for (i, p) in report.policies.iter().enumerate() {
         let y0 = TOP + PANEL * i as f64;

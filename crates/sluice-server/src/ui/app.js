@@ -56,6 +56,11 @@ function cell(row, text, className) {
   return td;
 }
 
+// "1 key", "2 keys".
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
 function rate(x) {
   return x < 10 ? x.toFixed(1) : Math.round(x).toString();
 }
@@ -192,7 +197,7 @@ function drawChart() {
 
 function drawStore(stats) {
   $("store-kind").textContent =
-    stats.store.kind === "memory" ? `in this process: ${stats.store.keys} keys` : stats.store.kind;
+    stats.store.kind === "memory" ? `in this process: ${plural(stats.store.keys, "key")}` : stats.store.kind;
   const body = $("shards").tBodies[0];
   body.replaceChildren();
   for (const s of stats.store.shards) {
@@ -352,7 +357,7 @@ function drawSimulation(report) {
   svg.dataset.policies = report.policies.length.toString();
   $("sim-legend").replaceChildren(
     ...legend,
-    `— solid: admitted, dashed: denied, per ${seconds(report.bucket_ms)}; ${report.events} requests over ${report.keys} keys`,
+    `— solid: admitted, dashed: denied, per ${seconds(report.bucket_ms)}; ${plural(report.events, "request")} over ${plural(report.keys, "key")}`,
   );
   const body = $("sim-summary").tBodies[0];
   body.replaceChildren();

@@ -1,0 +1,383 @@
+//! Keys given twice: a mapping that names a key twice is refused, wherever it is.
+//!
+//! serde keeps the last value of a map (a `policies` entry written twice silently replaces the
+//! first, and so does a field of a JSON body), and it reports a struct's duplicate field
+//! without the place of the first one. So a document is first read through [`read`], which
+//! builds a [`serde_json::Value`] from any self-describing deserializer (a YAML configuration,
+//! a JSON body) and stops at the first key a mapping names twice, saying where: the path of
+//! the mapping (`policies`, `traffic`, `policies.api.limits[0]`) and the key.
+//!
+//! The error is raised while the key itself is being read, so a deserializer that knows
+//! positions (serde_yaml_ng) places it at the second key; [`read`] with a [`Probe`] finds the
+//! first one's place the same way. A body of the HTTP API is read this way on every request:
+//! a key is checked against the keys its object already holds (no set of its own) and a path
+//! is written out only for an error, so reading costs what `serde_json::from_slice` does.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// A key a mapping names twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Duplicate {
+    /// The path of the mapping (empty for the document itself).
+    pub(crate) path: String,
+    /// The key, as written.
+    pub(crate) key: String,
+}
+
+impl Duplicate {
+    /// `key` under `path`, as the configuration's errors write it (`policies.api`).
+    pub(crate) fn full_path(&self) -> String {
+        if self.path.is_empty() {
+            self.key.clone()
+        } else {
+            format!("{}.{}", self.path, self.key)
+        }
+    }
+}
+
+/// Where [`read`] should stop instead: at the first occurrence of `key` in the mapping at
+/// `path`, to learn its position from the error.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe(pub(crate) Duplicate);
+
+/// What [`read`] found besides the value or the error.
+#[derive(Debug, Default)]
+struct Found {
+    duplicate: Option<Duplicate>,
+    probe: Option<Duplicate>,
+    probed: bool,
+}
+
+/// The outcome of [`read`].
+#[derive(Debug)]
+pub(crate) enum Outcome<E> {
+    /// The document, every mapping's keys unique.
+    Value(Value),
+    /// A mapping names a key twice; `error` is the deserializer's error raised at the second
+    /// key (with its position, if the deserializer knows positions).
+    Duplicate { duplicate: Duplicate, error: E },
+    /// The [`Probe`]'s key was reached; `error` is raised at it.
+    Probed(E),
+    /// The deserializer failed for another reason (syntax, depth, a YAML tag).
+    Other(E),
+}
+
+/// Reads a document into a JSON value, refusing a mapping that names a key twice; with
+/// `probe`, stops at the first occurrence of the probed key instead.
+pub(crate) fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Outcome<D::Error> {
+    let found = RefCell::new(Found {
+        probe: probe.map(|p| p.0),
+        ..Found::default()
+    });
+    let result = Walk {
+        path: Path::Root,
+        found: &found,
+    }
+    .deserialize(de);
+    let found = found.into_inner();
+    match result {
+        Ok(value) => Outcome::Value(value),
+        Err(error) => match found.duplicate {
+            Some(duplicate) => Outcome::Duplicate { duplicate, error },
+            None if found.probed => Outcome::Probed(error),
+            None => Outcome::Other(error),
+        },
+    }
+}
+
+/// Reads a JSON body; the error is the message of a `400`: the body is not JSON, or a key is
+/// given twice (`` `cost` is given twice``).
+pub(crate) fn json(bytes: &[u8]) -> Result<Value, String> {
+    let not_json = |e: serde_json::Error| format!("the body is not valid JSON: {e}");
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = match read(&mut de, None) {
+        Outcome::Value(v) => v,
+        Outcome::Duplicate { duplicate, .. } => {
+            return Err(format!(
+                "`{}` is given twice; give each field once (a JSON object's last value would \
+                 silently win)",
+                duplicate.full_path()
+            ));
+        }
+        Outcome::Probed(e) | Outcome::Other(e) => return Err(not_json(e)),
+    };
+    // Trailing characters after the value, as serde_json::from_slice refuses them.
+    de.end().map_err(not_json)?;
+    Ok(value)
+}
+
+/// Where a value is, written out only when an error needs it.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Key(Path::Root, key) => f.write_str(key),
+            Path::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// One value at `path`.
+struct Walk<'p, 'f> {
+    path: Path<'p>,
+    found: &'f RefCell<Found>,
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_, '_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
+        self.deserialize(de)
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
+        self.deserialize(de)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Walk {
+            path: Path::Index(&self.path, items.len()),
+            found: self.found,
+        })? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key_seed(Key {
+            path: &self.path,
+            seen: &out,
+            found: self.found,
+        })? {
+            let value = map.next_value_seed(Walk {
+                path: Path::Key(&self.path, &key),
+                found: self.found,
+            })?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// A key of the mapping at `path`, checked against the keys `seen` before it.
+struct Key<'a, 'p, 'f> {
+    path: &'a Path<'p>,
+    seen: &'a Map<String, Value>,
+    found: &'f RefCell<Found>,
+}
+
+impl Key<'_, '_, '_> {
+    fn check<E: de::Error>(self, key: String) -> Result<String, E> {
+        let mut found = self.found.borrow_mut();
+        if let Some(probe) = &found.probe
+            && probe.key == key
+            && probe.path == self.path.to_string()
+        {
+            found.probed = true;
+            return Err(E::custom(format!("the first `{key}`")));
+        }
+        if self.seen.contains_key(&key) {
+            let duplicate = Duplicate {
+                path: self.path.to_string(),
+                key,
+            };
+            let message = format!("`{}` is given twice", duplicate.full_path());
+            found.duplicate = Some(duplicate);
+            return Err(E::custom(message));
+        }
+        Ok(key)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Key<'_, '_, '_> {
+    type Value = String;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<String, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key<'_, '_, '_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+        self.check(v.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        self.check(v.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        self.check(v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        self.check(v.to_string())
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        self.check(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        self.check(v)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
+        self.check("null".to_owned())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<String, E> {
+        self.check("null".to_owned())
+    }
+
+    // A mapping or a list as a key (YAML allows it; nothing in Sluice reads one): its text is
+    // its JSON, so two equal ones are one key given twice.
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<String, A::Error> {
+        let value = Walk {
+            path: *self.path,
+            found: self.found,
+        }
+        .visit_seq(seq)?;
+        self.check(value.to_string())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<String, A::Error> {
+        let value = Walk {
+            path: *self.path,
+            found: self.found,
+        }
+        .visit_map(map)?;
+        self.check(value.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_json_body_with_a_field_given_twice_is_refused_naming_it() {
+        assert_eq!(
+            json(br#"{"policy": "a", "cost": 1, "cost": 2}"#)
+                .unwrap_err()
+                .split(';')
+                .next(),
+            Some("`cost` is given twice")
+        );
+        let e = json(br#"{"traffic": {"rate": 1, "rate": 2}}"#).unwrap_err();
+        assert!(e.starts_with("`traffic.rate` is given twice"), "{e}");
+        let e = json(br#"{"policies": [{"limits": [], "name": "a", "name": "b"}]}"#).unwrap_err();
+        assert!(e.starts_with("`policies[0].name` is given twice"), "{e}");
+        let e = json(br#"[[{"a": {"b": 1, "b": 2}}]]"#).unwrap_err();
+        assert!(e.starts_with("`[0][0].a.b` is given twice"), "{e}");
+    }
+
+    #[test]
+    fn a_json_body_without_duplicates_reads_as_serde_json_reads_it() {
+        let text = br#"{"a": [1, -2, 3.5, "x", null, true, {"b": {}}], "c": {"a": 1}}"#;
+        assert_eq!(
+            json(text).unwrap(),
+            serde_json::from_slice::<Value>(text).unwrap()
+        );
+        // The same key in two different objects is not a duplicate.
+        assert!(json(br#"{"a": {"k": 1}, "b": {"k": 1}}"#).is_ok());
+        assert!(
+            json(b"{} x")
+                .unwrap_err()
+                .starts_with("the body is not valid JSON")
+        );
+        assert!(
+            json(b"{\"a\": ")
+                .unwrap_err()
+                .starts_with("the body is not valid JSON")
+        );
+    }
+
+    #[test]
+    fn a_yaml_key_given_twice_is_placed_at_both_occurrences() {
+        let text = "policies:\n  api: 1\n  web: 2\n  api: 3\n";
+        let Outcome::Duplicate { duplicate, error } =
+            read(serde_yaml_ng::Deserializer::from_str(text), None)
+        else {
+            panic!("no duplicate found");
+        };
+        assert_eq!(duplicate.full_path(), "policies.api");
+        let at = error.location().unwrap();
+        assert_eq!((at.line(), at.column()), (4, 3));
+        let Outcome::Probed(first) = read(
+            serde_yaml_ng::Deserializer::from_str(text),
+            Some(Probe(duplicate)),
+        ) else {
+            panic!("the probe was not reached");
+        };
+        let at = first.location().unwrap();
+        assert_eq!((at.line(), at.column()), (2, 3));
+    }
+}
