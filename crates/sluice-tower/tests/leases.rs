@@ -143,13 +143,15 @@ async fn a_client_that_disconnects_releases_its_lease() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let limiter = limiter(TokioClock::new(T0), [jobs()]);
-    let entered = Arc::new(Notify::new());
+    // A permit per handler entered: `Notify` would keep one of two notifications given
+    // before anyone waits, and the test would wait for ever for the second.
+    let entered = Arc::new(Semaphore::new(0));
     let handler = {
         let entered = entered.clone();
         move || {
             let entered = entered.clone();
             async move {
-                entered.notify_one();
+                entered.add_permits(1);
                 std::future::pending::<&'static str>().await
             }
         }
@@ -170,8 +172,7 @@ async fn a_client_that_disconnects_releases_its_lease() {
     held.write_all(request).await.unwrap();
     let mut gone = tokio::net::TcpStream::connect(addr).await.unwrap();
     gone.write_all(request).await.unwrap();
-    entered.notified().await;
-    entered.notified().await;
+    entered.acquire_many(2).await.unwrap().forget();
     assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 0);
 
     // A third client is refused while both are connected.
