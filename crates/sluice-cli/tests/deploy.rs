@@ -11,6 +11,9 @@
 //!   and that offer the subcommands. zsh and fish are needed under `SLUICE_REQUIRE_TOOLS=1`
 //!   (set by `scripts/test`, which installs them); without it a missing shell is one printed
 //!   `SKIPPED` line.
+//!
+//! The Kubernetes manifests and the image are checked by `scripts/kube-test` and
+//! `scripts/image-test`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
