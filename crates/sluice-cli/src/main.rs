@@ -68,6 +68,11 @@ fn main() -> ExitCode {
                 cli::simulate(&args)?;
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Completions { shell } => {
+                use std::io::Write as _;
+                std::io::stdout().write_all(&cli::completions(shell))?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Config {
                 command: ConfigCommand::Check { file },
             } => match Config::load(&file) {

@@ -1,4 +1,5 @@
-//! The Envoy configuration in docs/server.md is a valid Envoy bootstrap: it is read with
+//! The Envoy configurations in docs/server.md (RLQS) and docs/deploying.md (the rate limit
+//! filter) are valid Envoy bootstraps: each is read with
 //! Envoy's own message descriptors (the descriptor set envoy-types ships, `types.bin`), with
 //! unknown fields refused and every `typed_config` resolved by its `@type`, as Envoy reads it.
 //! No Envoy binary is needed, and a misspelt field or a wrong type URL fails here.
@@ -55,8 +56,13 @@ fn envoy_descriptors() -> DescriptorPool {
 
 /// The YAML block that follows `heading` in docs/server.md.
 fn yaml_after(heading: &str) -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/server.md"))
-        .unwrap();
+    yaml_in("server.md", heading)
+}
+
+/// The YAML block that follows `heading` in `docs/<doc>`.
+fn yaml_in(doc: &str, heading: &str) -> String {
+    let path = format!("{}/../../docs/{doc}", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(path).unwrap();
     let section = doc.split(heading).nth(1).unwrap();
     let block = section.split("```yaml\n").nth(1).unwrap();
     block.split("```").next().unwrap().to_owned()
@@ -102,6 +108,38 @@ fn the_envoy_configuration_of_the_rlqs_section_is_a_valid_bootstrap() {
             "rate_limit_quota.v3.RateLimitQuotaFilterConfiguration",
         ),
         ("blanket_rule: ALLOW_ALL", "blanket_rule: ALLOW_SOME"),
+    ] {
+        assert!(yaml.contains(from), "{from}");
+        let wrong = yaml.replacen(from, to, 1);
+        assert!(bootstrap(&pool, &wrong).is_err(), "`{to}` was accepted");
+    }
+}
+
+#[test]
+fn the_envoy_configuration_of_the_deploying_guide_is_a_valid_bootstrap() {
+    let pool = envoy_descriptors();
+    let yaml = yaml_in("deploying.md", "### Envoy\n");
+    let config = bootstrap(&pool, &yaml).unwrap_or_else(|e| panic!("docs/deploying.md: {e}"));
+    let text = serde_json::to_string(&config).unwrap();
+    for expected in [
+        "ratelimit.v3.RateLimit",
+        "rateLimitService",
+        "remoteAddress",
+        "http2ProtocolOptions",
+        "sluice-headless",
+    ] {
+        assert!(text.contains(expected), "{expected} was not read");
+    }
+    // The domain is the one of the Kubernetes base's rule file.
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes/base/rules/edge.yaml"
+    ))
+    .unwrap();
+    assert!(yaml.contains("domain: edge") && rules.contains("domain: edge"));
+    for (from, to) in [
+        ("failure_mode_deny: false", "failure_mode_denied: false"),
+        ("transport_api_version: V3", "transport_api_version: V4"),
     ] {
         assert!(yaml.contains(from), "{from}");
         let wrong = yaml.replacen(from, to, 1);
