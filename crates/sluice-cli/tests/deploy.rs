@@ -662,6 +662,19 @@ async fn every_metric_of_the_grafana_dashboard_is_exposed() {
         .await
         .unwrap();
     let exposed = exposed_names(&metrics);
+    // Every metric has its `# HELP` line before its `# TYPE` line.
+    let lines: Vec<&str> = metrics.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|r| r.split(' ').next())
+        {
+            assert!(
+                i > 0 && lines[i - 1].starts_with(&format!("# HELP {name} ")),
+                "{name} has no # HELP line:\n{metrics}"
+            );
+        }
+    }
     let missing: Vec<String> = wanted
         .iter()
         .filter(|(_, name)| !exposed.contains(name))

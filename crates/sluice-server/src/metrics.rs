@@ -47,7 +47,10 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
-                Ok(()) => Some(handle),
+                Ok(()) => {
+                    describe();
+                    Some(handle)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "another metrics recorder is installed; /metrics is off");
                     None
@@ -120,4 +123,153 @@ pub fn circuits(store: &StoreHandle) {
 pub fn reload(ok: bool) {
     let result = if ok { "ok" } else { "error" };
     metrics::counter!("sluice_config_reloads_total", "result" => result).increment(1);
+}
+
+/// Every metric this process can expose, with its unit and the `# HELP` line Prometheus
+/// shows (the wording of docs/server.md's table, shortened). Metrics recorded by
+/// `sluice-redis` are described here too: the server installs the recorder.
+const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
+    (
+        "sluice_decisions_total",
+        Kind::Counter,
+        "Decisions by policy (or Envoy domain), op and outcome (allowed, denied, degraded, error).",
+    ),
+    (
+        "sluice_rls_hits_total",
+        Kind::Counter,
+        "Hits (cost) of Envoy descriptors by domain, rule statistics key and result (within_limit, over_limit, shadow_mode).",
+    ),
+    (
+        "sluice_decision_latency_seconds",
+        Kind::Histogram,
+        "Time of a whole decision by op, store call and failure mode included.",
+    ),
+    (
+        "sluice_store_latency_seconds",
+        Kind::Histogram,
+        "Time of one Redis call by store.",
+    ),
+    (
+        "sluice_store_errors_total",
+        Kind::Counter,
+        "Failed Redis calls by store and kind of error.",
+    ),
+    (
+        "sluice_store_unreplicated_total",
+        Kind::Counter,
+        "Writes acknowledged by fewer replicas than store.wait_for_replicas asks, by store.",
+    ),
+    (
+        "sluice_store_circuit_state",
+        Kind::Gauge,
+        "Circuit breaker of each store: 0 closed, 1 open, 2 half-open.",
+    ),
+    (
+        "sluice_store_circuit_opened_total",
+        Kind::Counter,
+        "Times each store's circuit breaker opened.",
+    ),
+    (
+        "sluice_reserve_total",
+        Kind::Counter,
+        "Reservation layer (local.enabled): checks served local, cached_denial, waited or direct, and its fetch and refund calls.",
+    ),
+    (
+        "sluice_config_reloads_total",
+        Kind::Counter,
+        "Configuration reloads by result (ok, error).",
+    ),
+    (
+        "sluice_connections_open",
+        Kind::Gauge,
+        "Connections open now, by listener.",
+    ),
+    (
+        "sluice_connections_limited_total",
+        Kind::Counter,
+        "Times a listener reached listen.max_connections and stopped accepting until a connection closed.",
+    ),
+    (
+        "sluice_connection_timeouts_total",
+        Kind::Counter,
+        "Connections closed by a listen timeout, by listener and timeout (idle, header, body, handshake).",
+    ),
+    (
+        "sluice_rlqs_requests_total",
+        Kind::Counter,
+        "Requests reported over RLQS by rule and result (charged, lost, denied).",
+    ),
+    (
+        "sluice_rlqs_actions_total",
+        Kind::Counter,
+        "RLQS actions sent, by action.",
+    ),
+];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Gives every metric its `# HELP` line.
+fn describe() {
+    for &(name, kind, help) in DESCRIPTIONS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => {
+                metrics::describe_histogram!(name, metrics::Unit::Seconds, help);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DESCRIPTIONS;
+
+    /// Every metric a source file of the workspace records is described: a new metric without
+    /// a `# HELP` line fails here.
+    #[test]
+    fn every_recorded_metric_is_described() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut recorded = std::collections::BTreeSet::new();
+        let mut dirs = vec![crates];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    if !path.ends_with("target") && !path.ends_with("tests") {
+                        dirs.push(path);
+                    }
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for macro_name in ["counter!(", "gauge!(", "histogram!("] {
+                        for (at, _) in text.match_indices(macro_name) {
+                            let rest = text[at + macro_name.len()..].trim_start();
+                            if let Some(name) = rest
+                                .strip_prefix('"')
+                                .and_then(|r| r.split('"').next())
+                                .filter(|n| n.starts_with("sluice_"))
+                            {
+                                recorded.insert(name.to_owned());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(recorded.len() >= 15, "{recorded:?}");
+        let described: std::collections::BTreeSet<String> =
+            DESCRIPTIONS.iter().map(|d| d.0.to_owned()).collect();
+        let missing: Vec<_> = recorded.difference(&described).collect();
+        assert!(
+            missing.is_empty(),
+            "metrics without a description: {missing:?}"
+        );
+        let stale: Vec<_> = described.difference(&recorded).collect();
+        assert!(stale.is_empty(), "described but never recorded: {stale:?}");
+    }
 }
