@@ -12,10 +12,10 @@ use tokio::net::TcpListener;
 
 use crate::config::{Config, RedisLayout, StoreConfig};
 use crate::conn;
-use crate::grpc::RlsService;
 use crate::http;
 use crate::rlqs::RlqsService;
 use crate::rls::RlsConfig;
+use crate::rls::grpc::RlsService;
 use crate::state::{ServerClock, Shared, StoreHandle};
 
 /// How often the configuration file is checked for changes.
@@ -190,7 +190,7 @@ pub async fn run_with_clock(
     clock: ServerClock,
 ) -> anyhow::Result<()> {
     // Install the recorder before the first request so that no early metric is lost.
-    let _ = crate::metrics::handle();
+    let _ = crate::observe::metrics::handle();
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
     tracing::info!(store = %store.describe(), "store connected");
@@ -472,13 +472,13 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
                     );
                 }
                 shared.apply(&config, rls);
-                crate::metrics::reload(true);
+                crate::observe::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
                 tracing::error!(file = %path.display(), error = %e, "configuration reload refused; keeping the last good one");
                 shared.reload_failed(e.to_string());
-                crate::metrics::reload(false);
+                crate::observe::metrics::reload(false);
             }
         }
     }

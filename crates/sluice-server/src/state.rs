@@ -23,6 +23,13 @@ pub enum StoreHandle {
 }
 
 impl StoreHandle {
+    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
+    pub fn publish_circuits(&self) {
+        if let Self::Redis(sharded) = self {
+            crate::observe::metrics::circuits(sharded);
+        }
+    }
+
     /// What the store is, for the start-up log: `memory`, or the shards' names (never with
     /// credentials).
     pub fn describe(&self) -> String {
@@ -86,7 +93,7 @@ pub struct Snapshot {
     /// Envoy rate limit quota rules (`rlqs`), when configured.
     pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<crate::config::admin::AdminConfig>,
 }
 
 impl Snapshot {
@@ -213,9 +220,9 @@ pub struct Shared {
     status: RwLock<ReloadStatus>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
-    top: crate::top::TopKeys,
+    top: crate::observe::top::TopKeys,
     /// Checks per policy and outcome since start.
-    counts: crate::stats::DecisionCounts,
+    counts: crate::observe::stats::DecisionCounts,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
 }
@@ -249,8 +256,8 @@ impl Shared {
                 last_error: None,
             }),
             clock,
-            top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
-            counts: crate::stats::DecisionCounts::default(),
+            top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
+            counts: crate::observe::stats::DecisionCounts::default(),
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
     }
@@ -261,12 +268,12 @@ impl Shared {
     }
 
     /// Checks per policy (and Envoy rule) and outcome since start.
-    pub fn counts(&self) -> &crate::stats::DecisionCounts {
+    pub fn counts(&self) -> &crate::observe::stats::DecisionCounts {
         &self.counts
     }
 
     /// The heavy hitters per policy and per Envoy rule.
-    pub fn top(&self) -> &crate::top::TopKeys {
+    pub fn top(&self) -> &crate::observe::top::TopKeys {
         &self.top
     }
 

@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use sluice::{Algorithm, Limit, LimitSpec, Policy};
+use sluice::{Algorithm, Policy};
+
+use crate::policy_entry::{RawPolicy, build_policy};
+pub use crate::units::PositiveDuration;
 
 /// The default HTTP address.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -35,6 +38,7 @@ pub struct ConfigError {
 
 pub use sluice::FailureMode;
 
+pub mod admin;
 mod locate;
 mod store;
 use store::{RawStore, store_config};
@@ -187,7 +191,7 @@ pub enum ResponseHeaders {
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Who may use the admin routes (`admin`); `None`: anyone who reaches the port.
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<crate::config::admin::AdminConfig>,
     /// Local token reservation (`local.enabled`), with its settings.
     pub local: Option<sluice::ReserveConfig>,
     /// HTTP listen address.
@@ -212,203 +216,6 @@ pub struct Config {
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
     pub top: TopSettings,
-}
-
-// ----- durations ----------------------------------------------------------------------------
-
-/// A positive duration written `250ms`, `1s`, `5m`, `1h` or `1d`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PositiveDuration(pub Duration);
-
-impl PositiveDuration {
-    /// Parses `250ms`, `1s`, `5m`, `1h`, `1d`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let t = text.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (digits, unit) = t.split_at(split);
-        let factor: u64 = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => {
-                return Err(format!(
-                    "`{text}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d"
-                ));
-            }
-        };
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("`{text}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d"))?;
-        let ms = n
-            .checked_mul(factor)
-            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
-        if ms == 0 {
-            return Err(format!("`{text}` is not a positive duration"));
-        }
-        Ok(Self(Duration::from_millis(ms)))
-    }
-
-    fn millis(self) -> u64 {
-        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-impl<'de> Deserialize<'de> for PositiveDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = PositiveDuration;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration such as 250ms, 1s, 5m, 1h or 1d")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                PositiveDuration::parse(v).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Err(E::custom(format!(
-                    "`{v}` has no unit; write e.g. {v}s or {v}ms"
-                )))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Err(E::custom(format!("`{v}` is not a positive duration")))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-// ----- the raw file, validated while read ----------------------------------------------------
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimit {
-    max: u64,
-    per: PositiveDuration,
-    #[serde(default)]
-    algorithm: Option<String>,
-    #[serde(default)]
-    precision: Option<PositiveDuration>,
-    #[serde(default)]
-    burst: Option<u64>,
-    #[serde(default)]
-    align: bool,
-}
-
-/// A limit validated as it is read, so its errors carry a line.
-struct ValidLimit(Limit);
-
-impl<'de> Deserialize<'de> for ValidLimit {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // The limit is checked inside the visit of its own mapping, so that an error carries
-        // the limit's place and path (`limits[1]`), not the list's.
-        struct V;
-        impl<'de> de::Visitor<'de> for V {
-            type Value = ValidLimit;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a limit such as { max: 100, per: 1m }")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ValidLimit, A::Error> {
-                let raw = RawLimit::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                ValidLimit::from_raw(raw).map_err(de::Error::custom)
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-impl ValidLimit {
-    fn from_raw(raw: RawLimit) -> Result<Self, String> {
-        let algorithm = match raw.algorithm.as_deref() {
-            None => Algorithm::FixedWindow,
-            Some(a) => a.parse().map_err(|e: sluice::LimitError| e.to_string())?,
-        };
-        let spec = LimitSpec {
-            max: raw.max,
-            per_ms: raw.per.millis(),
-            algorithm,
-            precision_ms: raw.precision.map(PositiveDuration::millis),
-            burst: raw.burst,
-            align: raw.align,
-        };
-        Limit::new(spec).map(ValidLimit).map_err(|e| e.to_string())
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    #[serde(default)]
-    on_store_error: Option<String>,
-    limits: Vec<ValidLimit>,
-}
-
-/// A policy from its raw entry; an error is (the path below `policies.<name>`, e.g.
-/// `.on_store_error`, and the reason).
-fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
-    let on_store_error = match raw.on_store_error.as_deref() {
-        None => FailureMode::Open,
-        Some(mode) => mode
-            .parse::<FailureMode>()
-            .map_err(|e| (".on_store_error".to_owned(), e.reason))?,
-    };
-    let limits = raw.limits.into_iter().map(|l| l.0).collect();
-    let policy = Policy::new(name.to_owned(), limits).map_err(|e| {
-        let field = if e.field == "name" {
-            String::new()
-        } else {
-            format!(".{}", e.field)
-        };
-        (field, e.reason)
-    })?;
-    Ok(policy.with_failure_mode(on_store_error))
-}
-
-/// A policy defined inline, in the shape of a `policies.<name>` entry of the configuration
-/// (`{limits: [{max, per, algorithm?, precision?, burst?, align?}], on_store_error?}`), read
-/// from any self-describing value (a JSON body, a YAML flag) with the configuration's own
-/// rules, so an inline policy means and refuses exactly what a configured one does. The
-/// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
-pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, String> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(
-            "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}".to_owned(),
-        );
-    };
-    for field in map.keys() {
-        if !matches!(field.as_str(), "limits" | "on_store_error") {
-            return Err(format!(
-                "unknown field `{field}`; a policy has limits and on_store_error"
-            ));
-        }
-    }
-    let on_store_error = match map.get("on_store_error") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("on_store_error: must be a string: open, closed or local".to_owned()),
-    };
-    let Some(serde_json::Value::Array(items)) = map.get("limits") else {
-        return Err(
-            "limits: must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]".to_owned(),
-        );
-    };
-    let mut limits = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let limit = ValidLimit::deserialize(item).map_err(|e| format!("limits[{i}]: {e}"))?;
-        limits.push(limit);
-    }
-    build_policy(
-        name,
-        RawPolicy {
-            on_store_error,
-            limits,
-        },
-    )
-    .map_err(|(field, reason)| match field.strip_prefix('.') {
-        Some(field) => format!("{field}: {reason}"),
-        None => format!("the name `{name}`: {reason}"),
-    })
 }
 
 /// A listen address as written: `IP:port`. A port alone or a host name is refused with what
@@ -654,7 +461,7 @@ struct RawConfig {
     #[serde(default)]
     local: RawLocal,
     #[serde(default)]
-    admin: Option<crate::admin::RawAdmin>,
+    admin: Option<crate::config::admin::RawAdmin>,
     #[serde(default)]
     top: RawTop,
 }
@@ -737,7 +544,7 @@ impl Config {
         let top = top_config(raw.top).map_err(err)?;
         let admin = raw
             .admin
-            .map(|a| crate::admin::AdminConfig::resolve(a, base))
+            .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
             .transpose()
             .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));

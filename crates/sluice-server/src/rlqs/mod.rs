@@ -27,8 +27,8 @@
 //! `expired_assignment_behavior`. A malformed message ends the stream with
 //! `INVALID_ARGUMENT` naming what is wrong, before anything of it is charged.
 
-pub mod assign;
-pub mod rules;
+pub(crate) mod assign;
+pub(crate) mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,17 +55,17 @@ use assign::Assignment;
 use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
 
 /// The most bytes of one report message.
-pub const MAX_MESSAGE: usize = 1024 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024 * 1024;
 /// The most bytes of a domain.
-pub const MAX_DOMAIN_LEN: usize = 256;
+pub(crate) const MAX_DOMAIN_LEN: usize = 256;
 /// The most bucket usages in one message.
-pub const MAX_USAGES: usize = 1_000;
+pub(crate) const MAX_USAGES: usize = 1_000;
 /// The most buckets one stream may have subscribed at once.
-pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+pub(crate) const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 
 /// The gRPC service.
 #[derive(Debug)]
-pub struct RlqsService {
+pub(crate) struct RlqsService {
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 }
@@ -76,12 +76,12 @@ impl RlqsService {
     /// turns true, every open stream ends with `UNAVAILABLE` (Envoy opens a new one at its
     /// next report): streams last as long as an Envoy runs, and a graceful shutdown waits
     /// for them.
-    pub fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
         Self { shared, stop }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
+    pub(crate) fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
         RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sluice::{Algorithm, Limiter, ManualClock, MemoryStore, Policy};
 
-use crate::config::PositiveDuration;
+use crate::units::PositiveDuration;
 
 pub mod logs;
 pub mod render;
@@ -597,7 +597,7 @@ fn parse_policies(
                 };
                 let mut definition = map.clone();
                 definition.remove("name");
-                crate::config::inline_policy(name, &Value::Object(definition))
+                crate::policy_entry::inline_policy(name, &Value::Object(definition))
                     .map_err(|e| bad(path.clone(), e))?
             }
         };

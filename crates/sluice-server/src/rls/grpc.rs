@@ -46,7 +46,7 @@ use sluice::{LimitSpec, Policy};
 use tonic::{Request, Response, Status};
 
 use crate::config::{ResponseHeaders, RlsSettings};
-use crate::metrics;
+use crate::observe::metrics;
 use crate::rls::{Match, Unit};
 use crate::state::{ServerLimiter, Shared, Snapshot};
 
@@ -61,21 +61,21 @@ const MAX_CACHED_POLICIES: usize = 4_096;
 /// Distinct per-rule statistics keys (`sluice_rls_hits_total{key}`) kept up to this many per
 /// process; later ones (only `detailed_metric`, `value_to_metric` and request-carried limits
 /// make keys from request values) are counted under `<domain>.other`.
-pub const MAX_STATS_KEYS: usize = 1_000;
+pub(crate) const MAX_STATS_KEYS: usize = 1_000;
 
 /// The most bytes of a `ShouldRateLimit` request message (an Envoy request is a few hundred);
 /// a larger one is refused by the transport before it is decoded.
-pub const MAX_MESSAGE: usize = 64 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 /// The most bytes of a request's domain.
-pub const MAX_DOMAIN_LEN: usize = 256;
+pub(crate) const MAX_DOMAIN_LEN: usize = 256;
 /// The most descriptors in one request.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 32;
+pub(crate) const MAX_ENTRIES: usize = 32;
 
 /// The gRPC service.
 #[derive(Debug)]
-pub struct RlsService {
+pub(crate) struct RlsService {
     shared: Arc<Shared>,
     /// One policy per (window, requests per unit, failure mode), built on first use.
     policies: Mutex<HashMap<(u64, u32, sluice::FailureMode), Policy>>,
@@ -85,7 +85,7 @@ pub struct RlsService {
 
 impl RlsService {
     /// A service over the server's shared state.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             policies: Mutex::new(HashMap::new()),
@@ -94,7 +94,7 @@ impl RlsService {
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+    pub(crate) fn into_server(self) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 
@@ -409,9 +409,9 @@ impl RlsService {
                 self.shared.counts().count(
                     &rule,
                     match (part.degraded, part.limited) {
-                        (Some(_), _) => crate::stats::Outcome::Degraded,
-                        (None, true) => crate::stats::Outcome::Denied,
-                        (None, false) => crate::stats::Outcome::Allowed,
+                        (Some(_), _) => crate::observe::stats::Outcome::Degraded,
+                        (None, true) => crate::observe::stats::Outcome::Denied,
+                        (None, false) => crate::observe::stats::Outcome::Allowed,
                     },
                 );
                 // What was spent stands only if the request passed; a refused one was refunded.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Names counted at most.
-pub const MAX_NAMES: usize = 4_096;
+pub(crate) const MAX_NAMES: usize = 4_096;
 
 /// What became of a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
