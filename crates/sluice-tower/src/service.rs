@@ -14,7 +14,7 @@ use sluice::{
 };
 use tower_service::Service;
 
-use crate::layer::Config;
+use crate::config::Config;
 use crate::response::{self, RateLimitBody};
 
 /// Rate limits the requests of an inner HTTP service: checks each request's key against a
