@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use sluice::{Algorithm, Policy};
+use sluice::Policy;
 
 use crate::policy_entry::{RawPolicy, build_policy};
 pub use crate::units::PositiveDuration;
@@ -510,10 +510,10 @@ impl Config {
             .rlqs
             .map(|r| {
                 crate::rlqs::rules::rlqs_config(r, |name| {
-                    policies.iter().find(|p| p.policy.name() == name).map(|p| {
-                        let limits = p.policy.limits().iter();
-                        limits.map(sluice::Limit::per_ms).min().unwrap_or(0)
-                    })
+                    policies
+                        .iter()
+                        .find(|p| p.policy.name() == name)
+                        .map(|p| p.policy.shortest_per_ms())
                 })
             })
             .transpose()
@@ -523,11 +523,7 @@ impl Config {
         if let Some(rlqs) = &rlqs {
             for (i, rule) in rlqs.buckets.iter().enumerate() {
                 let concurrent = policies.iter().any(|p| {
-                    p.policy.name() == rule.policy
-                        && p.policy
-                            .limits()
-                            .iter()
-                            .any(|l| l.algorithm() == Algorithm::Concurrency)
+                    p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some()
                 });
                 if concurrent {
                     return Err(err(format!(

@@ -71,7 +71,7 @@ pub(super) fn parse_request(
     };
     let policy = string("policy")?;
     let key = string("key")?;
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
+    if sluice::check_key(&key).is_err() {
         return Err(bad(format!(
             "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
             key.len()

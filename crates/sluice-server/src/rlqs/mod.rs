@@ -425,7 +425,7 @@ impl StreamState {
                     )));
                 };
                 let key = rule.key(&u.id.bucket);
-                if key.is_empty() || key.len() > sluice::MAX_KEY_LEN {
+                if sluice::check_key(&key).is_err() {
                     return Err(invalid(format!(
                         "bucket_quota_usages[{i}].bucket_id: its key under rule `{}` is {} \
                          bytes; a key is 1 to {}",

@@ -215,7 +215,7 @@ fn check_bounds(req: &RateLimitRequest) -> Result<(), Status> {
             ));
         }
         let cost = hits(req.hits_addend, d);
-        if cost > sluice::core::MAX_AMOUNT {
+        if sluice::check_cost(cost).is_err() {
             return refuse(format!(
                 "descriptors[{i}].hits_addend {cost} is too large; at most 2^53 ({})",
                 sluice::core::MAX_AMOUNT
@@ -322,7 +322,7 @@ impl RlsService {
         // Every counter key fits before anything is charged: all or nothing.
         for (i, m) in matches.iter().enumerate() {
             if let Some(m) = m
-                && m.counter_key.len() > sluice::MAX_KEY_LEN
+                && sluice::check_key(&m.counter_key).is_err()
             {
                 return Err(Status::invalid_argument(format!(
                     "descriptors[{i}]: its counter key (domain and entries) is {} bytes, more \
