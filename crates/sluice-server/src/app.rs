@@ -386,7 +386,7 @@ fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec
 /// caught half-written, reads as a configuration of nothing; applying it would answer every
 /// check `404 unknown_policy`. Running without any is done by a restart.
 fn refuse_emptying(
-    running: &crate::state::Snapshot,
+    running: &crate::state::Generation,
     next: &Config,
     next_rls: Option<&RlsConfig>,
 ) -> Option<String> {

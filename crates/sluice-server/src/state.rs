@@ -80,9 +80,13 @@ impl std::fmt::Debug for ServerClock {
 /// The limiter every request goes through.
 pub type ServerLimiter = Limiter<SharedStore, ServerClock>;
 
-/// One configuration generation: policies (with their failure modes) over the store.
+/// One configuration generation: its number, the policies (with their failure modes) over the
+/// store, the Envoy rules and who may use the admin routes. A reload swaps it whole, so the
+/// number and what it numbers never disagree.
 #[derive(Debug)]
-pub struct Snapshot {
+pub struct Generation {
+    /// Configurations applied since start (1 = the initial one).
+    pub number: u64,
     /// The limiter with this generation's policies.
     pub limiter: ServerLimiter,
     store: StoreHandle,
@@ -96,8 +100,9 @@ pub struct Snapshot {
     pub admin: Option<crate::config::admin::AdminConfig>,
 }
 
-impl Snapshot {
+impl Generation {
     fn new(
+        number: u64,
         config: &Config,
         store: &StoreHandle,
         deciding: &SharedStore,
@@ -110,6 +115,7 @@ impl Snapshot {
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         Self {
+            number,
             limiter,
             store: store.clone(),
             rls,
@@ -194,19 +200,10 @@ async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), S
     ))
 }
 
-/// Reload bookkeeping, reported by `GET /v1/policies`.
-#[derive(Debug, Clone, Default)]
-pub struct ReloadStatus {
-    /// Configurations applied since start (1 = the initial one).
-    pub generation: u64,
-    /// The error of the last failed reload, cleared by a successful one.
-    pub last_error: Option<String>,
-}
-
 /// Shared by every request handler.
 #[derive(Debug)]
 pub struct Shared {
-    current: RwLock<Arc<Snapshot>>,
+    current: RwLock<Arc<Generation>>,
     store: StoreHandle,
     /// What limiters decide with: the store, or the reservation layer over it.
     deciding: SharedStore,
@@ -217,7 +214,8 @@ pub struct Shared {
     /// The configuration the server started with: its `listen`, `store`, `local` and `top`
     /// sections are the ones in force until a restart.
     started_with: Config,
-    status: RwLock<ReloadStatus>,
+    /// The error of the last failed reload, cleared by a successful one.
+    last_reload_error: RwLock<Option<String>>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
     top: crate::observe::top::TopKeys,
@@ -243,7 +241,7 @@ impl Shared {
             Some(r) => SharedStore::new(r.clone()),
             None => store.shared(),
         };
-        let first = Snapshot::new(config, &store, &deciding, &insurance, rls, &clock);
+        let first = Generation::new(1, config, &store, &deciding, &insurance, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
             store,
@@ -251,10 +249,7 @@ impl Shared {
             reserving,
             insurance,
             started_with: config.clone(),
-            status: RwLock::new(ReloadStatus {
-                generation: 1,
-                last_error: None,
-            }),
+            last_reload_error: RwLock::new(None),
             clock,
             top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
             counts: crate::observe::stats::DecisionCounts::default(),
@@ -278,7 +273,7 @@ impl Shared {
     }
 
     /// The current generation (cheap: one reference count).
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub fn snapshot(&self) -> Arc<Generation> {
         match self.current.read() {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -287,7 +282,10 @@ impl Shared {
 
     /// Applies a new configuration's policies to requests that arrive from now on.
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        let next = Arc::new(Snapshot::new(
+        // Only the reload watcher applies, one configuration at a time: the number read here is
+        // the one replaced.
+        let next = Arc::new(Generation::new(
+            self.snapshot().number + 1,
             config,
             &self.store,
             &self.deciding,
@@ -299,20 +297,23 @@ impl Shared {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,
         }
-        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
-        status.generation += 1;
-        status.last_error = None;
+        *self
+            .last_reload_error
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Records a reload that failed (the last good configuration stays).
     pub fn reload_failed(&self, error: String) {
-        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
-        status.last_error = Some(error);
+        *self
+            .last_reload_error
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(error);
     }
 
-    /// Reload bookkeeping.
-    pub fn reload_status(&self) -> ReloadStatus {
-        self.status
+    /// The error of the last failed reload, cleared by a successful one.
+    pub fn last_reload_error(&self) -> Option<String> {
+        self.last_reload_error
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()

@@ -7,12 +7,8 @@ use super::*;
 
 pub(super) async fn forget(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "DELETE /v1/keys", false) {
-        return refused;
-    }
     // A percent-escape that is not UTF-8 (`%ff`): JSON like every other error, not axum's text.
     let (policy, key) = match path {
         Ok(Path(pair)) => pair,
@@ -40,10 +36,7 @@ pub(super) async fn forget(
     }
 }
 
-pub(super) async fn policies(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/policies", false) {
-        return refused;
-    }
+pub(super) async fn policies(State(shared): State<Arc<Shared>>) -> Response {
     let snapshot = shared.snapshot();
     let mut list: Vec<&Policy> = snapshot.limiter.policies().collect();
     list.sort_by(|a, b| a.name().cmp(b.name()));
@@ -73,12 +66,11 @@ pub(super) async fn policies(State(shared): State<Arc<Shared>>, headers: HeaderM
             json!({"name": p.name(), "on_store_error": p.failure_mode().as_str(), "limits": limits})
         })
         .collect();
-    let status = shared.reload_status();
     json_response(
         StatusCode::OK,
         &json!({
             "policies": policies,
-            "config": {"generation": status.generation, "last_reload_error": status.last_error},
+            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
         }),
     )
 }
@@ -88,14 +80,7 @@ pub const MAX_TOP_LIMIT: usize = 100;
 
 /// `GET /v1/top?policy=…&by=denied|used&limit=…`: a policy's (or an Envoy rule's) heaviest
 /// keys over the recent window, with what each has left now for configured policies.
-pub(super) async fn top(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/top", false) {
-        return refused;
-    }
+pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Response {
     let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
     let pairs: Vec<(String, String)> =
         match serde_urlencoded::from_str(query.as_deref().unwrap_or("")) {
@@ -183,10 +168,7 @@ pub(super) async fn top(
 
 /// `GET /v1/stats`: checks per policy and outcome since start, the store's shards (circuit,
 /// a ping's latency), reservation and reload status: what the dashboard polls.
-pub(super) async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "GET /v1/stats", false) {
-        return refused;
-    }
+pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
     let now = sluice::Clock::now_ms(shared.clock());
     let policies = shared.counts().read();
     let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
@@ -223,7 +205,6 @@ pub(super) async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap)
             "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
         })
     });
-    let status = shared.reload_status();
     json_response(
         StatusCode::OK,
         &json!({
@@ -231,7 +212,7 @@ pub(super) async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap)
             "policies": policies,
             "store": store,
             "reservation": reservation,
-            "config": {"generation": status.generation, "last_reload_error": status.last_error},
+            "config": {"generation": shared.snapshot().number, "last_reload_error": shared.last_reload_error()},
         }),
     )
 }
@@ -247,9 +228,6 @@ pub(super) async fn simulate(
     State(shared): State<Arc<Shared>>,
     request: axum::extract::Request,
 ) -> Response {
-    if let Some(refused) = admin_only(&shared, request.headers(), "POST /v1/simulate", false) {
-        return refused;
-    }
     let Ok(slot) = shared.simulations().clone().try_acquire_owned() else {
         let mut r = error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -307,13 +285,7 @@ pub(super) async fn simulate(
     }
 }
 
-pub(super) async fn metrics_text(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(refused) = admin_only(&shared, &headers, "GET /metrics", true) {
-        return refused;
-    }
+pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
     shared.store().publish_circuits();
     if let Some(reserving) = shared.reserving() {
         metrics::reservation(reserving.stats());

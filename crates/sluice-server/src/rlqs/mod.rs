@@ -50,7 +50,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::state::{Shared, Snapshot};
+use crate::state::{Generation, Shared};
 use assign::Assignment;
 use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
 
@@ -290,7 +290,7 @@ impl StreamState {
     /// Answers one report message.
     async fn handle(
         &mut self,
-        snapshot: &Snapshot,
+        snapshot: &Generation,
         reports: RateLimitQuotaUsageReports,
     ) -> Result<RateLimitQuotaResponse, Status> {
         let Some(config) = snapshot.rlqs.as_deref() else {
@@ -388,7 +388,7 @@ impl StreamState {
     /// Decides what to do with one bucket and records it as tracked (or forgets it).
     fn plan<'a>(
         &mut self,
-        snapshot: &'a Snapshot,
+        snapshot: &'a Generation,
         config: &'a RlqsConfig,
         domain: &str,
         i: usize,

@@ -47,8 +47,9 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{ResponseHeaders, RlsSettings};
 use crate::observe::metrics;
+use crate::observe::stats::Outcome;
 use crate::rls::{Match, Unit};
-use crate::state::{ServerLimiter, Shared, Snapshot};
+use crate::state::{Generation, ServerLimiter, Shared};
 
 /// The metric label of a domain that is not configured: labels never carry what a client
 /// made up.
@@ -272,9 +273,9 @@ impl RateLimitService for RlsService {
         let answer = self.answer(&snapshot, &label, req).await;
         metrics::decision_latency("should_rate_limit", started.elapsed());
         let outcome = match &answer {
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => "denied",
-            Ok(_) => "allowed",
-            Err(_) => "error",
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
+            Ok(_) => Outcome::Allowed,
+            Err(_) => Outcome::Error,
         };
         metrics::decision(&label, "should_rate_limit", outcome);
         answer.map(Response::new)
@@ -284,7 +285,7 @@ impl RateLimitService for RlsService {
 impl RlsService {
     async fn answer(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Generation,
         label: &Arc<str>,
         req: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
@@ -406,14 +407,9 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                self.shared.counts().count(
-                    &rule,
-                    match (part.degraded, part.limited) {
-                        (Some(_), _) => crate::observe::stats::Outcome::Degraded,
-                        (None, true) => crate::observe::stats::Outcome::Denied,
-                        (None, false) => crate::observe::stats::Outcome::Allowed,
-                    },
-                );
+                self.shared
+                    .counts()
+                    .count(&rule, Outcome::of(part.degraded.is_some(), !part.limited));
                 // What was spent stands only if the request passed; a refused one was refunded.
                 if part.limited || !refused {
                     self.shared
