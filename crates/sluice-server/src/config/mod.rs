@@ -39,8 +39,14 @@ pub struct ConfigError {
 pub use sluice::FailureMode;
 
 pub mod admin;
+mod listen;
 mod locate;
+mod rls;
 mod store;
+mod top;
+use self::listen::*;
+pub use self::rls::*;
+pub use self::top::*;
 use store::{RawStore, store_config};
 
 /// A configured policy (its failure mode is part of the [`Policy`]).
@@ -127,66 +133,6 @@ pub enum StoreConfig {
     },
 }
 
-/// Envoy rate limit service settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RlsSettings {
-    /// The directory of Envoy ratelimit YAML files.
-    pub config_dir: PathBuf,
-    /// Every over-limit answer becomes `OK` (statuses unchanged): the reference's global
-    /// `SHADOW_MODE`.
-    pub shadow_mode: bool,
-    /// Every descriptor is in quota mode: the reference's `GLOBAL_QUOTA_MODE`.
-    pub quota_mode: bool,
-    /// The headers Sluice asks Envoy to add to the client's response.
-    pub response_headers: ResponseHeaders,
-    /// Merge files that define the same domain: the reference's `MERGE_DOMAIN_CONFIG`.
-    pub merge_domains: bool,
-    /// Skip files and directories whose name starts with `.`: the reference's
-    /// `RUNTIME_IGNOREDOTFILES` (for Kubernetes ConfigMap mounts).
-    pub ignore_dot_files: bool,
-    /// What a rule does when the store cannot answer: `closed` (the default: `UNAVAILABLE`,
-    /// and Envoy's `failure_mode_deny` decides), `open` or `local`, as a policy's
-    /// `on_store_error`.
-    pub on_store_error: FailureMode,
-}
-
-impl RlsSettings {
-    fn from_raw(r: RawRls) -> Result<Self, String> {
-        let on_store_error = match r.on_store_error.as_deref() {
-            None => FailureMode::Closed,
-            Some(mode) => mode
-                .parse::<FailureMode>()
-                .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
-        };
-        Ok(Self {
-            config_dir: r.config_dir,
-            shadow_mode: r.shadow_mode,
-            quota_mode: r.quota_mode,
-            response_headers: r.response_headers,
-            merge_domains: r.merge_domains,
-            ignore_dot_files: r.ignore_dot_files,
-            on_store_error,
-        })
-    }
-}
-
-/// Which rate-limit headers `ShouldRateLimit` answers in `response_headers_to_add`, for Envoy
-/// to add to the client's response (allowed or limited).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResponseHeaders {
-    /// None.
-    Off,
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11): one item
-    /// per limited descriptor.
-    #[default]
-    Ietf,
-    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (draft 03) for the
-    /// descriptor closest to its limit: what the reference sends with
-    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
-    Draft03,
-}
-
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -216,181 +162,6 @@ pub struct Config {
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
     pub top: TopSettings,
-}
-
-/// A listen address as written: `IP:port`. A port alone or a host name is refused with what
-/// to write instead: which interfaces to expose is a decision to state, not to guess.
-struct ListenAddr(SocketAddr);
-
-impl ListenAddr {
-    fn parse(text: &str) -> Result<Self, String> {
-        if let Ok(addr) = text.trim().parse() {
-            return Ok(Self(addr));
-        }
-        let port = text.trim().trim_start_matches(':');
-        if port.parse::<u16>().is_ok() {
-            return Err(format!(
-                "`{text}` is a port alone; write IP:port: 127.0.0.1:{port} (this machine only) \
-                 or 0.0.0.0:{port} (every interface; [::]:{port} for IPv6 too)"
-            ));
-        }
-        if let Some((host, port)) = text.trim().rsplit_once(':')
-            && port.parse::<u16>().is_ok()
-        {
-            let instead = if host == "localhost" {
-                format!("127.0.0.1:{port} (or [::1]:{port})")
-            } else {
-                format!("the IP address {host} stands for, e.g. 10.0.0.5:{port}")
-            };
-            return Err(format!(
-                "`{text}` names a host; a listener binds an IP address, not a name: write \
-                 {instead}, or 0.0.0.0:{port} for every interface"
-            ));
-        }
-        Err(format!(
-            "`{text}` is not a socket address; write IP:port, e.g. 127.0.0.1:8080, \
-             0.0.0.0:8080 or [::]:8080"
-        ))
-    }
-}
-
-impl<'de> Deserialize<'de> for ListenAddr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ListenAddr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an address such as 127.0.0.1:8080")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenAddr, E> {
-                ListenAddr::parse(v).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListenAddr, E> {
-                ListenAddr::parse(&v.to_string()).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawListen {
-    http: Option<ListenAddr>,
-    grpc: Option<ListenAddr>,
-    #[serde(default)]
-    admin: Option<ListenAddr>,
-    #[serde(default)]
-    tls: Option<crate::tls::RawListenTls>,
-    #[serde(default)]
-    header_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    body_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    idle_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    max_connections: Option<usize>,
-}
-
-/// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
-/// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
-/// reporting intervals, and one given must be longer than an interval.
-fn conn_limits(
-    raw: &RawListen,
-    reporting_interval: Option<Duration>,
-) -> Result<crate::conn::ConnLimits, String> {
-    let defaults = crate::conn::ConnLimits::default();
-    let text =
-        |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let idle_timeout = match (raw.idle_timeout, reporting_interval) {
-        (None, None) => defaults.idle_timeout,
-        (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
-        (Some(idle), Some(interval)) if idle.0 <= interval => {
-            return Err(format!(
-                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
-                 Envoy's quota stream is silent between two reports and would be closed",
-                text(idle.0),
-                text(interval)
-            ));
-        }
-        (Some(idle), _) => idle.0,
-    };
-    let max_connections = match raw.max_connections {
-        None => defaults.max_connections,
-        Some(0) => {
-            return Err(
-                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
-            );
-        }
-        Some(n) if n > crate::conn::MAX_CONNECTIONS => {
-            return Err(format!(
-                "listen.max_connections: {n} is more than {} (each open connection holds a file \
-                 descriptor and memory)",
-                crate::conn::MAX_CONNECTIONS
-            ));
-        }
-        Some(n) => n,
-    };
-    Ok(crate::conn::ConnLimits {
-        header_timeout: raw.header_timeout.map_or(defaults.header_timeout, |d| d.0),
-        body_timeout: raw.body_timeout.map_or(defaults.body_timeout, |d| d.0),
-        idle_timeout,
-        max_connections,
-    })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRls {
-    config_dir: PathBuf,
-    #[serde(default)]
-    shadow_mode: bool,
-    #[serde(default)]
-    quota_mode: bool,
-    #[serde(default)]
-    response_headers: ResponseHeaders,
-    #[serde(default)]
-    merge_domains: bool,
-    #[serde(default)]
-    ignore_dot_files: bool,
-    #[serde(default)]
-    on_store_error: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawTop {
-    #[serde(default)]
-    capacity: Option<usize>,
-    #[serde(default)]
-    window: Option<PositiveDuration>,
-}
-
-/// `top`: how many keys per policy the heavy-hitter summaries hold, over what window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TopSettings {
-    /// Keys held per policy and measure (0: none).
-    pub capacity: usize,
-    /// The epoch length: a reading covers one to two of them.
-    pub window_ms: u64,
-}
-
-/// The default `top.capacity`.
-pub const DEFAULT_TOP_CAPACITY: usize = 64;
-/// The largest `top.capacity`.
-pub const MAX_TOP_CAPACITY: usize = 10_000;
-
-fn top_config(raw: RawTop) -> Result<TopSettings, String> {
-    let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
-    if capacity > MAX_TOP_CAPACITY {
-        return Err(format!(
-            "top.capacity: at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"
-        ));
-    }
-    Ok(TopSettings {
-        capacity,
-        window_ms: raw.window.map_or(60_000, PositiveDuration::millis),
-    })
 }
 
 #[derive(Deserialize, Default)]
