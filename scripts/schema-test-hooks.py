@@ -7,7 +7,7 @@ than 512 bytes is valid for the document and correctly refused by the server (40
 must be 1 to 512 bytes"), so the positive_data_acceptance check would report the document's
 blind spot as a server fault. These hooks drop exactly those generated keys, in bodies and
 in the path of DELETE /v1/keys/{policy}/{key}; every other value, valid or not, is sent.
-The refusal itself is tested in crates/sluice-server/tests/http.rs.
+The refusal itself is tested in crates/sluice-server/tests/api/http.rs.
 """
 
 import schemathesis

@@ -5,7 +5,7 @@
 use clap::Parser;
 use sluice_bench::{self as bench, BenchArgs};
 
-#[path = "../../sluice-server/tests/common/mod.rs"]
+#[path = "../../sluice-server/tests/support/mod.rs"]
 mod common;
 
 #[derive(Parser)]

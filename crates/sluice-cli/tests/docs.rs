@@ -17,7 +17,7 @@
 //! | marker | block |
 //! |---|---|
 //! | `<!-- example: rls rule file -->` | a rule file of Envoy's reference rate limit service, read by the `rls` parser |
-//! | `<!-- example: envoy bootstrap … -->` | an Envoy configuration (parsed here as YAML; `crates/sluice-server/tests/envoy_config.rs` reads it with Envoy's descriptors) |
+//! | `<!-- example: envoy bootstrap … -->` | an Envoy configuration (parsed here as YAML; `crates/sluice-server/tests/envoy/envoy_config.rs` reads it with Envoy's descriptors) |
 //! | `<!-- example: fragment -->` | deliberately not whole: only its YAML or JSON syntax is checked |
 //! | `<!-- example: request METHOD PATH -->` | a JSON body, sent; the answer must not be an error |
 //! | `<!-- example: response to METHOD PATH [BODY] -->` | a JSON answer; the live answer must have the same keys and types |

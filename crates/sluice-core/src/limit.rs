@@ -611,6 +611,21 @@ impl Policy {
         &self.shared.limits
     }
 
+    /// The policy's concurrency limit and its index, if it has one: "does this policy hold a
+    /// concurrency limit" is asked here and nowhere else.
+    pub fn concurrency_limit(&self) -> Option<(usize, &Limit)> {
+        self.limits()
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.algorithm() == Algorithm::Concurrency)
+    }
+
+    /// The shortest window (`per`) of the policy's limits, in milliseconds. A policy has at
+    /// least one limit, so there is one.
+    pub fn shortest_per_ms(&self) -> u64 {
+        self.limits().iter().map(Limit::per_ms).min().unwrap_or(1)
+    }
+
     /// The limits as a shared slice: stores keep it beside a key's states to tell whether the
     /// policy changed since (a pointer comparison).
     #[inline]
@@ -668,6 +683,25 @@ fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_tells_its_concurrency_limit_and_its_shortest_window() {
+        let p = Policy::from_specs(
+            "p",
+            vec![
+                LimitSpec::fixed_window(10, 60_000),
+                LimitSpec::concurrency(2, 30_000),
+                LimitSpec::fixed_window(5, 1_000),
+            ],
+        )
+        .unwrap();
+        let (i, l) = p.concurrency_limit().unwrap();
+        assert_eq!((i, l.max(), l.per_ms()), (1, 2, 30_000));
+        assert_eq!(p.shortest_per_ms(), 1_000);
+        let rate = Policy::from_specs("r", vec![LimitSpec::fixed_window(10, 60_000)]).unwrap();
+        assert!(rate.concurrency_limit().is_none());
+        assert_eq!(rate.shortest_per_ms(), 60_000);
+    }
 
     fn err(spec: LimitSpec) -> LimitError {
         match Limit::new(spec) {

@@ -6,7 +6,7 @@
 //! store decides again, with no restart.
 //!
 //! The end-to-end form (HTTP and gRPC, `/readyz`) is in
-//! `crates/sluice-server/tests/store_errors.rs`.
+//! `crates/sluice-server/tests/redis/store_errors.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

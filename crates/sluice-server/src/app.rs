@@ -12,11 +12,45 @@ use tokio::net::TcpListener;
 
 use crate::config::{Config, RedisLayout, StoreConfig};
 use crate::conn;
-use crate::grpc::RlsService;
 use crate::http;
 use crate::rlqs::RlqsService;
 use crate::rls::RlsConfig;
+use crate::rls::grpc::RlsService;
 use crate::state::{ServerClock, Shared, StoreHandle};
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A configured address could not be bound.
+    #[error("listen.{what}: cannot listen on {addr}: {source}")]
+    Listen {
+        /// Which listener (`http`, `grpc`, `admin`).
+        what: &'static str,
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The Envoy rate limit files (`rls.config_dir`) could not be read.
+    #[error(transparent)]
+    Rls(#[from] crate::rls::RlsConfigError),
+    /// The store could not be connected.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The certificates (`listen.tls`) could not be read.
+    #[error("{0}")]
+    Tls(String),
+    /// A listener failed while serving.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The gRPC server failed.
+    #[error(transparent)]
+    Grpc(#[from] tonic::transport::Error),
+    /// A server task ended without an answer (it panicked or was cancelled).
+    #[error("a server task ended abnormally: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
 
 /// How often the configuration file is checked for changes.
 pub const RELOAD_POLL: Duration = Duration::from_millis(500);
@@ -34,11 +68,11 @@ pub struct Listeners {
 
 impl Listeners {
     /// Binds the configured addresses; an error names the listener and its address.
-    pub async fn bind(config: &Config) -> anyhow::Result<Self> {
+    pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let bind = |what: &'static str, addr: std::net::SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
-                .map_err(|e| anyhow::anyhow!("listen.{what}: cannot listen on {addr}: {e}"))
+                .map_err(|source| ServeError::Listen { what, addr, source })
         };
         Ok(Self {
             http: bind("http", config.http).await?,
@@ -80,7 +114,7 @@ pub fn open_admin_warning() -> String {
 }
 
 /// Reads the Envoy rate limit service files, if configured.
-pub fn load_rls(config: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
+pub fn load_rls(config: &Config) -> Result<Option<Arc<RlsConfig>>, crate::rls::RlsConfigError> {
     let Some(settings) = &config.rls else {
         return Ok(None);
     };
@@ -169,7 +203,7 @@ pub async fn run(
     config: Config,
     config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     run_with_clock(
         listeners,
         config,
@@ -188,9 +222,9 @@ pub async fn run_with_clock(
     config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     clock: ServerClock,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     // Install the recorder before the first request so that no early metric is lost.
-    let _ = crate::metrics::handle();
+    let _ = crate::observe::metrics::handle();
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
     tracing::info!(store = %store.describe(), "store connected");
@@ -245,11 +279,8 @@ pub async fn run_with_clock(
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
         Some(tls) => (
-            Some(
-                tls.server_config(&[b"http/1.1"])
-                    .map_err(anyhow::Error::msg)?,
-            ),
-            Some(tls.server_config(&[b"h2"]).map_err(anyhow::Error::msg)?),
+            Some(tls.server_config(&[b"http/1.1"]).map_err(ServeError::Tls)?),
+            Some(tls.server_config(&[b"h2"]).map_err(ServeError::Tls)?),
         ),
         None => (None, None),
     };
@@ -386,7 +417,7 @@ fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec
 /// caught half-written, reads as a configuration of nothing; applying it would answer every
 /// check `404 unknown_policy`. Running without any is done by a restart.
 fn refuse_emptying(
-    running: &crate::state::Snapshot,
+    running: &crate::state::Generation,
     next: &Config,
     next_rls: Option<&RlsConfig>,
 ) -> Option<String> {
@@ -472,13 +503,13 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
                     );
                 }
                 shared.apply(&config, rls);
-                crate::metrics::reload(true);
+                crate::observe::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
                 tracing::error!(file = %path.display(), error = %e, "configuration reload refused; keeping the last good one");
                 shared.reload_failed(e.to_string());
-                crate::metrics::reload(false);
+                crate::observe::metrics::reload(false);
             }
         }
     }

@@ -3,19 +3,55 @@
 //! start on port-0 listeners; the `sluice` binary (crate `sluice-cli`) only parses the
 //! command line and calls it. Only what serving needs is here: the load generator is
 //! `sluice-bench`.
+//!
+//! # Module map
+//!
+//! The crate is layered: a module imports (through `crate::`/`super::` paths) only from its
+//! own layer or the layers below it, never from above, so it reads top-down and no two files
+//! name each other. A module in a folder belongs to the row of its longest listed path
+//! (`rls::grpc` is an adapter, the rest of `rls` a leaf). The table is the rule: a unit test
+//! (`layer_rule`) reads it from this file and fails when a source file imports from a layer
+//! above its own.
+//!
+//! | layer | modules |
+//! |-------|---------|
+//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `rlqs::rules`, `rlqs::assign`, `simulate` |
+//! | 1 configuration | `config` |
+//! | 2 observation | `observe` |
+//! | 3 runtime | `state` |
+//! | 4 surfaces | `http`, `rls::grpc`, `rlqs` |
+//! | 5 composition | `app` |
+//!
+//! * **Leaves** know nothing of the server: durations ([`units`]), the one parser of a policy
+//!   entry (`policy_entry`), duplicate-key-refusing JSON/YAML reading (`unique`), the JSON
+//!   error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
+//!   rule files ([`rls`]), the RLQS rules and share maths ([`rlqs::rules`], [`rlqs::assign`])
+//!   and the simulator engine ([`simulate`]).
+//! * **Configuration** ([`config`]) reads and validates the file, each section in its own
+//!   module.
+//! * **Observation** (`observe`) is the metrics, the decision counts and the top keys.
+//! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
+//! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
+//!   ([`rls::grpc`]), RLQS ([`rlqs`]).
+//! * **Composition** ([`app`]) binds it together and spawns the servers.
 
-pub mod admin;
 pub mod app;
 pub mod config;
-pub mod conn;
-pub mod grpc;
+pub(crate) mod conn;
 pub mod http;
-pub mod metrics;
-pub mod rlqs;
+pub(crate) mod observe;
+pub(crate) mod policy_entry;
+pub(crate) mod reply;
+pub(crate) mod rlqs;
 pub mod rls;
 pub mod simulate;
 pub mod state;
-pub mod stats;
-pub mod tls;
-pub mod top;
-mod unique;
+pub(crate) mod tls;
+pub(crate) mod unique;
+pub(crate) mod units;
+
+#[cfg(test)]
+mod layer_rule;
+
+/// The heavy-hitter summaries, for the `top` benchmark.
+pub use observe::top;

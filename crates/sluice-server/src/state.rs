@@ -23,6 +23,13 @@ pub enum StoreHandle {
 }
 
 impl StoreHandle {
+    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
+    pub fn publish_circuits(&self) {
+        if let Self::Redis(sharded) = self {
+            crate::observe::metrics::circuits(sharded);
+        }
+    }
+
     /// What the store is, for the start-up log: `memory`, or the shards' names (never with
     /// credentials).
     pub fn describe(&self) -> String {
@@ -73,9 +80,13 @@ impl std::fmt::Debug for ServerClock {
 /// The limiter every request goes through.
 pub type ServerLimiter = Limiter<SharedStore, ServerClock>;
 
-/// One configuration generation: policies (with their failure modes) over the store.
+/// One configuration generation: its number, the policies (with their failure modes) over the
+/// store, the Envoy rules and who may use the admin routes. A reload swaps it whole, so the
+/// number and what it numbers never disagree.
 #[derive(Debug)]
-pub struct Snapshot {
+pub struct Generation {
+    /// Configurations applied since start (1 = the initial one).
+    pub number: u64,
     /// The limiter with this generation's policies.
     pub limiter: ServerLimiter,
     store: StoreHandle,
@@ -86,11 +97,12 @@ pub struct Snapshot {
     /// Envoy rate limit quota rules (`rlqs`), when configured.
     pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<crate::config::admin::AdminConfig>,
 }
 
-impl Snapshot {
+impl Generation {
     fn new(
+        number: u64,
         config: &Config,
         store: &StoreHandle,
         deciding: &SharedStore,
@@ -103,6 +115,7 @@ impl Snapshot {
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         Self {
+            number,
             limiter,
             store: store.clone(),
             rls,
@@ -187,19 +200,10 @@ async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), S
     ))
 }
 
-/// Reload bookkeeping, reported by `GET /v1/policies`.
-#[derive(Debug, Clone, Default)]
-pub struct ReloadStatus {
-    /// Configurations applied since start (1 = the initial one).
-    pub generation: u64,
-    /// The error of the last failed reload, cleared by a successful one.
-    pub last_error: Option<String>,
-}
-
 /// Shared by every request handler.
 #[derive(Debug)]
 pub struct Shared {
-    current: RwLock<Arc<Snapshot>>,
+    current: RwLock<Arc<Generation>>,
     store: StoreHandle,
     /// What limiters decide with: the store, or the reservation layer over it.
     deciding: SharedStore,
@@ -210,12 +214,13 @@ pub struct Shared {
     /// The configuration the server started with: its `listen`, `store`, `local` and `top`
     /// sections are the ones in force until a restart.
     started_with: Config,
-    status: RwLock<ReloadStatus>,
+    /// The error of the last failed reload, cleared by a successful one.
+    last_reload_error: RwLock<Option<String>>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
-    top: crate::top::TopKeys,
+    top: crate::observe::top::TopKeys,
     /// Checks per policy and outcome since start.
-    counts: crate::stats::DecisionCounts,
+    counts: crate::observe::stats::DecisionCounts,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
 }
@@ -236,7 +241,7 @@ impl Shared {
             Some(r) => SharedStore::new(r.clone()),
             None => store.shared(),
         };
-        let first = Snapshot::new(config, &store, &deciding, &insurance, rls, &clock);
+        let first = Generation::new(1, config, &store, &deciding, &insurance, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
             store,
@@ -244,13 +249,10 @@ impl Shared {
             reserving,
             insurance,
             started_with: config.clone(),
-            status: RwLock::new(ReloadStatus {
-                generation: 1,
-                last_error: None,
-            }),
+            last_reload_error: RwLock::new(None),
             clock,
-            top: crate::top::TopKeys::new(config.top.capacity, config.top.window_ms),
-            counts: crate::stats::DecisionCounts::default(),
+            top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
+            counts: crate::observe::stats::DecisionCounts::default(),
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
     }
@@ -261,17 +263,17 @@ impl Shared {
     }
 
     /// Checks per policy (and Envoy rule) and outcome since start.
-    pub fn counts(&self) -> &crate::stats::DecisionCounts {
+    pub fn counts(&self) -> &crate::observe::stats::DecisionCounts {
         &self.counts
     }
 
     /// The heavy hitters per policy and per Envoy rule.
-    pub fn top(&self) -> &crate::top::TopKeys {
+    pub fn top(&self) -> &crate::observe::top::TopKeys {
         &self.top
     }
 
     /// The current generation (cheap: one reference count).
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub fn snapshot(&self) -> Arc<Generation> {
         match self.current.read() {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -280,7 +282,10 @@ impl Shared {
 
     /// Applies a new configuration's policies to requests that arrive from now on.
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        let next = Arc::new(Snapshot::new(
+        // Only the reload watcher applies, one configuration at a time: the number read here is
+        // the one replaced.
+        let next = Arc::new(Generation::new(
+            self.snapshot().number + 1,
             config,
             &self.store,
             &self.deciding,
@@ -292,20 +297,23 @@ impl Shared {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,
         }
-        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
-        status.generation += 1;
-        status.last_error = None;
+        *self
+            .last_reload_error
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Records a reload that failed (the last good configuration stays).
     pub fn reload_failed(&self, error: String) {
-        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
-        status.last_error = Some(error);
+        *self
+            .last_reload_error
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(error);
     }
 
-    /// Reload bookkeeping.
-    pub fn reload_status(&self) -> ReloadStatus {
-        self.status
+    /// The error of the last failed reload, cleared by a successful one.
+    pub fn last_reload_error(&self) -> Option<String> {
+        self.last_reload_error
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()

@@ -95,12 +95,14 @@
 
 #![warn(missing_docs)]
 
+mod config;
 mod key;
 mod layer;
 pub mod response;
 mod service;
 
+pub use config::PolicyChoice;
 pub use key::KeyExtractor;
-pub use layer::{PolicyChoice, RateLimitLayer};
+pub use layer::RateLimitLayer;
 pub use response::{RateLimitBody, too_many_requests};
 pub use service::{RateLimit, ResponseFuture};

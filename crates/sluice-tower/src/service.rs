@@ -9,12 +9,10 @@ use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use sluice::headers::{self, Field, Sets};
-use sluice::{
-    Algorithm, Clock, Decision, Degraded, Error, Limiter, MAX_KEY_LEN, Policy, Store, SystemClock,
-};
+use sluice::{Clock, Decision, Degraded, Error, Limiter, MAX_KEY_LEN, Policy, Store, SystemClock};
 use tower_service::Service;
 
-use crate::layer::Config;
+use crate::config::Config;
 use crate::response::{self, RateLimitBody};
 
 /// Rate limits the requests of an inner HTTP service: checks each request's key against a
@@ -137,7 +135,7 @@ where
     let policy: &Policy = &policy;
 
     let key: Cow<'_, str> = match config.key.extract(&parts) {
-        Some(key) if (1..=MAX_KEY_LEN).contains(&key.len()) => Cow::Owned(key),
+        Some(key) if sluice::check_key(&key).is_ok() => Cow::Owned(key),
         found => match &config.fallback_key {
             Some(fallback) => Cow::Borrowed(&**fallback),
             None => {
@@ -149,10 +147,7 @@ where
     let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
 
     // A policy with a concurrency limit takes a lease, held until the response is over.
-    let concurrent = policy
-        .limits()
-        .iter()
-        .any(|l| l.algorithm() == Algorithm::Concurrency);
+    let concurrent = policy.concurrency_limit().is_some();
     let decided = if concurrent {
         config
             .limiter

@@ -52,7 +52,7 @@ mod store;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use clock::SystemClock;
-pub use limiter::{Error, Lease, Limiter, MAX_KEY_LEN};
+pub use limiter::{Error, Lease, Limiter, MAX_KEY_LEN, check_cost, check_key};
 pub use memory::MemoryStore;
 pub use reserve::{Batch, DEFAULT_MAX_ERROR, ReserveConfig, ReserveStats, Reserving};
 pub use sluice_core::evaluate::Op;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use sluice_core::evaluate::Op;
-use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
+use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
 
 use crate::clock::SystemClock;
 
@@ -365,11 +365,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// Charges `key`'s local admissions under `policy` to the store (see
     /// [`Limiter::charge_back`]); `false` if there were none.
     async fn charge_key(&self, policy: &Policy, key: &str, now: u64) -> Result<bool, StoreError> {
-        if policy
-            .limits()
-            .iter()
-            .any(|l| l.algorithm() == Algorithm::Concurrency)
-        {
+        if policy.concurrency_limit().is_some() {
             return Ok(false);
         }
         if self.owed_locally(policy, key, now) == 0 {
@@ -677,17 +673,28 @@ pub struct Lease {
 /// The TTL of the policy's concurrency limit.
 fn lease_ttl(policy: &Policy) -> Result<u64, Error> {
     policy
-        .limits()
-        .iter()
-        .find(|l| l.algorithm() == Algorithm::Concurrency)
-        .map(|l| l.per_ms())
+        .concurrency_limit()
+        .map(|(_, l)| l.per_ms())
         .ok_or_else(|| Error::NotConcurrent(policy.name().to_owned()))
 }
 
 fn validate(key: &str, cost: u64) -> Result<(), Error> {
+    check_key(key)?;
+    check_cost(cost)
+}
+
+/// The key bound: 1 to [`MAX_KEY_LEN`] bytes. The one definition of it: the limiter, the
+/// server's surfaces and the tower layer all ask this, each saying it in its own words.
+pub fn check_key(key: &str) -> Result<(), Error> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(Error::InvalidKey(key.len()));
     }
+    Ok(())
+}
+
+/// The cost bound: at most 2^53 ([`MAX_AMOUNT`]), the largest integer every store (Lua's
+/// doubles included) holds exactly. The one definition of it, as [`check_key`] is of the key's.
+pub fn check_cost(cost: u64) -> Result<(), Error> {
     if cost > MAX_AMOUNT {
         return Err(Error::InvalidCost(cost));
     }

@@ -140,7 +140,7 @@ impl MemoryStore {
     /// Counts `holder` on (policy, key) until `now + the policy's shortest window` and returns
     /// how many holders count now (as the Redis store's holders set does).
     fn hold(&self, policy: &Policy, key: &str, holder: u64, now_ms: u64) -> u32 {
-        let ttl = policy.limits().iter().map(Limit::per_ms).min().unwrap_or(1);
+        let ttl = policy.shortest_per_ms();
         let mut all = lock_holders(&self.holders);
         let hs = all.entry((policy.name().into(), key.into())).or_default();
         hs.retain(|&(h, until)| until > now_ms && h != holder);

@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use sluice::{Algorithm, Limit, LimitSpec, Policy};
+use sluice::Policy;
+
+use crate::policy_entry::{RawPolicy, build_policy};
+pub use crate::units::PositiveDuration;
 
 /// The default HTTP address.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -35,8 +38,15 @@ pub struct ConfigError {
 
 pub use sluice::FailureMode;
 
+pub mod admin;
+mod listen;
 mod locate;
+mod rls;
 mod store;
+mod top;
+use self::listen::*;
+pub use self::rls::*;
+pub use self::top::*;
 use store::{RawStore, store_config};
 
 /// A configured policy (its failure mode is part of the [`Policy`]).
@@ -123,71 +133,11 @@ pub enum StoreConfig {
     },
 }
 
-/// Envoy rate limit service settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RlsSettings {
-    /// The directory of Envoy ratelimit YAML files.
-    pub config_dir: PathBuf,
-    /// Every over-limit answer becomes `OK` (statuses unchanged): the reference's global
-    /// `SHADOW_MODE`.
-    pub shadow_mode: bool,
-    /// Every descriptor is in quota mode: the reference's `GLOBAL_QUOTA_MODE`.
-    pub quota_mode: bool,
-    /// The headers Sluice asks Envoy to add to the client's response.
-    pub response_headers: ResponseHeaders,
-    /// Merge files that define the same domain: the reference's `MERGE_DOMAIN_CONFIG`.
-    pub merge_domains: bool,
-    /// Skip files and directories whose name starts with `.`: the reference's
-    /// `RUNTIME_IGNOREDOTFILES` (for Kubernetes ConfigMap mounts).
-    pub ignore_dot_files: bool,
-    /// What a rule does when the store cannot answer: `closed` (the default: `UNAVAILABLE`,
-    /// and Envoy's `failure_mode_deny` decides), `open` or `local`, as a policy's
-    /// `on_store_error`.
-    pub on_store_error: FailureMode,
-}
-
-impl RlsSettings {
-    fn from_raw(r: RawRls) -> Result<Self, String> {
-        let on_store_error = match r.on_store_error.as_deref() {
-            None => FailureMode::Closed,
-            Some(mode) => mode
-                .parse::<FailureMode>()
-                .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
-        };
-        Ok(Self {
-            config_dir: r.config_dir,
-            shadow_mode: r.shadow_mode,
-            quota_mode: r.quota_mode,
-            response_headers: r.response_headers,
-            merge_domains: r.merge_domains,
-            ignore_dot_files: r.ignore_dot_files,
-            on_store_error,
-        })
-    }
-}
-
-/// Which rate-limit headers `ShouldRateLimit` answers in `response_headers_to_add`, for Envoy
-/// to add to the client's response (allowed or limited).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResponseHeaders {
-    /// None.
-    Off,
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11): one item
-    /// per limited descriptor.
-    #[default]
-    Ietf,
-    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (draft 03) for the
-    /// descriptor closest to its limit: what the reference sends with
-    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
-    Draft03,
-}
-
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Who may use the admin routes (`admin`); `None`: anyone who reaches the port.
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<crate::config::admin::AdminConfig>,
     /// Local token reservation (`local.enabled`), with its settings.
     pub local: Option<sluice::ReserveConfig>,
     /// HTTP listen address.
@@ -212,378 +162,6 @@ pub struct Config {
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
     pub top: TopSettings,
-}
-
-// ----- durations ----------------------------------------------------------------------------
-
-/// A positive duration written `250ms`, `1s`, `5m`, `1h` or `1d`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PositiveDuration(pub Duration);
-
-impl PositiveDuration {
-    /// Parses `250ms`, `1s`, `5m`, `1h`, `1d`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let t = text.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (digits, unit) = t.split_at(split);
-        let factor: u64 = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => {
-                return Err(format!(
-                    "`{text}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d"
-                ));
-            }
-        };
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("`{text}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d"))?;
-        let ms = n
-            .checked_mul(factor)
-            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
-        if ms == 0 {
-            return Err(format!("`{text}` is not a positive duration"));
-        }
-        Ok(Self(Duration::from_millis(ms)))
-    }
-
-    fn millis(self) -> u64 {
-        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-impl<'de> Deserialize<'de> for PositiveDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = PositiveDuration;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration such as 250ms, 1s, 5m, 1h or 1d")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                PositiveDuration::parse(v).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Err(E::custom(format!(
-                    "`{v}` has no unit; write e.g. {v}s or {v}ms"
-                )))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Err(E::custom(format!("`{v}` is not a positive duration")))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-// ----- the raw file, validated while read ----------------------------------------------------
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimit {
-    max: u64,
-    per: PositiveDuration,
-    #[serde(default)]
-    algorithm: Option<String>,
-    #[serde(default)]
-    precision: Option<PositiveDuration>,
-    #[serde(default)]
-    burst: Option<u64>,
-    #[serde(default)]
-    align: bool,
-}
-
-/// A limit validated as it is read, so its errors carry a line.
-struct ValidLimit(Limit);
-
-impl<'de> Deserialize<'de> for ValidLimit {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // The limit is checked inside the visit of its own mapping, so that an error carries
-        // the limit's place and path (`limits[1]`), not the list's.
-        struct V;
-        impl<'de> de::Visitor<'de> for V {
-            type Value = ValidLimit;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a limit such as { max: 100, per: 1m }")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ValidLimit, A::Error> {
-                let raw = RawLimit::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                ValidLimit::from_raw(raw).map_err(de::Error::custom)
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-impl ValidLimit {
-    fn from_raw(raw: RawLimit) -> Result<Self, String> {
-        let algorithm = match raw.algorithm.as_deref() {
-            None => Algorithm::FixedWindow,
-            Some(a) => a.parse().map_err(|e: sluice::LimitError| e.to_string())?,
-        };
-        let spec = LimitSpec {
-            max: raw.max,
-            per_ms: raw.per.millis(),
-            algorithm,
-            precision_ms: raw.precision.map(PositiveDuration::millis),
-            burst: raw.burst,
-            align: raw.align,
-        };
-        Limit::new(spec).map(ValidLimit).map_err(|e| e.to_string())
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    #[serde(default)]
-    on_store_error: Option<String>,
-    limits: Vec<ValidLimit>,
-}
-
-/// A policy from its raw entry; an error is (the path below `policies.<name>`, e.g.
-/// `.on_store_error`, and the reason).
-fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
-    let on_store_error = match raw.on_store_error.as_deref() {
-        None => FailureMode::Open,
-        Some(mode) => mode
-            .parse::<FailureMode>()
-            .map_err(|e| (".on_store_error".to_owned(), e.reason))?,
-    };
-    let limits = raw.limits.into_iter().map(|l| l.0).collect();
-    let policy = Policy::new(name.to_owned(), limits).map_err(|e| {
-        let field = if e.field == "name" {
-            String::new()
-        } else {
-            format!(".{}", e.field)
-        };
-        (field, e.reason)
-    })?;
-    Ok(policy.with_failure_mode(on_store_error))
-}
-
-/// A policy defined inline, in the shape of a `policies.<name>` entry of the configuration
-/// (`{limits: [{max, per, algorithm?, precision?, burst?, align?}], on_store_error?}`), read
-/// from any self-describing value (a JSON body, a YAML flag) with the configuration's own
-/// rules, so an inline policy means and refuses exactly what a configured one does. The
-/// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
-pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, String> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(
-            "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}".to_owned(),
-        );
-    };
-    for field in map.keys() {
-        if !matches!(field.as_str(), "limits" | "on_store_error") {
-            return Err(format!(
-                "unknown field `{field}`; a policy has limits and on_store_error"
-            ));
-        }
-    }
-    let on_store_error = match map.get("on_store_error") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("on_store_error: must be a string: open, closed or local".to_owned()),
-    };
-    let Some(serde_json::Value::Array(items)) = map.get("limits") else {
-        return Err(
-            "limits: must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]".to_owned(),
-        );
-    };
-    let mut limits = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let limit = ValidLimit::deserialize(item).map_err(|e| format!("limits[{i}]: {e}"))?;
-        limits.push(limit);
-    }
-    build_policy(
-        name,
-        RawPolicy {
-            on_store_error,
-            limits,
-        },
-    )
-    .map_err(|(field, reason)| match field.strip_prefix('.') {
-        Some(field) => format!("{field}: {reason}"),
-        None => format!("the name `{name}`: {reason}"),
-    })
-}
-
-/// A listen address as written: `IP:port`. A port alone or a host name is refused with what
-/// to write instead: which interfaces to expose is a decision to state, not to guess.
-struct ListenAddr(SocketAddr);
-
-impl ListenAddr {
-    fn parse(text: &str) -> Result<Self, String> {
-        if let Ok(addr) = text.trim().parse() {
-            return Ok(Self(addr));
-        }
-        let port = text.trim().trim_start_matches(':');
-        if port.parse::<u16>().is_ok() {
-            return Err(format!(
-                "`{text}` is a port alone; write IP:port: 127.0.0.1:{port} (this machine only) \
-                 or 0.0.0.0:{port} (every interface; [::]:{port} for IPv6 too)"
-            ));
-        }
-        if let Some((host, port)) = text.trim().rsplit_once(':')
-            && port.parse::<u16>().is_ok()
-        {
-            let instead = if host == "localhost" {
-                format!("127.0.0.1:{port} (or [::1]:{port})")
-            } else {
-                format!("the IP address {host} stands for, e.g. 10.0.0.5:{port}")
-            };
-            return Err(format!(
-                "`{text}` names a host; a listener binds an IP address, not a name: write \
-                 {instead}, or 0.0.0.0:{port} for every interface"
-            ));
-        }
-        Err(format!(
-            "`{text}` is not a socket address; write IP:port, e.g. 127.0.0.1:8080, \
-             0.0.0.0:8080 or [::]:8080"
-        ))
-    }
-}
-
-impl<'de> Deserialize<'de> for ListenAddr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ListenAddr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an address such as 127.0.0.1:8080")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenAddr, E> {
-                ListenAddr::parse(v).map_err(E::custom)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListenAddr, E> {
-                ListenAddr::parse(&v.to_string()).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawListen {
-    http: Option<ListenAddr>,
-    grpc: Option<ListenAddr>,
-    #[serde(default)]
-    admin: Option<ListenAddr>,
-    #[serde(default)]
-    tls: Option<crate::tls::RawListenTls>,
-    #[serde(default)]
-    header_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    body_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    idle_timeout: Option<PositiveDuration>,
-    #[serde(default)]
-    max_connections: Option<usize>,
-}
-
-/// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
-/// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
-/// reporting intervals, and one given must be longer than an interval.
-fn conn_limits(
-    raw: &RawListen,
-    reporting_interval: Option<Duration>,
-) -> Result<crate::conn::ConnLimits, String> {
-    let defaults = crate::conn::ConnLimits::default();
-    let text =
-        |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let idle_timeout = match (raw.idle_timeout, reporting_interval) {
-        (None, None) => defaults.idle_timeout,
-        (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
-        (Some(idle), Some(interval)) if idle.0 <= interval => {
-            return Err(format!(
-                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
-                 Envoy's quota stream is silent between two reports and would be closed",
-                text(idle.0),
-                text(interval)
-            ));
-        }
-        (Some(idle), _) => idle.0,
-    };
-    let max_connections = match raw.max_connections {
-        None => defaults.max_connections,
-        Some(0) => {
-            return Err(
-                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
-            );
-        }
-        Some(n) if n > crate::conn::MAX_CONNECTIONS => {
-            return Err(format!(
-                "listen.max_connections: {n} is more than {} (each open connection holds a file \
-                 descriptor and memory)",
-                crate::conn::MAX_CONNECTIONS
-            ));
-        }
-        Some(n) => n,
-    };
-    Ok(crate::conn::ConnLimits {
-        header_timeout: raw.header_timeout.map_or(defaults.header_timeout, |d| d.0),
-        body_timeout: raw.body_timeout.map_or(defaults.body_timeout, |d| d.0),
-        idle_timeout,
-        max_connections,
-    })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRls {
-    config_dir: PathBuf,
-    #[serde(default)]
-    shadow_mode: bool,
-    #[serde(default)]
-    quota_mode: bool,
-    #[serde(default)]
-    response_headers: ResponseHeaders,
-    #[serde(default)]
-    merge_domains: bool,
-    #[serde(default)]
-    ignore_dot_files: bool,
-    #[serde(default)]
-    on_store_error: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawTop {
-    #[serde(default)]
-    capacity: Option<usize>,
-    #[serde(default)]
-    window: Option<PositiveDuration>,
-}
-
-/// `top`: how many keys per policy the heavy-hitter summaries hold, over what window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TopSettings {
-    /// Keys held per policy and measure (0: none).
-    pub capacity: usize,
-    /// The epoch length: a reading covers one to two of them.
-    pub window_ms: u64,
-}
-
-/// The default `top.capacity`.
-pub const DEFAULT_TOP_CAPACITY: usize = 64;
-/// The largest `top.capacity`.
-pub const MAX_TOP_CAPACITY: usize = 10_000;
-
-fn top_config(raw: RawTop) -> Result<TopSettings, String> {
-    let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
-    if capacity > MAX_TOP_CAPACITY {
-        return Err(format!(
-            "top.capacity: at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"
-        ));
-    }
-    Ok(TopSettings {
-        capacity,
-        window_ms: raw.window.map_or(60_000, PositiveDuration::millis),
-    })
 }
 
 #[derive(Deserialize, Default)]
@@ -654,7 +232,7 @@ struct RawConfig {
     #[serde(default)]
     local: RawLocal,
     #[serde(default)]
-    admin: Option<crate::admin::RawAdmin>,
+    admin: Option<crate::config::admin::RawAdmin>,
     #[serde(default)]
     top: RawTop,
 }
@@ -703,10 +281,10 @@ impl Config {
             .rlqs
             .map(|r| {
                 crate::rlqs::rules::rlqs_config(r, |name| {
-                    policies.iter().find(|p| p.policy.name() == name).map(|p| {
-                        let limits = p.policy.limits().iter();
-                        limits.map(sluice::Limit::per_ms).min().unwrap_or(0)
-                    })
+                    policies
+                        .iter()
+                        .find(|p| p.policy.name() == name)
+                        .map(|p| p.policy.shortest_per_ms())
                 })
             })
             .transpose()
@@ -716,11 +294,7 @@ impl Config {
         if let Some(rlqs) = &rlqs {
             for (i, rule) in rlqs.buckets.iter().enumerate() {
                 let concurrent = policies.iter().any(|p| {
-                    p.policy.name() == rule.policy
-                        && p.policy
-                            .limits()
-                            .iter()
-                            .any(|l| l.algorithm() == Algorithm::Concurrency)
+                    p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some()
                 });
                 if concurrent {
                     return Err(err(format!(
@@ -737,7 +311,7 @@ impl Config {
         let top = top_config(raw.top).map_err(err)?;
         let admin = raw
             .admin
-            .map(|a| crate::admin::AdminConfig::resolve(a, base))
+            .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
             .transpose()
             .map_err(err)?;
         let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));

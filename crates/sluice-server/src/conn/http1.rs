@@ -96,7 +96,7 @@ impl hyper::rt::Sleep for HeadSleep {}
 
 /// Serves `app` over HTTP/1.1 on the connections of `incoming` until `stopped` completes, then
 /// stops accepting and lets the requests in flight finish (idle connections close at once).
-pub fn serve_http(
+pub(crate) fn serve_http(
     mut incoming: Incoming,
     listener: Listener,
     limits: ConnLimits,
@@ -145,7 +145,7 @@ pub fn serve_http(
 /// Gives each request body `body_timeout` from its head to its end. A body that takes longer
 /// fails where the handler reads it, and the answer becomes `408 request_timeout` with
 /// `connection: close`: what the handler made of the failed read is not sent.
-pub async fn body_deadline(
+pub(crate) async fn body_deadline(
     State((limit, listener)): State<(Duration, Listener)>,
     request: Request,
     next: Next,
@@ -165,7 +165,7 @@ pub async fn body_deadline(
         return response;
     }
     timed_out(listener, "body");
-    let mut r = crate::http::error(
+    let mut r = crate::reply::error(
         StatusCode::REQUEST_TIMEOUT,
         "request_timeout",
         format!(

@@ -47,15 +47,15 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 /// The default `listen.header_timeout`.
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default `listen.body_timeout`.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default `listen.idle_timeout`.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most `listen.max_connections` defaults to (per listener).
-pub const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
+pub(crate) const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
 /// The most `listen.max_connections` may be.
-pub const MAX_CONNECTIONS: usize = 1_000_000;
+pub(crate) const MAX_CONNECTIONS: usize = 1_000_000;
 
 /// The HTTP/2 connection preface a gRPC client sends first.
 const H2_PREFACE_LEN: u64 = 24;
@@ -89,7 +89,7 @@ impl Default for ConnLimits {
 /// A quarter of the process's open-file limit (three listeners then use at most three
 /// quarters, leaving the rest to the store's connections and files), at most
 /// [`MAX_DEFAULT_CONNECTIONS`], at least 64.
-pub fn default_max_connections() -> usize {
+pub(crate) fn default_max_connections() -> usize {
     #[cfg(unix)]
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     #[cfg(not(unix))]
@@ -102,7 +102,7 @@ pub fn default_max_connections() -> usize {
 
 /// Which listener, in logs and metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
+pub(crate) enum Listener {
     /// `listen.http`.
     Http,
     /// `listen.grpc`.
@@ -113,7 +113,7 @@ pub enum Listener {
 
 impl Listener {
     /// Its name in `listen` and in metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Listener::Http => "http",
             Listener::Grpc => "grpc",
@@ -207,7 +207,7 @@ struct H2Deadline {
 /// An accepted connection: the stream, its slot under `max_connections` (freed when it is
 /// dropped), and, for gRPC, its read deadline.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     stream: Stream,
     listener: Listener,
     limits: ConnLimits,
@@ -381,7 +381,7 @@ struct Accepting {
 /// The connections a listener accepts, as they come (TLS-terminated when `tls` is given);
 /// the accept loop stops when this is dropped.
 #[derive(Debug)]
-pub struct Incoming {
+pub(crate) struct Incoming {
     conns: mpsc::Receiver<Conn>,
     _accept_loop: AbortOnDrop,
 }
@@ -397,7 +397,7 @@ impl Drop for AbortOnDrop {
 
 impl Incoming {
     /// Starts accepting on `listener` under `limits`.
-    pub fn new(
+    pub(crate) fn new(
         tcp: TcpListener,
         listener: Listener,
         limits: ConnLimits,
@@ -420,12 +420,12 @@ impl Incoming {
     }
 
     /// The next connection; `None` once the accept loop has stopped.
-    pub async fn next(&mut self) -> Option<Conn> {
+    pub(crate) async fn next(&mut self) -> Option<Conn> {
         self.conns.recv().await
     }
 
     /// The connections as a stream, for tonic's `serve_with_incoming`.
-    pub fn into_stream(
+    pub(crate) fn into_stream(
         self,
     ) -> impl tokio_stream::Stream<Item = io::Result<Conn>> + Send + 'static {
         let guard = self._accept_loop;
@@ -514,4 +514,4 @@ async fn accept_loop(
 }
 
 mod http1;
-pub use http1::{body_deadline, serve_http};
+pub(crate) use http1::serve_http;

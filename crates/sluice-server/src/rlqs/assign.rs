@@ -41,7 +41,7 @@ use sluice::{Decision, Policy};
 
 /// What a client is told to do with a bucket until its next assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assignment {
+pub(crate) enum Assignment {
     /// Every request passes.
     AllowAll,
     /// No request passes.
@@ -52,7 +52,7 @@ pub enum Assignment {
 
 impl Assignment {
     /// The strategy Envoy applies; `interval_secs` is the token bucket's `fill_interval`.
-    pub fn strategy(self, interval_secs: u64) -> RateLimitStrategy {
+    pub(crate) fn strategy(self, interval_secs: u64) -> RateLimitStrategy {
         let strategy = match self {
             Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
             Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
@@ -73,7 +73,7 @@ impl Assignment {
 
 /// `C`: the policy's tightest rate over one reporting interval (at least 1), which the
 /// holders of a key share.
-pub fn pace_cap(policy: &Policy, interval_ms: u64) -> u64 {
+pub(crate) fn pace_cap(policy: &Policy, interval_ms: u64) -> u64 {
     policy
         .limits()
         .iter()
@@ -88,7 +88,7 @@ pub fn pace_cap(policy: &Policy, interval_ms: u64) -> u64 {
 
 /// The share of a client after `decision` (the charge of its report):
 /// `min(floor(R / N), ceil(C / N))`.
-pub fn share(policy: &Policy, decision: &Decision, interval_ms: u64) -> u64 {
+pub(crate) fn share(policy: &Policy, decision: &Decision, interval_ms: u64) -> u64 {
     let left = decision
         .limits()
         .iter()
@@ -100,7 +100,7 @@ pub fn share(policy: &Policy, decision: &Decision, interval_ms: u64) -> u64 {
 }
 
 /// The assignment for a share.
-pub fn assignment(share: u64) -> Assignment {
+pub(crate) fn assignment(share: u64) -> Assignment {
     match u32::try_from(share) {
         Ok(0) => Assignment::DenyAll,
         Ok(n) => Assignment::Tokens(n),

@@ -27,8 +27,8 @@
 //! `expired_assignment_behavior`. A malformed message ends the stream with
 //! `INVALID_ARGUMENT` naming what is wrong, before anything of it is charged.
 
-pub mod assign;
-pub mod rules;
+pub(crate) mod assign;
+pub(crate) mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,22 +50,22 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::state::{Shared, Snapshot};
+use crate::state::{Generation, Shared};
 use assign::Assignment;
 use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
 
 /// The most bytes of one report message.
-pub const MAX_MESSAGE: usize = 1024 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024 * 1024;
 /// The most bytes of a domain.
-pub const MAX_DOMAIN_LEN: usize = 256;
+pub(crate) const MAX_DOMAIN_LEN: usize = 256;
 /// The most bucket usages in one message.
-pub const MAX_USAGES: usize = 1_000;
+pub(crate) const MAX_USAGES: usize = 1_000;
 /// The most buckets one stream may have subscribed at once.
-pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
+pub(crate) const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 
 /// The gRPC service.
 #[derive(Debug)]
-pub struct RlqsService {
+pub(crate) struct RlqsService {
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 }
@@ -76,12 +76,12 @@ impl RlqsService {
     /// turns true, every open stream ends with `UNAVAILABLE` (Envoy opens a new one at its
     /// next report): streams last as long as an Envoy runs, and a graceful shutdown waits
     /// for them.
-    pub fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
         Self { shared, stop }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
+    pub(crate) fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
         RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 }
@@ -290,7 +290,7 @@ impl StreamState {
     /// Answers one report message.
     async fn handle(
         &mut self,
-        snapshot: &Snapshot,
+        snapshot: &Generation,
         reports: RateLimitQuotaUsageReports,
     ) -> Result<RateLimitQuotaResponse, Status> {
         let Some(config) = snapshot.rlqs.as_deref() else {
@@ -388,7 +388,7 @@ impl StreamState {
     /// Decides what to do with one bucket and records it as tracked (or forgets it).
     fn plan<'a>(
         &mut self,
-        snapshot: &'a Snapshot,
+        snapshot: &'a Generation,
         config: &'a RlqsConfig,
         domain: &str,
         i: usize,
@@ -425,7 +425,7 @@ impl StreamState {
                     )));
                 };
                 let key = rule.key(&u.id.bucket);
-                if key.is_empty() || key.len() > sluice::MAX_KEY_LEN {
+                if sluice::check_key(&key).is_err() {
                     return Err(invalid(format!(
                         "bucket_quota_usages[{i}].bucket_id: its key under rule `{}` is {} \
                          bytes; a key is 1 to {}",

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::PositiveDuration;
+use crate::units::PositiveDuration;
 
 /// The most entries of a bucket id.
-pub const MAX_BUCKET_ENTRIES: usize = 32;
+pub(crate) const MAX_BUCKET_ENTRIES: usize = 32;
 /// The most bytes of one name or value of a bucket id.
-pub const MAX_ENTRY_LEN: usize = 256;
+pub(crate) const MAX_ENTRY_LEN: usize = 256;
 
 /// What a bucket no rule matches is assigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -101,7 +101,7 @@ impl BucketRule {
 /// The canonical text of a bucket id: entries sorted by name, `k=v` joined by `,`, with `\`,
 /// `,` and `=` inside names and values escaped by a `\`, so that two bucket ids never share
 /// a text (`{a: "1,b=2"}` is `a=1\,b\=2`, not `{a: 1, b: 2}`'s `a=1,b=2`).
-pub fn canonical(bucket: &HashMap<String, String>) -> String {
+pub(crate) fn canonical(bucket: &HashMap<String, String>) -> String {
     fn push_escaped(out: &mut String, text: &str) {
         for c in text.chars() {
             if matches!(c, '\\' | ',' | '=') {
@@ -143,9 +143,9 @@ pub struct RlqsConfig {
 }
 
 /// The default `rlqs.reporting_interval`.
-pub const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(1);
 /// The default `rlqs.abandon_after`.
-pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(300);
 
 impl RlqsConfig {
     /// The first rule that matches `bucket` in `domain`.
@@ -176,7 +176,7 @@ struct RawRule {
 /// `rlqs:` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRlqs {
+pub(crate) struct RawRlqs {
     #[serde(default)]
     reporting_interval: Option<PositiveDuration>,
     #[serde(default)]
@@ -246,7 +246,7 @@ fn parse_template(
 /// Validates `rlqs:`; `shortest_window` gives the shortest `per` (ms) of a policy of
 /// `policies:`, `None` if there is no such policy. An error names the field:
 /// `rlqs.buckets[1].policy: no policy named `apii` in policies`.
-pub fn rlqs_config(
+pub(crate) fn rlqs_config(
     raw: RawRlqs,
     shortest_window: impl Fn(&str) -> Option<u64>,
 ) -> Result<RlqsConfig, String> {

@@ -46,10 +46,11 @@
 //! * **The limit a request descriptor carries** (`descriptor.limit`, checked first in
 //!   `GetLimit`): see [`RlsConfig::override_limit`].
 //!
-//! Not here: the service-level handling of the response codes (`crate::grpc`).
+//! Not here: the service-level handling of the response codes ([`grpc`]).
 
 mod decode;
 mod error;
+pub(crate) mod grpc;
 mod matcher;
 mod tree;
 mod yaml;

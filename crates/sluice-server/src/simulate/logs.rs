@@ -155,7 +155,7 @@ pub fn read(
             }
         };
         let (t, key, cost) = parsed;
-        if key.is_empty() || key.len() > sluice::MAX_KEY_LEN {
+        if sluice::check_key(&key).is_err() {
             return Err(at(format!(
                 "the key must be 1 to {} bytes, got {} bytes",
                 sluice::MAX_KEY_LEN,

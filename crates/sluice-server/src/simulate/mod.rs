@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sluice::{Algorithm, Limiter, ManualClock, MemoryStore, Policy};
 
-use crate::config::PositiveDuration;
+use crate::units::PositiveDuration;
 
 pub mod logs;
 pub mod render;
@@ -597,15 +597,11 @@ fn parse_policies(
                 };
                 let mut definition = map.clone();
                 definition.remove("name");
-                crate::config::inline_policy(name, &Value::Object(definition))
+                crate::policy_entry::inline_policy(name, &Value::Object(definition))
                     .map_err(|e| bad(path.clone(), e))?
             }
         };
-        if let Some(i) = policy
-            .limits()
-            .iter()
-            .position(|l| l.algorithm() == Algorithm::Concurrency)
-        {
+        if let Some((i, _)) = policy.concurrency_limit() {
             return Err(bad(
                 format!("{path}.limits[{i}]"),
                 "a concurrency limit cannot be simulated: the traffic has no request durations, \
@@ -783,7 +779,7 @@ fn parse_traffic(
     };
     let seed = whole(map, "seed", "traffic.seed")?.unwrap_or(0);
     let cost = whole(map, "cost", "traffic.cost")?.unwrap_or(1);
-    if cost > sluice::core::MAX_AMOUNT {
+    if sluice::check_cost(cost).is_err() {
         return Err(bad("traffic.cost", "at most 2^53 (9007199254740992)"));
     }
     let generated = Generated {

@@ -580,12 +580,7 @@ impl<S: Store> Store for Reserving<S> {
         match op {
             // A concurrency limit is consulted at every check (it admits what could start
             // now): no batch can stand for it, so such policies are never leased.
-            Op::Check { cost }
-                if !policy
-                    .limits()
-                    .iter()
-                    .any(|l| l.algorithm() == Algorithm::Concurrency) =>
-            {
+            Op::Check { cost } if policy.concurrency_limit().is_none() => {
                 self.check_leased(policy, key, cost, now_ms).await
             }
             // Peeks (which see leased units as used), refunds, acquires, holds and releases.

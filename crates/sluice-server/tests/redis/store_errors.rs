@@ -10,11 +10,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-mod common;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -25,6 +24,7 @@ use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sluice::{LimitSpec, Policy};
 use sluice_testkit::{RedisCluster, RedisServer, ServerOptions};
+use support::TestServer;
 use tonic::transport::Channel;
 
 const MAX: u64 = 3;
@@ -116,7 +116,7 @@ impl Fleet {
     }
 
     async fn check(&self, policy: &str, key: &str) -> (StatusCode, Value) {
-        let r = common::post(
+        let r = support::post(
             &self.http,
             &format!("{}/v1/check", self.first().url),
             json!({"policy": policy, "key": key}),
@@ -526,7 +526,7 @@ async fn readyz_follows_the_circuits() {
         for _ in 0..500 {
             i += 1;
             let url = format!("{}/v1/check", s.url);
-            let r = common::post(
+            let r = support::post(
                 &http,
                 &url,
                 json!({"policy": "open", "key": format!("k{i}")}),
@@ -642,7 +642,7 @@ async fn local_admissions_reach_redis_when_it_returns() {
         let cost = u64::from(op != "peek");
         async move {
             let body = json!({"policy": "local", "key": "k", "cost": cost});
-            let r = common::post(&http, &url, body).await;
+            let r = support::post(&http, &url, body).await;
             r.json::<Value>().await.unwrap()
         }
     };

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-mod common;
+use crate::support;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -52,7 +52,7 @@ async fn http_headers_follow_the_store_clock_not_the_servers() {
         "policies:\n  api:\n    limits:\n      - {{ max: 5, per: 1h }}\n{}",
         redis_store(&redis)
     );
-    let s = common::TestServer::start_with_clock(&config, &[], skewed_clock()).await;
+    let s = support::TestServer::start_with_clock(&config, &[], skewed_clock()).await;
     let before = wall_ms();
     let r = reqwest::Client::new()
         .post(format!("{}/v1/check", s.url))
@@ -88,7 +88,7 @@ async fn grpc_reset_follows_the_store_clock_not_the_servers() {
         redis_store(&redis)
     );
     let clock = skewed_clock();
-    let s = common::TestServer::start_with_clock(
+    let s = support::TestServer::start_with_clock(
         &config,
         &[("ratelimit-config/edge.yaml", rules)],
         clock.clone(),

@@ -17,7 +17,7 @@ use sluice_server::config::Config;
 use sluice_testkit::TlsCerts;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-mod common;
+use crate::support;
 
 const RLS_YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 const TOKEN: &str = "admin-token-0123456789abcdef";
@@ -103,7 +103,7 @@ async fn check(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::
 async fn http_and_grpc_answer_over_tls_and_not_in_plaintext() {
     let certs = TlsCerts::generate().unwrap();
     let client = https_client(&certs, false);
-    let server = common::TestServer::start_tls(
+    let server = support::TestServer::start_tls(
         &tls_config(&certs, false),
         &[("ratelimit-config/edge.yaml", RLS_YAML)],
         client.clone(),
@@ -159,7 +159,7 @@ async fn codes_of(
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let certs = TlsCerts::generate().unwrap();
     let client = https_client(&certs, true);
-    let server = common::TestServer::start_tls(
+    let server = support::TestServer::start_tls(
         &tls_config(&certs, true),
         &[("ratelimit-config/edge.yaml", RLS_YAML)],
         client.clone(),
@@ -190,7 +190,7 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
 #[tokio::test]
 async fn the_admin_routes_are_served_on_the_admin_listener_only() {
     let config = "listen:\n  admin: 127.0.0.1:0\nadmin:\n  tokens_file: tokens\npolicies:\n  api:\n    limits:\n      - { max: 2, per: 1m }\n";
-    let server = common::TestServer::start(config, &[("tokens", TOKEN)]).await;
+    let server = support::TestServer::start(config, &[("tokens", TOKEN)]).await;
     let admin = server.admin_url.clone().unwrap();
     let client = reqwest::Client::new();
     let body = json!({"policy": "api", "key": "k"});
@@ -333,7 +333,7 @@ async fn silent_tls_clients_are_closed_before_and_after_the_handshake() {
         "listen:\n  header_timeout: 300ms\n  idle_timeout: 400ms\n",
         1,
     );
-    let server = common::TestServer::start_tls(
+    let server = support::TestServer::start_tls(
         &config,
         &[("ratelimit-config/edge.yaml", RLS_YAML)],
         https_client(&certs, false),

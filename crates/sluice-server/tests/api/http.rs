@@ -22,11 +22,11 @@ policies:
       - { max: 100, per: 1m, algorithm: token_bucket, burst: 20 }
 "#;
 
-mod common;
+use crate::support;
 
-use common::{header, post};
+use support::{header, post};
 
-type Server = common::TestServer;
+type Server = support::TestServer;
 
 async fn start(config: &str) -> Server {
     Server::start(config, &[]).await

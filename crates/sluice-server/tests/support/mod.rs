@@ -25,7 +25,7 @@ pub struct TestServer {
     /// The directory holding it and any extra files.
     pub dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+    done: tokio::task::JoinHandle<Result<(), app::ServeError>>,
 }
 
 impl TestServer {

@@ -39,10 +39,10 @@ descriptors:
       unlimited: true
 "#;
 
-mod common;
+use crate::support;
 
 struct Server {
-    inner: common::TestServer,
+    inner: support::TestServer,
     client: RateLimitServiceClient<Channel>,
     channel: Channel,
     rls_file: std::path::PathBuf,
@@ -56,7 +56,7 @@ async fn start() -> Server {
 async fn start_with(extra_config: &str) -> Server {
     let config = format!("rls:\n  config_dir: ratelimit-config\n{extra_config}");
     let inner =
-        common::TestServer::start(&config, &[("ratelimit-config/edge.yaml", RLS_YAML)]).await;
+        support::TestServer::start(&config, &[("ratelimit-config/edge.yaml", RLS_YAML)]).await;
     let channel = inner.channel().await;
     Server {
         client: RateLimitServiceClient::new(channel.clone()),
@@ -502,9 +502,9 @@ descriptors:
 /// 2026-01-01T00:10:00Z: ten minutes into an hour, so windows end at known distances.
 const TEN_PAST: u64 = 1_767_225_600_000 + 600_000;
 
-async fn start_quota(extra_config: &str) -> (common::TestServer, RateLimitServiceClient<Channel>) {
+async fn start_quota(extra_config: &str) -> (support::TestServer, RateLimitServiceClient<Channel>) {
     let config = format!("rls:\n  config_dir: ratelimit-config\n{extra_config}");
-    let server = common::TestServer::start_with_clock(
+    let server = support::TestServer::start_with_clock(
         &config,
         &[("ratelimit-config/quota.yaml", QUOTA_YAML)],
         sluice::ManualClock::new(TEN_PAST),
@@ -781,7 +781,8 @@ async fn a_configmap_mount_is_read_once_and_its_atomic_update_reloads() {
     assert_eq!(rls.domains().collect::<Vec<_>>(), ["edge"]);
     assert!(rls.warnings().is_empty(), "{:?}", rls.warnings());
 
-    let s = common::TestServer::start(&format!("rls:\n  config_dir: {}\n", m.display()), &[]).await;
+    let s =
+        support::TestServer::start(&format!("rls:\n  config_dir: {}\n", m.display()), &[]).await;
     let client = RateLimitServiceClient::new(s.channel().await);
     let limit = || {
         let mut req = request("edge", &[&[("remote_address", "r")]], 1);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Names counted at most.
-pub const MAX_NAMES: usize = 4_096;
+pub(crate) const MAX_NAMES: usize = 4_096;
 
 /// What became of a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,28 @@ pub enum Outcome {
     Degraded = 2,
     /// The store failed and the policy fails closed.
     Error = 3,
+}
+
+impl Outcome {
+    /// The outcome of a decision, derived here once for the metrics and the counts: a
+    /// degraded decision is degraded whatever it answered.
+    pub(crate) fn of(degraded: bool, allowed: bool) -> Self {
+        match (degraded, allowed) {
+            (true, _) => Self::Degraded,
+            (false, true) => Self::Allowed,
+            (false, false) => Self::Denied,
+        }
+    }
+
+    /// Its `outcome` label in the metrics.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Degraded => "degraded",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// The counts of one name.

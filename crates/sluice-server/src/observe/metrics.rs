@@ -15,13 +15,17 @@
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |
 //! | `sluice_config_reloads_total` | result (ok/error) |
+//! | `sluice_connections_open` (gauge) | listener (http/grpc/admin): connections open now (recorded by `conn`) |
+//! | `sluice_connections_limited_total` | listener: times it reached `listen.max_connections` (recorded by `conn`) |
+//! | `sluice_connection_timeouts_total` | listener, timeout (idle/header/body/handshake) (recorded by `conn`) |
+//! | `sluice_rlqs_requests_total` | rule (an `rlqs.buckets` rule's name), result (charged/lost/denied) (recorded by `rlqs`) |
+//! | `sluice_rlqs_actions_total` | action (token_bucket/deny_all/allow_all/abandon/store_error) (recorded by `rlqs`) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::state::StoreHandle;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Histogram buckets for store latency, in seconds: 100 µs to 1 s.
@@ -33,7 +37,7 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle; `None` when
 /// another recorder was installed first (an embedding application's).
-pub fn handle() -> Option<&'static PrometheusHandle> {
+pub(crate) fn handle() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new();
@@ -61,7 +65,7 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 }
 
 /// The text exposition of every metric.
-pub fn render() -> Option<String> {
+pub(crate) fn render() -> Option<String> {
     handle().map(|h| {
         h.run_upkeep();
         h.render()
@@ -69,7 +73,12 @@ pub fn render() -> Option<String> {
 }
 
 /// Counts one decision.
-pub fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'static str) {
+pub(crate) fn decision(
+    policy: &std::sync::Arc<str>,
+    op: &'static str,
+    outcome: crate::observe::stats::Outcome,
+) {
+    let outcome = outcome.as_str();
     // An `Arc<str>` label is a reference count, not an allocation per request.
     metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome)
         .increment(1);
@@ -77,7 +86,7 @@ pub fn decision(policy: &std::sync::Arc<str>, op: &'static str, outcome: &'stati
 
 /// Counts one Envoy descriptor's hits under its rule's statistics key (the reference's
 /// per-rule `total_hits` split by result: `within_limit`, `over_limit`, `shadow_mode`).
-pub fn rls_hits(
+pub(crate) fn rls_hits(
     domain: &std::sync::Arc<str>,
     key: &std::sync::Arc<str>,
     result: &'static str,
@@ -88,12 +97,12 @@ pub fn rls_hits(
 }
 
 /// Records how long a decision took (store call and failure mode included).
-pub fn decision_latency(op: &'static str, took: Duration) {
+pub(crate) fn decision_latency(op: &'static str, took: Duration) {
     metrics::histogram!("sluice_decision_latency_seconds", "op" => op).record(took.as_secs_f64());
 }
 
 /// Publishes the reservation layer's counters (called before rendering).
-pub fn reservation(stats: sluice::ReserveStats) {
+pub(crate) fn reservation(stats: sluice::ReserveStats) {
     for (what, n) in [
         ("local", stats.local),
         ("cached_denial", stats.cached_denials),
@@ -107,20 +116,18 @@ pub fn reservation(stats: sluice::ReserveStats) {
 }
 
 /// Publishes each shard's circuit breaker (called before rendering).
-pub fn circuits(store: &StoreHandle) {
-    if let StoreHandle::Redis(sharded) = store {
-        for shard in sharded.shards() {
-            let name = shard.name().to_owned();
-            metrics::gauge!("sluice_store_circuit_state", "store" => name.clone())
-                .set(shard.state().as_gauge());
-            metrics::counter!("sluice_store_circuit_opened_total", "store" => name)
-                .absolute(shard.opened_total());
-        }
+pub(crate) fn circuits(sharded: &sluice_redis::ShardedStore) {
+    for shard in sharded.shards() {
+        let name = shard.name().to_owned();
+        metrics::gauge!("sluice_store_circuit_state", "store" => name.clone())
+            .set(shard.state().as_gauge());
+        metrics::counter!("sluice_store_circuit_opened_total", "store" => name)
+            .absolute(shard.opened_total());
     }
 }
 
 /// Counts a configuration reload.
-pub fn reload(ok: bool) {
+pub(crate) fn reload(ok: bool) {
     let result = if ok { "ok" } else { "error" };
     metrics::counter!("sluice_config_reloads_total", "result" => result).increment(1);
 }

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
-mod common;
+use crate::support;
 
-use common::{header, post};
+use support::{header, post};
 
 const POLICIES: &str = r#"
 policies:
@@ -34,7 +34,7 @@ async fn refused(r: reqwest::Response) -> String {
 
 #[tokio::test]
 async fn leases_are_taken_up_to_the_limit_and_released() {
-    let s = common::TestServer::start(POLICIES, &[]).await;
+    let s = support::TestServer::start(POLICIES, &[]).await;
     let c = Client::new();
     let acquire = format!("{}/v1/acquire", s.url);
     let release = format!("{}/v1/release", s.url);
@@ -115,7 +115,7 @@ async fn leases_are_taken_up_to_the_limit_and_released() {
 #[tokio::test]
 async fn an_acquire_naming_its_lease_renews_it_without_counting_again() {
     let clock = sluice::ManualClock::new(1_700_000_000_000);
-    let s = common::TestServer::start_with_clock(POLICIES, &[], clock.clone()).await;
+    let s = support::TestServer::start_with_clock(POLICIES, &[], clock.clone()).await;
     let c = Client::new();
     let acquire = format!("{}/v1/acquire", s.url);
     let first: Value = post(&c, &acquire, json!({"policy": "jobs", "key": "k"}))
@@ -161,7 +161,7 @@ async fn an_acquire_naming_its_lease_renews_it_without_counting_again() {
 
 #[tokio::test]
 async fn bad_acquires_and_releases_are_refused_by_name() {
-    let s = common::TestServer::start(POLICIES, &[]).await;
+    let s = support::TestServer::start(POLICIES, &[]).await;
     let c = Client::new();
     let acquire = format!("{}/v1/acquire", s.url);
     let release = format!("{}/v1/release", s.url);
@@ -271,7 +271,7 @@ async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
         "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
         redis.url()
     );
-    let s = common::TestServer::start(&config, &[]).await;
+    let s = support::TestServer::start(&config, &[]).await;
     let c = Client::new();
     let holding = Arc::new(AtomicU64::new(0));
     let peak = Arc::new(AtomicU64::new(0));
@@ -325,7 +325,7 @@ async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
 /// of 16. Both are refused, naming the field.
 #[tokio::test]
 async fn an_acquire_of_nothing_and_a_short_lease_id_are_refused() {
-    let s = common::TestServer::start(POLICIES, &[]).await;
+    let s = support::TestServer::start(POLICIES, &[]).await;
     let c = Client::new();
     let acquire = format!("{}/v1/acquire", s.url);
     let release = format!("{}/v1/release", s.url);

@@ -46,9 +46,10 @@ use sluice::{LimitSpec, Policy};
 use tonic::{Request, Response, Status};
 
 use crate::config::{ResponseHeaders, RlsSettings};
-use crate::metrics;
+use crate::observe::metrics;
+use crate::observe::stats::Outcome;
 use crate::rls::{Match, Unit};
-use crate::state::{ServerLimiter, Shared, Snapshot};
+use crate::state::{Generation, ServerLimiter, Shared};
 
 /// The metric label of a domain that is not configured: labels never carry what a client
 /// made up.
@@ -61,21 +62,21 @@ const MAX_CACHED_POLICIES: usize = 4_096;
 /// Distinct per-rule statistics keys (`sluice_rls_hits_total{key}`) kept up to this many per
 /// process; later ones (only `detailed_metric`, `value_to_metric` and request-carried limits
 /// make keys from request values) are counted under `<domain>.other`.
-pub const MAX_STATS_KEYS: usize = 1_000;
+pub(crate) const MAX_STATS_KEYS: usize = 1_000;
 
 /// The most bytes of a `ShouldRateLimit` request message (an Envoy request is a few hundred);
 /// a larger one is refused by the transport before it is decoded.
-pub const MAX_MESSAGE: usize = 64 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 /// The most bytes of a request's domain.
-pub const MAX_DOMAIN_LEN: usize = 256;
+pub(crate) const MAX_DOMAIN_LEN: usize = 256;
 /// The most descriptors in one request.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 32;
+pub(crate) const MAX_ENTRIES: usize = 32;
 
 /// The gRPC service.
 #[derive(Debug)]
-pub struct RlsService {
+pub(crate) struct RlsService {
     shared: Arc<Shared>,
     /// One policy per (window, requests per unit, failure mode), built on first use.
     policies: Mutex<HashMap<(u64, u32, sluice::FailureMode), Policy>>,
@@ -85,7 +86,7 @@ pub struct RlsService {
 
 impl RlsService {
     /// A service over the server's shared state.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             policies: Mutex::new(HashMap::new()),
@@ -94,7 +95,7 @@ impl RlsService {
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+    pub(crate) fn into_server(self) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 
@@ -215,7 +216,7 @@ fn check_bounds(req: &RateLimitRequest) -> Result<(), Status> {
             ));
         }
         let cost = hits(req.hits_addend, d);
-        if cost > sluice::core::MAX_AMOUNT {
+        if sluice::check_cost(cost).is_err() {
             return refuse(format!(
                 "descriptors[{i}].hits_addend {cost} is too large; at most 2^53 ({})",
                 sluice::core::MAX_AMOUNT
@@ -272,9 +273,9 @@ impl RateLimitService for RlsService {
         let answer = self.answer(&snapshot, &label, req).await;
         metrics::decision_latency("should_rate_limit", started.elapsed());
         let outcome = match &answer {
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => "denied",
-            Ok(_) => "allowed",
-            Err(_) => "error",
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
+            Ok(_) => Outcome::Allowed,
+            Err(_) => Outcome::Error,
         };
         metrics::decision(&label, "should_rate_limit", outcome);
         answer.map(Response::new)
@@ -284,7 +285,7 @@ impl RateLimitService for RlsService {
 impl RlsService {
     async fn answer(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Generation,
         label: &Arc<str>,
         req: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
@@ -322,7 +323,7 @@ impl RlsService {
         // Every counter key fits before anything is charged: all or nothing.
         for (i, m) in matches.iter().enumerate() {
             if let Some(m) = m
-                && m.counter_key.len() > sluice::MAX_KEY_LEN
+                && sluice::check_key(&m.counter_key).is_err()
             {
                 return Err(Status::invalid_argument(format!(
                     "descriptors[{i}]: its counter key (domain and entries) is {} bytes, more \
@@ -406,14 +407,9 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                self.shared.counts().count(
-                    &rule,
-                    match (part.degraded, part.limited) {
-                        (Some(_), _) => crate::stats::Outcome::Degraded,
-                        (None, true) => crate::stats::Outcome::Denied,
-                        (None, false) => crate::stats::Outcome::Allowed,
-                    },
-                );
+                self.shared
+                    .counts()
+                    .count(&rule, Outcome::of(part.degraded.is_some(), !part.limited));
                 // What was spent stands only if the request passed; a refused one was refunded.
                 if part.limited || !refused {
                     self.shared

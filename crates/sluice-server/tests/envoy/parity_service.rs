@@ -29,7 +29,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -62,7 +62,7 @@ const OVER: Code = Code::OverLimit;
 const REFERENCE_DEFAULTS: &str = "  response_headers: off\n";
 
 struct Rls {
-    server: common::TestServer,
+    server: support::TestServer,
     client: RateLimitServiceClient<Channel>,
     clock: ManualClock,
 }
@@ -83,7 +83,7 @@ impl Rls {
             .map(|(path, (_, text))| (path.as_str(), *text))
             .collect();
         let clock = ManualClock::new(now_ms);
-        let server = common::TestServer::start_with_clock(&config, &files, clock.clone()).await;
+        let server = support::TestServer::start_with_clock(&config, &files, clock.clone()).await;
         let client = RateLimitServiceClient::new(server.channel().await);
         Self {
             server,
@@ -616,7 +616,7 @@ async fn an_empty_domain_or_descriptor_list_is_an_error() {
 // (FAILED_PRECONDITION), never an answer.
 #[tokio::test]
 async fn no_rate_limit_configuration_is_an_error() {
-    let server = common::TestServer::start("{}\n", &[]).await;
+    let server = support::TestServer::start("{}\n", &[]).await;
     let mut client = RateLimitServiceClient::new(server.channel().await);
     let e = client
         .should_rate_limit(simple("test-domain", &[&[("hello", "world")]], 1))

@@ -3,13 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
+use support::TestServer;
 
 const POLICIES: &str = r#"
 policies:

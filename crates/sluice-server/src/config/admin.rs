@@ -9,8 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::Response;
+use axum::http::HeaderMap;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
@@ -116,28 +115,12 @@ impl AdminConfig {
     }
 }
 
-/// `401 unauthorized` for an admin route without a valid token, with the challenge.
-pub(crate) fn unauthorized(route: &str) -> Response {
-    let mut r = crate::http::error(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        format!(
-            "{route} is an admin route: send `Authorization: Bearer <token>` with a token from \
-             the server's admin.tokens_file or admin.tokens_env"
-        ),
-    );
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
-    );
-    r
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use axum::http::{HeaderValue, header};
 
     fn config(tokens: &[&str]) -> AdminConfig {
         AdminConfig {

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-mod common;
+use crate::support;
 
 const TOKEN: &str = "top-admin-token-0123456789";
 const CONFIG: &str = "admin:\n  tokens_file: tokens\ntop:\n  capacity: 8\n  window: 1m\npolicies:\n  api:\n    limits:\n      - { max: 3, per: 1h }\nrls:\n  config_dir: ratelimit-config\n";
@@ -27,7 +27,7 @@ async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
 
 #[tokio::test]
 async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() {
-    let s = common::TestServer::start(
+    let s = support::TestServer::start(
         CONFIG,
         &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
     )
@@ -126,7 +126,7 @@ async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() 
 
 #[tokio::test]
 async fn bad_top_queries_name_what_is_wrong() {
-    let s = common::TestServer::start(
+    let s = support::TestServer::start(
         CONFIG,
         &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
     )
@@ -170,7 +170,7 @@ fn a_capacity_over_the_bound_is_refused() {
 
 #[tokio::test]
 async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
-    let s = common::TestServer::start(
+    let s = support::TestServer::start(
         CONFIG,
         &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
     )
@@ -227,7 +227,7 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
 /// An unknown path's 404 lists the API: every route the server has.
 #[tokio::test]
 async fn an_unknown_path_names_every_route() {
-    let s = common::TestServer::start(
+    let s = support::TestServer::start(
         CONFIG,
         &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
     )

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_server::simulate::{Bounds, Report, SimError, Simulation};
 
-mod common;
+use crate::support;
 
 fn simulate(request: Value) -> Result<Report, SimError> {
     Simulation::from_request(&request, &[], &Bounds::default())?.run()
@@ -525,7 +525,7 @@ async fn post(url: &str, body: &Value, token: Option<&str>) -> (StatusCode, Valu
 
 #[tokio::test]
 async fn the_route_compares_a_configured_policy_with_an_inline_candidate() {
-    let s = common::TestServer::start(CONFIG, &[]).await;
+    let s = support::TestServer::start(CONFIG, &[]).await;
     let (status, body) = post(
         &s.url,
         &json!({
@@ -585,7 +585,7 @@ async fn the_route_compares_a_configured_policy_with_an_inline_candidate() {
 
 #[tokio::test]
 async fn bad_requests_are_400s_naming_the_field_and_the_body_cap_is_8_mib() {
-    let s = common::TestServer::start(CONFIG, &[]).await;
+    let s = support::TestServer::start(CONFIG, &[]).await;
     for (request, field, words) in bad_requests() {
         let (status, e) = post(&s.url, &request, None).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{request}: {e}");
@@ -672,7 +672,7 @@ const TOKEN: &str = "simulate-admin-token-0123456789";
 #[tokio::test]
 async fn with_an_admin_section_the_route_needs_a_token_and_lives_on_the_admin_listener() {
     let config = format!("admin:\n  tokens_file: tokens\n{CONFIG}");
-    let s = common::TestServer::start(&config, &[("tokens", TOKEN)]).await;
+    let s = support::TestServer::start(&config, &[("tokens", TOKEN)]).await;
     let body = json!({"policies": [{"policy": "api"}], "traffic": steady(1.0, "1s")});
     let (status, e) = post(&s.url, &body, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{e}");
@@ -682,7 +682,7 @@ async fn with_an_admin_section_the_route_needs_a_token_and_lives_on_the_admin_li
     s.stop().await;
 
     let config = format!("listen:\n  admin: 127.0.0.1:0\nadmin:\n  tokens_file: tokens\n{CONFIG}");
-    let s = common::TestServer::start(&config, &[("tokens", TOKEN)]).await;
+    let s = support::TestServer::start(&config, &[("tokens", TOKEN)]).await;
     let (status, e) = post(&s.url, &body, Some(TOKEN)).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{e}");
     assert_eq!(e["error"]["code"], "admin_listener");
@@ -724,7 +724,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     // … and so does the route, with a 400 naming the bound.
-    let s = common::TestServer::start(CONFIG, &[]).await;
+    let s = support::TestServer::start(CONFIG, &[]).await;
     let (status, e) = post(&s.url, &corner, None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
     let message = e["error"]["message"].as_str().unwrap();
@@ -770,7 +770,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
 async fn more_simulations_at_once_than_allowed_are_refused_busy() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     assert_eq!(sluice_server::simulate::MAX_CONCURRENT, 2);
-    let s = common::TestServer::start(CONFIG, &[]).await;
+    let s = support::TestServer::start(CONFIG, &[]).await;
     let body = json!({"policies": [{"policy": "api"}], "traffic": steady(2.0, "60s")}).to_string();
     let addr = s.url.trim_start_matches("http://").to_owned();
     let mut holders = Vec::new();
@@ -805,7 +805,7 @@ async fn more_simulations_at_once_than_allowed_are_refused_busy() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert_eq!(
-        common::header(&refusal, "retry-after").as_deref(),
+        support::header(&refusal, "retry-after").as_deref(),
         Some("1")
     );
     let e: Value = refusal.json().await.unwrap();
@@ -837,7 +837,7 @@ async fn more_simulations_at_once_than_allowed_are_refused_busy() {
 /// in the body itself and in an inline policy of the command.
 #[tokio::test]
 async fn a_field_given_twice_is_refused_naming_it() {
-    let s = common::TestServer::start(CONFIG, &[]).await;
+    let s = support::TestServer::start(CONFIG, &[]).await;
     let r = reqwest::Client::new()
         .post(format!("{}/v1/simulate", s.url))
         .body(r#"{"policies": [{"policy": "api"}], "traffic": {"pattern": "steady", "rate": 1, "rate": 2, "duration": "1m"}}"#)

@@ -12,8 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-mod common;
-use common::TestServer;
+use crate::support;
+use support::TestServer;
 
 const POLICY: &str = "policies:\n  api:\n    limits:\n      - { max: 1000, per: 1m }\n";
 

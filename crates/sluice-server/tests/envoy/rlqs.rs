@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::support;
 
 use std::time::Duration;
 
@@ -319,7 +319,7 @@ impl Envoy {
     }
 }
 
-async fn peek_used(server: &common::TestServer, policy: &str, key: &str) -> u64 {
+async fn peek_used(server: &support::TestServer, policy: &str, key: &str) -> u64 {
     let body: serde_json::Value = reqwest::Client::new()
         .post(format!("{}/v1/peek", server.url))
         .json(&serde_json::json!({"policy": policy, "key": key, "cost": 0}))
@@ -368,7 +368,7 @@ async fn eight_envoys_one_hot_bucket(store: &str, sluices: usize) {
     let mut channels = Vec::new();
     for _ in 0..sluices {
         let server =
-            common::TestServer::start_with_clock(&format!("{HOT}{store}"), &[], clock.clone())
+            support::TestServer::start_with_clock(&format!("{HOT}{store}"), &[], clock.clone())
                 .await;
         channels.push(server.channel().await);
         servers.push(server);
@@ -453,7 +453,7 @@ async fn eight_concurrent_streams_stay_within_the_bound_over_redis() {
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(
+    let server = support::TestServer::start_with_clock(
         &format!("{HOT}{}", redis_store(&redis)),
         &[],
         clock.clone(),
@@ -530,7 +530,7 @@ rlqs:
 #[tokio::test]
 async fn a_share_shrinks_as_others_consume() {
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
     let channel = server.channel().await;
     let b = bucket(&[("route", "a")]);
     let mut a = Stream::open(&channel).await;
@@ -562,7 +562,7 @@ async fn a_share_shrinks_as_others_consume() {
 #[tokio::test]
 async fn a_reconnected_stream_carries_on_from_the_store() {
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
     let channel = server.channel().await;
     let b = bucket(&[("route", "a")]);
     let mut envoy = Envoy::connect(&channel, "edge", &clock).await;
@@ -590,7 +590,7 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
     let config = format!("{SHARES}{}", redis_store(&redis));
     let clock = ManualClock::new(T0);
     let b = bucket(&[("route", "a")]);
-    let first = common::TestServer::start_with_clock(&config, &[], clock.clone()).await;
+    let first = support::TestServer::start_with_clock(&config, &[], clock.clone()).await;
     let mut stream = Stream::open(&first.channel().await).await;
     let r = stream.report("edge", &[(&b, 300)]).await.unwrap();
     assert_eq!(seen(&r), [Seen::Tokens(500)]);
@@ -599,7 +599,7 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
     let e = stream.rx.message().await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
 
-    let second = common::TestServer::start_with_clock(&config, &[], clock.clone()).await;
+    let second = support::TestServer::start_with_clock(&config, &[], clock.clone()).await;
     let mut stream = Stream::open(&second.channel().await).await;
     let r = stream.report("edge", &[(&b, 0)]).await.unwrap();
     // 300 still counted, and the first stream's holder too (it counts for the window): the
@@ -614,7 +614,7 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
 #[tokio::test]
 async fn unmatched_buckets_reloads_and_abandoning() {
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
     let channel = server.channel().await;
     let routed = bucket(&[("route", "a")]);
     let stray = bucket(&[("user", "x")]);
@@ -685,7 +685,7 @@ async fn unmatched_buckets_reloads_and_abandoning() {
 #[tokio::test]
 async fn bad_input_is_invalid_argument_and_charges_nothing() {
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
     let channel = server.channel().await;
     let good = bucket(&[("route", "a")]);
     let long = "v".repeat(300);
@@ -747,7 +747,7 @@ async fn bad_input_is_invalid_argument_and_charges_nothing() {
 
 #[tokio::test]
 async fn without_an_rlqs_section_streams_are_refused() {
-    let server = common::TestServer::start("{}\n", &[]).await;
+    let server = support::TestServer::start("{}\n", &[]).await;
     let mut s = Stream::open(&server.channel().await).await;
     let e = s
         .report("edge", &[(&bucket(&[("a", "b")]), 1)])
@@ -804,7 +804,7 @@ fn a_rule_on_a_concurrency_policy_is_refused() {
 #[tokio::test]
 async fn a_bucket_twice_in_one_message_is_summed() {
     let clock = ManualClock::new(T0);
-    let server = common::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
+    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
     let mut s = Stream::open(&server.channel().await).await;
     let ab = bucket(&[("route", "a"), ("x", "1")]);
     let ba = bucket(&[("x", "1"), ("route", "a")]);
@@ -824,7 +824,7 @@ async fn a_stalled_redis_store_gets_no_action_and_the_stream_lives_on() {
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
     let config = format!("{SHARES}{}  timeout: 200ms\n", redis_store(&redis));
-    let server = common::TestServer::start_with_clock(&config, &[], ManualClock::new(T0)).await;
+    let server = support::TestServer::start_with_clock(&config, &[], ManualClock::new(T0)).await;
     let mut s = Stream::open(&server.channel().await).await;
     let routed = bucket(&[("route", "a")]);
     let stray = bucket(&[("user", "x")]);

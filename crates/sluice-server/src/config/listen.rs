@@ -1,0 +1,124 @@
+//! The `listen` section: the addresses, and what a connection may hold.
+
+use super::*;
+
+/// A listen address as written: `IP:port`. A port alone or a host name is refused with what
+/// to write instead: which interfaces to expose is a decision to state, not to guess.
+pub(super) struct ListenAddr(pub(super) SocketAddr);
+
+impl ListenAddr {
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        if let Ok(addr) = text.trim().parse() {
+            return Ok(Self(addr));
+        }
+        let port = text.trim().trim_start_matches(':');
+        if port.parse::<u16>().is_ok() {
+            return Err(format!(
+                "`{text}` is a port alone; write IP:port: 127.0.0.1:{port} (this machine only) \
+                 or 0.0.0.0:{port} (every interface; [::]:{port} for IPv6 too)"
+            ));
+        }
+        if let Some((host, port)) = text.trim().rsplit_once(':')
+            && port.parse::<u16>().is_ok()
+        {
+            let instead = if host == "localhost" {
+                format!("127.0.0.1:{port} (or [::1]:{port})")
+            } else {
+                format!("the IP address {host} stands for, e.g. 10.0.0.5:{port}")
+            };
+            return Err(format!(
+                "`{text}` names a host; a listener binds an IP address, not a name: write \
+                 {instead}, or 0.0.0.0:{port} for every interface"
+            ));
+        }
+        Err(format!(
+            "`{text}` is not a socket address; write IP:port, e.g. 127.0.0.1:8080, \
+             0.0.0.0:8080 or [::]:8080"
+        ))
+    }
+}
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = ListenAddr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address such as 127.0.0.1:8080")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenAddr, E> {
+                ListenAddr::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListenAddr, E> {
+                ListenAddr::parse(&v.to_string()).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListen {
+    pub(super) http: Option<ListenAddr>,
+    pub(super) grpc: Option<ListenAddr>,
+    #[serde(default)]
+    pub(super) admin: Option<ListenAddr>,
+    #[serde(default)]
+    pub(super) tls: Option<crate::tls::RawListenTls>,
+    #[serde(default)]
+    pub(super) header_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    pub(super) body_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    pub(super) idle_timeout: Option<PositiveDuration>,
+    #[serde(default)]
+    pub(super) max_connections: Option<usize>,
+}
+
+/// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
+/// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
+/// reporting intervals, and one given must be longer than an interval.
+pub(super) fn conn_limits(
+    raw: &RawListen,
+    reporting_interval: Option<Duration>,
+) -> Result<crate::conn::ConnLimits, String> {
+    let defaults = crate::conn::ConnLimits::default();
+    let text =
+        |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let idle_timeout = match (raw.idle_timeout, reporting_interval) {
+        (None, None) => defaults.idle_timeout,
+        (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
+        (Some(idle), Some(interval)) if idle.0 <= interval => {
+            return Err(format!(
+                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
+                 Envoy's quota stream is silent between two reports and would be closed",
+                text(idle.0),
+                text(interval)
+            ));
+        }
+        (Some(idle), _) => idle.0,
+    };
+    let max_connections = match raw.max_connections {
+        None => defaults.max_connections,
+        Some(0) => {
+            return Err(
+                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
+            );
+        }
+        Some(n) if n > crate::conn::MAX_CONNECTIONS => {
+            return Err(format!(
+                "listen.max_connections: {n} is more than {} (each open connection holds a file \
+                 descriptor and memory)",
+                crate::conn::MAX_CONNECTIONS
+            ));
+        }
+        Some(n) => n,
+    };
+    Ok(crate::conn::ConnLimits {
+        header_timeout: raw.header_timeout.map_or(defaults.header_timeout, |d| d.0),
+        body_timeout: raw.body_timeout.map_or(defaults.body_timeout, |d| d.0),
+        idle_timeout,
+        max_connections,
+    })
+}

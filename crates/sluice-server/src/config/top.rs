@@ -1,0 +1,39 @@
+//! The `top` section: the heavy-hitter summaries' size and window.
+
+use super::*;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTop {
+    #[serde(default)]
+    pub(super) capacity: Option<usize>,
+    #[serde(default)]
+    pub(super) window: Option<PositiveDuration>,
+}
+
+/// `top`: how many keys per policy the heavy-hitter summaries hold, over what window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopSettings {
+    /// Keys held per policy and measure (0: none).
+    pub capacity: usize,
+    /// The epoch length: a reading covers one to two of them.
+    pub window_ms: u64,
+}
+
+/// The default `top.capacity`.
+pub const DEFAULT_TOP_CAPACITY: usize = 64;
+/// The largest `top.capacity`.
+pub const MAX_TOP_CAPACITY: usize = 10_000;
+
+pub(super) fn top_config(raw: RawTop) -> Result<TopSettings, String> {
+    let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
+    if capacity > MAX_TOP_CAPACITY {
+        return Err(format!(
+            "top.capacity: at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"
+        ));
+    }
+    Ok(TopSettings {
+        capacity,
+        window_ms: raw.window.map_or(60_000, PositiveDuration::millis),
+    })
+}

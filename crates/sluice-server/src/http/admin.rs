@@ -1,0 +1,308 @@
+//! The admin routes beside the decisions: forgetting a key, the policy list, the top keys, the
+//! stats the dashboard polls, the simulator and the metrics.
+
+use super::*;
+
+// ----- the rest -----------------------------------------------------------------------------
+
+pub(super) async fn forget(
+    State(shared): State<Arc<Shared>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    // A percent-escape that is not UTF-8 (`%ff`): JSON like every other error, not axum's text.
+    let (policy, key) = match path {
+        Ok(Path(pair)) => pair,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("the path could not be read: {}", rejection.body_text()),
+            );
+        }
+    };
+    let snapshot = shared.snapshot();
+    if snapshot.limiter.policy(&policy).is_none() {
+        return unknown_policy(&policy, &snapshot);
+    }
+    match snapshot.limiter.forget(&policy, &key).await {
+        // No body, so no content type.
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(LimitError::Store(e)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("the store cannot answer: {e}"),
+        ),
+        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+    }
+}
+
+pub(super) async fn policies(State(shared): State<Arc<Shared>>) -> Response {
+    let snapshot = shared.snapshot();
+    let mut list: Vec<&Policy> = snapshot.limiter.policies().collect();
+    list.sort_by(|a, b| a.name().cmp(b.name()));
+    let policies: Vec<Value> = list
+        .into_iter()
+        .map(|p| {
+            let limits: Vec<Value> = p
+                .limits()
+                .iter()
+                .map(|l| {
+                    let mut v = json!({
+                        "max": l.max(),
+                        "per_ms": l.per_ms(),
+                        "algorithm": l.algorithm().as_str(),
+                    });
+                    match l.algorithm() {
+                        sluice::Algorithm::SlidingWindow => {
+                            v["precision_ms"] = json!(l.precision_ms())
+                        }
+                        sluice::Algorithm::TokenBucket => v["burst"] = json!(l.burst()),
+                        sluice::Algorithm::FixedWindow => v["align"] = json!(l.align()),
+                        _ => {}
+                    }
+                    v
+                })
+                .collect();
+            json!({"name": p.name(), "on_store_error": p.failure_mode().as_str(), "limits": limits})
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "policies": policies,
+            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
+        }),
+    )
+}
+
+/// The most `limit` keys `GET /v1/top` answers.
+pub const MAX_TOP_LIMIT: usize = 100;
+
+/// `GET /v1/top?policy=…&by=denied|used&limit=…`: a policy's (or an Envoy rule's) heaviest
+/// keys over the recent window, with what each has left now for configured policies.
+pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Response {
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let pairs: Vec<(String, String)> =
+        match serde_urlencoded::from_str(query.as_deref().unwrap_or("")) {
+            Ok(p) => p,
+            Err(e) => return bad(format!("the query string is not form-encoded: {e}")),
+        };
+    let (mut policy, mut by, mut limit) = (None, crate::observe::top::Measure::Denied, 10usize);
+    for (name, value) in pairs {
+        match name.as_str() {
+            "policy" => policy = Some(value),
+            "by" => match value.parse() {
+                Ok(m) => by = m,
+                Err(e) => return bad(e),
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
+                _ => {
+                    return bad(format!(
+                        "`limit` must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"
+                    ));
+                }
+            },
+            other => {
+                return bad(format!(
+                    "unknown query parameter `{other}`; expected policy, by, limit"
+                ));
+            }
+        }
+    }
+    let Some(policy) = policy else {
+        return bad(
+            "`policy` is required: a configured policy, or an Envoy rule's statistics key \
+                    (e.g. `edge.remote_address`)"
+                .to_owned(),
+        );
+    };
+    let snapshot = shared.snapshot();
+    let configured = snapshot.limiter.policy(&policy);
+    if configured.is_none() && !shared.top().tracks(&policy) {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_policy",
+            format!(
+                "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
+                 {}; Envoy rules appear under their statistics key once they have seen traffic",
+                {
+                    let mut names: Vec<&str> =
+                        snapshot.limiter.policies().map(Policy::name).collect();
+                    names.sort_unstable();
+                    names.join(", ")
+                }
+            ),
+        );
+    }
+    let now = sluice::Clock::now_ms(shared.clock());
+    let reading = shared.top().read(&policy, by, limit, now);
+    let mut keys = Vec::with_capacity(reading.keys.len());
+    for c in &reading.keys {
+        let mut entry = json!({"key": &*c.key, "count": c.count, "error": c.error});
+        if let Some(p) = configured {
+            // What the key has left now (a peek of 0 records nothing); null if the store
+            // cannot say.
+            entry["remaining"] = match snapshot.limiter.peek_policy(p, &c.key, 0).await {
+                Ok(d) if d.degraded.is_none() => json!(d.remaining()),
+                _ => Value::Null,
+            };
+        }
+        keys.push(entry);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "policy": policy,
+            "by": match by {
+                crate::observe::top::Measure::Used => "used",
+                crate::observe::top::Measure::Denied => "denied",
+            },
+            "since_ms": reading.from_ms,
+            "total": reading.total,
+            "capacity": shared.top().capacity(),
+            "keys": keys,
+        }),
+    )
+}
+
+/// `GET /v1/stats`: checks per policy and outcome since start, the store's shards (circuit,
+/// a ping's latency), reservation and reload status: what the dashboard polls.
+pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
+    let now = sluice::Clock::now_ms(shared.clock());
+    let policies = shared.counts().read();
+    let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
+        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    let store = match shared.store() {
+        crate::state::StoreHandle::Memory(m) => {
+            json!({"kind": "memory", "keys": m.len(), "shards": []})
+        }
+        crate::state::StoreHandle::Redis(sharded) => {
+            let mut shards = Vec::with_capacity(sharded.shards().len());
+            for shard in sharded.shards() {
+                let started = std::time::Instant::now();
+                let mut s = ping(started, shard.inner().ping().await);
+                s["name"] = json!(shard.name());
+                s["circuit"] = json!(shard.state().as_str());
+                s["opened_total"] = json!(shard.opened_total());
+                shards.push(s);
+            }
+            json!({"kind": "redis", "shards": shards})
+        }
+        crate::state::StoreHandle::Cluster(cluster) => {
+            let started = std::time::Instant::now();
+            let mut s = ping(started, cluster.ping().await);
+            s["name"] = json!(cluster.name());
+            json!({"kind": "cluster", "shards": [s]})
+        }
+    };
+    let reservation = shared.reserving().map(|r| {
+        let s = r.stats();
+        json!({
+            "local": s.local, "cached_denials": s.cached_denials, "fetches": s.fetches,
+            "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
+        })
+    });
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "now_ms": now,
+            "policies": policies,
+            "store": store,
+            "reservation": reservation,
+            "config": {"generation": shared.snapshot().number, "last_reload_error": shared.last_reload_error()},
+        }),
+    )
+}
+
+/// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
+/// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
+/// a request the simulator refuses is a 400 naming the field or the bound.
+/// An admin route: it reads configured policies' limits, and it spends CPU on request. At
+/// most [`crate::simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
+/// read (so a refused request costs no buffer) and held by the work itself until it ends,
+/// even if the client leaves.
+pub(super) async fn simulate(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+) -> Response {
+    let Ok(slot) = shared.simulations().clone().try_acquire_owned() else {
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "{n} simulations are running, the most this server runs at once \
+                 (max_concurrent {n}); retry in a moment",
+                n = crate::simulate::MAX_CONCURRENT
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    };
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let bytes = match <Bytes as axum::extract::FromRequest<()>>::from_request(request, &()).await {
+        Ok(b) => b,
+        Err(rejection) => {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
+                         cap); simulate a part of the log, or run `sluice simulate` on the file"
+                    ),
+                );
+            }
+            return bad(format!("the body could not be read: {rejection}"));
+        }
+    };
+    let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
+    // Reading a large log or generating a large traffic is CPU work too: all of it off the
+    // runtime's threads.
+    let work = move || {
+        let _slot = slot;
+        let value =
+            crate::unique::json(&bytes).map_err(|e| crate::simulate::SimError::new("", e))?;
+        let bounds = crate::simulate::Bounds::default();
+        crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(report)) => match serde_json::to_value(&report) {
+            Ok(body) => json_response(StatusCode::OK, &body),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        },
+        // Not JSON, or a key given twice: the message as the other routes word it.
+        Ok(Err(e)) if e.field.is_empty() => bad(e.message),
+        Ok(Err(e)) => bad(e.to_string()),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the simulation failed: {e}"),
+        ),
+    }
+}
+
+pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
+    shared.store().publish_circuits();
+    if let Some(reserving) = shared.reserving() {
+        metrics::reservation(reserving.stats());
+    }
+    match metrics::render() {
+        Some(text) => {
+            let mut r = (StatusCode::OK, text).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics_unavailable",
+            "another metrics recorder is installed in this process",
+        ),
+    }
+}

@@ -1,0 +1,179 @@
+//! The request body of the decision routes: read as bytes under the cap, validated by hand so
+//! each `400` names its field.
+
+use super::*;
+
+// ----- the request body ---------------------------------------------------------------------
+
+/// A validated `{"policy", "key", "cost"}` body, or `{"policy", "key", "lease"}` for a
+/// release.
+#[derive(Debug)]
+pub(super) struct Request {
+    pub(super) policy: String,
+    pub(super) key: String,
+    pub(super) cost: u64,
+    pub(super) lease: u64,
+}
+
+/// A lease id as the API writes it: 16 lowercase hex digits.
+pub(super) fn lease_text(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+/// A refused request, turned into a JSON error answer.
+#[derive(Debug)]
+pub(super) struct Refusal {
+    pub(super) status: StatusCode,
+    pub(super) code: &'static str,
+    pub(super) message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.status, self.code, self.message)
+    }
+}
+
+pub(super) fn parse_request(
+    body: Result<Bytes, BytesRejection>,
+    op: Endpoint,
+) -> Result<Request, Refusal> {
+    let bad = |message: String| Refusal {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_request",
+        message,
+    };
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Refusal {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "body_too_large",
+                message: format!("the body is larger than {MAX_BODY} bytes"),
+            }
+        } else {
+            bad(format!("the body could not be read: {rejection}"))
+        }
+    })?;
+    let value = crate::unique::json(&bytes).map_err(bad)?;
+    let Value::Object(map) = value else {
+        return Err(bad(
+            "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}"
+                .to_owned(),
+        ));
+    };
+    let string = |field: &str| match map.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(bad(format!(
+            "`{field}` must be a string, got {}",
+            type_name(other)
+        ))),
+        None => Err(bad(format!("`{field}` is missing"))),
+    };
+    let policy = string("policy")?;
+    let key = string("key")?;
+    if sluice::check_key(&key).is_err() {
+        return Err(bad(format!(
+            "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
+            key.len()
+        )));
+    }
+    // Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
+    let lease_id = |lease: &str| {
+        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u64::from_str_radix(lease, 16).ok())
+            .flatten()
+            .filter(|&id| id != 0)
+            .ok_or_else(|| {
+                bad(format!(
+                    "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
+                     zero (e.g. 9f86d081884c7d65), got `{}`",
+                    lease.chars().take(40).collect::<String>()
+                ))
+            })
+    };
+    if op == Endpoint::Release {
+        let id = lease_id(&string("lease")?)?;
+        if let Some(field) = map
+            .keys()
+            .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
+        {
+            return Err(bad(format!(
+                "unknown field `{field}`; the fields of a release are policy, key and lease"
+            )));
+        }
+        return Ok(Request {
+            policy,
+            key,
+            cost: 0,
+            lease: id,
+        });
+    }
+    let cost = match map.get("cost") {
+        None | Some(Value::Null) => 1,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(c) if c <= sluice::core::MAX_AMOUNT => c,
+            Some(c) => {
+                return Err(bad(format!(
+                    "`cost` {c} is too large; at most 2^53 (9007199254740992)"
+                )));
+            }
+            None if n.as_i64().is_some() => {
+                return Err(bad(format!("`cost` must not be negative, got {n}")));
+            }
+            None => return Err(bad(format!("`cost` must be a whole number, got {n}"))),
+        },
+        Some(other) => {
+            return Err(bad(format!(
+                "`cost` must be a whole number, got {}",
+                type_name(other)
+            )));
+        }
+    };
+    // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
+    // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
+    if op == Endpoint::Acquire && cost == 0 {
+        return Err(bad(
+            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
+             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
+                .to_owned(),
+        ));
+    }
+    // An acquire may name a lease it holds, to renew it.
+    let lease = match (op, map.get("lease")) {
+        (Endpoint::Acquire, None | Some(Value::Null)) => 0,
+        (Endpoint::Acquire, Some(_)) => lease_id(&string("lease")?)?,
+        _ => 0,
+    };
+    for field in map.keys() {
+        let known = match op {
+            Endpoint::Acquire => matches!(field.as_str(), "policy" | "key" | "cost" | "lease"),
+            _ => matches!(field.as_str(), "policy" | "key" | "cost"),
+        };
+        if !known {
+            let fields = match op {
+                Endpoint::Acquire => "policy, key, cost and lease",
+                _ => "policy, key and cost",
+            };
+            return Err(bad(format!(
+                "unknown field `{field}`; the fields are {fields}"
+            )));
+        }
+    }
+    Ok(Request {
+        policy,
+        key,
+        cost,
+        lease,
+    })
+}
+
+pub(super) fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,309 @@
+//! The decision routes (check, peek, acquire, release, refund): parse the body, ask the
+//! limiter, observe, render the decision body and headers.
+
+use super::*;
+use crate::observe::stats::Outcome;
+
+// ----- decisions ----------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    Check,
+    Peek,
+    Refund,
+    Acquire,
+    Release,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Endpoint::Check => "check",
+            Endpoint::Peek => "peek",
+            Endpoint::Refund => "refund",
+            Endpoint::Acquire => "acquire",
+            Endpoint::Release => "release",
+        }
+    }
+
+    /// Whether it admits requests (counted in stats and top keys; 429 when denied).
+    fn admits(self) -> bool {
+        matches!(self, Endpoint::Check | Endpoint::Acquire)
+    }
+}
+
+pub(super) async fn check(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, Endpoint::Check, body).await
+}
+
+pub(super) async fn peek(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, Endpoint::Peek, body).await
+}
+
+pub(super) async fn acquire(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, Endpoint::Acquire, body).await
+}
+
+pub(super) async fn release(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, Endpoint::Release, body).await
+}
+
+pub(super) async fn refund(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, Endpoint::Refund, body).await
+}
+
+pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> Response {
+    let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
+    names.sort_unstable();
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_policy",
+        format!("no policy named `{name}`; configured: {}", names.join(", ")),
+    )
+}
+
+/// Check, peek, refund, acquire or release: reads the body, asks the limiter, answers the
+/// decision.
+pub(super) async fn answer(
+    shared: &Shared,
+    op: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let req = match parse_request(body, op) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let snapshot = shared.snapshot();
+    let limiter = &snapshot.limiter;
+    let Some(policy) = limiter.policy(&req.policy) else {
+        return unknown_policy(&req.policy, &snapshot);
+    };
+    let started = std::time::Instant::now();
+    let mut lease = None;
+    let result = match op {
+        Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
+        Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
+        Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+        Endpoint::Acquire if req.lease != 0 => limiter
+            .renew_policy(policy, &req.key, req.lease, req.cost)
+            .await
+            .map(|(d, l)| {
+                lease = l;
+                d
+            }),
+        Endpoint::Acquire => limiter
+            .acquire_policy(policy, &req.key, req.cost)
+            .await
+            .map(|(d, l)| {
+                lease = l;
+                d
+            }),
+        Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
+    };
+    let op_name = op.name();
+    metrics::decision_latency(op_name, started.elapsed());
+    match result {
+        Ok(d) => {
+            let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
+            metrics::decision(policy.name_arc(), op_name, outcome);
+            if op.admits() {
+                shared.counts().count(policy.name_arc(), outcome);
+                // On the server's clock, as readings are (a decision's own instant may be
+                // Redis's).
+                shared.top().record(
+                    policy.name_arc(),
+                    &req.key,
+                    d.allowed,
+                    req.cost,
+                    snapshot.now_ms(),
+                );
+            }
+            let status = if op.admits() && !d.allowed {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let extra = match op {
+                Endpoint::Acquire => Extra::Lease(lease),
+                Endpoint::Release => Extra::Released,
+                _ => Extra::None,
+            };
+            decision_response_with(status, policy, &req.key, &d, extra)
+        }
+        Err(LimitError::Store(e)) => {
+            metrics::decision(policy.name_arc(), op_name, Outcome::Error);
+            if op.admits() {
+                shared.counts().count(policy.name_arc(), Outcome::Error);
+            }
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                store_failure(policy, &req.key, &e),
+            )
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+    }
+}
+
+/// What a `503 store_unavailable` says: the store cannot answer now and the policy fails
+/// closed, or the store refused the decision in a way no retry changes (whatever the mode).
+pub(super) fn store_failure(policy: &Policy, key: &str, e: &sluice::StoreError) -> String {
+    if e.is_transient() {
+        return format!(
+            "the store cannot answer now ({e}) and policy `{}` fails {}; retry later",
+            policy.name(),
+            policy.failure_mode()
+        );
+    }
+    let fix = match e {
+        sluice::StoreError::Corrupt { .. } => format!(
+            "; DELETE /v1/keys/{}/{key} clears the key's state",
+            policy.name()
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "the store refused this decision ({e}); retrying will not change that, whatever policy \
+         `{}`'s on_store_error{fix}",
+        policy.name()
+    )
+}
+
+/// The decision body (docs/api.md#the-decision-body), in the documented field order.
+#[derive(serde::Serialize)]
+pub(super) struct DecisionBody<'a> {
+    allowed: bool,
+    policy: &'a str,
+    key: &'a str,
+    cost: u64,
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+    retry_after: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    degraded: bool,
+    limits: Vec<LimitBody>,
+    /// `/v1/acquire` when allowed: the lease taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseBody>,
+    /// `/v1/release`: whether the lease was held (and is now freed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<bool>,
+}
+
+/// The lease in an `/v1/acquire` answer.
+#[derive(serde::Serialize)]
+pub(super) struct LeaseBody {
+    id: String,
+    expires_ms: u64,
+}
+
+/// What an answer adds to the decision body.
+pub(super) enum Extra {
+    None,
+    /// `/v1/acquire`: the lease, when one was taken.
+    Lease(Option<sluice::Lease>),
+    /// `/v1/release`: `released`, from the decision's cost (the units freed).
+    Released,
+}
+
+/// One limit in a decision body.
+#[derive(serde::Serialize)]
+pub(super) struct LimitBody {
+    max: u64,
+    /// A token bucket's `burst` (its capacity, what `limit` reports); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    per_ms: u64,
+    algorithm: &'static str,
+    remaining: u64,
+    reset_ms: u64,
+    retry_after_ms: Option<u64>,
+}
+
+/// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
+pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Decision) -> Response {
+    decision_response_with(status, policy, key, d, Extra::None)
+}
+
+pub(super) fn decision_response_with(
+    status: StatusCode,
+    policy: &Policy,
+    key: &str,
+    d: &Decision,
+    extra: Extra,
+) -> Response {
+    let b = d.binding();
+    let body = DecisionBody {
+        allowed: d.allowed,
+        policy: policy.name(),
+        key,
+        cost: d.cost,
+        limit: b.capacity,
+        remaining: b.remaining,
+        reset: secs_up(b.reset_ms),
+        retry_after: b.retry_after_ms.map(secs_up),
+        degraded: d.is_degraded(),
+        limits: d
+            .limits()
+            .iter()
+            .map(|s| LimitBody {
+                max: s.max,
+                burst: (s.algorithm == sluice::Algorithm::TokenBucket).then_some(s.capacity),
+                per_ms: s.per_ms,
+                algorithm: s.algorithm.as_str(),
+                remaining: s.remaining,
+                reset_ms: s.reset_ms,
+                retry_after_ms: s.retry_after_ms,
+            })
+            .collect(),
+        lease: match extra {
+            Extra::Lease(Some(l)) => Some(LeaseBody {
+                id: lease_text(l.id),
+                expires_ms: l.expires_ms,
+            }),
+            _ => None,
+        },
+        released: matches!(extra, Extra::Released).then_some(d.cost > 0),
+    };
+    let mut response = match serde_json::to_vec(&body) {
+        Ok(bytes) => (status, bytes).into_response(),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    };
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    add_headers(response.headers_mut(), policy, d);
+    response
+}
+
+pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// GitHub's `X-RateLimit-*`, `Retry-After`, and the IETF draft's `RateLimit-Policy` and
+/// `RateLimit` (Structured Fields: one item per limit), rendered by [`sluice::headers`] under
+/// its rules (times from the decision's own instant; none for a decision that failed open).
+pub fn add_headers(headers: &mut HeaderMap, policy: &Policy, d: &Decision) {
+    for (name, value) in sluice::headers::all(policy, d) {
+        set(headers, name, value);
+    }
+}

@@ -1,0 +1,71 @@
+//! Durations as the configuration writes them (`250ms`, `1s`, `5m`, `1h`, `1d`): a leaf that
+//! the configuration, the RLQS rules, the simulator and the load generator all read with.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+
+/// A positive duration written `250ms`, `1s`, `5m`, `1h` or `1d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositiveDuration(pub Duration);
+
+impl PositiveDuration {
+    /// Parses `250ms`, `1s`, `5m`, `1h`, `1d`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (digits, unit) = t.split_at(split);
+        let factor: u64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => {
+                return Err(format!(
+                    "`{text}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d"
+                ));
+            }
+        };
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{text}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d"))?;
+        let ms = n
+            .checked_mul(factor)
+            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
+        if ms == 0 {
+            return Err(format!("`{text}` is not a positive duration"));
+        }
+        Ok(Self(Duration::from_millis(ms)))
+    }
+
+    pub(crate) fn millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for PositiveDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = PositiveDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 250ms, 1s, 5m, 1h or 1d")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                PositiveDuration::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Err(E::custom(format!(
+                    "`{v}` has no unit; write e.g. {v}s or {v}ms"
+                )))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Err(E::custom(format!("`{v}` is not a positive duration")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

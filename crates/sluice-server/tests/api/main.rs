@@ -1,0 +1,13 @@
+//! The HTTP API, the listeners and connections, configuration, the simulator and the clock, end to end: one test binary (one link) for the area.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod clock;
+mod concurrency;
+mod config;
+mod connections;
+mod http;
+mod listeners;
+mod simulate;
+mod top;

@@ -1,0 +1,11 @@
+//! Envoy's surfaces end to end: the rate limit gRPC API, the quota service (RLQS), the reference's rule files and the parity suites against the reference: one test binary for the area.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod envoy_config;
+mod grpc;
+mod parity_config;
+mod parity_service;
+mod rlqs;
+mod rls_config;
