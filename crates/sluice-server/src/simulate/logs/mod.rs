@@ -59,7 +59,9 @@ pub enum LogFormat {
 impl LogFormat {
     /// Every format, in the order detection prefers them when several read a log equally
     /// well (the more specific first). Apache `combined` has the layout of Nginx `combined`
-    /// and is only read when named.
+    /// and is only read when named. JSON lines and Envoy JSON differ only in their default
+    /// fields (`timestamp` and `key`, `start_time` and the client), so a JSON log is Envoy's
+    /// when its lines have no `timestamp`.
     pub const ALL: [Self; 9] = [
         Self::Istio,
         Self::Envoy,
@@ -67,8 +69,8 @@ impl LogFormat {
         Self::Nginx,
         Self::ApacheCombined,
         Self::ApacheCommon,
-        Self::EnvoyJson,
         Self::JsonLines,
+        Self::EnvoyJson,
         Self::Csv,
     ];
 
