@@ -125,6 +125,11 @@ fn istio_is_read_as_istio_and_never_keyed_by_bytes_sent() {
     let e = run(json!({"format": "envoy", "log": ISTIO})).unwrap_err();
     assert_eq!(e.field, "traffic.log");
     assert!(e.message.contains("3 × not the 13 fields of envoy"), "{e}");
+    assert!(
+        e.message
+            .ends_with("(the lines read as istio: name that format)"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -267,6 +267,29 @@ pub(crate) enum Part {
 /// Reads a log into events, in time order (a stable sort: lines of one instant keep their
 /// order), with time measured from the earliest line.
 pub fn read(text: &str, options: &LogOptions, bounds: &Bounds) -> Result<Traffic, SimError> {
+    read_as(text, options, bounds).map_err(|mut e| {
+        // A named format none of whose lines reads: say which format they read as.
+        if let Some(named) = options.format
+            && e.message.starts_with("none of the")
+            && let Ok(found) = detect(
+                text,
+                &LogOptions {
+                    format: None,
+                    ..options.clone()
+                },
+            )
+            && found != named
+        {
+            e.message.push_str(&format!(
+                " (the lines read as {}: name that format)",
+                found.name()
+            ));
+        }
+        e
+    })
+}
+
+fn read_as(text: &str, options: &LogOptions, bounds: &Bounds) -> Result<Traffic, SimError> {
     let (format, detected) = match options.format {
         Some(f) => (f, false),
         None => (detect(text, options)?, true),

@@ -10,6 +10,93 @@ use crate::simulate::SimError;
 /// The time columns a CSV header may have, the first found taken.
 const TIME_COLUMNS: [&str; 4] = ["timestamp", "time", "start_time", "@timestamp"];
 
+/// Where a CSV log's fields are: its columns (a header's, or `timestamp,key,cost`), and the
+/// time, key and cost among them.
+#[derive(Debug)]
+struct Columns {
+    names: Vec<String>,
+    header: bool,
+    time_at: usize,
+    key_at: Vec<usize>,
+    /// The key's parts: the columns `key_at` names.
+    parts: Vec<Part>,
+    cost_at: Option<usize>,
+}
+
+impl Columns {
+    /// The columns of a log whose first record is `first`: a header unless its first field
+    /// reads as a time (and no `time_field` is named, which only a header can hold).
+    fn of(
+        first: Option<&::csv::StringRecord>,
+        options: &LogOptions,
+        key_names: &[String],
+    ) -> Result<Self, SimError> {
+        let header = first.filter(|first| {
+            options.time_field.is_some()
+                || first
+                    .get(0)
+                    .is_none_or(|f| Clock::default().read(f).is_err())
+        });
+        let names: Vec<String> = match header {
+            Some(h) => h.iter().map(|f| f.trim().to_owned()).collect(),
+            None => ["timestamp", "key", "cost"].map(str::to_owned).to_vec(),
+        };
+        let position = |name: &str| names.iter().position(|c| c == name);
+        let time_field = options.time_field.clone().or_else(|| {
+            TIME_COLUMNS
+                .iter()
+                .find(|c| position(c).is_some())
+                .map(|c| (*c).to_owned())
+        });
+        let Some(time_at) = time_field.as_deref().and_then(position) else {
+            return Err(SimError::new(
+                if options.time_field.is_some() {
+                    "traffic.time_field"
+                } else {
+                    "traffic.log"
+                },
+                format!(
+                    "the CSV header ({}) has no time column{}; name it with time_field",
+                    names.join(","),
+                    time_field
+                        .as_deref()
+                        .map(|t| format!(" `{t}`"))
+                        .unwrap_or_else(|| format!(" ({})", TIME_COLUMNS.join(", ")))
+                ),
+            ));
+        };
+        let key_at = key_names
+            .iter()
+            .map(|name| {
+                position(name).ok_or_else(|| {
+                    SimError::new(
+                        options.key_path.clone(),
+                        format!(
+                            "`{name}` is not a column of this CSV log; {}",
+                            if header.is_some() {
+                                format!("its header names {}", names.join(", "))
+                            } else {
+                                "without a header its columns are timestamp, key, cost".to_owned()
+                            }
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            parts: key_at
+                .iter()
+                .map(|&i| Part::Field(names[i].clone()))
+                .collect(),
+            cost_at: position("cost"),
+            header: header.is_some(),
+            names,
+            time_at,
+            key_at,
+        })
+    }
+}
+
 /// Reads a CSV log into `sink`: `timestamp,key[,cost]` records, or under a header any columns
 /// (the time column named by `time_field`, or the first of [`TIME_COLUMNS`]; the key of the
 /// columns `key` names). A first record whose first field reads as a time is data, whatever
@@ -29,68 +116,13 @@ pub(crate) fn csv(
         seen: None,
     };
     let mut records = reader.records().peekable();
-    let header: Option<Vec<String>> = match records.peek() {
+    let columns = match records.peek() {
         None => return Err(SimError::new("traffic.log", "the log holds no request")),
-        Some(Ok(first)) => {
-            let looks_like_data = options.time_field.is_none()
-                && first
-                    .get(0)
-                    .is_some_and(|f| Clock::default().read(f).is_ok());
-            (!looks_like_data).then(|| first.iter().map(|f| f.trim().to_owned()).collect())
-        }
-        Some(Err(_)) => None,
+        Some(first) => Columns::of(first.as_ref().ok(), options, key_names)?,
     };
-    let columns: Vec<String> = match &header {
-        Some(h) => {
-            records.next();
-            h.clone()
-        }
-        None => ["timestamp", "key", "cost"].map(str::to_owned).to_vec(),
-    };
-    let time_field = options.time_field.clone().or_else(|| {
-        TIME_COLUMNS
-            .iter()
-            .find(|c| columns.iter().any(|h| h == *c))
-            .map(|c| (*c).to_owned())
-    });
-    let position = |name: &str| columns.iter().position(|c| c == name);
-    let Some(time_at) = time_field.as_deref().and_then(position) else {
-        return Err(SimError::new(
-            if options.time_field.is_some() {
-                "traffic.time_field"
-            } else {
-                "traffic.log"
-            },
-            format!(
-                "the CSV header ({}) has no time column{}; name it with time_field",
-                columns.join(","),
-                time_field
-                    .as_deref()
-                    .map(|t| format!(" `{t}`"))
-                    .unwrap_or_else(|| format!(" ({})", TIME_COLUMNS.join(", ")))
-            ),
-        ));
-    };
-    let mut key_at = Vec::new();
-    for name in key_names {
-        match position(name) {
-            Some(i) => key_at.push(i),
-            None => {
-                return Err(SimError::new(
-                    options.key_path.clone(),
-                    format!(
-                        "`{name}` is not a column of this CSV log; {}",
-                        match header {
-                            Some(_) => format!("its header names {}", columns.join(", ")),
-                            None =>
-                                "without a header its columns are timestamp, key, cost".to_owned(),
-                        }
-                    ),
-                ));
-            }
-        }
+    if columns.header {
+        records.next();
     }
-    let cost_at = position("cost");
     for (n, record) in records.enumerate() {
         let (line, row) = match record {
             Err(e) => (
@@ -100,43 +132,33 @@ pub(crate) fn csv(
                     format!("not a CSV record: {e}"),
                 )),
             ),
-            Ok(r) => {
-                let line = r.position().map_or(n as u64 + 1, |p| p.line());
-                if r.iter().all(|f| f.trim().is_empty()) {
-                    continue;
-                }
-                (
-                    line,
-                    csv_row(
-                        &r,
-                        &columns,
-                        header.is_some(),
-                        time_at,
-                        &key_at,
-                        cost_at,
-                        &mut clock,
-                    ),
-                )
-            }
+            Ok(r) if r.iter().all(|f| f.trim().is_empty()) => continue,
+            Ok(r) => (
+                r.position().map_or(n as u64 + 1, |p| p.line()),
+                csv_row(&r, &columns, &mut clock),
+            ),
         };
         sink.push(line, row)?;
     }
-    Ok(time_field.unwrap_or_default())
+    Ok(columns.names[columns.time_at].clone())
 }
 
 fn csv_row(
     record: &::csv::StringRecord,
-    columns: &[String],
-    has_header: bool,
-    time_at: usize,
-    key_at: &[usize],
-    cost_at: Option<usize>,
+    columns: &Columns,
     clock: &mut Clock,
 ) -> Result<Row, Skip> {
     // Under a header a record may leave out trailing columns it does not need (`cost`).
-    let needed = key_at.iter().copied().chain([time_at]).max().unwrap_or(0) + 1;
-    let count_ok = if has_header {
-        (needed..=columns.len()).contains(&record.len())
+    let needed = columns
+        .key_at
+        .iter()
+        .copied()
+        .chain([columns.time_at])
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let count_ok = if columns.header {
+        (needed..=columns.names.len()).contains(&record.len())
     } else {
         (2..=3).contains(&record.len())
     };
@@ -146,33 +168,30 @@ fn csv_row(
             format!(
                 "{} fields where {} are expected ({})",
                 record.len(),
-                if has_header {
-                    format!("{needed} to {}", columns.len())
+                if columns.header {
+                    format!("{needed} to {}", columns.names.len())
                 } else {
                     "2 or 3".to_owned()
                 },
-                columns.join(",")
+                columns.names.join(",")
             ),
         ));
     }
-    let time_name = &columns[time_at];
-    let raw_time = record.get(time_at).unwrap_or_default();
+    let time_name = &columns.names[columns.time_at];
+    let raw_time = record.get(columns.time_at).unwrap_or_default();
     let t_ms = clock.read(raw_time).map_err(|e| {
         Skip::new(
             format!("{time_name}: not a time"),
             format!("{time_name}: {e}"),
         )
     })?;
-    let cost = match cost_at.and_then(|i| record.get(i)).map(str::trim) {
+    let cost = match columns.cost_at.and_then(|i| record.get(i)).map(str::trim) {
         None | Some("") => 1,
         Some(c) => cost(c)?,
     };
-    let parts: Vec<Part> = key_at
-        .iter()
-        .map(|&i| Part::Field(columns[i].clone()))
-        .collect();
-    let key = make_key(LogFormat::Csv, &parts, |part| match part {
+    let key = make_key(LogFormat::Csv, &columns.parts, |part| match part {
         Part::Field(name) => Ok(columns
+            .names
             .iter()
             .position(|c| c == name)
             .and_then(|i| record.get(i))),
