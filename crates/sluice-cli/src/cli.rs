@@ -126,16 +126,26 @@ pub(crate) struct SimulateArgs {
     /// The cost of each generated request.
     #[arg(long)]
     pub(crate) cost: Option<u64>,
-    /// A recorded traffic: a log file (`-` for standard input).
+    /// A recorded traffic: a log file (`-` for standard input), plain or gzip (`.gz`).
     #[arg(long)]
     pub(crate) log: Option<PathBuf>,
-    /// The log's format: csv, jsonl, nginx or envoy.
+    /// The log's format: auto (the default: detected), nginx, nginx_main, apache_common,
+    /// apache_combined, envoy, istio, envoy_json, jsonl or csv.
     #[arg(long)]
     pub(crate) format: Option<String>,
-    /// The access log field to key by (remote_addr for nginx, x_forwarded_for for envoy by
-    /// default).
+    /// The key: a field, or fields separated by commas (`method,path,client`). By default the
+    /// client's address for an access log, `key` for JSON lines and CSV.
     #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// The field to key by (one; the same as --key with one field).
+    #[arg(long, conflicts_with = "key")]
     pub(crate) key_field: Option<String>,
+    /// The time field of a JSON lines or CSV log (timestamp by default).
+    #[arg(long)]
+    pub(crate) time_field: Option<String>,
+    /// The unit of Unix times: s, ms, us or ns (by default told by their magnitude).
+    #[arg(long)]
+    pub(crate) time_unit: Option<String>,
     /// The width of a time bucket, e.g. 10s (by default the smallest of 1s, 10s, 1m, 10m, 1h,
     /// 1d that makes at most 600).
     #[arg(long)]
@@ -153,6 +163,45 @@ pub(crate) struct SimulateArgs {
 
 /// The largest log file `sluice simulate` reads.
 const MAX_LOG_FILE: u64 = 256 * 1024 * 1024;
+
+/// A log file (or standard input for `-`) as text, at most [`MAX_LOG_FILE`] bytes; gzip
+/// (told by its first bytes, whatever the name) is decompressed, and the bound holds for the
+/// decompressed text. Bytes that are not UTF-8 become U+FFFD, so such a line is still counted.
+fn read_log(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut raw = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .take(MAX_LOG_FILE + 1)
+            .read_to_end(&mut raw)
+            .map_err(|e| anyhow::anyhow!("--log -: {e}"))?;
+    } else {
+        std::fs::File::open(path)
+            .map_err(|e| anyhow::anyhow!("--log {shown}: {e}"))?
+            .take(MAX_LOG_FILE + 1)
+            .read_to_end(&mut raw)
+            .map_err(|e| anyhow::anyhow!("--log {shown}: {e}"))?;
+    }
+    if raw.starts_with(&[0x1f, 0x8b]) && raw.len() as u64 <= MAX_LOG_FILE {
+        let mut text = Vec::new();
+        flate2::read::MultiGzDecoder::new(raw.as_slice())
+            .take(MAX_LOG_FILE + 1)
+            .read_to_end(&mut text)
+            .map_err(|e| anyhow::anyhow!("--log {shown}: not a readable gzip file: {e}"))?;
+        raw = text;
+    }
+    if raw.len() as u64 > MAX_LOG_FILE {
+        anyhow::bail!(
+            "--log {shown}: more than the {MAX_LOG_FILE} bytes this command reads (max log \
+             file, decompressed); simulate a part of it"
+        );
+    }
+    Ok(match String::from_utf8(raw) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
 
 /// `sluice simulate`: builds the request `POST /v1/simulate` takes from the flags, runs it
 /// with the same engine, prints the report and writes the chart.
@@ -180,35 +229,13 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         }
     };
     if let Some(path) = &args.log {
-        let text = if path.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(
-                &mut std::io::Read::take(std::io::stdin(), MAX_LOG_FILE + 1),
-                &mut text,
-            )?;
-            text
-        } else {
-            let size = std::fs::metadata(path)
-                .map_err(|e| anyhow::anyhow!("--log {}: {e}", path.display()))?
-                .len();
-            if size > MAX_LOG_FILE {
-                anyhow::bail!(
-                    "--log {}: {size} bytes is more than the {MAX_LOG_FILE} bytes this command \
-                     reads (max log file); simulate a part of it",
-                    path.display()
-                );
-            }
-            std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("--log {}: {e}", path.display()))?
-        };
-        if text.len() as u64 > MAX_LOG_FILE {
-            anyhow::bail!(
-                "--log: more than the {MAX_LOG_FILE} bytes this command reads (max log file)"
-            );
-        }
+        let text = read_log(path)?;
         put("log", Some(json!(text)));
         put("format", args.format.as_ref().map(|f| json!(f)));
+        put("key", args.key.as_ref().map(|f| json!(f)));
         put("key_field", args.key_field.as_ref().map(|f| json!(f)));
+        put("time_field", args.time_field.as_ref().map(|f| json!(f)));
+        put("time_unit", args.time_unit.as_ref().map(|f| json!(f)));
         for (flag, given) in [
             ("--pattern", args.pattern.is_some()),
             ("--rate", args.rate.is_some()),
@@ -221,8 +248,15 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
             }
         }
     } else {
-        if args.format.is_some() || args.key_field.is_some() {
-            anyhow::bail!("--format and --key-field describe a --log");
+        if args.format.is_some()
+            || args.key.is_some()
+            || args.key_field.is_some()
+            || args.time_field.is_some()
+            || args.time_unit.is_some()
+        {
+            anyhow::bail!(
+                "--format, --key, --key-field, --time-field and --time-unit describe a --log"
+            );
         }
         let Some(pattern) = &args.pattern else {
             anyhow::bail!("give a traffic: --pattern steady|bursts|poisson|ramp, or --log FILE");

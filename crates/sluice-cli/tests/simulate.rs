@@ -237,7 +237,8 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
         let e = stderr(&o);
         assert!(e.contains(words), "{args:?}: `{e}` lacks `{words}`");
     }
-    // A malformed log line is named by its number.
+    // A malformed log line is skipped, counted and named by its number (issue 27: it used
+    // to end the run); a log of nothing but malformed lines ends it, naming them.
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("t.csv");
     std::fs::write(&log, "1767225600,a\n1767225601\n").unwrap();
@@ -249,6 +250,37 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
         "--format",
         "csv",
     ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("1 of 2 lines read, 1 skipped"), "{out}");
+    assert!(
+        out.contains("line 2: 1 fields where 2 or 3 are expected"),
+        "{out}"
+    );
+    std::fs::write(&log, "1767225601\nnow,a\n").unwrap();
+    let o = sluice(&[
+        "--policy",
+        inline,
+        "--log",
+        log.to_str().unwrap(),
+        "--format",
+        "csv",
+    ]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("traffic.log: line 2"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("none of the 2 lines could be read as csv"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("line 2: timestamp"), "{}", stderr(&o));
+    // A file that starts as gzip but is not whole is refused as such.
+    let gz = dir.path().join("t.csv.gz");
+    std::fs::write(&gz, [0x1f, 0x8b, 8, 0, 0, 0]).unwrap();
+    let o = sluice(&["--policy", inline, "--log", gz.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("not a readable gzip file"),
+        "{}",
+        stderr(&o)
+    );
 }

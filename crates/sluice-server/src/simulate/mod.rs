@@ -25,7 +25,7 @@ pub mod logs;
 pub mod render;
 pub mod traffic;
 
-pub use logs::LogFormat;
+pub use logs::{LogFormat, LogOptions, LogReport, TimeUnit};
 pub use traffic::{Generated, KeyChoice, Pattern};
 
 /// Where generated traffic starts: 2026-01-01T00:00:00Z, a multiple of every usual window,
@@ -151,6 +151,8 @@ pub struct Traffic {
     /// The instant (ms since the epoch) of `t_ms = 0`: a log's first line, or
     /// [`GENERATED_START_MS`].
     pub start_ms: u64,
+    /// How a log was read (its format, key and skipped lines); `None` for a pattern.
+    pub log: Option<LogReport>,
 }
 
 /// A parsed, bounded simulation, ready to run.
@@ -243,6 +245,9 @@ pub struct Report {
     pub bucket_ms: u64,
     /// The seed of a generated traffic.
     pub seed: Option<u64>,
+    /// How a log was read: its format, key, and the lines skipped by reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogReport>,
     /// Each policy, in the request's order.
     pub policies: Vec<PolicyReport>,
 }
@@ -396,6 +401,7 @@ impl Simulation {
             duration_ms: self.traffic.duration_ms,
             bucket_ms: self.bucket_ms,
             seed: self.seed,
+            log: self.traffic.log.clone(),
             policies,
         })
     }
@@ -622,6 +628,71 @@ fn parse_policies(
     Ok(out)
 }
 
+/// A log `traffic`: its text, format and key and time options (docs/simulate.md#the-request).
+fn parse_log(
+    map: &Map<String, Value>,
+    policies: u64,
+    bounds: &Bounds,
+) -> Result<Traffic, SimError> {
+    only(
+        map,
+        "traffic",
+        &[
+            "log",
+            "format",
+            "key",
+            "key_field",
+            "time_field",
+            "time_unit",
+        ],
+    )?;
+    let text = string(map, "log", "traffic.log")?.unwrap_or("");
+    let format = match string(map, "format", "traffic.format")? {
+        Some(f) => LogFormat::parse(f).map_err(|e| bad("traffic.format", e))?,
+        None => None,
+    };
+    let (key, key_path) = match (
+        string(map, "key", "traffic.key")?,
+        string(map, "key_field", "traffic.key_field")?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "traffic.key_field",
+                "give `key` (one field or several: method,path,client) or its older \
+                 name `key_field`, not both",
+            ));
+        }
+        (Some(k), None) => (Some(k), "traffic.key"),
+        (None, Some(k)) => (Some(k), "traffic.log.key_field"),
+        (None, None) => (None, "traffic.key"),
+    };
+    let options = LogOptions {
+        format,
+        key: key.map(str::to_owned),
+        key_path: key_path.to_owned(),
+        time_field: string(map, "time_field", "traffic.time_field")?.map(str::to_owned),
+        time_unit: match string(map, "time_unit", "traffic.time_unit")? {
+            Some(u) => Some(TimeUnit::parse(u).map_err(|e| bad("traffic.time_unit", e))?),
+            None => None,
+        },
+    };
+    let traffic = logs::read(text, &options, bounds)?;
+    let key_text: u64 = traffic.keys.iter().map(|k| k.len() as u64).sum();
+    let events = traffic.events.len() as u64;
+    let keys = traffic.keys.len() as u64;
+    check_memory(
+        "traffic.log",
+        memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
+        format!(
+            "{} over {}",
+            render::count(events, "event", "events"),
+            render::count(keys, "key", "keys")
+        ),
+        bounds,
+    )?;
+    Ok(traffic)
+}
+
 fn parse_traffic(
     value: &Value,
     policies: u64,
@@ -634,33 +705,7 @@ fn parse_traffic(
          \"log\": \"…\"}",
     )?;
     if map.contains_key("log") {
-        only(map, "traffic", &["log", "format", "key_field"])?;
-        let text = string(map, "log", "traffic.log")?.unwrap_or("");
-        let format = match string(map, "format", "traffic.format")? {
-            Some(f) => LogFormat::parse(f).map_err(|e| bad("traffic.format", e))?,
-            None => {
-                return Err(bad(
-                    "traffic.format",
-                    "is missing: csv, jsonl, nginx or envoy",
-                ));
-            }
-        };
-        let key_field = string(map, "key_field", "traffic.key_field")?;
-        let traffic = logs::read(format, text, key_field, bounds)?;
-        let key_text: u64 = traffic.keys.iter().map(|k| k.len() as u64).sum();
-        let events = traffic.events.len() as u64;
-        let keys = traffic.keys.len() as u64;
-        check_memory(
-            "traffic.log",
-            memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
-            format!(
-                "{} over {}",
-                render::count(events, "event", "events"),
-                render::count(keys, "key", "keys")
-            ),
-            bounds,
-        )?;
-        return Ok((traffic, None));
+        return Ok((parse_log(map, policies, bounds)?, None));
     }
     let pattern_name = string(map, "pattern", "traffic.pattern")?.ok_or_else(|| {
         bad(

@@ -32,6 +32,28 @@ pub(crate) fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// How a log was read: its format and key, how many lines were skipped and why, and the first
+/// few skipped lines.
+fn log_lines(out: &mut String, log: &super::LogReport) {
+    let _ = writeln!(
+        out,
+        "log: {}{}, key {}, time {}; {} of {} read, {} skipped",
+        log.format,
+        if log.detected { " (detected)" } else { "" },
+        log.key.join(","),
+        log.time_field,
+        log.read,
+        count(log.lines, "line", "lines"),
+        log.skipped
+    );
+    for r in &log.skip_reasons {
+        let _ = writeln!(out, "  skipped {} × {}", r.lines, r.reason);
+    }
+    for s in &log.first_skipped {
+        let _ = writeln!(out, "  line {}: {}", s.line, s.reason);
+    }
+}
+
 /// The summary table: one row per policy, then each policy's keys with the most denials.
 pub fn table(report: &Report) -> String {
     let mut out = String::new();
@@ -47,6 +69,9 @@ pub fn table(report: &Report) -> String {
             .map(|s| format!(", seed {s}"))
             .unwrap_or_default()
     );
+    if let Some(log) = &report.log {
+        log_lines(&mut out, log);
+    }
     let _ = writeln!(out);
     let rows: Vec<[String; 6]> = report
         .policies

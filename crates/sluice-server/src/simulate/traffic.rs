@@ -178,6 +178,7 @@ impl Generated {
             events,
             duration_ms: d,
             start_ms: super::GENERATED_START_MS,
+            log: None,
         })
     }
 }

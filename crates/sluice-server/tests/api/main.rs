@@ -10,4 +10,5 @@ mod connections;
 mod http;
 mod listeners;
 mod simulate;
+mod simulate_logs;
 mod top;
