@@ -52,6 +52,7 @@ mod decode;
 mod error;
 mod matcher;
 mod tree;
+pub mod xds;
 mod yaml;
 
 use std::collections::BTreeMap;
