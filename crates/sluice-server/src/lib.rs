@@ -13,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod rlqs;
 pub mod rls;
+pub mod rls_xds;
 pub mod simulate;
 pub mod state;
 pub mod stats;

@@ -15,6 +15,8 @@
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |
 //! | `sluice_config_reloads_total` | result (ok/error) |
+//! | `sluice_xds_updates_total` | result (ack/nack): `rls.xds` responses (`crate::rls_xds`) |
+//! | `sluice_xds_connected` (gauge) | 1 while the `rls.xds` stream is open |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 

@@ -79,7 +79,8 @@ pub struct Snapshot {
     /// The limiter with this generation's policies.
     pub limiter: ServerLimiter,
     store: StoreHandle,
-    /// Envoy rate limit service rules, when `rls.config_dir` is set.
+    /// Envoy rate limit service rules, when `rls.config_dir` is set or `rls.xds` has sent
+    /// rules.
     pub rls: Option<Arc<RlsConfig>>,
     /// The `rls` settings that go with them.
     pub rls_settings: Option<crate::config::RlsSettings>,
@@ -291,6 +292,46 @@ impl Shared {
         match self.current.write() {
             Ok(mut g) => *g = next,
             Err(poisoned) => *poisoned.into_inner() = next,
+        }
+        let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
+        status.generation += 1;
+        status.last_error = None;
+    }
+
+    /// Replaces the Envoy rules alone, keeping the policies and settings in force: an update
+    /// from the xDS control plane (`rls.xds`), counted as a reload.
+    pub fn replace_rls(&self, rls: Arc<RlsConfig>) {
+        self.swap(|current| Snapshot {
+            limiter: current.limiter.clone(),
+            store: current.store.clone(),
+            rls: Some(rls),
+            rls_settings: current.rls_settings.clone(),
+            rlqs: current.rlqs.clone(),
+            admin: current.admin.clone(),
+        });
+    }
+
+    /// Applies a new configuration keeping the Envoy rules in force: a reload of the
+    /// configuration file while the rules come from xDS. Under one lock with
+    /// [`Shared::replace_rls`], so neither loses the other's update.
+    pub fn apply_keeping_rls(&self, config: &Config) {
+        self.swap(|current| {
+            Snapshot::new(
+                config,
+                &self.store,
+                &self.deciding,
+                &self.insurance,
+                current.rls.clone(),
+                &self.clock,
+            )
+        });
+    }
+
+    /// Builds the next generation from the current one under the write lock.
+    fn swap(&self, next: impl FnOnce(&Snapshot) -> Snapshot) {
+        {
+            let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+            *current = Arc::new(next(&current));
         }
         let mut status = self.status.write().unwrap_or_else(|p| p.into_inner());
         status.generation += 1;

@@ -126,8 +126,8 @@ pub enum StoreConfig {
 /// Envoy rate limit service settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RlsSettings {
-    /// The directory of Envoy ratelimit YAML files.
-    pub config_dir: PathBuf,
+    /// Where the rules come from: a directory of rule files or an xDS control plane.
+    pub source: RulesSource,
     /// Every over-limit answer becomes `OK` (statuses unchanged): the reference's global
     /// `SHADOW_MODE`.
     pub shadow_mode: bool,
@@ -146,8 +146,52 @@ pub struct RlsSettings {
     pub on_store_error: FailureMode,
 }
 
+/// Where the Envoy rules come from: one source, never both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesSource {
+    /// `rls.config_dir`: the directory of the reference's YAML files, reloaded when they change.
+    Dir(PathBuf),
+    /// `rls.xds`: an xDS control plane, as Envoy Gateway configures its rate limit service.
+    Xds(crate::rls_xds::XdsSettings),
+}
+
 impl RlsSettings {
-    fn from_raw(r: RawRls) -> Result<Self, String> {
+    /// The rules directory, when the rules come from files.
+    pub fn config_dir(&self) -> Option<&Path> {
+        match &self.source {
+            RulesSource::Dir(dir) => Some(dir),
+            RulesSource::Xds(_) => None,
+        }
+    }
+
+    /// The control plane, when the rules come from xDS.
+    pub fn xds(&self) -> Option<&crate::rls_xds::XdsSettings> {
+        match &self.source {
+            RulesSource::Xds(xds) => Some(xds),
+            RulesSource::Dir(_) => None,
+        }
+    }
+
+    fn from_raw(r: RawRls, base: Option<&Path>) -> Result<Self, String> {
+        let source = match (r.config_dir, r.xds) {
+            (Some(dir), None) => RulesSource::Dir(dir),
+            (None, Some(xds)) => RulesSource::Xds(crate::rls_xds::XdsSettings::resolve(xds, base)?),
+            (Some(_), Some(_)) => {
+                return Err(
+                    "rls: config_dir and xds are both given; the Envoy rules come from \
+                            one source, a directory of rule files (config_dir) or an xDS \
+                            control plane (xds)"
+                        .to_owned(),
+                );
+            }
+            (None, None) => {
+                return Err(
+                    "rls: needs config_dir (a directory of rule files) or xds (an xDS \
+                            control plane such as Envoy Gateway's)"
+                        .to_owned(),
+                );
+            }
+        };
         let on_store_error = match r.on_store_error.as_deref() {
             None => FailureMode::Closed,
             Some(mode) => mode
@@ -155,7 +199,7 @@ impl RlsSettings {
                 .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
         };
         Ok(Self {
-            config_dir: r.config_dir,
+            source,
             shadow_mode: r.shadow_mode,
             quota_mode: r.quota_mode,
             response_headers: r.response_headers,
@@ -535,7 +579,10 @@ fn conn_limits(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRls {
-    config_dir: PathBuf,
+    #[serde(default)]
+    config_dir: Option<PathBuf>,
+    #[serde(default)]
+    xds: Option<crate::rls_xds::RawXds>,
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
@@ -670,11 +717,12 @@ impl Config {
         })?;
         let mut config = Self::parse_in(&file, &text, path.parent())?;
         if let Some(rls) = &mut config.rls
-            && rls.config_dir.is_relative()
+            && let RulesSource::Dir(rules) = &mut rls.source
+            && rules.is_relative()
             && let Some(dir) = path.parent()
         {
             // A relative directory is relative to the configuration file, not to the cwd.
-            rls.config_dir = dir.join(&rls.config_dir);
+            *rules = dir.join(&*rules);
         }
         Ok(config)
     }
@@ -781,7 +829,7 @@ impl Config {
             policies,
             rls: raw
                 .rls
-                .map(RlsSettings::from_raw)
+                .map(|r| RlsSettings::from_raw(r, base))
                 .transpose()
                 .map_err(err)?,
             rlqs,
@@ -808,6 +856,11 @@ impl Config {
         }
         if self.top != next.top {
             changed.push("top");
+        }
+        // The xDS client is started with the server: its control plane is read at start only.
+        let xds = |c: &Config| c.rls.as_ref().and_then(|r| r.xds().cloned());
+        if xds(self) != xds(next) {
+            changed.push("rls.xds");
         }
         changed
     }
