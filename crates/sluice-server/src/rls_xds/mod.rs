@@ -107,17 +107,22 @@ pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
         let outcome = client.session(&mut backoff).await;
         connected(false);
         let wait = backoff.next_wait();
+        let rules = if client.accepted_version.is_empty() {
+            "no rules yet".to_owned()
+        } else {
+            format!("keeping the rules of version {:?}", client.accepted_version)
+        };
         match outcome {
             Ok(()) => tracing::warn!(
                 control_plane = %client.settings.address,
                 retry_in_ms = wait.as_millis() as u64,
-                "the xDS control plane closed the stream; keeping the last good rules"
+                "the xDS control plane closed the stream; {rules}"
             ),
             Err(e) => tracing::warn!(
                 control_plane = %client.settings.address,
                 error = %e,
                 retry_in_ms = wait.as_millis() as u64,
-                "no stream to the xDS control plane; keeping the last good rules"
+                "no stream to the xDS control plane; {rules}"
             ),
         }
         tokio::time::sleep(wait).await;
@@ -270,8 +275,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let more = s.to_string();
+        // Some errors repeat their source's message in their own.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
         source = s.source();
     }
     text
