@@ -629,3 +629,80 @@ fn the_configuration_takes_one_source_of_rules() {
     assert_eq!(xds.node_id, "envoy-ratelimit");
     assert_eq!(xds.cluster, None);
 }
+
+/// A reload of the configuration file keeps the rules the control plane sent and applies the
+/// file's `rls` settings; a reload that would switch the rules to a directory is refused.
+#[tokio::test]
+async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
+    let mut cp = ControlPlane::start(None).await;
+    let text = config(&format!("http://{}", cp.addr), "");
+    let server = start_sluice(&text).await;
+    let mut client = RateLimitServiceClient::new(server.channel().await);
+    let mut stream = cp.next_stream().await;
+    stream.next_request().await;
+    stream.respond("1", "nonce-1", &[eg_resource(1)]);
+    assert_ack(&stream.next_request().await, "1", "nonce-1");
+    assert_eq!(
+        ask(&mut client, 0, "").await.unwrap().overall_code(),
+        Code::Ok
+    );
+    assert_eq!(
+        ask(&mut client, 0, "").await.unwrap().overall_code(),
+        Code::OverLimit
+    );
+
+    // The file now sets the reference's SHADOW_MODE: over the limit, answered OK.
+    let stats = format!("{}/v1/stats", server.url);
+    let generation = get_json(&stats).await["config"]["generation"]
+        .as_u64()
+        .unwrap();
+    std::fs::write(&server.file, format!("{text}  shadow_mode: true\n")).unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while get_json(&stats).await["config"]["generation"]
+        .as_u64()
+        .unwrap()
+        == generation
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the file never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = ask(&mut client, 0, "").await.unwrap();
+    assert_eq!(r.overall_code(), Code::Ok, "shadow mode: {r:?}");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(1),
+        "the rule from xDS is still in force"
+    );
+
+    // Switching to a rules directory takes a restart.
+    std::fs::create_dir_all(server.dir.path().join("rules")).unwrap();
+    std::fs::write(&server.file, "rls:\n  config_dir: rules\n").unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let s = get_json(&stats).await;
+        if let Some(e) = s["config"]["last_reload_error"].as_str() {
+            assert!(e.contains("restart the server to switch"), "{e}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload attempt: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        ask(&mut client, 0, "").await.unwrap().statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(1)
+    );
+    server.stop().await;
+    cp.stop(vec![stream]).await;
+}
