@@ -122,7 +122,11 @@ pub fn load_rls(config: &Config) -> Result<Option<Arc<RlsConfig>>, crate::rls::R
         merge_domains: settings.merge_domains,
         ignore_dot_files: settings.ignore_dot_files,
     };
-    let rls = RlsConfig::load_dir_with(&settings.config_dir, &options)?;
+    let Some(dir) = settings.config_dir() else {
+        // `rls.xds`: the rules arrive from the control plane (crate::rls_xds).
+        return Ok(None);
+    };
+    let rls = RlsConfig::load_dir_with(dir, &options)?;
     for w in rls.warnings() {
         tracing::warn!(warning = %w, "rate limit configuration");
     }
@@ -275,6 +279,9 @@ pub async fn run_with_clock(
     }
     if let Some(path) = config_file {
         background.spawn(watch_config(path, shared.clone()));
+    }
+    if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
+        background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
     }
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
@@ -451,13 +458,34 @@ fn refuse_emptying(
     None
 }
 
+/// Whether the server's Envoy rules come from xDS (`rls.xds` at start).
+fn from_xds(shared: &Shared) -> bool {
+    let started = shared.started_with().rls.as_ref();
+    started.is_some_and(|r| r.xds().is_some())
+}
+
+/// The Envoy rules a reload of the configuration file applies: read from the rules directory,
+/// or, when they come from xDS, the ones in force (the control plane replaces them, not the
+/// file). Switching between a directory and xDS takes a restart.
+fn reload_rls(shared: &Shared, next: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
+    let next_xds = next.rls.as_ref().is_some_and(|r| r.xds().is_some());
+    match (from_xds(shared), next_xds) {
+        (true, true) => Ok(shared.snapshot().rls.clone()),
+        (false, false) => Ok(load_rls(next)?),
+        _ => anyhow::bail!(
+            "rls: the source of the Envoy rules (config_dir or xds) changed; it is chosen at \
+             start, restart the server to switch"
+        ),
+    }
+}
+
 /// Reloads the configuration on SIGHUP and when the file, or a file of its Envoy rate limit
 /// directory, changes.
 async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
     let rls_dir = |p: &PathBuf| {
         Config::load(p)
             .ok()
-            .and_then(|c| c.rls.map(|r| r.config_dir))
+            .and_then(|c| c.rls.and_then(|r| r.config_dir().map(PathBuf::from)))
     };
     let mut dir = rls_dir(&path);
     let mut last = fingerprint(&path, dir.as_deref());
@@ -490,7 +518,7 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
         match Config::load(&path)
             .map_err(anyhow::Error::from)
             .and_then(|c| {
-                let rls = load_rls(&c)?;
+                let rls = reload_rls(&shared, &c)?;
                 refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
                     .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
             }) {
@@ -502,7 +530,11 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
                          applies after a restart"
                     );
                 }
-                shared.apply(&config, rls);
+                if from_xds(&shared) {
+                    shared.apply_keeping_rls(&config);
+                } else {
+                    shared.apply(&config, rls);
+                }
                 crate::observe::metrics::reload(true);
                 tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
             }

@@ -15,11 +15,11 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `rlqs::rules`, `rlqs::assign`, `simulate` |
+//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state` |
-//! | 4 surfaces | `http`, `rls::grpc`, `rlqs` |
+//! | 4 surfaces | `http`, `rls::grpc`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
 //! * **Leaves** know nothing of the server: durations ([`units`]), the one parser of a policy
@@ -32,7 +32,9 @@
 //! * **Observation** (`observe`) is the metrics, the decision counts and the top keys.
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
-//!   ([`rls::grpc`]), RLQS ([`rlqs`]).
+//!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a
+//!   control plane ([`rls_xds`]; its settings, [`rls_xds::settings`], are a leaf the
+//!   configuration reads).
 //! * **Composition** ([`app`]) binds it together and spawns the servers.
 
 pub mod app;
@@ -44,6 +46,7 @@ pub(crate) mod policy_entry;
 pub(crate) mod reply;
 pub(crate) mod rlqs;
 pub mod rls;
+pub mod rls_xds;
 pub mod simulate;
 pub mod state;
 pub(crate) mod tls;

@@ -90,7 +90,8 @@ pub struct Generation {
     /// The limiter with this generation's policies.
     pub limiter: ServerLimiter,
     store: StoreHandle,
-    /// Envoy rate limit service rules, when `rls.config_dir` is set.
+    /// Envoy rate limit service rules, when `rls.config_dir` is set or `rls.xds` has sent
+    /// rules.
     pub rls: Option<Arc<RlsConfig>>,
     /// The `rls` settings that go with them.
     pub rls_settings: Option<crate::config::RlsSettings>,
@@ -282,20 +283,56 @@ impl Shared {
 
     /// Applies a new configuration's policies to requests that arrive from now on.
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        // Only the reload watcher applies, one configuration at a time: the number read here is
-        // the one replaced.
-        let next = Arc::new(Generation::new(
-            self.snapshot().number + 1,
-            config,
-            &self.store,
-            &self.deciding,
-            &self.insurance,
-            rls,
-            &self.clock,
-        ));
-        match self.current.write() {
-            Ok(mut g) => *g = next,
-            Err(poisoned) => *poisoned.into_inner() = next,
+        self.swap(|current| {
+            Generation::new(
+                current.number + 1,
+                config,
+                &self.store,
+                &self.deciding,
+                &self.insurance,
+                rls,
+                &self.clock,
+            )
+        });
+    }
+
+    /// Replaces the Envoy rules alone, keeping the policies and settings in force: an update
+    /// from the xDS control plane (`rls.xds`), counted as a reload.
+    pub fn replace_rls(&self, rls: Arc<RlsConfig>) {
+        self.swap(|current| Generation {
+            number: current.number + 1,
+            limiter: current.limiter.clone(),
+            store: current.store.clone(),
+            rls: Some(rls),
+            rls_settings: current.rls_settings.clone(),
+            rlqs: current.rlqs.clone(),
+            admin: current.admin.clone(),
+        });
+    }
+
+    /// Applies a new configuration keeping the Envoy rules in force: a reload of the
+    /// configuration file while the rules come from xDS.
+    pub fn apply_keeping_rls(&self, config: &Config) {
+        self.swap(|current| {
+            Generation::new(
+                current.number + 1,
+                config,
+                &self.store,
+                &self.deciding,
+                &self.insurance,
+                current.rls.clone(),
+                &self.clock,
+            )
+        });
+    }
+
+    /// Builds the next generation from the current one under the write lock, so the reload
+    /// watcher and the xDS client never lose each other's update and each generation's
+    /// number is its predecessor's plus one.
+    fn swap(&self, next: impl FnOnce(&Generation) -> Generation) {
+        {
+            let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+            *current = Arc::new(next(&current));
         }
         *self
             .last_reload_error

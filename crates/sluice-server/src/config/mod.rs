@@ -248,11 +248,12 @@ impl Config {
         })?;
         let mut config = Self::parse_in(&file, &text, path.parent())?;
         if let Some(rls) = &mut config.rls
-            && rls.config_dir.is_relative()
+            && let RulesSource::Dir(rules) = &mut rls.source
+            && rules.is_relative()
             && let Some(dir) = path.parent()
         {
             // A relative directory is relative to the configuration file, not to the cwd.
-            rls.config_dir = dir.join(&rls.config_dir);
+            *rules = dir.join(&*rules);
         }
         Ok(config)
     }
@@ -355,7 +356,7 @@ impl Config {
             policies,
             rls: raw
                 .rls
-                .map(RlsSettings::from_raw)
+                .map(|r| RlsSettings::from_raw(r, base))
                 .transpose()
                 .map_err(err)?,
             rlqs,
@@ -382,6 +383,11 @@ impl Config {
         }
         if self.top != next.top {
             changed.push("top");
+        }
+        // The xDS client is started with the server: its control plane is read at start only.
+        let xds = |c: &Config| c.rls.as_ref().and_then(|r| r.xds().cloned());
+        if xds(self) != xds(next) {
+            changed.push("rls.xds");
         }
         changed
     }

@@ -5,8 +5,8 @@ use super::*;
 /// Envoy rate limit service settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RlsSettings {
-    /// The directory of Envoy ratelimit YAML files.
-    pub config_dir: PathBuf,
+    /// Where the rules come from: a directory of rule files or an xDS control plane.
+    pub source: RulesSource,
     /// Every over-limit answer becomes `OK` (statuses unchanged): the reference's global
     /// `SHADOW_MODE`.
     pub shadow_mode: bool,
@@ -25,8 +25,54 @@ pub struct RlsSettings {
     pub on_store_error: FailureMode,
 }
 
+/// Where the Envoy rules come from: one source, never both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesSource {
+    /// `rls.config_dir`: the directory of the reference's YAML files, reloaded when they change.
+    Dir(PathBuf),
+    /// `rls.xds`: an xDS control plane, as Envoy Gateway configures its rate limit service.
+    Xds(crate::rls_xds::settings::XdsSettings),
+}
+
 impl RlsSettings {
-    pub(super) fn from_raw(r: RawRls) -> Result<Self, String> {
+    /// The rules directory, when the rules come from files.
+    pub fn config_dir(&self) -> Option<&Path> {
+        match &self.source {
+            RulesSource::Dir(dir) => Some(dir),
+            RulesSource::Xds(_) => None,
+        }
+    }
+
+    /// The control plane, when the rules come from xDS.
+    pub fn xds(&self) -> Option<&crate::rls_xds::settings::XdsSettings> {
+        match &self.source {
+            RulesSource::Xds(xds) => Some(xds),
+            RulesSource::Dir(_) => None,
+        }
+    }
+
+    pub(super) fn from_raw(r: RawRls, base: Option<&Path>) -> Result<Self, String> {
+        let source = match (r.config_dir, r.xds) {
+            (Some(dir), None) => RulesSource::Dir(dir),
+            (None, Some(xds)) => {
+                RulesSource::Xds(crate::rls_xds::settings::XdsSettings::resolve(xds, base)?)
+            }
+            (Some(_), Some(_)) => {
+                return Err(
+                    "rls: config_dir and xds are both given; the Envoy rules come from \
+                            one source, a directory of rule files (config_dir) or an xDS \
+                            control plane (xds)"
+                        .to_owned(),
+                );
+            }
+            (None, None) => {
+                return Err(
+                    "rls: needs config_dir (a directory of rule files) or xds (an xDS \
+                            control plane such as Envoy Gateway's)"
+                        .to_owned(),
+                );
+            }
+        };
         let on_store_error = match r.on_store_error.as_deref() {
             None => FailureMode::Closed,
             Some(mode) => mode
@@ -34,7 +80,7 @@ impl RlsSettings {
                 .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
         };
         Ok(Self {
-            config_dir: r.config_dir,
+            source,
             shadow_mode: r.shadow_mode,
             quota_mode: r.quota_mode,
             response_headers: r.response_headers,
@@ -65,7 +111,10 @@ pub enum ResponseHeaders {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRls {
-    pub(super) config_dir: PathBuf,
+    #[serde(default)]
+    pub(super) config_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) xds: Option<crate::rls_xds::settings::RawXds>,
     #[serde(default)]
     pub(super) shadow_mode: bool,
     #[serde(default)]

@@ -20,6 +20,8 @@
 //! | `sluice_connection_timeouts_total` | listener, timeout (idle/header/body/handshake) (recorded by `conn`) |
 //! | `sluice_rlqs_requests_total` | rule (an `rlqs.buckets` rule's name), result (charged/lost/denied) (recorded by `rlqs`) |
 //! | `sluice_rlqs_actions_total` | action (token_bucket/deny_all/allow_all/abandon/store_error) (recorded by `rlqs`) |
+//! | `sluice_xds_updates_total` | result (ack/nack): `rls.xds` responses (recorded by `rls_xds`) |
+//! | `sluice_xds_connected` (gauge) | 1 while the `rls.xds` stream is open (recorded by `rls_xds`) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
@@ -210,6 +212,16 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "sluice_rlqs_actions_total",
         Kind::Counter,
         "RLQS actions sent, by action.",
+    ),
+    (
+        "sluice_xds_updates_total",
+        Kind::Counter,
+        "Responses of the rls.xds control plane by result (ack, nack).",
+    ),
+    (
+        "sluice_xds_connected",
+        Kind::Gauge,
+        "1 while the stream to the rls.xds control plane is open, else 0.",
     ),
 ];
 

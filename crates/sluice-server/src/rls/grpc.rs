@@ -302,7 +302,8 @@ impl RlsService {
         check_bounds(&req)?;
         let (Some(rls), Some(settings)) = (&snapshot.rls, &snapshot.rls_settings) else {
             return Err(Status::failed_precondition(
-                "this sluice has no Envoy rate limit configuration; set rls.config_dir",
+                "this sluice has no Envoy rate limit configuration: set rls.config_dir or rls.xds \
+                 (with rls.xds, no rules have arrived from the control plane yet)",
             ));
         };
         let entries: Vec<Vec<(&str, &str)>> = req

@@ -53,6 +53,7 @@ mod error;
 pub(crate) mod grpc;
 mod matcher;
 mod tree;
+pub mod xds;
 mod yaml;
 
 use std::collections::BTreeMap;

@@ -236,7 +236,7 @@ async fn envoy_default_requests_count_one_over_redis() {
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
     envoy_default_requests_count_one(&format!(
-        "store:\n  backend: redis\n  shards:\n    - primary: {}\n",
+        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
         redis.url()
     ))
     .await;

@@ -9,3 +9,4 @@ mod parity_config;
 mod parity_service;
 mod rlqs;
 mod rls_config;
+mod rls_xds;

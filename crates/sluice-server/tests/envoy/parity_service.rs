@@ -1178,7 +1178,7 @@ where
     if sluice_testkit::require_redis() {
         let redis = sluice_testkit::RedisServer::start().unwrap();
         test(format!(
-            "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n",
+            "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
             redis.url()
         ))
         .await;
@@ -1614,7 +1614,7 @@ async fn integration_basic_config_over_redis_with_a_key_prefix() {
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
     let settings = format!(
-        "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  key_prefix: \"prefix:\"\n",
+        "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n  key_prefix: \"prefix:\"\n",
         redis.url()
     );
     let s = basic_base_config(&settings, "").await;

@@ -1,0 +1,341 @@
+//! Envoy rules from an xDS control plane (`rls.xds`): the reference service's
+//! `CONFIG_TYPE=GRPC_XDS_SOTW`, the way Envoy Gateway configures its rate limit service.
+//!
+//! A state-of-the-world client of one resource type, the rate limit configuration
+//! ([`crate::rls::xds::RATE_LIMIT_CONFIG_TYPE_URL`]), over the aggregated discovery service
+//! (`envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources`): what
+//! the reference's `src/provider/xds_grpc_sotw_provider.go` opens through go-control-plane's
+//! `sotw.ADSClient`, and what Envoy Gateway serves on port 18001
+//! (`internal/globalratelimit/runner/runner.go`).
+//!
+//! * The first request names the node (`node.id`, `node.cluster`) and the type; it carries the
+//!   version last accepted, so that a control plane reached again knows what Sluice holds.
+//! * Each response holds every resource (state of the world). They are decoded and loaded as
+//!   one configuration ([`crate::rls::RlsConfig::from_xds`], the loader of the rule files).
+//!   Loaded, they replace the rules in force, as a reload of the rules directory does (the
+//!   generation of `/v1/stats` goes up, `sluice_config_reloads_total{result="ok"}`), and the
+//!   response is ACKed: a request with its `version_info` and `response_nonce`.
+//! * Refused, the response is NACKed: the version accepted before, the response's nonce, and
+//!   `error_detail` (`INVALID_ARGUMENT`) whose message names the version, the resource and
+//!   what is wrong. The rules in force stay whole; `/v1/stats` shows the error as
+//!   `last_reload_error`, `sluice_config_reloads_total{result="error"}` counts it.
+//! * When the stream fails or ends, the client connects again after an exponential backoff
+//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. Before the
+//!   first accepted response there are no rules: `ShouldRateLimit` answers
+//!   `FAILED_PRECONDITION`, and Envoy's `failure_mode_deny` decides (the reference answers an
+//!   error too until its first configuration).
+//!
+//! Metrics: `sluice_xds_updates_total{result="ack|nack"}` and `sluice_xds_connected` (1 while
+//! a stream to the control plane is open, else 0).
+
+pub mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+
+pub use settings::XdsSettings;
+
+use crate::rls::xds::{RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig};
+use crate::rls::{LoadOptions, RlsConfig};
+use crate::state::Shared;
+
+/// The first wait before connecting again.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// The longest wait before connecting again.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(15);
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 pings on an idle stream, so that a control plane gone without a word is noticed.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+/// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Exponential backoff with jitter: each wait is drawn from the upper half of a ceiling that
+/// doubles from [`BACKOFF_INITIAL`] up to [`BACKOFF_MAX`], so that many Sluices restarted
+/// with their control plane do not reconnect in step.
+#[derive(Debug)]
+pub struct Backoff {
+    ceiling: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            ceiling: BACKOFF_INITIAL,
+        }
+    }
+}
+
+impl Backoff {
+    /// The next wait; the ceiling doubles.
+    pub fn next_wait(&mut self) -> Duration {
+        use rand::Rng;
+        let ceiling = self.ceiling;
+        self.ceiling = (self.ceiling * 2).min(BACKOFF_MAX);
+        let half = ceiling / 2;
+        half + rand::rng().random_range(Duration::ZERO..=half)
+    }
+
+    /// Back to the first wait (after a stream that delivered a response).
+    pub fn reset(&mut self) {
+        self.ceiling = BACKOFF_INITIAL;
+    }
+}
+
+/// Follows the control plane until the task is dropped: connects, applies every response
+/// that loads, and connects again after a failure.
+pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
+    let mut client = Client {
+        node: Node {
+            id: settings.node_id.clone(),
+            cluster: settings.cluster.clone().unwrap_or_default(),
+            ..Default::default()
+        },
+        settings,
+        shared,
+        accepted_version: String::new(),
+    };
+    let mut backoff = Backoff::default();
+    loop {
+        let outcome = client.session(&mut backoff).await;
+        connected(false);
+        let wait = backoff.next_wait();
+        let rules = if client.accepted_version.is_empty() {
+            "no rules yet".to_owned()
+        } else {
+            format!("keeping the rules of version {:?}", client.accepted_version)
+        };
+        match outcome {
+            Ok(()) => tracing::warn!(
+                control_plane = %client.settings.address,
+                retry_in_ms = wait.as_millis() as u64,
+                "the xDS control plane closed the stream; {rules}"
+            ),
+            Err(e) => tracing::warn!(
+                control_plane = %client.settings.address,
+                error = %e,
+                retry_in_ms = wait.as_millis() as u64,
+                "no stream to the xDS control plane; {rules}"
+            ),
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The client's state across streams.
+struct Client {
+    settings: XdsSettings,
+    node: Node,
+    shared: Arc<Shared>,
+    /// The `version_info` of the last response accepted (empty before the first).
+    accepted_version: String,
+}
+
+impl Client {
+    /// One stream: until it fails (`Err`) or the control plane ends it (`Ok`).
+    async fn session(&mut self, backoff: &mut Backoff) -> Result<(), String> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(self.settings.address.clone())
+            .map_err(|e| format!("rls.xds.address: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = self.settings.client_tls()? {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("rls.xds: TLS: {e}"))?;
+        }
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The first request: the node, the type, the version already held.
+        let _ = tx.send(self.request(self.accepted_version.clone(), String::new(), None));
+        let mut responses = client
+            .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .map_err(|s| format!("StreamAggregatedResources: {}", s.message()))?
+            .into_inner();
+        connected(true);
+        tracing::info!(control_plane = %self.settings.address, node_id = %self.node.id, "xDS stream open; waiting for rate limit rules");
+        loop {
+            let response = match responses.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) => return Ok(()),
+                Err(status) => {
+                    return Err(format!(
+                        "the stream failed: {:?}: {}",
+                        status.code(),
+                        status.message()
+                    ));
+                }
+            };
+            backoff.reset();
+            let reply = self.answer(&response);
+            tx.send(reply)
+                .map_err(|_| "the stream closed before the answer was sent".to_owned())?;
+        }
+    }
+
+    /// Applies one response and says what to send back: an ACK when its rules loaded, else a
+    /// NACK naming what is wrong.
+    fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+        let snapshot = self.shared.snapshot();
+        let options = snapshot
+            .rls_settings
+            .as_ref()
+            .map(|s| LoadOptions {
+                merge_domains: s.merge_domains,
+                ignore_dot_files: false,
+            })
+            .unwrap_or_default();
+        match load(response, &options) {
+            Ok(rules) => {
+                for w in rules.warnings() {
+                    tracing::warn!(warning = %w, "rate limit configuration from xDS");
+                }
+                let domains: Vec<&str> = rules.domains().collect();
+                tracing::info!(version = %response.version_info, domains = ?domains, "rate limit rules from xDS applied");
+                self.shared.replace_rls(Arc::new(rules));
+                crate::observe::metrics::reload(true);
+                update(true);
+                self.accepted_version = response.version_info.clone();
+                self.request(response.version_info.clone(), response.nonce.clone(), None)
+            }
+            Err(reason) => {
+                let message = format!("version {:?}: {reason}", response.version_info);
+                tracing::error!(error = %message, "rate limit rules from xDS refused (NACK); keeping the last good ones");
+                self.shared.reload_failed(format!("xDS: {message}"));
+                crate::observe::metrics::reload(false);
+                update(false);
+                self.request(
+                    self.accepted_version.clone(),
+                    response.nonce.clone(),
+                    Some(RpcStatus {
+                        code: INVALID_ARGUMENT,
+                        message,
+                        details: Vec::new(),
+                    }),
+                )
+            }
+        }
+    }
+
+    fn request(
+        &self,
+        version_info: String,
+        response_nonce: String,
+        error_detail: Option<RpcStatus>,
+    ) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info,
+            node: Some(self.node.clone()),
+            type_url: RATE_LIMIT_CONFIG_TYPE_URL.to_owned(),
+            response_nonce,
+            error_detail,
+            ..Default::default()
+        }
+    }
+}
+
+/// Decodes and loads every resource of a response; the error names the resource and what is
+/// wrong.
+pub fn load(response: &DiscoveryResponse, options: &LoadOptions) -> Result<RlsConfig, String> {
+    if response.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
+        return Err(format!(
+            "the response is of type {:?}; this client asked for {RATE_LIMIT_CONFIG_TYPE_URL}",
+            response.type_url
+        ));
+    }
+    let mut resources = Vec::with_capacity(response.resources.len());
+    for (i, any) in response.resources.iter().enumerate() {
+        if any.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
+            return Err(format!(
+                "resources[{i}]: of type {:?}, expected {RATE_LIMIT_CONFIG_TYPE_URL}",
+                any.type_url
+            ));
+        }
+        let resource = RateLimitConfig::decode(any.value.as_slice())
+            .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))?;
+        resources.push(resource);
+    }
+    RlsConfig::from_xds(&resources, options).map_err(|e| e.to_string())
+}
+
+/// The message of an error and of its sources: tonic's transport errors say little alone.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        // Some errors repeat their source's message in their own.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn connected(open: bool) {
+    metrics::gauge!("sluice_xds_connected").set(if open { 1.0 } else { 0.0 });
+}
+
+fn update(ack: bool) {
+    let result = if ack { "ack" } else { "nack" };
+    metrics::counter!("sluice_xds_updates_total", "result" => result).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_its_ceiling() {
+        let mut b = Backoff::default();
+        let mut ceiling = BACKOFF_INITIAL;
+        for _ in 0..12 {
+            let wait = b.next_wait();
+            assert!(
+                wait >= ceiling / 2 && wait <= ceiling,
+                "{wait:?} vs {ceiling:?}"
+            );
+            ceiling = (ceiling * 2).min(BACKOFF_MAX);
+        }
+        assert_eq!(ceiling, BACKOFF_MAX);
+        b.reset();
+        assert!(b.next_wait() <= BACKOFF_INITIAL);
+    }
+
+    #[test]
+    fn a_response_of_another_type_or_an_undecodable_resource_is_refused() {
+        use envoy_types::pb::google::protobuf::Any;
+        let mut response = DiscoveryResponse {
+            version_info: "1".into(),
+            type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+            ..Default::default()
+        };
+        let err = load(&response, &LoadOptions::default()).unwrap_err();
+        assert!(err.contains("envoy.config.cluster.v3.Cluster"), "{err}");
+        response.type_url = RATE_LIMIT_CONFIG_TYPE_URL.into();
+        response.resources = vec![Any {
+            type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+            value: vec![0xff, 0xff],
+        }];
+        let err = load(&response, &LoadOptions::default()).unwrap_err();
+        assert!(
+            err.starts_with("resources[0]: not a RateLimitConfig"),
+            "{err}"
+        );
+        response.resources.clear();
+        assert!(load(&response, &LoadOptions::default()).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,228 @@
+//! `rls.xds`: where the xDS control plane is and how to reach it.
+
+use std::path::{Path, PathBuf};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+
+/// `rls.xds` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawXds {
+    address: String,
+    node_id: String,
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    cert_file: Option<PathBuf>,
+    #[serde(default)]
+    key_file: Option<PathBuf>,
+}
+
+/// The xDS control plane the Envoy rules come from (`rls.xds`), validated, its files' paths
+/// resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsSettings {
+    /// `http://host:port` or `https://host:port` (TLS, verified against `ca_file` or the
+    /// system's roots).
+    pub address: String,
+    /// The node id sent in every request: the id the control plane keeps the snapshot under
+    /// (`envoy-ratelimit` for Envoy Gateway).
+    pub node_id: String,
+    /// The node's cluster, when set.
+    pub cluster: Option<String>,
+    /// The CA the control plane's certificate is verified against (PEM); without it, the
+    /// system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate chain presented to the control plane (PEM), with `key_file`:
+    /// Envoy Gateway's xDS server requires one (mutual TLS).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key_file: Option<PathBuf>,
+}
+
+impl XdsSettings {
+    /// Whether the control plane is reached over TLS.
+    pub fn tls(&self) -> bool {
+        self.address.starts_with("https://")
+    }
+
+    /// Checks `raw` and resolves relative files against `base` (the configuration file's
+    /// directory). Each error names the `rls.xds` field at fault.
+    pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, String> {
+        let at = |p: PathBuf| match base {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p,
+        };
+        let uri: tonic::codegen::http::Uri = raw.address.parse().map_err(|e| {
+            format!(
+                "rls.xds.address: {:?} is not a URL ({e}); expected http://host:port or \
+                 https://host:port",
+                raw.address
+            )
+        })?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(format!(
+                    "rls.xds.address: {:?} must start with http:// or https:// (the control \
+                     plane's gRPC address, e.g. https://envoy-gateway:18001)",
+                    raw.address
+                ));
+            }
+        };
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(format!("rls.xds.address: {:?} has no host", raw.address));
+        }
+        if raw.node_id.trim().is_empty() {
+            return Err(
+                "rls.xds.node_id: must not be empty; the control plane keeps the rules under \
+                 a node id (Envoy Gateway: envoy-ratelimit)"
+                    .to_owned(),
+            );
+        }
+        let settings = Self {
+            address: raw.address,
+            node_id: raw.node_id,
+            cluster: raw.cluster.filter(|c| !c.is_empty()),
+            ca_file: raw.ca_file.map(at),
+            cert_file: raw.cert_file.map(at),
+            key_file: raw.key_file.map(at),
+        };
+        if !tls {
+            for (field, given) in [
+                ("ca_file", settings.ca_file.is_some()),
+                ("cert_file", settings.cert_file.is_some()),
+                ("key_file", settings.key_file.is_some()),
+            ] {
+                if given {
+                    return Err(format!(
+                        "rls.xds.{field}: given, but the address {} is plain http://; use \
+                         https:// to reach the control plane over TLS",
+                        settings.address
+                    ));
+                }
+            }
+        }
+        settings.check_files()?;
+        Ok(settings)
+    }
+
+    /// Reads the TLS files, so that `sluice config check` finds a wrong path, not the first
+    /// connection.
+    fn check_files(&self) -> Result<(), String> {
+        if let Some(ca) = &self.ca_file {
+            certificates(ca, "ca_file")?;
+        }
+        match (&self.cert_file, &self.key_file) {
+            (None, None) => Ok(()),
+            (Some(cert), Some(key)) => {
+                certificates(cert, "cert_file")?;
+                PrivateKeyDer::from_pem_file(key).map(drop).map_err(|e| {
+                    format!("rls.xds.key_file: no private key in {}: {e}", key.display())
+                })
+            }
+            (Some(_), None) => Err(
+                "rls.xds.cert_file: given without key_file; a client certificate needs its key"
+                    .to_owned(),
+            ),
+            (None, Some(_)) => Err(
+                "rls.xds.key_file: given without cert_file; a client key needs its certificate"
+                    .to_owned(),
+            ),
+        }
+    }
+
+    /// The channel's TLS settings, `None` for `http://`.
+    pub(super) fn client_tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>, String> {
+        if !self.tls() {
+            return Ok(None);
+        }
+        let read = |p: &Path, field: &str| {
+            std::fs::read(p)
+                .map_err(|e| format!("rls.xds.{field}: cannot read {}: {e}", p.display()))
+        };
+        let mut config = tonic::transport::ClientTlsConfig::new();
+        config = match &self.ca_file {
+            Some(ca) => config.ca_certificate(tonic::transport::Certificate::from_pem(read(
+                ca, "ca_file",
+            )?)),
+            None => config.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
+            config = config.identity(tonic::transport::Identity::from_pem(
+                read(cert, "cert_file")?,
+                read(key, "key_file")?,
+            ));
+        }
+        Ok(Some(config))
+    }
+}
+
+/// Every certificate of a PEM file; none is an error naming the field.
+fn certificates(file: &Path, field: &str) -> Result<(), String> {
+    let certs = CertificateDer::pem_file_iter(file)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("rls.xds.{field}: cannot read {}: {e}", file.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "rls.xds.{field}: {} holds no PEM certificate",
+            file.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(address: &str, node_id: &str) -> RawXds {
+        RawXds {
+            address: address.into(),
+            node_id: node_id.into(),
+            cluster: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+        }
+    }
+
+    #[test]
+    fn addresses_and_node_ids_are_checked() {
+        let ok =
+            XdsSettings::resolve(raw("http://127.0.0.1:18001", "envoy-ratelimit"), None).unwrap();
+        assert!(!ok.tls());
+        assert!(
+            XdsSettings::resolve(raw("https://envoy-gateway:18001", "n"), None)
+                .unwrap()
+                .tls()
+        );
+        let err = XdsSettings::resolve(raw("envoy-gateway:18001", "n"), None).unwrap_err();
+        assert!(err.starts_with("rls.xds.address:"), "{err}");
+        let err = XdsSettings::resolve(raw("grpc://envoy-gateway:18001", "n"), None).unwrap_err();
+        assert!(err.contains("http:// or https://"), "{err}");
+        let err = XdsSettings::resolve(raw("http://h:1", " "), None).unwrap_err();
+        assert!(err.starts_with("rls.xds.node_id:"), "{err}");
+        let mut with_ca = raw("http://h:1", "n");
+        with_ca.ca_file = Some("ca.pem".into());
+        let err = XdsSettings::resolve(with_ca, None).unwrap_err();
+        assert!(err.starts_with("rls.xds.ca_file: given, but"), "{err}");
+        let mut half = raw("https://h:1", "n");
+        half.cert_file = Some("/nonexistent/cert.pem".into());
+        let err = XdsSettings::resolve(half, None).unwrap_err();
+        assert!(
+            err.starts_with("rls.xds.cert_file: given without key_file"),
+            "{err}"
+        );
+        let mut missing = raw("https://h:1", "n");
+        missing.cert_file = Some("/nonexistent/cert.pem".into());
+        missing.key_file = Some("/nonexistent/key.pem".into());
+        let err = XdsSettings::resolve(missing, None).unwrap_err();
+        assert!(err.starts_with("rls.xds.cert_file: cannot read"), "{err}");
+    }
+}
