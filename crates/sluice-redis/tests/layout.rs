@@ -322,3 +322,62 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
     println!("{full} peeks saw the window full, {fresh} closed");
     assert!(full > 0, "no peek saw the open window");
 }
+
+/// Exactness on layout v2: 64 tasks check one fixed window (aligned and not) at once,
+/// coalesced, through the counter's fast path; Redis admits exactly `max`, none degraded, and
+/// the window lives in the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_tasks_admit_exactly_max_on_counters() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    for spec in [
+        LimitSpec::fixed_window(1_000, 60_000),
+        LimitSpec::fixed_window(1_000, 60_000).aligned(),
+    ] {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        // The manual clock stands still at Redis's time (within half the margin, so the window
+        // opens in a counter); the long margin keeps it from expiring in real time.
+        let config = RedisConfig::new(server.url())
+            .timeout(Duration::from_secs(5))
+            .expiry_margin(Duration::from_secs(3_600))
+            .layout(Layout::V2);
+        let p = Policy::from_specs("hot", vec![spec.clone()]).unwrap();
+        let limiter = std::sync::Arc::new(
+            Limiter::new(RedisStore::connect(config).await.expect("connect"))
+                .with_clock(ManualClock::new(wall_ms()))
+                .with_policy(p),
+        );
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let (mut admitted, mut degraded) = (0u64, 0u64);
+                    for _ in 0..500 {
+                        let d = limiter.check("hot", "the-key", 1).await.unwrap();
+                        if d.degraded.is_some() {
+                            degraded += 1;
+                        } else if d.allowed {
+                            admitted += 1;
+                        }
+                    }
+                    (admitted, degraded)
+                })
+            })
+            .collect();
+        let mut total = (0, 0);
+        for t in tasks {
+            let (a, d) = t.await.unwrap();
+            total = (total.0 + a, total.1 + d);
+        }
+        assert_eq!(total, (1_000, 0), "{spec:?}: (admitted, degraded)");
+        let tag = if spec.align { "fwa60000" } else { "fw60000" };
+        let counter = format!("sluice:{{3:hot:the-key}}:{tag}:c3600000");
+        assert_eq!(
+            server.cmd(&["GET", &counter]).unwrap(),
+            redis::Value::BulkString(b"1000".to_vec()),
+            "{counter}"
+        );
+    }
+}
