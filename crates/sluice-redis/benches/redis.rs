@@ -152,6 +152,10 @@ fn replayed(
     calls: u64,
 ) -> (f64, f64) {
     server.cmd(&["FLUSHALL"]).unwrap();
+    if std::env::var("SLUICE_BENCH_WARM").as_deref() == Ok("1") {
+        // Keys warm, as the issue measured: every key's window opened before the count.
+        run_baseline(server, command, concurrency, calls);
+    }
     server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     let cpu = process_cpu_us(server);
     run_baseline(server, command, concurrency, calls);
@@ -322,6 +326,10 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         );
     }
 
+    // `SLUICE_BENCH_ONLY=single`: this table alone.
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("single") {
+        return;
+    }
     // 2. Coalesced, c = 16 and 64.
     for concurrency in [16usize, 64] {
         let calls = 100_000;
@@ -438,6 +446,10 @@ fn main() {
     // `SLUICE_BENCH_ONLY=latency`: the latency at c = 1 alone.
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("latency") {
         latency_at_one(&rt, &server, secs, rounds);
+        return;
+    }
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("single") {
+        cost_tables(&rt, &server, secs, rounds);
         return;
     }
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("cpu") {

@@ -864,6 +864,93 @@ local function fw_fast(ck, max, per, aligned, now, cost, margin, ms, redis_clock
   return nil
 end
 
+-- Takes back the optimistic INCRBYs of the first `m` counters from KEYS[k] (`made[i]`: the
+-- INCRBY created the counter, which is then deleted).
+local function fw_undo(keys, k, m, cost, made)
+  for i = 0, m - 1 do
+    if made[i] then
+      redis.call('DEL', keys[k + i])
+    else
+      redis.call('DECRBY', keys[k + i], cost)
+    end
+  end
+end
+
+-- `fw_fast` for a policy of n >= 2 limits, every one a layout-v2 fixed window (values from
+-- ARGV[a], 3 per limit): INCRBY + PEXPIRETIME per limit, then, if any refuses, every count
+-- is taken back. Nothing else is written before a failure is raised, so a failed decision
+-- wrote nothing. Returns nil (everything undone) where `rate` must decide.
+local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock)
+  local out, made, fresh = {1, now}, {}, nil
+  local allowed = true
+  for i = 0, n - 1 do
+    local ck, o = keys[k + i], a + 3 * i
+    local max, per = tonumber(args[o + 1]), tonumber(args[o + 2])
+    if cost > max then
+      fw_undo(keys, k, i, cost, made)
+      return nil
+    end
+    local u = redis.pcall('INCRBY', ck, cost)
+    if type(u) ~= 'number' then
+      fw_undo(keys, k, i, cost, made)
+      corrupt(ck, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+    end
+    local used = u - cost
+    local e = redis.call('PEXPIRETIME', ck)
+    made[i] = used == 0 and e == -1
+    if used < 0 or (e < 0 and used > 0) then
+      fw_undo(keys, k, i + 1, cost, made)
+      corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+    end
+    if e >= 0 and now < e - margin then
+      out[3 + 2 * i], out[4 + 2 * i] = e - margin, used
+      if u > max then
+        allowed = false
+      end
+    elseif made[i] then
+      local ok, hr, hu = pcall(fw_hash, hash_of(ck, ms))
+      if not ok then
+        fw_undo(keys, k, i + 1, cost, made)
+        error(hr, 0)
+      end
+      if (hr and now < hr) or not counter_fits(now, margin, redis_clock) then
+        fw_undo(keys, k, i + 1, cost, made)
+        return nil
+      end
+      local r = now + per
+      if args[o] == '6' then
+        r = idiv(now, per) * per + per
+      end
+      fresh = fresh or {}
+      fresh[i] = r
+      out[3 + 2 * i], out[4 + 2 * i] = hr or 0, hu or 0
+    else
+      fw_undo(keys, k, i + 1, cost, made)
+      return nil
+    end
+  end
+  if not allowed then
+    fw_undo(keys, k, n, cost, made)
+    out[1] = 0
+  elseif fresh then
+    for i, r in pairs(fresh) do
+      redis.call('PEXPIREAT', keys[k + i], r + margin)
+    end
+  end
+  return out
+end
+
+-- Whether the `n` limits whose values start at ARGV[a] are all layout-v2 fixed windows.
+local function all_counters(args, a, n)
+  for i = 0, n - 1 do
+    local alg = args[a + 3 * i]
+    if alg ~= '5' and alg ~= '6' then
+      return false
+    end
+  end
+  return true
+end
+
 -- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
 -- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
 -- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
@@ -1046,6 +1133,12 @@ local function rate_call(keys, args, record)
       return r
     end
   end
+  if record and #keys > 1 and cost > 0 and all_counters(args, 4, #keys) then
+    local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[3], args[1] == 'redis')
+    if r then
+      return r
+    end
+  end
   return rate(keys, 1, args, 4, #keys, now, cost, margin, record, false, args[3],
     args[1] == 'redis')
 end
@@ -1074,6 +1167,8 @@ local function batch(keys, args)
       -- One layout-v2 fixed window: its max, per and alignment, for `fw_fast`.
       policies[p][3], policies[p][4] = tonumber(args[a + 2]), tonumber(args[a + 3])
       policies[p][5] = alg == '6'
+    elseif n > 1 and all_counters(args, a + 1, n) then
+      policies[p][6] = true -- every limit a layout-v2 fixed window: `fw_fast_n`
     end
     a = a + 1 + rate_width(args, a + 1, n)
   end
@@ -1089,6 +1184,8 @@ local function batch(keys, args)
     local ok, r = true, nil
     if p[3] and record and cost > 0 and cost <= p[3] then
       ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, args[1], redis_time)
+    elseif p[6] and record and cost > 0 then
+      ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, args[1], redis_time)
     end
     if ok and not r then
       ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, args[1],
