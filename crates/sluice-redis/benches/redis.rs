@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::NOW;
 use hdrhistogram::Histogram;
 use sluice::{LimitSpec, Policy};
-use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
+use sluice_redis::{Layout, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
 
 const KEYS: u64 = 10_000;
@@ -152,6 +152,10 @@ fn replayed(
     calls: u64,
 ) -> (f64, f64) {
     server.cmd(&["FLUSHALL"]).unwrap();
+    if std::env::var("SLUICE_BENCH_WARM").as_deref() == Ok("1") {
+        // Keys warm, as the issue measured: every key's window opened before the count.
+        run_baseline(server, command, concurrency, calls);
+    }
     server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     let cpu = process_cpu_us(server);
     run_baseline(server, command, concurrency, calls);
@@ -165,22 +169,31 @@ fn replayed(
 /// for `secs`: (whole-process CPU µs per decision, decisions per script call, decisions/s).
 async fn through_the_client(
     server: &RedisServer,
-    policy: &Policy,
+    (policy, layout): (&Policy, Layout),
     concurrency: usize,
     coalesce: usize,
     secs: u64,
 ) -> (f64, f64, f64) {
     server.cmd(&["FLUSHALL"]).unwrap();
+    // Layout v2 checks at the wall clock's now (fixed for the run, within half its 600 s
+    // margin of Redis's clock, so its windows open in counters); v1 at the fixed `NOW`.
+    let (now, margin) = match layout {
+        Layout::V2 => (wall_ms(), Duration::from_secs(600)),
+        _ => (NOW, Duration::from_secs(1)),
+    };
     let store = RedisStore::connect(
         RedisConfig::new(server.url())
             .timeout(Duration::from_secs(2))
+            .layout(layout)
+            .expiry_margin(margin)
             .coalesce(coalesce),
     )
     .await
     .unwrap();
     server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     let cpu = process_cpu_us(server);
-    let (decisions, _, elapsed) = common::load(store, policy, concurrency, secs, KEYS).await;
+    let (decisions, _, elapsed) =
+        common::load_at(store, policy, concurrency, secs, KEYS, now).await;
     let cpu = process_cpu_us(server) - cpu;
     let (calls, _) = script_stats(server);
     (
@@ -190,36 +203,64 @@ async fn through_the_client(
     )
 }
 
-/// The policies of the cost tables: one of each kind, and three fixed windows.
-fn cost_cases() -> Vec<(&'static str, Policy)> {
+/// The policies of the cost tables: one of each kind, and three fixed windows; the fixed
+/// windows on both layouts (`store.layout`).
+fn cost_cases() -> Vec<(&'static str, Policy, Layout)> {
     let big = 1_000_000_000;
+    let aligned =
+        Policy::from_specs("b", vec![LimitSpec::fixed_window(big, 60_000).aligned()]).unwrap();
+    let three = Policy::from_specs(
+        "b",
+        vec![
+            LimitSpec::fixed_window(big, 1_000),
+            LimitSpec::fixed_window(big, 60_000),
+            LimitSpec::fixed_window(big, 3_600_000),
+        ],
+    )
+    .unwrap();
     vec![
-        ("one fixed window", policy()),
+        ("one fixed window (layout v1)", policy(), Layout::V1),
+        ("one fixed window (layout v2)", policy(), Layout::V2),
         (
-            "one fixed window, aligned (Envoy's)",
-            Policy::from_specs("b", vec![LimitSpec::fixed_window(big, 60_000).aligned()]).unwrap(),
+            "one fixed window, aligned (Envoy's, v1)",
+            aligned.clone(),
+            Layout::V1,
+        ),
+        (
+            "one fixed window, aligned (Envoy's, v2)",
+            aligned,
+            Layout::V2,
         ),
         (
             "one token bucket",
             Policy::from_specs("b", vec![LimitSpec::token_bucket(big, 60_000)]).unwrap(),
+            Layout::V1,
         ),
         (
             "one sliding window (60 buckets)",
             Policy::from_specs("b", vec![LimitSpec::sliding_window(big, 60_000)]).unwrap(),
+            Layout::V1,
         ),
         (
-            "three fixed windows (1 s, 1 min, 1 h)",
-            Policy::from_specs(
-                "b",
-                vec![
-                    LimitSpec::fixed_window(big, 1_000),
-                    LimitSpec::fixed_window(big, 60_000),
-                    LimitSpec::fixed_window(big, 3_600_000),
-                ],
-            )
-            .unwrap(),
+            "three fixed windows (1 s, 1 min, 1 h; v1)",
+            three.clone(),
+            Layout::V1,
+        ),
+        (
+            "three fixed windows (1 s, 1 min, 1 h; v2)",
+            three,
+            Layout::V2,
         ),
     ]
+}
+
+/// The wall clock in ms: a layout-v2 check replayed by redis-benchmark carries one `now` for
+/// the whole run, which must stay within half the expiry margin of Redis's clock for its
+/// windows to open in counters (hence the replayed store's margin of 600 s).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(NOW, |d| d.as_millis() as u64)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -240,6 +281,13 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
     let store = rt
         .block_on(RedisStore::connect(RedisConfig::new(server.url())))
         .unwrap();
+    let store_v2 = rt
+        .block_on(RedisStore::connect(
+            RedisConfig::new(server.url())
+                .layout(Layout::V2)
+                .expiry_margin(Duration::from_secs(600)),
+        ))
+        .unwrap();
     let sha = match server.cmd(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]).unwrap() {
         redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
         other => panic!("SCRIPT LOAD answered {other:?}"),
@@ -257,8 +305,11 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
     for _ in 0..rounds {
         let (b, _) = replayed(server, &minimal, 1, single_calls);
         base.push(b);
-        for (i, (_, p)) in cases.iter().enumerate() {
-            let command = store.check_command(p, "bench:__rand_int__", 1, NOW);
+        for (i, (_, p, layout)) in cases.iter().enumerate() {
+            let command = match layout {
+                Layout::V2 => store_v2.check_command(p, "bench:__rand_int__", 1, wall_ms()),
+                _ => store.check_command(p, "bench:__rand_int__", 1, NOW),
+            };
             let (u, _) = replayed(server, &command, 1, single_calls);
             us[i].push(u);
             ratio[i].push(u / b);
@@ -275,7 +326,7 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         "| minimal script: EVALSHA of INCR + PEXPIRE | 3 | {:.2} | 1.00 |",
         median(base.clone())
     );
-    for (i, (name, _)) in cases.iter().enumerate() {
+    for (i, (name, _, _)) in cases.iter().enumerate() {
         println!(
             "| {name} | | {:.2} | **{:.2}** |",
             median(us[i].clone()),
@@ -283,6 +334,10 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         );
     }
 
+    // `SLUICE_BENCH_ONLY=single`: this table alone.
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("single") {
+        return;
+    }
     // 2. Coalesced, c = 16 and 64.
     for concurrency in [16usize, 64] {
         let calls = 100_000;
@@ -292,10 +347,22 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         for _ in 0..rounds {
             let (_, b) = replayed(server, &minimal, concurrency, calls);
             base.push(b);
-            for (i, (_, p)) in cases.iter().enumerate() {
-                let c = rt.block_on(through_the_client(server, p, concurrency, 64, secs));
+            for (i, (_, p, layout)) in cases.iter().enumerate() {
+                let c = rt.block_on(through_the_client(
+                    server,
+                    (p, *layout),
+                    concurrency,
+                    64,
+                    secs,
+                ));
                 on[i].push((c.0, c.0 / b, c.1));
-                let c = rt.block_on(through_the_client(server, p, concurrency, 1, secs));
+                let c = rt.block_on(through_the_client(
+                    server,
+                    (p, *layout),
+                    concurrency,
+                    1,
+                    secs,
+                ));
                 off[i].push((c.0, c.0 / b, c.2));
             }
         }
@@ -315,7 +382,7 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
             "| minimal script (redis-benchmark) | {:.2} | 1.00 | 1 | | |",
             median(base.clone())
         );
-        for (i, (name, _)) in cases.iter().enumerate() {
+        for (i, (name, _, _)) in cases.iter().enumerate() {
             println!(
                 "| {name} | {:.2} | **{:.2}** | {:.1} | {:.2} | {:.2} |",
                 pick(&on[i], |c| c.0),
@@ -387,6 +454,10 @@ fn main() {
     // `SLUICE_BENCH_ONLY=latency`: the latency at c = 1 alone.
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("latency") {
         latency_at_one(&rt, &server, secs, rounds);
+        return;
+    }
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("single") {
+        cost_tables(&rt, &server, secs, rounds);
         return;
     }
     if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("cpu") {

@@ -34,8 +34,16 @@
 -- The Rust caller computes tau and step exactly (128-bit); Lua numbers are doubles, exact only
 -- up to 2^53, so every computation below stays under 2^53 or is split into 16-bit limbs.
 --
--- Stored state (hashes, but for the concurrency limit's own key):
---   fixed_window    reset, used         (reset is stored when the window opens, never recomputed)
+-- Stored state (hashes, but for the concurrency limit's own key and a fixed window's counter):
+--   fixed_window    layout v1: the hash KEYS[i] = <stem>:fw<per>: reset, used (reset is stored
+--                   when the window opens, never recomputed; PEXPIRE reset - now + margin);
+--                   layout v2: the counter <KEYS[i]>:c<ARGV[3]> (margin in ms, as sent): a
+--                   string integer `used`, its absolute expiry (PEXPIREAT / SET PXAT) the
+--                   window's end + margin, so reset = PEXPIRETIME - margin; the margin is in
+--                   the name, so no process reads a counter with another margin than it was
+--                   written with. Both are read (the hash first here, the counter when the hash
+--                   holds no open window; see "fixed windows: two layouts" below); this path
+--                   opens windows in the hash only.
 --   sliding_window  <bucket start> -> n (one field per non-empty bucket)
 --   token_bucket    tat, frac           (theoretical arrival time = tat + frac/max ms)
 --   concurrency     a sorted set, member lease id, score its expiry; and the units hash,
@@ -159,13 +167,80 @@ local function outcome_refused(remaining, reset, retry)
   return false, remaining, reset, retry, nil
 end
 
-local function fixed_window(key, l, cost, now, margin)
-  local v = redis.call('HMGET', key, 'reset', 'used')
-  local reset, used = int_field(key, 'reset', v[1]), int_field(key, 'used', v[2])
-  if (reset == nil) ~= (used == nil) then
-    corrupt(key, 'a fixed window needs both reset and used')
+-- ----- fixed windows: two layouts ----------------------------------------------------------
+-- Layout v1 (the hash `<stem>:fw<per>`: `reset`, `used`, PEXPIRE relative to now) and layout v2
+-- (the counter `<stem>:fw<per>:c<margin ms>`: a plain integer, `used`, whose absolute expiry is
+-- `reset + margin`: reset = PEXPIRETIME - margin, exact since the margin is in the key's name).
+-- Every reader reads both, its own layout first and the other only when its own holds no open
+-- window; a window is opened only when neither holds an open one, so at most one does, and a
+-- count is never lost whichever layout a process writes. Only the lean path of layout v2 opens
+-- windows in the counter; every other path opens them in the hash.
+
+-- The counter key of the hash key `hk`, and the hash key of the counter key `ck`.
+local function counter_of(hk, ms)
+  return hk .. ':c' .. ms
+end
+local function hash_of(ck, ms)
+  return string.sub(ck, 1, -(#ms + 3))
+end
+
+-- A counter's state: used, reset; nil when it does not exist.
+local function fw_counter(ck, margin)
+  local v = redis.call('GET', ck)
+  if not v then
+    return nil
   end
-  local open = reset ~= nil and now < reset
+  local e = redis.call('PEXPIRETIME', ck)
+  local used = tonumber(v)
+  if e < 0 or used == nil or used < 0 or used % 1 ~= 0 or used > TWO53 then
+    corrupt(ck, 'a fixed-window counter holds ' .. tostring(v) .. ' with expiry ' .. e)
+  end
+  return used, e - margin
+end
+
+-- A hash's state: reset, used; nil when it does not exist.
+local function fw_hash(hk)
+  local v = redis.call('HMGET', hk, 'reset', 'used')
+  local reset, used = int_field(hk, 'reset', v[1]), int_field(hk, 'used', v[2])
+  if (reset == nil) ~= (used == nil) then
+    corrupt(hk, 'a fixed window needs both reset and used')
+  end
+  return reset, used
+end
+
+-- The window as both layouts hold it: reset, used (nil, nil: none) and 'c' or 'h' when that
+-- layout holds the open window (nil: none is open). `counter_first`: layout v2's order.
+local function fw_read(ck, hk, now, margin, counter_first)
+  local reset, used
+  if counter_first then
+    used, reset = fw_counter(ck, margin)
+    if used and now < reset then
+      return reset, used, 'c'
+    end
+    local hr, hu = fw_hash(hk)
+    if hr and now < hr then
+      return hr, hu, 'h'
+    end
+    if used then
+      return reset, used, nil
+    end
+    return hr, hu, nil
+  end
+  reset, used = fw_hash(hk)
+  if reset and now < reset then
+    return reset, used, 'h'
+  end
+  local cu, cr = fw_counter(ck, margin)
+  if cu and now < cr then
+    return cr, cu, 'c'
+  end
+  return reset, used, nil
+end
+
+local function fixed_window(key, l, cost, now, margin)
+  local ck = counter_of(key, l.ms)
+  local reset, used, at = fw_read(ck, key, now, margin, false)
+  local open = at ~= nil
   if not open then
     used = 0
   end
@@ -190,6 +265,11 @@ local function fixed_window(key, l, cost, now, margin)
   end
   if cost == 0 then
     return true, remaining, r, 0, nil
+  end
+  if at == 'c' then
+    return true, remaining - cost, r, 0, function()
+      redis.call('INCRBY', ck, cost)
+    end
   end
   local new_reset = r
   if not open then
@@ -466,14 +546,18 @@ local STEP = {fixed_window, fixed_window, sliding_window, token_bucket, concurre
 -- ----- refunds -----------------------------------------------------------------------------
 
 local function refund_fixed(key, l, cost, now, margin)
-  local v = redis.call('HMGET', key, 'reset', 'used')
-  local reset, used = int_field(key, 'reset', v[1]), int_field(key, 'used', v[2])
-  if reset ~= nil and used ~= nil and now < reset and used > 0 then
-    local left = used - cost
-    if left < 0 then
-      left = 0
+  local ck = counter_of(key, l.ms)
+  local reset, used, at = fw_read(ck, key, now, margin, false)
+  if at and used > 0 then
+    local back = cost
+    if back > used then
+      back = used
     end
-    redis.call('HSET', key, 'used', fmt(left))
+    if at == 'c' then
+      redis.call('DECRBY', ck, back)
+    else
+      redis.call('HSET', key, 'used', fmt(used - back))
+    end
   end
 end
 
@@ -554,6 +638,7 @@ local function parse(op, keys, args)
       precision = tonumber(args[o + 4]), burst = tonumber(args[o + 5]),
       tau_ms = tonumber(args[o + 6]), tau_frac = tonumber(args[o + 7]),
       step_ms = tonumber(args[o + 8]), step_frac = tonumber(args[o + 9]),
+      ms = args[3],
     }
     if STEP[alg] == nil then
       error('SLUICE_ARGS unknown algorithm ' .. tostring(args[o + 1]), 0)
@@ -688,10 +773,15 @@ end
 -- as they are.
 --
 -- Lean layout (functions __LIB___rate and __LIB___rate_ro):
---   KEYS[i]  limit i's state, in the policy's order
+--   KEYS[i]  limit i's state, in the policy's order: for a fixed window under layout v1 its
+--            hash, under layout v2 its counter (hash key .. ':c' .. margin)
 --   ARGV[1]  now in ms, or "redis"; ARGV[2] cost; ARGV[3] expiry margin in ms;
 --   then per limit, by algorithm:
---     1 max per          fixed window (2: aligned)
+--     1 max per          fixed window, layout v1 (2: aligned): reads the hash, then the
+--                        counter; opens windows in the hash
+--     5 max per          fixed window, layout v2 (6: aligned): reads the counter, then the
+--                        hash; opens windows in the counter (in the hash when the caller's
+--                        clock is off Redis's by half the margin or more: `counter_fits`)
 --     3 max per prec     sliding window
 --     4 max per burst tau_ms tau_frac step_ms step_frac
 --                        token bucket; the step is `cost·per/max` (in a batch: of one unit)
@@ -700,9 +790,13 @@ end
 --   sliding window  k, then k pairs      (the counted buckets, start and units, any order)
 --   token bucket    tat, frac            (0, 0: none)
 -- Writes, when every limit admits a cost above zero and the call records (a check):
---   fixed window    inside an open window only `used` (HINCRBY): the expiry set when the
---                   window opened (its end + margin) still covers it; a new window: HSET
---                   reset and used, PEXPIRE its end + margin
+--   fixed window    inside an open window only `used`, where the window is (INCRBY of the
+--                   counter, HINCRBY of the hash): the expiry set when it opened still
+--                   covers it; a new window: SET counter cost PXAT end + margin (v2), or
+--                   HSET reset and used + PEXPIRE end - now + margin (v1)
+--                   A check of cost 1..max of a policy of one v2 fixed window takes
+--                   `fw_fast`: INCRBY, then PEXPIRETIME (DECRBY when refused; undone and
+--                   left to the full path when no counter window is open).
 --   sliding window  HINCRBY of the current bucket; PEXPIRE only when that bucket is new (an
 --                   existing one was given its expiry when it was made); HDEL of stale buckets
 --   token bucket    HSET tat and frac, PEXPIRE the new TAT + margin
@@ -716,10 +810,151 @@ local function stored(key, name, v)
   return n
 end
 
+-- Whether a window opened now may live in a counter, whose absolute expiry (reset + margin)
+-- Redis reads on its own clock: only when the caller's clock is within half the margin of
+-- Redis's (always under `clock: redis`). A caller further off opens it in the hash, whose
+-- relative expiry outlives the window whatever the clocks say (one TIME per window opened).
+local function counter_fits(now, margin, redis_clock)
+  if redis_clock then
+    return margin > 0
+  end
+  local t = redis.call('TIME')
+  local skew = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) - now
+  return 2 * skew < margin and -2 * skew < margin
+end
+
+-- The fast path of a check of cost 1..max on a policy of one layout-v2 fixed window: INCRBY
+-- first, then the counter's expiry tells whether the window is open (2 commands; a refusal
+-- takes its count back with DECRBY). A counter INCRBY just made opens a new window when the
+-- hash holds no open one (its expiry set as `rate` would set it). Anything else (a closed
+-- counter, an open hash window, a caller's clock too far off Redis's) is undone and left to
+-- `rate`: returns nil.
+local function fw_fast(ck, max, per, aligned, now, cost, margin, ms, redis_clock)
+  local u = redis.pcall('INCRBY', ck, cost)
+  if type(u) ~= 'number' then
+    corrupt(ck, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+  end
+  local used = u - cost
+  local e = redis.call('PEXPIRETIME', ck)
+  if used < 0 or (e < 0 and used > 0) then
+    redis.call('DECRBY', ck, cost)
+    corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+  end
+  if e >= 0 and now < e - margin then
+    if u <= max then
+      return {1, now, e - margin, used}
+    end
+    redis.call('DECRBY', ck, cost)
+    return {0, now, e - margin, used}
+  end
+  if used == 0 and e == -1 then
+    local hr, hu = fw_hash(hash_of(ck, ms))
+    if not (hr and now < hr) and counter_fits(now, margin, redis_clock) then
+      local r = now + per
+      if aligned then
+        r = idiv(now, per) * per + per
+      end
+      redis.call('PEXPIREAT', ck, r + margin)
+      return {1, now, hr or 0, hu or 0}
+    end
+    redis.call('DEL', ck)
+  else
+    redis.call('DECRBY', ck, cost)
+  end
+  return nil
+end
+
+-- Takes back the optimistic INCRBYs of the first `m` counters from KEYS[k] (`made[i]`: the
+-- INCRBY created the counter, which is then deleted).
+local function fw_undo(keys, k, m, cost, made)
+  for i = 0, m - 1 do
+    if made[i] then
+      redis.call('DEL', keys[k + i])
+    else
+      redis.call('DECRBY', keys[k + i], cost)
+    end
+  end
+end
+
+-- `fw_fast` for a policy of n >= 2 limits, every one a layout-v2 fixed window (values from
+-- ARGV[a], 3 per limit): INCRBY + PEXPIRETIME per limit, then, if any refuses, every count
+-- is taken back. Nothing else is written before a failure is raised, so a failed decision
+-- wrote nothing. Returns nil (everything undone) where `rate` must decide.
+local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock)
+  local out, made, fresh = {1, now}, {}, nil
+  local allowed = true
+  for i = 0, n - 1 do
+    local ck, o = keys[k + i], a + 3 * i
+    local max, per = tonumber(args[o + 1]), tonumber(args[o + 2])
+    if cost > max then
+      fw_undo(keys, k, i, cost, made)
+      return nil
+    end
+    local u = redis.pcall('INCRBY', ck, cost)
+    if type(u) ~= 'number' then
+      fw_undo(keys, k, i, cost, made)
+      corrupt(ck, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+    end
+    local used = u - cost
+    local e = redis.call('PEXPIRETIME', ck)
+    made[i] = used == 0 and e == -1
+    if used < 0 or (e < 0 and used > 0) then
+      fw_undo(keys, k, i + 1, cost, made)
+      corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+    end
+    if e >= 0 and now < e - margin then
+      out[3 + 2 * i], out[4 + 2 * i] = e - margin, used
+      if u > max then
+        allowed = false
+      end
+    elseif made[i] then
+      local ok, hr, hu = pcall(fw_hash, hash_of(ck, ms))
+      if not ok then
+        fw_undo(keys, k, i + 1, cost, made)
+        error(hr, 0)
+      end
+      if (hr and now < hr) or not counter_fits(now, margin, redis_clock) then
+        fw_undo(keys, k, i + 1, cost, made)
+        return nil
+      end
+      local r = now + per
+      if args[o] == '6' then
+        r = idiv(now, per) * per + per
+      end
+      fresh = fresh or {}
+      fresh[i] = r
+      out[3 + 2 * i], out[4 + 2 * i] = hr or 0, hu or 0
+    else
+      fw_undo(keys, k, i + 1, cost, made)
+      return nil
+    end
+  end
+  if not allowed then
+    fw_undo(keys, k, n, cost, made)
+    out[1] = 0
+  elseif fresh then
+    for i, r in pairs(fresh) do
+      redis.call('PEXPIREAT', keys[k + i], r + margin)
+    end
+  end
+  return out
+end
+
+-- Whether the `n` limits whose values start at ARGV[a] are all layout-v2 fixed windows.
+local function all_counters(args, a, n)
+  for i = 0, n - 1 do
+    local alg = args[a + 3 * i]
+    if alg ~= '5' and alg ~= '6' then
+      return false
+    end
+  end
+  return true
+end
+
 -- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
 -- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
 -- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
-local function rate(keys, k, args, a, n, now, cost, margin, record, unit)
+local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, redis_clock)
   local out = {1, now}
   local allowed = true
   -- Pass 1: read and judge every limit; remember what a write would need.
@@ -727,32 +962,30 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit)
   local o = a
   for i = 0, n - 1 do
     local key, alg, max, per = keys[k + i], args[o], tonumber(args[o + 1]), tonumber(args[o + 2])
-    if alg == '1' or alg == '2' then
-      local v = redis.call('HMGET', key, 'reset', 'used')
-      local reset, used = v[1], v[2]
+    if alg == '1' or alg == '2' or alg == '5' or alg == '6' then
+      local v2 = alg == '5' or alg == '6'
+      local ck, hk = key, key
+      if v2 then
+        hk = hash_of(key, ms)
+      else
+        ck = counter_of(key, ms)
+      end
+      local reset, used, at = fw_read(ck, hk, now, margin, v2)
       if reset then
-        if not used then
-          corrupt(key, 'a fixed window needs both reset and used')
-        end
-        reset, used = stored(key, 'reset', reset), stored(key, 'used', used)
         out[#out + 1], out[#out + 2] = reset, used
       else
-        if used then
-          corrupt(key, 'a fixed window needs both reset and used')
-        end
-        reset, used = 0, 0
         out[#out + 1], out[#out + 2] = 0, 0
       end
       if cost > max then
         allowed = false
-      elseif now < reset then
+      elseif at then
         if cost > 0 and used + cost > max then
           allowed = false
         end
-        w[i + 1] = true -- open: add to used
+        w[i + 1] = at -- open: add to used where it is
       else
         local r = now + per
-        if alg == '2' then
+        if alg == '2' or alg == '6' then
           r = idiv(now, per) * per + per
         end
         w[i + 1] = r -- a new window ending at r
@@ -833,12 +1066,18 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit)
     o = a
     for i = 0, n - 1 do
       local key, alg, per, x = keys[k + i], args[o], tonumber(args[o + 2]), w[i + 1]
-      if alg == '1' or alg == '2' then
-        if x == true then
-          redis.call('HINCRBY', key, 'used', cost)
+      if alg == '1' or alg == '2' or alg == '5' or alg == '6' then
+        local v2 = alg == '5' or alg == '6'
+        if x == 'c' then
+          redis.call('INCRBY', v2 and key or counter_of(key, ms), cost)
+        elseif x == 'h' then
+          redis.call('HINCRBY', v2 and hash_of(key, ms) or key, 'used', cost)
+        elseif v2 and counter_fits(now, margin, redis_clock) then
+          redis.call('SET', key, cost, 'PXAT', x + margin)
         else
-          redis.call('HSET', key, 'reset', x, 'used', cost)
-          redis.call('PEXPIRE', key, x - now + margin)
+          local hk = v2 and hash_of(key, ms) or key
+          redis.call('HSET', hk, 'reset', x, 'used', cost)
+          redis.call('PEXPIRE', hk, x - now + margin)
         end
         o = o + 3
       elseif alg == '3' then
@@ -884,8 +1123,24 @@ end
 
 -- A single call on the lean layout.
 local function rate_call(keys, args, record)
-  return rate(keys, 1, args, 4, #keys, now_of(args[1]), tonumber(args[2]), tonumber(args[3]),
-    record, false)
+  local now, cost, margin = now_of(args[1]), tonumber(args[2]), tonumber(args[3])
+  local alg = args[4]
+  if record and #keys == 1 and (alg == '5' or alg == '6') and cost > 0
+    and cost <= tonumber(args[5]) then
+    local r = fw_fast(keys[1], tonumber(args[5]), tonumber(args[6]), alg == '6', now, cost,
+      margin, args[3], args[1] == 'redis')
+    if r then
+      return r
+    end
+  end
+  if record and #keys > 1 and cost > 0 and all_counters(args, 4, #keys) then
+    local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[3], args[1] == 'redis')
+    if r then
+      return r
+    end
+  end
+  return rate(keys, 1, args, 4, #keys, now, cost, margin, record, false, args[3],
+    args[1] == 'redis')
 end
 
 -- ----- a batch: the concurrent decisions of one Redis (one slot) in one call ---------------------
@@ -907,6 +1162,14 @@ local function batch(keys, args)
   for p = 1, tonumber(args[3]) do
     local n = tonumber(args[a])
     policies[p] = {a + 1, n}
+    local alg = args[a + 1]
+    if n == 1 and (alg == '5' or alg == '6') then
+      -- One layout-v2 fixed window: its max, per and alignment, for `fw_fast`.
+      policies[p][3], policies[p][4] = tonumber(args[a + 2]), tonumber(args[a + 3])
+      policies[p][5] = alg == '6'
+    elseif n > 1 and all_counters(args, a + 1, n) then
+      policies[p][6] = true -- every limit a layout-v2 fixed window: `fw_fast_n`
+    end
     a = a + 1 + rate_width(args, a + 1, n)
   end
   local now = nil
@@ -917,8 +1180,17 @@ local function batch(keys, args)
   for e = a, #args, 4 do
     local p = policies[tonumber(args[e + 1])]
     local at = now or tonumber(args[e + 2])
-    local ok, r = pcall(rate, keys, k, args, p[1], p[2], at, tonumber(args[e + 3]), margin,
-      args[e] == '1', true)
+    local cost, record = tonumber(args[e + 3]), args[e] == '1'
+    local ok, r = true, nil
+    if p[3] and record and cost > 0 and cost <= p[3] then
+      ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, args[1], redis_time)
+    elseif p[6] and record and cost > 0 then
+      ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, args[1], redis_time)
+    end
+    if ok and not r then
+      ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, args[1],
+        redis_time)
+    end
     if ok then
       out[#out + 1] = r
     else

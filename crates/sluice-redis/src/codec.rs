@@ -9,7 +9,7 @@ use redis::Value;
 use sluice::core::{Algorithm, FixedWindowState, SlidingWindowState, TokenBucketState, evaluate};
 use sluice::{Decision, Limit, LimitState, LimitStatus, Op, Policy, StoreError};
 
-use crate::config::{ClockSource, RedisConfig};
+use crate::config::{ClockSource, Layout, RedisConfig};
 use crate::keys;
 
 /// Encodes calls for one store (its key prefix, expiry margin and clock) and decodes replies.
@@ -19,6 +19,7 @@ pub(crate) struct Codec {
     /// The expiry margin in ms, as the script takes it.
     margin_ms: String,
     clock: ClockSource,
+    layout: Layout,
 }
 
 impl Codec {
@@ -27,6 +28,7 @@ impl Codec {
             prefix: config.key_prefix.clone(),
             margin_ms: config.expiry_margin.as_millis().to_string(),
             clock: config.clock,
+            layout: config.layout,
         }
     }
 
@@ -138,12 +140,12 @@ impl Codec {
         cost: u64,
         now_ms: u64,
     ) {
-        let keys = keys::policy_keys(&self.prefix, policy, key);
+        let keys = self.rate_keys(policy, key);
         cmd.arg(keys.len()).arg(&keys);
         self.now(cmd, now_ms);
         cmd.arg(cost).arg(&self.margin_ms);
         for limit in policy.limits() {
-            rate_limit(cmd, limit, cost.min(limit.max()));
+            self.rate_limit(cmd, limit, cost.min(limit.max()));
         }
     }
 
@@ -168,7 +170,7 @@ impl Codec {
         }
         cmd.arg(nkeys);
         for e in entries {
-            cmd.arg(keys::policy_keys(&self.prefix, &e.policy, &e.key));
+            cmd.arg(self.rate_keys(&e.policy, &e.key));
         }
         cmd.arg(&self.margin_ms).arg(match self.clock {
             ClockSource::App => "app",
@@ -178,7 +180,7 @@ impl Codec {
         for p in &policies {
             cmd.arg(p.limits().len());
             for limit in p.limits() {
-                rate_limit(cmd, limit, 1);
+                self.rate_limit(cmd, limit, 1);
             }
         }
         for (e, i) in entries.iter().zip(index) {
@@ -188,6 +190,37 @@ impl Codec {
                 1
             };
             cmd.arg(op).arg(i).arg(e.now_ms).arg(e.op.cost());
+        }
+    }
+
+    /// Every limit's key on the lean path: under [`Layout::V2`] a fixed window's is its counter.
+    fn rate_keys(&self, policy: &Policy, key: &str) -> Vec<String> {
+        let mut keys = keys::policy_keys(&self.prefix, policy, key);
+        if self.layout == Layout::V2 {
+            for (k, limit) in keys.iter_mut().zip(policy.limits()) {
+                if limit.algorithm() == Algorithm::FixedWindow {
+                    *k = keys::counter_key(k, &self.margin_ms);
+                }
+            }
+        }
+        keys
+    }
+
+    /// One limit's values on the lean layout; a bucket's step is that of `units`.
+    fn rate_limit(&self, cmd: &mut redis::Cmd, limit: &Limit, units: u64) {
+        let v2 = self.layout == Layout::V2;
+        match limit.algorithm() {
+            Algorithm::FixedWindow => {
+                cmd.arg(match (limit.align(), v2) {
+                    (false, false) => 1,
+                    (true, false) => 2,
+                    (false, true) => 5,
+                    (true, true) => 6,
+                })
+                .arg(limit.max())
+                .arg(limit.per_ms());
+            }
+            _ => rate_limit(cmd, limit, units),
         }
     }
 

@@ -49,6 +49,26 @@ pub enum ClockSource {
     Redis,
 }
 
+/// Where a fixed window's state lives (docs/redis.md, "Keys" and "Rolling upgrades"). Every
+/// release since layout v2 reads both layouts; the setting says where a window is *opened*.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Layout {
+    /// A hash per window (`<stem>:fw<per>`: `reset`, `used`), as every release before layout
+    /// v2 wrote it: the safe setting while such a release may still run on the same Redis.
+    #[default]
+    V1,
+    /// A plain counter per window (`<stem>:fw<per>:c<margin ms>`) whose absolute expiry is the
+    /// window's end + the expiry margin: one command less per decision. Only once no process
+    /// of a release before layout v2 runs on the same Redis.
+    V2,
+}
+
 /// Waiting for replicas after each write: the store sends `WAIT <replicas> <timeout>` right
 /// behind every call that may write (checks, refunds, acquires; not peeks), on the same
 /// connection, so an admitted decision has reached `replicas` replicas before it is returned.
@@ -261,6 +281,8 @@ pub struct RedisConfig {
     /// go out together. 1 sends every decision alone. Default
     /// [`DEFAULT_COALESCE`](crate::DEFAULT_COALESCE).
     pub coalesce: usize,
+    /// Where fixed windows are opened. Default [`Layout::V1`].
+    pub layout: Layout,
 }
 
 /// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
@@ -421,6 +443,7 @@ impl RedisConfig {
             sentinel_credentials: None,
             wait_for_replicas: None,
             coalesce: crate::DEFAULT_COALESCE,
+            layout: Layout::default(),
         }
     }
 
@@ -454,6 +477,12 @@ impl RedisConfig {
     /// Sets the key prefix.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets where fixed windows are opened.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
         self
     }
 

@@ -71,6 +71,14 @@ pub fn limit_key(stem: &str, limit: &Limit) -> String {
     format!("{stem}:{}", limit.state_tag())
 }
 
+/// The key of a fixed window's counter (layout v2), given the window's hash key (layout v1)
+/// and the expiry margin in ms as the script takes it: `<hash key>:c<margin>`. The counter's
+/// absolute expiry is its window's end + the margin, so the margin belongs to its name (as
+/// `per` belongs to every key's): a process with another margin never misreads its end.
+pub fn counter_key(hash_key: &str, margin_ms: &str) -> String {
+    format!("{hash_key}:c{margin_ms}")
+}
+
 /// Every limit's key of one (policy, key), in the policy's order.
 pub fn policy_keys(prefix: &str, policy: &Policy, key: &str) -> Vec<String> {
     let stem = stem(prefix, policy, key);

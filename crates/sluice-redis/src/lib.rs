@@ -48,7 +48,7 @@ mod topology;
 
 pub use coalesce::DEFAULT_COALESCE;
 pub use config::{
-    ClockSource, Credentials, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shortfall, TlsFiles,
+    ClockSource, Credentials, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig, Shortfall, TlsFiles,
     Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;

@@ -15,10 +15,19 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice::{Limit, LimitSpec, Limiter, ManualClock, MemoryStore, Policy};
-use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
+use sluice_redis::{Layout, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
 
 const T0: u64 = 1_700_000_000_000;
+
+/// Now by the wall clock, in ms: where a manual clock starts when Redis must agree with it
+/// (layout v2 keeps a fixed window's end as its counter's absolute expiry, and opens windows
+/// in the hash instead when the caller's clock is off Redis's by half the margin or more).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(T0, |d| d.as_millis() as u64)
+}
 const MIN_OPS: usize = 10_000;
 
 #[derive(Debug, Clone)]
@@ -149,16 +158,17 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
 /// A store on `n` fresh servers (one shard: a plain `RedisStore`; more: a `ShardedStore`).
 /// Keys expire in real time while the manual clock barely moves, so a long margin keeps Redis
 /// from dropping state the memory store still holds.
-fn config(server: &RedisServer, mode: ScriptMode) -> RedisConfig {
+fn config(server: &RedisServer, mode: ScriptMode, layout: Layout) -> RedisConfig {
     // Peeks go to the primary, so they coalesce with the checks around them.
     RedisConfig::new(server.url())
         .read_from(sluice_redis::ReadFrom::Primary)
         .script_mode(mode)
+        .layout(layout)
         .timeout(Duration::from_secs(5))
         .expiry_margin(Duration::from_secs(3_600))
 }
 
-fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
+fn run_differential(mode: ScriptMode, layout: Layout, cases: u32, min_ops: usize) {
     if !sluice_testkit::require_redis() {
         return;
     }
@@ -168,9 +178,9 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
         .build()
         .unwrap();
     let redis = rt
-        .block_on(RedisStore::connect(config(&server, mode)))
+        .block_on(RedisStore::connect(config(&server, mode, layout)))
         .expect("connect");
-    let decisions = differential(&format!("{mode:?}"), &rt, redis, cases, min_ops);
+    let decisions = differential(&format!("{mode:?} {layout:?}"), &rt, redis, cases, min_ops);
     // Bursts coalesced: fewer script calls than decisions.
     let stats = server.command_stats().unwrap();
     let calls: u64 = ["fcall", "fcall_ro", "evalsha", "evalsha_ro"]
@@ -178,7 +188,15 @@ fn run_differential(mode: ScriptMode, cases: u32, min_ops: usize) {
         .filter_map(|c| stats.get(*c))
         .map(|c| c.calls)
         .sum();
-    println!("{mode:?}: {decisions} decisions in {calls} script calls");
+    println!("{mode:?} {layout:?}: {decisions} decisions in {calls} script calls");
+    if layout == Layout::V2 {
+        // The counters were used: the fast path's INCRBY, and PEXPIRETIME to read their end.
+        for c in ["incrby", "pexpiretime"] {
+            let n = stats.get(c).map_or(0, |c| c.calls);
+            println!("{c}: {n}");
+            assert!(n > 100, "{n} {c} calls: layout v2's counters were not used");
+        }
+    }
     assert!(
         (calls as usize) < decisions,
         "{calls} script calls for {decisions} decisions: nothing coalesced"
@@ -205,7 +223,7 @@ fn differential<S: sluice::Store + Clone>(
     });
     let result = runner.run(&scenario(), |(limits, ops)| {
         let case = case.fetch_add(1, Ordering::Relaxed);
-        let clock = ManualClock::new(T0 + (case as u64) * 7_919);
+        let clock = ManualClock::new(wall_ms() + (case as u64) * 7);
         let policies: Vec<Policy> = limits
             .into_iter()
             .enumerate()
@@ -410,7 +428,14 @@ fn default_cases() -> u32 {
 
 #[test]
 fn redis_functions_decide_like_the_memory_store() {
-    run_differential(ScriptMode::Function, default_cases(), MIN_OPS);
+    run_differential(ScriptMode::Function, Layout::V1, default_cases(), MIN_OPS);
+}
+
+/// Layout v2: fixed windows as counters (the single fast path, the batched one, and the
+/// general path reading and refunding them).
+#[test]
+fn redis_layout_v2_decides_like_the_memory_store() {
+    run_differential(ScriptMode::Function, Layout::V2, default_cases(), MIN_OPS);
 }
 
 #[test]
@@ -428,8 +453,12 @@ fn three_redis_shards_decide_like_the_memory_store() {
     let shards = servers
         .iter()
         .map(|s| {
-            rt.block_on(RedisStore::connect(config(s, ScriptMode::Function)))
-                .expect("connect")
+            rt.block_on(RedisStore::connect(config(
+                s,
+                ScriptMode::Function,
+                Layout::V2,
+            )))
+            .expect("connect")
         })
         .collect();
     let sharded = sluice_redis::ShardedStore::new(shards).expect("shards");
@@ -438,7 +467,12 @@ fn three_redis_shards_decide_like_the_memory_store() {
 
 #[test]
 fn redis_evalsha_decides_like_the_memory_store() {
-    run_differential(ScriptMode::EvalSha, default_cases() / 4, MIN_OPS / 4);
+    run_differential(
+        ScriptMode::EvalSha,
+        Layout::V2,
+        default_cases() / 4,
+        MIN_OPS / 4,
+    );
 }
 
 /// Limits at the edges of the number range, where the Lua code computes `remaining` in 16-bit
@@ -505,6 +539,16 @@ fn huge_token_buckets_decide_like_the_memory_store() {
 /// replicas lag by design and this test demands identical answers.
 #[test]
 fn redis_cluster_decides_like_the_memory_store() {
+    cluster_differential(Layout::V1);
+}
+
+/// The same on layout v2: the counters and the hashes they are read beside share a slot.
+#[test]
+fn redis_cluster_layout_v2_decides_like_the_memory_store() {
+    cluster_differential(Layout::V2);
+}
+
+fn cluster_differential(layout: Layout) {
     if !sluice_testkit::require_redis() {
         return;
     }
@@ -515,8 +559,15 @@ fn redis_cluster_decides_like_the_memory_store() {
         .unwrap();
     let config = RedisConfig::cluster(cluster.urls())
         .read_from(sluice_redis::ReadFrom::Primary)
+        .layout(layout)
         .timeout(Duration::from_secs(5))
         .expiry_margin(Duration::from_secs(3_600));
     let store = rt.block_on(RedisStore::connect(config)).expect("connect");
-    differential("cluster", &rt, store, default_cases() / 4, MIN_OPS / 4);
+    differential(
+        &format!("cluster {layout:?}"),
+        &rt,
+        store,
+        default_cases() / 4,
+        MIN_OPS / 4,
+    );
 }

@@ -148,11 +148,13 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
             sentinel_credentials,
             wait_for_replicas,
             coalesce,
+            state_layout,
         } => {
             let settings = |rc: RedisConfig| {
                 let rc = rc
                     .read_from(*read_from)
                     .coalesce(*coalesce)
+                    .layout(*state_layout)
                     .timeout(*timeout)
                     .clock(*clock)
                     .key_prefix(key_prefix.clone());

@@ -18,6 +18,19 @@ pub(crate) async fn load<S: Store + Clone + 'static>(
     secs: u64,
     keys: u64,
 ) -> (u64, Histogram<u64>, f64) {
+    load_at(store, policy, concurrency, secs, keys, NOW).await
+}
+
+/// [`load`] with every check at `now`.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) async fn load_at<S: Store + Clone + 'static>(
+    store: S,
+    policy: &Policy,
+    concurrency: usize,
+    secs: u64,
+    keys: u64,
+    now: u64,
+) -> (u64, Histogram<u64>, f64) {
     let policy = Arc::new(policy.clone());
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
@@ -37,7 +50,7 @@ pub(crate) async fn load<S: Store + Clone + 'static>(
                     use std::fmt::Write;
                     write!(key, "bench:{}", rng % keys).unwrap();
                     let t0 = Instant::now();
-                    let d = store.check(&policy, &key, 1, NOW).await.unwrap();
+                    let d = store.check(&policy, &key, 1, now).await.unwrap();
                     hist.record(t0.elapsed().as_micros() as u64).unwrap();
                     assert!(d.allowed);
                     n += 1;

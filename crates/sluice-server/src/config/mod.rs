@@ -130,6 +130,8 @@ pub enum StoreConfig {
         wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
         /// The most concurrent decisions sent to one Redis as one call (`store.coalesce`).
         coalesce: usize,
+        /// Where fixed windows are opened (`store.layout`).
+        state_layout: sluice_redis::Layout,
     },
 }
 

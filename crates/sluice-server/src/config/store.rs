@@ -36,6 +36,9 @@ pub(super) struct RawStore {
     wait_for_replicas: Option<RawWait>,
     #[serde(default)]
     coalesce: Option<u64>,
+    /// `store.layout`: where fixed windows are opened (`v1` hashes, `v2` counters).
+    #[serde(default)]
+    layout: sluice_redis::Layout,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -217,6 +220,7 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
             Ok(StoreConfig::Redis {
                 wait_for_replicas,
                 coalesce,
+                state_layout: raw.layout,
                 tls,
                 credentials,
                 sentinel_credentials,

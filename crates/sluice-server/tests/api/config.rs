@@ -172,6 +172,30 @@ fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
     }
 }
 
+#[test]
+fn layout_says_where_fixed_windows_open_and_names_a_bad_one() {
+    let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";
+    let layout = |c: Config| match c.store {
+        StoreConfig::Redis { state_layout, .. } => state_layout,
+        other => panic!("{other:?}"),
+    };
+    let c = Config::parse("sluice.yaml", redis).unwrap();
+    assert_eq!(layout(c), sluice_redis::Layout::V1);
+    for (v, expected) in [
+        ("v1", sluice_redis::Layout::V1),
+        ("v2", sluice_redis::Layout::V2),
+    ] {
+        let c = Config::parse("sluice.yaml", &format!("{redis}  layout: {v}\n")).unwrap();
+        assert_eq!(layout(c), expected);
+    }
+    for bad in ["v3", "counter", "2"] {
+        let e = Config::parse("sluice.yaml", &format!("{redis}  layout: {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("layout") && e.contains("v2"), "{bad}: {e}");
+    }
+}
+
 /// Issue 22: an empty file was a valid configuration of nothing, so an editor's truncating
 /// write dropped every policy. An empty file (or one of comments only) is refused; `{}` is
 /// every default, written on purpose.
