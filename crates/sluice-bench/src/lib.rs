@@ -591,6 +591,54 @@ fn key_for(keys: Keys, rng: &mut SmallRng, zipf: Option<&Zipf<f64>>, out: &mut S
     let _ = write!(out, "bench:{n}");
 }
 
+/// What one worker of the load needs.
+struct Load {
+    driver: Driver,
+    /// Requests issued by all workers, against `limit`.
+    issued: Arc<AtomicU64>,
+    keys: Keys,
+    zipf: Option<Zipf<f64>>,
+    cost: u64,
+    /// `--requests`; without it, the load runs until `deadline`.
+    limit: Option<u64>,
+    deadline: Instant,
+    progress: indicatif::ProgressBar,
+}
+
+impl Load {
+    /// Sends requests one after the other until the load is over, timing each.
+    async fn worker(mut self, worker: usize) -> anyhow::Result<Tally> {
+        let mut tally = Tally::new()?;
+        let mut rng = SmallRng::seed_from_u64(0x5EED ^ worker as u64);
+        let mut key = String::with_capacity(32);
+        loop {
+            match self.limit {
+                Some(n) => {
+                    if self.issued.fetch_add(1, Ordering::Relaxed) >= n {
+                        break;
+                    }
+                    self.progress.inc(1);
+                }
+                None => {
+                    if Instant::now() >= self.deadline {
+                        break;
+                    }
+                }
+            }
+            key_for(self.keys, &mut rng, self.zipf.as_ref(), &mut key);
+            let t = Instant::now();
+            let result = self.driver.once(&key, self.cost).await;
+            tally.hist.record(
+                u64::try_from(t.elapsed().as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            )?;
+            tally.count(result);
+        }
+        Ok(tally)
+    }
+}
+
 /// Runs the load and returns what it measured.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     if args.concurrency == 0 {
@@ -614,40 +662,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let deadline = started + args.duration;
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..args.concurrency {
-        let mut driver = driver.clone();
-        let issued = issued.clone();
-        let (keys, cost, limit) = (args.keys, args.cost, args.requests);
-        let progress = progress.clone();
-        tasks.spawn(async move {
-            let mut tally = Tally::new()?;
-            let mut rng = SmallRng::seed_from_u64(0x5EED ^ worker as u64);
-            let mut key = String::with_capacity(32);
-            loop {
-                match limit {
-                    Some(n) => {
-                        if issued.fetch_add(1, Ordering::Relaxed) >= n {
-                            break;
-                        }
-                        progress.inc(1);
-                    }
-                    None => {
-                        if Instant::now() >= deadline {
-                            break;
-                        }
-                    }
-                }
-                key_for(keys, &mut rng, zipf.as_ref(), &mut key);
-                let t = Instant::now();
-                let result = driver.once(&key, cost).await;
-                tally.hist.record(
-                    u64::try_from(t.elapsed().as_micros())
-                        .unwrap_or(u64::MAX)
-                        .max(1),
-                )?;
-                tally.count(result);
-            }
-            anyhow::Ok(tally)
-        });
+        let load = Load {
+            driver: driver.clone(),
+            issued: issued.clone(),
+            keys: args.keys,
+            zipf,
+            cost: args.cost,
+            limit: args.requests,
+            deadline,
+            progress: progress.clone(),
+        };
+        tasks.spawn(load.worker(worker));
     }
     if args.requests.is_none() {
         let progress = progress.clone();

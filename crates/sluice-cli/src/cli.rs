@@ -206,7 +206,7 @@ fn read_log(path: &std::path::Path) -> anyhow::Result<String> {
 /// `sluice simulate`: builds the request `POST /v1/simulate` takes from the flags, runs it
 /// with the same engine, prints the report and writes the chart.
 pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
-    use serde_json::{Map, Value, json};
+    use serde_json::json;
     use sluice_server::simulate::{self, Bounds, Simulation};
 
     let configured: Vec<sluice::Policy> = match &args.config {
@@ -222,7 +222,47 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| simulate::policy_flag(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut traffic = Map::new();
+    let traffic = simulate_traffic(args)?;
+    let mut request = json!({"policies": policies, "traffic": traffic});
+    if let Some(b) = &args.bucket {
+        request["bucket"] = json!(b);
+    }
+    if let Some(t) = args.top {
+        request["top"] = json!(t);
+    }
+    let simulation = Simulation::from_request(&request, &configured, &Bounds::default())?;
+    let started = std::time::Instant::now();
+    let report = simulation.run()?;
+    let elapsed = started.elapsed();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", simulate::render::table(&report));
+        let decisions = report.events * report.policies.len() as u64;
+        println!(
+            "\nsimulated {decisions} decisions in {:.3} s ({:.0} decisions/s)",
+            elapsed.as_secs_f64(),
+            decisions as f64 / elapsed.as_secs_f64().max(1e-9)
+        );
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, simulate::render::svg(&report))
+            .map_err(|e| anyhow::anyhow!("--svg {}: {e}", path.display()))?;
+        if !args.json {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The request's `traffic` from the flags: a `--log` with its options, or a generated
+/// pattern; a flag of the other kind is refused.
+fn simulate_traffic(
+    args: &SimulateArgs,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    use serde_json::{Value, json};
+
+    let mut traffic = serde_json::Map::new();
     let mut put = |name: &str, value: Option<Value>| {
         if let Some(v) = value {
             traffic.insert(name.to_owned(), v);
@@ -274,36 +314,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         put("seed", args.seed.map(|v| json!(v)));
         put("cost", args.cost.map(|v| json!(v)));
     }
-    let mut request = json!({"policies": policies, "traffic": traffic});
-    if let Some(b) = &args.bucket {
-        request["bucket"] = json!(b);
-    }
-    if let Some(t) = args.top {
-        request["top"] = json!(t);
-    }
-    let simulation = Simulation::from_request(&request, &configured, &Bounds::default())?;
-    let started = std::time::Instant::now();
-    let report = simulation.run()?;
-    let elapsed = started.elapsed();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", simulate::render::table(&report));
-        let decisions = report.events * report.policies.len() as u64;
-        println!(
-            "\nsimulated {decisions} decisions in {:.3} s ({:.0} decisions/s)",
-            elapsed.as_secs_f64(),
-            decisions as f64 / elapsed.as_secs_f64().max(1e-9)
-        );
-    }
-    if let Some(path) = &args.svg {
-        std::fs::write(path, simulate::render::svg(&report))
-            .map_err(|e| anyhow::anyhow!("--svg {}: {e}", path.display()))?;
-        if !args.json {
-            println!("wrote {}", path.display());
-        }
-    }
-    Ok(())
+    Ok(traffic)
 }
 
 /// `sluice config …`.
@@ -327,6 +338,9 @@ pub(crate) fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     script
 }
 
+/// The body of the demo's example `curl`.
+const DEMO_BODY: &str = "{\"policy\": \"demo\", \"key\": \"me\"}";
+
 /// Loads the configuration for `serve`, or the demo one.
 pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
     match file {
@@ -336,7 +350,7 @@ pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
             println!(
                 "sluice: no --config given; serving the in-memory store with this demo \
                  configuration:\n\n{DEMO}\nTry:\n  curl -s -X POST http://{}/v1/check -d \
-                 '{{\"policy\": \"demo\", \"key\": \"me\"}}'\n",
+                 '{DEMO_BODY}'\n",
                 config.http
             );
             Ok(config)

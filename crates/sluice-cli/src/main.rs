@@ -11,17 +11,7 @@ use sluice_server::config::Config;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only for a terminal: a log file or a collector gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match cli.log_format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    init_logging(cli.log_format);
     let log_format = cli.log_format;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -33,62 +23,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve { config } => {
-                let settings = cli::serve_config(config.as_ref())?;
-                let listeners = Listeners::bind(&settings).await?;
-                app::run(listeners, settings, config, shutdown_signal()).await?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Command::Check {
-                policy,
-                key,
-                cost,
-                url,
-                peek,
-                client,
-            } => {
-                let request = cli::CheckRequest {
-                    url: &url,
-                    policy: &policy,
-                    key: &key,
-                    cost,
-                    peek,
-                };
-                let allowed = cli::check(&request, &client).await?;
-                Ok(if allowed {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                })
-            }
-            Command::Bench(args) => cli::bench(&args).await,
-            Command::Simulate(args) => {
-                cli::simulate(&args)?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Command::Completions { shell } => {
-                use std::io::Write as _;
-                std::io::stdout().write_all(&cli::completions(shell))?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Command::Config {
-                command: ConfigCommand::Check { file },
-            } => match Config::load(&file) {
-                Ok(c) => {
-                    let n = c.policies.len();
-                    let policies = if n == 1 { "policy" } else { "policies" };
-                    println!("{}: valid ({n} {policies})", file.display());
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    Ok(ExitCode::from(1))
-                }
-            },
-        }
-    });
+    let result = runtime.block_on(run(cli.command));
     result.unwrap_or_else(|e: anyhow::Error| {
         // A collector reading JSON lines gets the reason a server did not start as one too.
         match log_format {
@@ -97,6 +32,79 @@ fn main() -> ExitCode {
         }
         ExitCode::from(2)
     })
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (`info` by default), as text or JSON lines.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colours only for a terminal: a log file or a collector gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Runs one command; its exit code.
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve { config } => {
+            let settings = cli::serve_config(config.as_ref())?;
+            let listeners = Listeners::bind(&settings).await?;
+            app::run(listeners, settings, config, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check {
+            policy,
+            key,
+            cost,
+            url,
+            peek,
+            client,
+        } => {
+            let request = cli::CheckRequest {
+                url: &url,
+                policy: &policy,
+                key: &key,
+                cost,
+                peek,
+            };
+            let allowed = cli::check(&request, &client).await?;
+            Ok(if allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Bench(args) => cli::bench(&args).await,
+        Command::Simulate(args) => {
+            cli::simulate(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            use std::io::Write as _;
+            std::io::stdout().write_all(&cli::completions(shell))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => match Config::load(&file) {
+            Ok(c) => {
+                let n = c.policies.len();
+                let policies = if n == 1 { "policy" } else { "policies" };
+                println!("{}: valid ({n} {policies})", file.display());
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                Ok(ExitCode::from(1))
+            }
+        },
+    }
 }
 
 /// Ctrl-C or SIGTERM.

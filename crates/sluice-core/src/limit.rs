@@ -235,6 +235,58 @@ pub struct Limit {
     align: bool,
 }
 
+/// Each option is set only for the algorithm it belongs to.
+fn check_options_apply(
+    algorithm: Algorithm,
+    precision_ms: Option<u64>,
+    burst: Option<u64>,
+    align: bool,
+) -> Result<(), LimitError> {
+    if algorithm != Algorithm::SlidingWindow && precision_ms.is_some() {
+        return Err(LimitError::new(
+            "precision",
+            format!("precision applies only to sliding_window, not {algorithm}"),
+        ));
+    }
+    if algorithm != Algorithm::TokenBucket && burst.is_some() {
+        return Err(LimitError::new(
+            "burst",
+            format!("burst applies only to token_bucket, not {algorithm}"),
+        ));
+    }
+    if algorithm != Algorithm::FixedWindow && align {
+        return Err(LimitError::new(
+            "align",
+            format!("align applies only to fixed_window, not {algorithm}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A token bucket's burst: from 1 to 2^53, refilled from empty within [`MAX_REFILL_MS`].
+fn token_bucket_burst(burst: u64, max: u64, per_ms: u64) -> Result<u64, LimitError> {
+    if burst == 0 || burst > MAX_AMOUNT {
+        return Err(LimitError::new(
+            "burst",
+            format!("{burst} is out of range; burst must be between 1 and 2^53"),
+        ));
+    }
+    let refill = u128::from(burst) * u128::from(per_ms) / u128::from(max);
+    if refill > u128::from(MAX_REFILL_MS) {
+        return Err(LimitError::new(
+            "burst",
+            format!(
+                "refilling {burst} tokens at {max} per {} takes about {} days, \
+                 longer than the {} days allowed (2^42 ms); lower burst or raise max",
+                duration_text(per_ms),
+                refill / 86_400_000,
+                MAX_REFILL_MS / 86_400_000
+            ),
+        ));
+    }
+    Ok(burst)
+}
+
 impl Limit {
     /// Validates `spec` into a limit.
     pub fn new(spec: LimitSpec) -> Result<Self, LimitError> {
@@ -261,24 +313,7 @@ impl Limit {
                 ),
             ));
         }
-        if algorithm != Algorithm::SlidingWindow && precision_ms.is_some() {
-            return Err(LimitError::new(
-                "precision",
-                format!("precision applies only to sliding_window, not {algorithm}"),
-            ));
-        }
-        if algorithm != Algorithm::TokenBucket && burst.is_some() {
-            return Err(LimitError::new(
-                "burst",
-                format!("burst applies only to token_bucket, not {algorithm}"),
-            ));
-        }
-        if algorithm != Algorithm::FixedWindow && align {
-            return Err(LimitError::new(
-                "align",
-                format!("align applies only to fixed_window, not {algorithm}"),
-            ));
-        }
+        check_options_apply(algorithm, precision_ms, burst, align)?;
         let precision_ms = match algorithm {
             Algorithm::SlidingWindow => match precision_ms {
                 Some(p) => validate_precision(p, per_ms)?,
@@ -287,29 +322,7 @@ impl Limit {
             _ => 0,
         };
         let burst = match algorithm {
-            Algorithm::TokenBucket => {
-                let burst = burst.unwrap_or(max);
-                if burst == 0 || burst > MAX_AMOUNT {
-                    return Err(LimitError::new(
-                        "burst",
-                        format!("{burst} is out of range; burst must be between 1 and 2^53"),
-                    ));
-                }
-                let refill = u128::from(burst) * u128::from(per_ms) / u128::from(max);
-                if refill > u128::from(MAX_REFILL_MS) {
-                    return Err(LimitError::new(
-                        "burst",
-                        format!(
-                            "refilling {burst} tokens at {max} per {} takes about {} days, \
-                             longer than the {} days allowed (2^42 ms); lower burst or raise max",
-                            duration_text(per_ms),
-                            refill / 86_400_000,
-                            MAX_REFILL_MS / 86_400_000
-                        ),
-                    ));
-                }
-                burst
-            }
+            Algorithm::TokenBucket => token_bucket_burst(burst.unwrap_or(max), max, per_ms)?,
             _ => 0,
         };
         Ok(Self {

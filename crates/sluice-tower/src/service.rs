@@ -146,30 +146,7 @@ where
     };
     let cost = config.cost.as_ref().map_or(1, |f| f(&parts));
 
-    // A policy with a concurrency limit takes a lease, held until the response is over.
-    let concurrent = policy.concurrency_limit().is_some();
-    let decided = if concurrent {
-        config
-            .limiter
-            .acquire_policy(policy, &key, cost)
-            .await
-            .map(|(d, lease)| {
-                let guard = lease.map(|lease| LeaseGuard {
-                    limiter: Arc::clone(&config.limiter),
-                    policy: policy.clone(),
-                    key: key.clone().into_owned(),
-                    id: lease.id,
-                });
-                (d, guard)
-            })
-    } else {
-        config
-            .limiter
-            .check_policy(policy, &key, cost)
-            .await
-            .map(|d| (d, None))
-    };
-    let (decision, guard) = match decided {
+    let (decision, guard) = match decide(&config, policy, &key, cost).await {
         Ok(d) => d,
         Err(Error::Store(e)) => {
             tracing::warn!(policy = policy.name(), error = %e, "rate limit store failed; answering 503");
@@ -195,10 +172,67 @@ where
     // the response body.
     let response = inner.call(Request::from_parts(parts, body)).await?;
     let (mut head, body) = response.into_parts();
+    let shown = refund_if_asked(&config, &head, policy, &key, cost, decision).await;
+    decorate(&config, &mut head.headers, policy, &shown);
+    let held = guard.map(|g| Box::new(g) as response::Held);
+    Ok(Response::from_parts(
+        head,
+        RateLimitBody::inner(body).holding(held),
+    ))
+}
+
+/// The decision: a check, or for a policy with a concurrency limit an acquire whose lease is
+/// held (by the guard) until the response is over.
+async fn decide<S, C>(
+    config: &Arc<Config<S, C>>,
+    policy: &Policy,
+    key: &str,
+    cost: u64,
+) -> Result<(Decision, Option<LeaseGuard<S, C>>), Error>
+where
+    S: Store + 'static,
+    C: Clock,
+{
+    if policy.concurrency_limit().is_some() {
+        config
+            .limiter
+            .acquire_policy(policy, key, cost)
+            .await
+            .map(|(d, lease)| {
+                let guard = lease.map(|lease| LeaseGuard {
+                    limiter: Arc::clone(&config.limiter),
+                    policy: policy.clone(),
+                    key: key.to_owned(),
+                    id: lease.id,
+                });
+                (d, guard)
+            })
+    } else {
+        config
+            .limiter
+            .check_policy(policy, key, cost)
+            .await
+            .map(|d| (d, None))
+    }
+}
+
+/// Gives the cost back when `refund_if` asks for it; the decision to show after.
+async fn refund_if_asked<S, C>(
+    config: &Config<S, C>,
+    head: &http::response::Parts,
+    policy: &Policy,
+    key: &str,
+    cost: u64,
+    decision: Decision,
+) -> Decision
+where
+    S: Store + 'static,
+    C: Clock,
+{
     let mut shown = decision;
     // Nothing was recorded for a cost of 0 or for a request let through without the store.
-    if cost > 0 && shown.degraded != Some(Degraded::Open) && (config.refund_if)(&head) {
-        match config.limiter.refund_policy(policy, &key, cost).await {
+    if cost > 0 && shown.degraded != Some(Degraded::Open) && (config.refund_if)(head) {
+        match config.limiter.refund_policy(policy, key, cost).await {
             // Show the state after the refund, unless only the refund was decided without
             // the store (its numbers would describe another store).
             Ok(after) if after.degraded == shown.degraded => shown = after,
@@ -208,12 +242,7 @@ where
             }
         }
     }
-    decorate(&config, &mut head.headers, policy, &shown);
-    let held = guard.map(|g| Box::new(g) as response::Held);
-    Ok(Response::from_parts(
-        head,
-        RateLimitBody::inner(body).holding(held),
-    ))
+    shown
 }
 
 /// A lease of a concurrency limit, released when dropped. The release is a store call, so

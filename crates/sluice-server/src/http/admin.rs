@@ -81,59 +81,14 @@ pub const MAX_TOP_LIMIT: usize = 100;
 /// `GET /v1/top?policy=…&by=denied|used&limit=…`: a policy's (or an Envoy rule's) heaviest
 /// keys over the recent window, with what each has left now for configured policies.
 pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Response {
-    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let pairs: Vec<(String, String)> =
-        match serde_urlencoded::from_str(query.as_deref().unwrap_or("")) {
-            Ok(p) => p,
-            Err(e) => return bad(format!("the query string is not form-encoded: {e}")),
-        };
-    let (mut policy, mut by, mut limit) = (None, crate::observe::top::Measure::Denied, 10usize);
-    for (name, value) in pairs {
-        match name.as_str() {
-            "policy" => policy = Some(value),
-            "by" => match value.parse() {
-                Ok(m) => by = m,
-                Err(e) => return bad(e),
-            },
-            "limit" => match value.parse::<usize>() {
-                Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
-                _ => {
-                    return bad(format!(
-                        "`limit` must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"
-                    ));
-                }
-            },
-            other => {
-                return bad(format!(
-                    "unknown query parameter `{other}`; expected policy, by, limit"
-                ));
-            }
-        }
-    }
-    let Some(policy) = policy else {
-        return bad(
-            "`policy` is required: a configured policy, or an Envoy rule's statistics key \
-                    (e.g. `edge.remote_address`)"
-                .to_owned(),
-        );
+    let (policy, by, limit) = match top_query(query.as_deref()) {
+        Ok(q) => q,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
     };
     let snapshot = shared.snapshot();
     let configured = snapshot.limiter.policy(&policy);
     if configured.is_none() && !shared.top().tracks(&policy) {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_policy",
-            format!(
-                "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
-                 {}; Envoy rules appear under their statistics key once they have seen traffic",
-                {
-                    let mut names: Vec<&str> =
-                        snapshot.limiter.policies().map(Policy::name).collect();
-                    names.sort_unstable();
-                    names.join(", ")
-                }
-            ),
-        );
+        return unknown_top_policy(&snapshot, &policy);
     }
     let now = sluice::Clock::now_ms(shared.clock());
     let reading = shared.top().read(&policy, by, limit, now);
@@ -163,6 +118,61 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
             "capacity": shared.top().capacity(),
             "keys": keys,
         }),
+    )
+}
+
+/// `/v1/top`'s query: the policy (required), the measure and the number of keys; or why it
+/// is refused (a `400`).
+fn top_query(query: Option<&str>) -> Result<(String, crate::observe::top::Measure, usize), String> {
+    let pairs: Vec<(String, String)> = match serde_urlencoded::from_str(query.unwrap_or("")) {
+        Ok(p) => p,
+        Err(e) => return Err(format!("the query string is not form-encoded: {e}")),
+    };
+    let (mut policy, mut by, mut limit) = (None, crate::observe::top::Measure::Denied, 10usize);
+    for (name, value) in pairs {
+        match name.as_str() {
+            "policy" => policy = Some(value),
+            "by" => match value.parse() {
+                Ok(m) => by = m,
+                Err(e) => return Err(e),
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
+                _ => {
+                    return Err(format!(
+                        "`limit` must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"
+                    ));
+                }
+            },
+            other => {
+                return Err(format!(
+                    "unknown query parameter `{other}`; expected policy, by, limit"
+                ));
+            }
+        }
+    }
+    let Some(policy) = policy else {
+        return Err(
+            "`policy` is required: a configured policy, or an Envoy rule's statistics key \
+                    (e.g. `edge.remote_address`)"
+                .to_owned(),
+        );
+    };
+    Ok((policy, by, limit))
+}
+
+/// The `404` for a name that is neither a configured policy nor a rule `top` has seen.
+fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Response {
+    let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
+    names.sort_unstable();
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_policy",
+        format!(
+            "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
+             {}; Envoy rules appear under their statistics key once they have seen traffic",
+            names.join(", ")
+        ),
     )
 }
 

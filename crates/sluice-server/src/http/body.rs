@@ -2,6 +2,7 @@
 //! each `400` names its field.
 
 use super::*;
+use serde_json::Map;
 
 // ----- the request body ---------------------------------------------------------------------
 
@@ -38,11 +39,67 @@ pub(super) fn parse_request(
     body: Result<Bytes, BytesRejection>,
     op: Endpoint,
 ) -> Result<Request, Refusal> {
-    let bad = |message: String| Refusal {
+    let map = json_object(body)?;
+    let policy = string(&map, "policy")?;
+    let key = string(&map, "key")?;
+    if sluice::check_key(&key).is_err() {
+        return Err(bad(format!(
+            "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
+            key.len()
+        )));
+    }
+    if op == Endpoint::Release {
+        let id = lease_id(&string(&map, "lease")?)?;
+        if let Some(field) = map
+            .keys()
+            .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
+        {
+            return Err(bad(format!(
+                "unknown field `{field}`; the fields of a release are policy, key and lease"
+            )));
+        }
+        return Ok(Request {
+            policy,
+            key,
+            cost: 0,
+            lease: id,
+        });
+    }
+    let cost = cost(&map)?;
+    // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
+    // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
+    if op == Endpoint::Acquire && cost == 0 {
+        return Err(bad(
+            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
+             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
+                .to_owned(),
+        ));
+    }
+    // An acquire may name a lease it holds, to renew it.
+    let lease = match (op, map.get("lease")) {
+        (Endpoint::Acquire, None | Some(Value::Null)) => 0,
+        (Endpoint::Acquire, Some(_)) => lease_id(&string(&map, "lease")?)?,
+        _ => 0,
+    };
+    only_known_fields(&map, op)?;
+    Ok(Request {
+        policy,
+        key,
+        cost,
+        lease,
+    })
+}
+
+fn bad(message: String) -> Refusal {
+    Refusal {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_request",
         message,
-    };
+    }
+}
+
+/// The body, read whole and parsed as a JSON object (a duplicate field refused).
+fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Refusal> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Refusal {
@@ -61,89 +118,58 @@ pub(super) fn parse_request(
                 .to_owned(),
         ));
     };
-    let string = |field: &str| match map.get(field) {
+    Ok(map)
+}
+
+fn string(map: &Map<String, Value>, field: &str) -> Result<String, Refusal> {
+    match map.get(field) {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(bad(format!(
             "`{field}` must be a string, got {}",
             type_name(other)
         ))),
         None => Err(bad(format!("`{field}` is missing"))),
-    };
-    let policy = string("policy")?;
-    let key = string("key")?;
-    if sluice::check_key(&key).is_err() {
-        return Err(bad(format!(
-            "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
-            key.len()
-        )));
     }
-    // Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
-    let lease_id = |lease: &str| {
-        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| u64::from_str_radix(lease, 16).ok())
-            .flatten()
-            .filter(|&id| id != 0)
-            .ok_or_else(|| {
-                bad(format!(
-                    "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
-                     zero (e.g. 9f86d081884c7d65), got `{}`",
-                    lease.chars().take(40).collect::<String>()
-                ))
-            })
-    };
-    if op == Endpoint::Release {
-        let id = lease_id(&string("lease")?)?;
-        if let Some(field) = map
-            .keys()
-            .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
-        {
-            return Err(bad(format!(
-                "unknown field `{field}`; the fields of a release are policy, key and lease"
-            )));
-        }
-        return Ok(Request {
-            policy,
-            key,
-            cost: 0,
-            lease: id,
-        });
-    }
-    let cost = match map.get("cost") {
-        None | Some(Value::Null) => 1,
+}
+
+/// Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
+fn lease_id(lease: &str) -> Result<u64, Refusal> {
+    (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(lease, 16).ok())
+        .flatten()
+        .filter(|&id| id != 0)
+        .ok_or_else(|| {
+            bad(format!(
+                "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
+                 zero (e.g. 9f86d081884c7d65), got `{}`",
+                lease.chars().take(40).collect::<String>()
+            ))
+        })
+}
+
+/// `cost`: a whole number up to 2^53, 1 when absent.
+fn cost(map: &Map<String, Value>) -> Result<u64, Refusal> {
+    match map.get("cost") {
+        None | Some(Value::Null) => Ok(1),
         Some(Value::Number(n)) => match n.as_u64() {
-            Some(c) if c <= sluice::core::MAX_AMOUNT => c,
-            Some(c) => {
-                return Err(bad(format!(
-                    "`cost` {c} is too large; at most 2^53 (9007199254740992)"
-                )));
-            }
+            Some(c) if c <= sluice::core::MAX_AMOUNT => Ok(c),
+            Some(c) => Err(bad(format!(
+                "`cost` {c} is too large; at most 2^53 (9007199254740992)"
+            ))),
             None if n.as_i64().is_some() => {
-                return Err(bad(format!("`cost` must not be negative, got {n}")));
+                Err(bad(format!("`cost` must not be negative, got {n}")))
             }
-            None => return Err(bad(format!("`cost` must be a whole number, got {n}"))),
+            None => Err(bad(format!("`cost` must be a whole number, got {n}"))),
         },
-        Some(other) => {
-            return Err(bad(format!(
-                "`cost` must be a whole number, got {}",
-                type_name(other)
-            )));
-        }
-    };
-    // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
-    // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
-    if op == Endpoint::Acquire && cost == 0 {
-        return Err(bad(
-            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
-             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
-                .to_owned(),
-        ));
+        Some(other) => Err(bad(format!(
+            "`cost` must be a whole number, got {}",
+            type_name(other)
+        ))),
     }
-    // An acquire may name a lease it holds, to renew it.
-    let lease = match (op, map.get("lease")) {
-        (Endpoint::Acquire, None | Some(Value::Null)) => 0,
-        (Endpoint::Acquire, Some(_)) => lease_id(&string("lease")?)?,
-        _ => 0,
-    };
+}
+
+/// Refuses the first field `op` does not take.
+fn only_known_fields(map: &Map<String, Value>, op: Endpoint) -> Result<(), Refusal> {
     for field in map.keys() {
         let known = match op {
             Endpoint::Acquire => matches!(field.as_str(), "policy" | "key" | "cost" | "lease"),
@@ -159,12 +185,7 @@ pub(super) fn parse_request(
             )));
         }
     }
-    Ok(Request {
-        policy,
-        key,
-        cost,
-        lease,
-    })
+    Ok(())
 }
 
 pub(super) fn type_name(v: &Value) -> &'static str {

@@ -316,11 +316,36 @@ impl StreamState {
         for (i, u) in usages.iter().enumerate() {
             plans.push(self.plan(snapshot, config, &domain, i, u, now)?);
         }
-        // The charges are independent keys: they go to the store together (pipelined on one
-        // connection, spread over shards), so a report of many buckets costs about one round
-        // trip, not one per bucket.
+        let charged = self.charge(snapshot, &usages, &plans, now).await;
+        let mut actions = Vec::with_capacity(usages.len());
+        for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
+            if let Some(action) = self.action(config, &u, plan, result) {
+                actions.push(BucketAction {
+                    bucket_id: Some(u.id),
+                    bucket_action: Some(action),
+                });
+            }
+        }
+        Ok(RateLimitQuotaResponse {
+            bucket_action: actions,
+        })
+    }
+
+    /// Charges the planned usages, each answer at its usage's place (`None` for one not
+    /// charged or whose task failed).
+    ///
+    /// The charges are independent keys: they go to the store together (pipelined on one
+    /// connection, spread over shards), so a report of many buckets costs about one round
+    /// trip, not one per bucket.
+    async fn charge(
+        &self,
+        snapshot: &Generation,
+        usages: &[Usage],
+        plans: &[Plan<'_>],
+        now: u64,
+    ) -> Vec<Option<Result<Decision, StoreError>>> {
         let mut charges = tokio::task::JoinSet::new();
-        for (i, (u, plan)) in usages.iter().zip(&plans).enumerate() {
+        for (i, (u, plan)) in usages.iter().zip(plans).enumerate() {
             if let Plan::Charge { policy, key, .. } = plan {
                 let store = snapshot.limiter.store().clone();
                 let (policy, key) = ((*policy).clone(), key.clone());
@@ -340,49 +365,49 @@ impl StreamState {
                 Err(e) => tracing::warn!(error = %e, "a rate limit quota charge did not finish"),
             }
         }
-        let mut actions = Vec::with_capacity(usages.len());
-        for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
-            let action = match plan {
-                Plan::Abandon => {
-                    self.buckets.remove(&u.canonical);
-                    action_metric("abandon");
-                    Some(Action::AbandonAction(AbandonAction {}))
-                }
-                Plan::Blanket(a) => Some(assign_action(config, a)),
-                Plan::Charge { rule, policy, .. } => match result {
-                    Some(Ok(d)) => {
-                        let taken = if d.allowed { d.cost } else { 0 };
-                        usage_metrics(
-                            &rule.name,
-                            taken,
-                            u.allowed - taken.min(u.allowed),
-                            u.denied,
-                        );
-                        let share = assign::share(policy, &d, config.interval_ms());
-                        Some(assign_action(config, assign::assignment(share)))
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
-                        action_metric("store_error");
-                        None
-                    }
-                    // The task failed (it cannot panic short of a bug): no answer for it.
-                    None => {
-                        action_metric("store_error");
-                        None
-                    }
-                },
-            };
-            if let Some(action) = action {
-                actions.push(BucketAction {
-                    bucket_id: Some(u.id),
-                    bucket_action: Some(action),
-                });
+        charged
+    }
+
+    /// The action answered for one bucket, from its plan and its charge's result; `None`
+    /// when the store could not say.
+    fn action(
+        &mut self,
+        config: &RlqsConfig,
+        u: &Usage,
+        plan: Plan<'_>,
+        result: Option<Result<Decision, StoreError>>,
+    ) -> Option<Action> {
+        match plan {
+            Plan::Abandon => {
+                self.buckets.remove(&u.canonical);
+                action_metric("abandon");
+                Some(Action::AbandonAction(AbandonAction {}))
             }
+            Plan::Blanket(a) => Some(assign_action(config, a)),
+            Plan::Charge { rule, policy, .. } => match result {
+                Some(Ok(d)) => {
+                    let taken = if d.allowed { d.cost } else { 0 };
+                    usage_metrics(
+                        &rule.name,
+                        taken,
+                        u.allowed - taken.min(u.allowed),
+                        u.denied,
+                    );
+                    let share = assign::share(policy, &d, config.interval_ms());
+                    Some(assign_action(config, assign::assignment(share)))
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
+                    action_metric("store_error");
+                    None
+                }
+                // The task failed (it cannot panic short of a bug): no answer for it.
+                None => {
+                    action_metric("store_error");
+                    None
+                }
+            },
         }
-        Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        })
     }
 
     /// Decides what to do with one bucket and records it as tracked (or forgets it).

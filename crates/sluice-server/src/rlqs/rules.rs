@@ -250,6 +250,29 @@ pub(crate) fn rlqs_config(
     raw: RawRlqs,
     shortest_window: impl Fn(&str) -> Option<u64>,
 ) -> Result<RlqsConfig, String> {
+    let (reporting_interval, assignment_ttl, abandon_after) = intervals(&raw)?;
+    let mut buckets = Vec::with_capacity(raw.buckets.len());
+    for (i, r) in raw.buckets.into_iter().enumerate() {
+        let rule = bucket_rule(i, r, reporting_interval, &shortest_window)?;
+        if buckets.iter().any(|b: &BucketRule| b.name == rule.name) {
+            return Err(format!(
+                "rlqs.buckets[{i}].name: `{}` names two rules",
+                rule.name
+            ));
+        }
+        buckets.push(rule);
+    }
+    Ok(RlqsConfig {
+        reporting_interval,
+        assignment_ttl,
+        abandon_after,
+        unmatched: raw.unmatched,
+        buckets,
+    })
+}
+
+/// `reporting_interval`, `assignment_ttl` and `abandon_after`, each at least the interval.
+fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), String> {
     let reporting_interval = whole_seconds(
         "reporting_interval",
         raw.reporting_interval
@@ -281,78 +304,76 @@ pub(crate) fn rlqs_config(
             )
         ));
     }
-    let mut buckets = Vec::with_capacity(raw.buckets.len());
-    for (i, r) in raw.buckets.into_iter().enumerate() {
-        let at = format!("rlqs.buckets[{i}]");
-        let Some(window) = shortest_window(&r.policy) else {
-            return Err(format!(
-                "{at}.policy: no policy named `{}` in policies",
-                r.policy
-            ));
-        };
-        // The store counts a stream as a holder for the policy's shortest window after its
-        // last report: a window no longer than the interval forgets Envoys between reports,
-        // and periodic reports cannot enforce it anyway.
-        if u128::from(window) <= reporting_interval.as_millis() {
-            return Err(format!(
-                "{at}.policy: `{}` has a window of {}, not longer than \
-                 reporting_interval {}s; reports every interval cannot enforce it (use a \
-                 longer window, or Envoy's rate limit service for per-request limits)",
-                r.policy,
-                sluice::core::duration_text(window),
-                reporting_interval.as_secs()
-            ));
-        }
-        if r.matches.len() > MAX_BUCKET_ENTRIES {
-            return Err(format!(
-                "{at}.match: {} entries; a bucket id has at most {MAX_BUCKET_ENTRIES}",
-                r.matches.len()
-            ));
-        }
-        for k in r.matches.keys() {
-            if k.is_empty() {
-                return Err(format!("{at}.match: an entry name must not be empty"));
-            }
-        }
-        let template = r
-            .key
-            .as_deref()
-            .map(|t| parse_template(&format!("{at}.key"), t, &r.matches))
-            .transpose()?;
-        let name = match r.name {
-            Some(n) if n.is_empty() => return Err(format!("{at}.name: must not be empty")),
-            Some(n) => n,
-            None => format!("buckets[{i}]"),
-        };
-        if buckets.iter().any(|b: &BucketRule| b.name == name) {
-            return Err(format!("{at}.name: `{name}` names two rules"));
-        }
-        let matches = r
-            .matches
-            .into_iter()
-            .map(|(k, v)| {
-                let want = if v == "*" {
-                    Want::Present
-                } else {
-                    Want::Equal(v)
-                };
-                (k, want)
-            })
-            .collect();
-        buckets.push(BucketRule {
-            name,
-            domain: r.domain,
-            matches,
-            policy: r.policy,
-            template,
-        });
+    Ok((reporting_interval, assignment_ttl, abandon_after))
+}
+
+/// `rlqs.buckets[i]`: its policy (with a window longer than the interval), matches, key
+/// template and name.
+fn bucket_rule(
+    i: usize,
+    r: RawRule,
+    reporting_interval: Duration,
+    shortest_window: impl Fn(&str) -> Option<u64>,
+) -> Result<BucketRule, String> {
+    let at = format!("rlqs.buckets[{i}]");
+    let Some(window) = shortest_window(&r.policy) else {
+        return Err(format!(
+            "{at}.policy: no policy named `{}` in policies",
+            r.policy
+        ));
+    };
+    // The store counts a stream as a holder for the policy's shortest window after its
+    // last report: a window no longer than the interval forgets Envoys between reports,
+    // and periodic reports cannot enforce it anyway.
+    if u128::from(window) <= reporting_interval.as_millis() {
+        return Err(format!(
+            "{at}.policy: `{}` has a window of {}, not longer than \
+             reporting_interval {}s; reports every interval cannot enforce it (use a \
+             longer window, or Envoy's rate limit service for per-request limits)",
+            r.policy,
+            sluice::core::duration_text(window),
+            reporting_interval.as_secs()
+        ));
     }
-    Ok(RlqsConfig {
-        reporting_interval,
-        assignment_ttl,
-        abandon_after,
-        unmatched: raw.unmatched,
-        buckets,
+    if r.matches.len() > MAX_BUCKET_ENTRIES {
+        return Err(format!(
+            "{at}.match: {} entries; a bucket id has at most {MAX_BUCKET_ENTRIES}",
+            r.matches.len()
+        ));
+    }
+    for k in r.matches.keys() {
+        if k.is_empty() {
+            return Err(format!("{at}.match: an entry name must not be empty"));
+        }
+    }
+    let template = r
+        .key
+        .as_deref()
+        .map(|t| parse_template(&format!("{at}.key"), t, &r.matches))
+        .transpose()?;
+    let name = match r.name {
+        Some(n) if n.is_empty() => return Err(format!("{at}.name: must not be empty")),
+        Some(n) => n,
+        None => format!("buckets[{i}]"),
+    };
+    let matches = r
+        .matches
+        .into_iter()
+        .map(|(k, v)| {
+            let want = if v == "*" {
+                Want::Present
+            } else {
+                Want::Equal(v)
+            };
+            (k, want)
+        })
+        .collect();
+    Ok(BucketRule {
+        name,
+        domain: r.domain,
+        matches,
+        policy: r.policy,
+        template,
     })
 }
 

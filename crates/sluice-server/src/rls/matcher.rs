@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::tree::Domain;
+use super::tree::{DescriptorNode, Domain};
 use super::{Match, Rule};
 /// `wildcardMatch` of the reference: each `*` matches any run of characters (possibly
 /// empty); the first part must be a prefix, the last a suffix, the middle ones appear in
@@ -59,21 +59,7 @@ impl Domain {
             let composite = format!("{key}_{value}");
             detailed_key.push('.');
             detailed_key.push_str(&composite);
-            let mut next = level.children.get(&composite);
-            let mut wildcard: Option<&str> = None;
-            if next.is_none()
-                && let Some(w) = level
-                    .wildcards
-                    .iter()
-                    .find(|w| wildcard_match(&w.parts, &composite))
-            {
-                next = level.children.get(&w.key);
-                wildcard = Some(&w.key);
-            }
-            let matched_with_value = next.is_some();
-            if next.is_none() {
-                next = level.children.get(key);
-            }
+            let (next, wildcard, matched_with_value) = descend(level, key, &composite);
             let key_prefix = format!("{key}_");
             if let (Some(_), Some(node)) = (wildcard, next)
                 && node.share_threshold
@@ -114,33 +100,78 @@ impl Domain {
         let stats_key = if !rule.detailed_metric {
             value_key
         } else if any_shared {
-            let mut key = domain.to_owned();
-            for ((k, v), pattern) in entries.iter().zip(&shared) {
-                key.push('.');
-                key.push_str(k.as_ref());
-                let shown = pattern.as_deref().unwrap_or(v.as_ref());
-                if !shown.is_empty() {
-                    key.push('_');
-                    key.push_str(shown);
-                }
-            }
-            key
+            shared_stats_key(domain, entries, &shared)
         } else {
             detailed_key
         };
-        let mut counter_key = format!("{domain}_");
-        for ((k, v), pattern) in entries.iter().zip(&shared) {
-            counter_key.push_str(k.as_ref());
-            counter_key.push('_');
-            counter_key.push_str(pattern.as_deref().unwrap_or(v.as_ref()));
-            counter_key.push('_');
-        }
         Some(Match {
             rule,
-            counter_key,
+            counter_key: counter_key(domain, entries, &shared),
             stats_key,
         })
     }
+}
+
+/// One level down: the node for `key_value`, else the first wildcard descriptor that matches
+/// it (and its composite key), else the node for the key alone; and whether the value
+/// matched.
+fn descend<'a>(
+    level: &'a DescriptorNode,
+    key: &str,
+    composite: &str,
+) -> (Option<&'a DescriptorNode>, Option<&'a str>, bool) {
+    let mut next = level.children.get(composite);
+    let mut wildcard: Option<&str> = None;
+    if next.is_none()
+        && let Some(w) = level
+            .wildcards
+            .iter()
+            .find(|w| wildcard_match(&w.parts, composite))
+    {
+        next = level.children.get(&w.key);
+        wildcard = Some(&w.key);
+    }
+    let matched_with_value = next.is_some();
+    if next.is_none() {
+        next = level.children.get(key);
+    }
+    (next, wildcard, matched_with_value)
+}
+
+/// The detailed statistics key when a wildcard shares its threshold: the pattern stands for
+/// the values it matched.
+fn shared_stats_key<K: AsRef<str>, V: AsRef<str>>(
+    domain: &str,
+    entries: &[(K, V)],
+    shared: &[Option<String>],
+) -> String {
+    let mut key = domain.to_owned();
+    for ((k, v), pattern) in entries.iter().zip(shared) {
+        key.push('.');
+        key.push_str(k.as_ref());
+        let shown = pattern.as_deref().unwrap_or(v.as_ref());
+        if !shown.is_empty() {
+            key.push('_');
+            key.push_str(shown);
+        }
+    }
+    key
+}
+
+/// The counter's key: `domain_key_value_…_`, a shared wildcard's pattern for its values.
+fn counter_key<K: AsRef<str>, V: AsRef<str>>(
+    domain: &str,
+    entries: &[(K, V)],
+    shared: &[Option<String>],
+) -> String {
+    let mut counter_key = format!("{domain}_");
+    for ((k, v), pattern) in entries.iter().zip(shared) {
+        counter_key.push_str(k.as_ref());
+        counter_key.push('_');
+        counter_key.push_str(pattern.as_deref().unwrap_or(v.as_ref()));
+        counter_key.push('_');
+    }
+    counter_key
 }
 
 /// Applies `replaces` to the matches of one request's descriptors, as the reference's

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::decode::{YamlDescriptor, YamlRoot};
+use super::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
 use super::error::{RlsConfigError, RlsConfigWarning};
 use super::{Rule, Unit};
 
@@ -251,6 +251,28 @@ impl Loader<'_> {
         let Some(rl) = &descriptor.rate_limit else {
             return Err(self.error(descriptor.line, format!("{path}: no rate_limit")));
         };
+        let unit = self.unit(path, rl)?;
+        self.check_replaces(path, rl)?;
+        Ok(Arc::new(Rule {
+            domain: self.domain.to_owned(),
+            name: (!rl.name.is_empty()).then(|| rl.name.clone()),
+            unit: if rl.unlimited { None } else { unit },
+            requests_per_unit: rl.requests_per_unit,
+            unlimited: rl.unlimited,
+            shadow_mode: descriptor.shadow_mode,
+            quota_mode: descriptor.quota_mode,
+            detailed_metric: descriptor.detailed_metric,
+            replaces: rl.replaces.iter().map(|(name, _)| name.clone()).collect(),
+            full_key: full_key.to_owned(),
+            file: self.file.to_owned(),
+            line: descriptor.line,
+            path: path.clone(),
+        }))
+    }
+
+    /// The unit of a limit: none for an unlimited one (a unit given with it is refused, a
+    /// stray one warned about), one of [`Unit::ALL`] otherwise.
+    fn unit(&mut self, path: &str, rl: &YamlRateLimit) -> Result<Option<Unit>, RlsConfigError> {
         let unit = Unit::parse(&rl.unit);
         let expected = Unit::ALL.map(Unit::as_str).join(", ");
         if rl.unlimited {
@@ -300,6 +322,11 @@ impl Loader<'_> {
                 )
             });
         }
+        Ok(unit)
+    }
+
+    /// Each `replaces` entry names another rate limit.
+    fn check_replaces(&self, path: &str, rl: &YamlRateLimit) -> Result<(), RlsConfigError> {
         for (i, (name, line)) in rl.replaces.iter().enumerate() {
             if name.is_empty() {
                 return Err(self.error(
@@ -320,20 +347,6 @@ impl Loader<'_> {
                 ));
             }
         }
-        Ok(Arc::new(Rule {
-            domain: self.domain.to_owned(),
-            name: (!rl.name.is_empty()).then(|| rl.name.clone()),
-            unit: if rl.unlimited { None } else { unit },
-            requests_per_unit: rl.requests_per_unit,
-            unlimited: rl.unlimited,
-            shadow_mode: descriptor.shadow_mode,
-            quota_mode: descriptor.quota_mode,
-            detailed_metric: descriptor.detailed_metric,
-            replaces: rl.replaces.iter().map(|(name, _)| name.clone()).collect(),
-            full_key: full_key.to_owned(),
-            file: self.file.to_owned(),
-            line: descriptor.line,
-            path: path.clone(),
-        }))
+        Ok(())
     }
 }

@@ -407,21 +407,43 @@ impl Simulation {
     }
 
     fn run_one(&self, policy: &Policy) -> Result<PolicyReport, SimError> {
+        let tally = self.replay(policy)?;
+        Ok(PolicyReport {
+            name: policy.name().to_owned(),
+            limits: policy.limits().iter().map(describe).collect(),
+            admitted: tally.admitted,
+            denied: tally.denied,
+            admitted_cost: tally.admitted_cost,
+            first_denial_ms: tally.first_denial_ms,
+            retry_after_ms: percentiles(tally.retries),
+            never_fits: tally.never_fits,
+            top_keys: self.top_keys(&tally.per_key),
+            buckets: tally.buckets,
+        })
+    }
+
+    /// Checks every event against `policy` on a fresh memory store, counting the answers.
+    fn replay(&self, policy: &Policy) -> Result<Tally, SimError> {
         let traffic = &self.traffic;
         let clock = ManualClock::new(traffic.start_ms);
         let limiter = Limiter::new(MemoryStore::with_shards(16)).with_clock(clock.clone());
         let n_buckets = traffic.duration_ms.div_ceil(self.bucket_ms) as usize;
-        let mut buckets: Vec<Bucket> = (0..n_buckets)
-            .map(|i| Bucket {
-                start_ms: i as u64 * self.bucket_ms,
-                admitted: 0,
-                denied: 0,
-            })
-            .collect();
-        let mut per_key = vec![(0u64, 0u64); traffic.keys.len()];
-        let (mut admitted, mut denied, mut admitted_cost, mut never_fits) = (0, 0, 0, 0);
-        let mut first_denial_ms = None;
-        let mut retries = Vec::new();
+        let mut tally = Tally {
+            buckets: (0..n_buckets)
+                .map(|i| Bucket {
+                    start_ms: i as u64 * self.bucket_ms,
+                    admitted: 0,
+                    denied: 0,
+                })
+                .collect(),
+            per_key: vec![(0u64, 0u64); traffic.keys.len()],
+            admitted: 0,
+            denied: 0,
+            admitted_cost: 0,
+            never_fits: 0,
+            first_denial_ms: None,
+            retries: Vec::new(),
+        };
         for e in &traffic.events {
             clock.set(traffic.start_ms + e.t_ms);
             let key = &traffic.keys[e.key as usize];
@@ -430,34 +452,14 @@ impl Simulation {
                 Some(Err(err)) => return Err(bad("traffic", format!("key `{key}`: {err}"))),
                 None => return Err(bad("simulation", "the memory store did not answer at once")),
             };
-            let bucket = &mut buckets[(e.t_ms / self.bucket_ms) as usize];
-            let counts = &mut per_key[e.key as usize];
-            if d.allowed {
-                admitted += 1;
-                admitted_cost += e.cost;
-                bucket.admitted += 1;
-                counts.0 += 1;
-            } else {
-                denied += 1;
-                bucket.denied += 1;
-                counts.1 += 1;
-                first_denial_ms.get_or_insert(e.t_ms);
-                match d.retry_after_ms() {
-                    Some(ms) => retries.push(ms),
-                    None => never_fits += 1,
-                }
-            }
+            tally.count(e, (e.t_ms / self.bucket_ms) as usize, &d);
         }
-        retries.sort_unstable();
-        let retry_after_ms = (!retries.is_empty()).then(|| {
-            let rank = |p: f64| retries[((p * retries.len() as f64).ceil() as usize).max(1) - 1];
-            Percentiles {
-                p50: rank(0.50),
-                p90: rank(0.90),
-                p99: rank(0.99),
-                max: retries[retries.len() - 1],
-            }
-        });
+        Ok(tally)
+    }
+
+    /// The `top` keys with the most denials (then admissions, then by name).
+    fn top_keys(&self, per_key: &[(u64, u64)]) -> Vec<KeyCount> {
+        let keys = &self.traffic.keys;
         let mut order: Vec<usize> = (0..per_key.len())
             .filter(|&k| per_key[k] != (0, 0))
             .collect();
@@ -466,30 +468,67 @@ impl Simulation {
                 .1
                 .cmp(&per_key[a].1)
                 .then(per_key[b].0.cmp(&per_key[a].0))
-                .then(traffic.keys[a].cmp(&traffic.keys[b]))
+                .then(keys[a].cmp(&keys[b]))
         });
-        let top_keys = order
+        order
             .into_iter()
             .take(self.top)
             .map(|k| KeyCount {
-                key: traffic.keys[k].clone(),
+                key: keys[k].clone(),
                 admitted: per_key[k].0,
                 denied: per_key[k].1,
             })
-            .collect();
-        Ok(PolicyReport {
-            name: policy.name().to_owned(),
-            limits: policy.limits().iter().map(describe).collect(),
-            admitted,
-            denied,
-            admitted_cost,
-            first_denial_ms,
-            retry_after_ms,
-            never_fits,
-            buckets,
-            top_keys,
-        })
+            .collect()
     }
+}
+
+/// What one policy's replay counted.
+struct Tally {
+    buckets: Vec<Bucket>,
+    /// (admitted, denied) per key index.
+    per_key: Vec<(u64, u64)>,
+    admitted: u64,
+    denied: u64,
+    admitted_cost: u64,
+    never_fits: u64,
+    first_denial_ms: Option<u64>,
+    retries: Vec<u64>,
+}
+
+impl Tally {
+    fn count(&mut self, e: &Event, bucket: usize, d: &sluice::Decision) {
+        let bucket = &mut self.buckets[bucket];
+        let counts = &mut self.per_key[e.key as usize];
+        if d.allowed {
+            self.admitted += 1;
+            self.admitted_cost += e.cost;
+            bucket.admitted += 1;
+            counts.0 += 1;
+        } else {
+            self.denied += 1;
+            bucket.denied += 1;
+            counts.1 += 1;
+            self.first_denial_ms.get_or_insert(e.t_ms);
+            match d.retry_after_ms() {
+                Some(ms) => self.retries.push(ms),
+                None => self.never_fits += 1,
+            }
+        }
+    }
+}
+
+/// The retry-after percentiles, nearest rank; `None` without denials that can fit.
+fn percentiles(mut retries: Vec<u64>) -> Option<Percentiles> {
+    retries.sort_unstable();
+    (!retries.is_empty()).then(|| {
+        let rank = |p: f64| retries[((p * retries.len() as f64).ceil() as usize).max(1) - 1];
+        Percentiles {
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: retries[retries.len() - 1],
+        }
+    })
 }
 
 /// `100/1m fixed_window`.
@@ -537,13 +576,18 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
     }
 }
 
+/// The example a wrong `policies` is answered with.
+const POLICIES_SHAPE: &str = concat!(
+    "[{\"name\": \"current\", \"policy\": \"api\"}, ",
+    "{\"name\": \"candidate\", \"limits\": [{\"max\": 100, \"per\": \"1m\"}]}]",
+);
+
 fn parse_policies(
     value: Option<&Value>,
     configured: &[Policy],
     bounds: &Bounds,
 ) -> Result<Vec<Policy>, SimError> {
-    let shape = "[{\"name\": \"current\", \"policy\": \"api\"}, {\"name\": \"candidate\", \
-                 \"limits\": [{\"max\": 100, \"per\": \"1m\"}]}]";
+    let shape = POLICIES_SHAPE;
     let Some(Value::Array(items)) = value else {
         return Err(bad(
             "policies",
@@ -569,51 +613,7 @@ fn parse_policies(
     let mut out: Vec<Policy> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let path = format!("policies[{i}]");
-        let map = object(item, &path, shape)?;
-        let name = string(map, "name", &format!("{path}.name"))?;
-        let policy = match string(map, "policy", &format!("{path}.policy"))? {
-            Some(configured_name) => {
-                only(map, &path, &["name", "policy"])?;
-                let Some(found) = configured.iter().find(|p| p.name() == configured_name) else {
-                    let mut names: Vec<&str> = configured.iter().map(Policy::name).collect();
-                    names.sort_unstable();
-                    return Err(bad(
-                        format!("{path}.policy"),
-                        format!(
-                            "no policy named `{configured_name}` is configured; configured: {}",
-                            if names.is_empty() {
-                                "none".to_owned()
-                            } else {
-                                names.join(", ")
-                            }
-                        ),
-                    ));
-                };
-                let name = name.unwrap_or(configured_name);
-                Policy::new(name, found.limits().to_vec())
-                    .map_err(|e| bad(format!("{path}.name"), e.reason))?
-                    .with_failure_mode(found.failure_mode())
-            }
-            None => {
-                let Some(name) = name else {
-                    return Err(bad(
-                        format!("{path}.name"),
-                        "is missing: an inline policy needs a name",
-                    ));
-                };
-                let mut definition = map.clone();
-                definition.remove("name");
-                crate::policy_entry::inline_policy(name, &Value::Object(definition))
-                    .map_err(|e| bad(path.clone(), e))?
-            }
-        };
-        if let Some((i, _)) = policy.concurrency_limit() {
-            return Err(bad(
-                format!("{path}.limits[{i}]"),
-                "a concurrency limit cannot be simulated: the traffic has no request durations, \
-                 so nothing would ever be held",
-            ));
-        }
+        let policy = parse_policy(item, &path, configured)?;
         if out.iter().any(|p| p.name() == policy.name()) {
             return Err(bad(
                 format!("{path}.name"),
@@ -626,6 +626,67 @@ fn parse_policies(
         out.push(policy);
     }
     Ok(out)
+}
+
+/// One `policies[i]` entry: a configured policy by name, or an inline one; never one with a
+/// concurrency limit.
+fn parse_policy(item: &Value, path: &str, configured: &[Policy]) -> Result<Policy, SimError> {
+    let map = object(item, path, POLICIES_SHAPE)?;
+    let name = string(map, "name", &format!("{path}.name"))?;
+    let policy = match string(map, "policy", &format!("{path}.policy"))? {
+        Some(configured_name) => {
+            only(map, path, &["name", "policy"])?;
+            configured_policy(path, name, configured_name, configured)?
+        }
+        None => {
+            let Some(name) = name else {
+                return Err(bad(
+                    format!("{path}.name"),
+                    "is missing: an inline policy needs a name",
+                ));
+            };
+            let mut definition = map.clone();
+            definition.remove("name");
+            crate::policy_entry::inline_policy(name, &Value::Object(definition))
+                .map_err(|e| bad(path.to_owned(), e))?
+        }
+    };
+    if let Some((i, _)) = policy.concurrency_limit() {
+        return Err(bad(
+            format!("{path}.limits[{i}]"),
+            "a concurrency limit cannot be simulated: the traffic has no request durations, \
+             so nothing would ever be held",
+        ));
+    }
+    Ok(policy)
+}
+
+/// The configured policy `configured_name`, under `name` if one is given.
+fn configured_policy(
+    path: &str,
+    name: Option<&str>,
+    configured_name: &str,
+    configured: &[Policy],
+) -> Result<Policy, SimError> {
+    let Some(found) = configured.iter().find(|p| p.name() == configured_name) else {
+        let mut names: Vec<&str> = configured.iter().map(Policy::name).collect();
+        names.sort_unstable();
+        return Err(bad(
+            format!("{path}.policy"),
+            format!(
+                "no policy named `{configured_name}` is configured; configured: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        ));
+    };
+    let name = name.unwrap_or(configured_name);
+    Ok(Policy::new(name, found.limits().to_vec())
+        .map_err(|e| bad(format!("{path}.name"), e.reason))?
+        .with_failure_mode(found.failure_mode()))
 }
 
 /// A log `traffic`: its text, format and key and time options (docs/simulate.md#the-request).
@@ -693,17 +754,18 @@ fn parse_log(
     Ok(traffic)
 }
 
+/// The example a `traffic` that is not an object is answered with.
+const TRAFFIC_SHAPE: &str = concat!(
+    "{\"pattern\": \"steady\", \"rate\": 10, \"duration\": \"1m\"} or ",
+    "{\"format\": \"csv\", \"log\": \"…\"}",
+);
+
 fn parse_traffic(
     value: &Value,
     policies: u64,
     bounds: &Bounds,
 ) -> Result<(Traffic, Option<u64>), SimError> {
-    let map = object(
-        value,
-        "traffic",
-        "{\"pattern\": \"steady\", \"rate\": 10, \"duration\": \"1m\"} or {\"format\": \"csv\", \
-         \"log\": \"…\"}",
-    )?;
+    let map = object(value, "traffic", TRAFFIC_SHAPE)?;
     if map.contains_key("log") {
         return Ok((parse_log(map, policies, bounds)?, None));
     }
@@ -722,6 +784,53 @@ fn parse_traffic(
         "seed",
         "cost",
     ];
+    let (pattern, extra) = parse_pattern(map, pattern_name)?;
+    let allowed: Vec<&str> = common.iter().chain(extra).copied().collect();
+    only(map, "traffic", &allowed)?;
+    let duration_ms = duration(map, "duration", "traffic.duration")?
+        .ok_or_else(|| bad("traffic.duration", "is missing, e.g. 1m"))?;
+    if duration_ms > bounds.max_duration_ms {
+        return Err(bad(
+            "traffic.duration",
+            format!(
+                "{duration_ms} ms is more than the maximum of {} ms (max_duration)",
+                bounds.max_duration_ms
+            ),
+        ));
+    }
+    let keys = whole(map, "keys", "traffic.keys")?.unwrap_or(1);
+    if keys == 0 || keys > bounds.max_keys as u64 {
+        return Err(bad(
+            "traffic.keys",
+            format!(
+                "must be from 1 to {} (max_keys), got {keys}",
+                bounds.max_keys
+            ),
+        ));
+    }
+    let choice = parse_key_choice(map)?;
+    let seed = whole(map, "seed", "traffic.seed")?.unwrap_or(0);
+    let cost = whole(map, "cost", "traffic.cost")?.unwrap_or(1);
+    if sluice::check_cost(cost).is_err() {
+        return Err(bad("traffic.cost", "at most 2^53 (9007199254740992)"));
+    }
+    let generated = Generated {
+        pattern,
+        duration_ms,
+        keys: u32::try_from(keys).unwrap_or(u32::MAX),
+        choice,
+        cost,
+        seed,
+    };
+    check_generated_memory(&generated, keys, policies, bounds)?;
+    Ok((generated.generate(bounds)?, Some(seed)))
+}
+
+/// A generated traffic's pattern and the fields only it takes.
+fn parse_pattern(
+    map: &Map<String, Value>,
+    pattern_name: &str,
+) -> Result<(Pattern, &'static [&'static str]), SimError> {
     let need = |v: Option<f64>, field: &str| {
         v.ok_or_else(|| {
             bad(
@@ -730,7 +839,7 @@ fn parse_traffic(
             )
         })
     };
-    let (pattern, extra): (Pattern, &[&str]) = match pattern_name {
+    Ok(match pattern_name {
         "steady" => (
             Pattern::Steady {
                 rate: need(rate(map, "rate", "traffic.rate", false)?, "rate")?,
@@ -769,74 +878,54 @@ fn parse_traffic(
                 format!("`{other}` is not a pattern; expected steady, bursts, poisson or ramp"),
             ));
         }
-    };
-    let allowed: Vec<&str> = common.iter().chain(extra).copied().collect();
-    only(map, "traffic", &allowed)?;
-    let duration_ms = duration(map, "duration", "traffic.duration")?
-        .ok_or_else(|| bad("traffic.duration", "is missing, e.g. 1m"))?;
-    if duration_ms > bounds.max_duration_ms {
-        return Err(bad(
-            "traffic.duration",
-            format!(
-                "{duration_ms} ms is more than the maximum of {} ms (max_duration)",
-                bounds.max_duration_ms
-            ),
-        ));
-    }
-    let keys = whole(map, "keys", "traffic.keys")?.unwrap_or(1);
-    if keys == 0 || keys > bounds.max_keys as u64 {
-        return Err(bad(
-            "traffic.keys",
-            format!(
-                "must be from 1 to {} (max_keys), got {keys}",
-                bounds.max_keys
-            ),
-        ));
-    }
-    let choice = match string(map, "key_choice", "traffic.key_choice")?.unwrap_or("uniform") {
-        "uniform" => {
-            if map.contains_key("zipf_exponent") {
-                return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
+    })
+}
+
+/// `key_choice` (uniform or zipf) and zipf's `zipf_exponent`.
+fn parse_key_choice(map: &Map<String, Value>) -> Result<KeyChoice, SimError> {
+    Ok(
+        match string(map, "key_choice", "traffic.key_choice")?.unwrap_or("uniform") {
+            "uniform" => {
+                if map.contains_key("zipf_exponent") {
+                    return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
+                }
+                KeyChoice::Uniform
             }
-            KeyChoice::Uniform
-        }
-        "zipf" => KeyChoice::Zipf {
-            exponent: match map.get("zipf_exponent") {
-                None | Some(Value::Null) => 1.0,
-                Some(Value::Number(n)) => match n.as_f64() {
-                    Some(s) if s.is_finite() && s > 0.0 => s,
-                    _ => {
-                        return Err(bad(
-                            "traffic.zipf_exponent",
-                            format!("must be a positive number, got {n}"),
-                        ));
+            "zipf" => KeyChoice::Zipf {
+                exponent: match map.get("zipf_exponent") {
+                    None | Some(Value::Null) => 1.0,
+                    Some(Value::Number(n)) => match n.as_f64() {
+                        Some(s) if s.is_finite() && s > 0.0 => s,
+                        _ => {
+                            return Err(bad(
+                                "traffic.zipf_exponent",
+                                format!("must be a positive number, got {n}"),
+                            ));
+                        }
+                    },
+                    Some(_) => {
+                        return Err(bad("traffic.zipf_exponent", "must be a positive number"));
                     }
                 },
-                Some(_) => return Err(bad("traffic.zipf_exponent", "must be a positive number")),
             },
+            other => {
+                return Err(bad(
+                    "traffic.key_choice",
+                    format!("`{other}` is not a key choice; expected uniform or zipf"),
+                ));
+            }
         },
-        other => {
-            return Err(bad(
-                "traffic.key_choice",
-                format!("`{other}` is not a key choice; expected uniform or zipf"),
-            ));
-        }
-    };
-    let seed = whole(map, "seed", "traffic.seed")?.unwrap_or(0);
-    let cost = whole(map, "cost", "traffic.cost")?.unwrap_or(1);
-    if sluice::check_cost(cost).is_err() {
-        return Err(bad("traffic.cost", "at most 2^53 (9007199254740992)"));
-    }
-    let generated = Generated {
-        pattern,
-        duration_ms,
-        keys: u32::try_from(keys).unwrap_or(u32::MAX),
-        choice,
-        cost,
-        seed,
-    };
-    // Before making it (over max_events, `generate` refuses it by that name): the keys are
-    // `key-1` … `key-N`.
+    )
+}
+
+/// Refuses a generated traffic whose estimated memory is over the bound, before making it
+/// (over max_events, `generate` refuses it by that name): the keys are `key-1` … `key-N`.
+fn check_generated_memory(
+    generated: &Generated,
+    keys: u64,
+    policies: u64,
+    bounds: &Bounds,
+) -> Result<(), SimError> {
     let events = generated.expected_events().ceil() as u64;
     if events <= bounds.max_events as u64 {
         let key_text = keys * (4 + keys.to_string().len() as u64);
@@ -851,7 +940,7 @@ fn parse_traffic(
             bounds,
         )?;
     }
-    Ok((generated.generate(bounds)?, Some(seed)))
+    Ok(())
 }
 
 /// One `--policy` of the `sluice simulate` command as a request entry: `api` (a configured

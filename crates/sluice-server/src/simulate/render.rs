@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::Report;
+use super::{PolicyReport, Report};
 
 /// `1m`, `250ms`, `1h30m`… the largest units that divide the value exactly.
 pub fn human_ms(ms: u64) -> String {
@@ -73,63 +73,8 @@ pub fn table(report: &Report) -> String {
         log_lines(&mut out, log);
     }
     let _ = writeln!(out);
-    let rows: Vec<[String; 6]> = report
-        .policies
-        .iter()
-        .map(|p| {
-            let total = p.admitted + p.denied;
-            let pct = if total == 0 {
-                0.0
-            } else {
-                p.denied as f64 * 100.0 / total as f64
-            };
-            [
-                p.name.clone(),
-                p.admitted.to_string(),
-                format!("{} ({pct:.1}%)", p.denied),
-                p.first_denial_ms.map_or("-".to_owned(), human_ms),
-                p.retry_after_ms.map_or("-".to_owned(), |r| {
-                    format!(
-                        "{}/{}/{}/{}",
-                        human_ms(r.p50),
-                        human_ms(r.p90),
-                        human_ms(r.p99),
-                        human_ms(r.max)
-                    )
-                }),
-                p.limits.join(", "),
-            ]
-        })
-        .collect();
-    let header = [
-        "policy",
-        "admitted",
-        "denied",
-        "first denial",
-        "retry_after p50/p90/p99/max",
-        "limits",
-    ];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                let _ = write!(s, "{cell:<w$}  ");
-            }
-        }
-        s.trim_end().to_owned()
-    };
-    let _ = writeln!(out, "{}", line(header.to_vec()));
-    for row in &rows {
-        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
-    }
+    let rows: Vec<[String; 6]> = report.policies.iter().map(policy_row).collect();
+    aligned_rows(&mut out, &rows);
     for p in &report.policies {
         if p.top_keys.is_empty() || p.denied == 0 {
             continue;
@@ -146,6 +91,65 @@ pub fn table(report: &Report) -> String {
     out
 }
 
+/// One policy's row of the summary table.
+fn policy_row(p: &PolicyReport) -> [String; 6] {
+    let total = p.admitted + p.denied;
+    let pct = if total == 0 {
+        0.0
+    } else {
+        p.denied as f64 * 100.0 / total as f64
+    };
+    [
+        p.name.clone(),
+        p.admitted.to_string(),
+        format!("{} ({pct:.1}%)", p.denied),
+        p.first_denial_ms.map_or("-".to_owned(), human_ms),
+        p.retry_after_ms.map_or("-".to_owned(), |r| {
+            format!(
+                "{}/{}/{}/{}",
+                human_ms(r.p50),
+                human_ms(r.p90),
+                human_ms(r.p99),
+                human_ms(r.max)
+            )
+        }),
+        p.limits.join(", "),
+    ]
+}
+
+/// The header and the rows, each column as wide as its widest cell.
+fn aligned_rows(out: &mut String, rows: &[[String; 6]]) {
+    let header = [
+        "policy",
+        "admitted",
+        "denied",
+        "first denial",
+        "retry_after p50/p90/p99/max",
+        "limits",
+    ];
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let _ = write!(s, "{cell:<w$}  ");
+            }
+        }
+        s.trim_end().to_owned()
+    };
+    let _ = writeln!(out, "{}", line(header.to_vec()));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
+    }
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -153,16 +157,18 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+// The chart's geometry.
+const WIDTH: f64 = 900.0;
+const PANEL: f64 = 170.0;
+const LEFT: f64 = 60.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 40.0;
+const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
+const PLOT_H: f64 = PANEL - 50.0;
+
 /// The chart: per policy, admitted (green, below) and denied (red, stacked above) requests
 /// per bucket, every panel on the same vertical scale.
 pub fn svg(report: &Report) -> String {
-    const WIDTH: f64 = 900.0;
-    const PANEL: f64 = 170.0;
-    const LEFT: f64 = 60.0;
-    const RIGHT: f64 = 20.0;
-    const TOP: f64 = 40.0;
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = PANEL - 50.0;
     let height = TOP + PANEL * report.policies.len() as f64 + 10.0;
     let peak = report
         .policies
@@ -186,63 +192,69 @@ pub fn svg(report: &Report) -> String {
         count(report.keys, "key", "keys")
     );
     for (i, p) in report.policies.iter().enumerate() {
-        let y0 = TOP + PANEL * i as f64;
-        let base = y0 + 20.0 + plot_h;
-        let _ = writeln!(s, r#"<g class="policy" data-name="{}">"#, escape(&p.name));
-        let _ = writeln!(
-            s,
-            r#"<text x="{LEFT}" y="{:.1}" font-weight="bold">{}: {} admitted, {} denied ({})</text>"#,
-            y0 + 12.0,
-            escape(&p.name),
-            p.admitted,
-            p.denied,
-            escape(&p.limits.join(", "))
-        );
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}" stroke="#444"/>"##,
-            LEFT + plot_w
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{peak}</text><text x="{:.1}" y="{base:.1}" text-anchor="end">0</text>"#,
-            LEFT - 6.0,
-            y0 + 24.0,
-            LEFT - 6.0
-        );
-        let n = p.buckets.len().max(1) as f64;
-        let bar_w = plot_w / n;
-        for (j, b) in p.buckets.iter().enumerate() {
-            let x = LEFT + bar_w * j as f64;
-            let ha = b.admitted as f64 / peak as f64 * plot_h;
-            let hd = b.denied as f64 / peak as f64 * plot_h;
-            if b.admitted > 0 {
-                let _ = writeln!(
-                    s,
-                    r##"<rect class="admitted" x="{x:.2}" y="{:.2}" width="{bar_w:.2}" height="{ha:.2}" fill="#3a9a4a"/>"##,
-                    base - ha
-                );
-            }
-            if b.denied > 0 {
-                let _ = writeln!(
-                    s,
-                    r##"<rect class="denied" x="{x:.2}" y="{:.2}" width="{bar_w:.2}" height="{hd:.2}" fill="#d0473d"/>"##,
-                    base - ha - hd
-                );
-            }
-        }
-        let _ = writeln!(
-            s,
-            r#"<text x="{LEFT}" y="{:.1}">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            base + 14.0,
-            LEFT + plot_w,
-            base + 14.0,
-            human_ms(report.duration_ms)
-        );
-        s.push_str("</g>\n");
+        svg_panel(&mut s, TOP + PANEL * i as f64, p, peak, report.duration_ms);
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// One policy's panel, its top at `y0`: a title, the axes and a bar per bucket.
+fn svg_panel(s: &mut String, y0: f64, p: &PolicyReport, peak: u64, duration_ms: u64) {
+    let plot_w = PLOT_W;
+    let plot_h = PLOT_H;
+    let base = y0 + 20.0 + plot_h;
+    let _ = writeln!(s, r#"<g class="policy" data-name="{}">"#, escape(&p.name));
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="{:.1}" font-weight="bold">{}: {} admitted, {} denied ({})</text>"#,
+        y0 + 12.0,
+        escape(&p.name),
+        p.admitted,
+        p.denied,
+        escape(&p.limits.join(", "))
+    );
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}" stroke="#444"/>"##,
+        LEFT + plot_w
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{peak}</text><text x="{:.1}" y="{base:.1}" text-anchor="end">0</text>"#,
+        LEFT - 6.0,
+        y0 + 24.0,
+        LEFT - 6.0
+    );
+    let n = p.buckets.len().max(1) as f64;
+    let bar_w = plot_w / n;
+    for (j, b) in p.buckets.iter().enumerate() {
+        let x = LEFT + bar_w * j as f64;
+        let ha = b.admitted as f64 / peak as f64 * plot_h;
+        let hd = b.denied as f64 / peak as f64 * plot_h;
+        if b.admitted > 0 {
+            let _ = writeln!(
+                s,
+                r##"<rect class="admitted" x="{x:.2}" y="{:.2}" width="{bar_w:.2}" height="{ha:.2}" fill="#3a9a4a"/>"##,
+                base - ha
+            );
+        }
+        if b.denied > 0 {
+            let _ = writeln!(
+                s,
+                r##"<rect class="denied" x="{x:.2}" y="{:.2}" width="{bar_w:.2}" height="{hd:.2}" fill="#d0473d"/>"##,
+                base - ha - hd
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="{:.1}">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+        base + 14.0,
+        LEFT + plot_w,
+        base + 14.0,
+        human_ms(duration_ms)
+    );
+    s.push_str("</g>\n");
 }
 
 #[cfg(test)]

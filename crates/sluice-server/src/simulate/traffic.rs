@@ -93,7 +93,25 @@ impl Generated {
             ));
         }
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let mut times = Vec::with_capacity(expected.ceil() as usize + 1);
+        let times = self.times(&mut rng, expected.ceil() as usize + 1, bounds)?;
+        let events = self.keyed(times, &mut rng)?;
+        Ok(Traffic {
+            keys: (1..=self.keys).map(|k| format!("key-{k}")).collect(),
+            events,
+            duration_ms: self.duration_ms,
+            start_ms: super::GENERATED_START_MS,
+            log: None,
+        })
+    }
+
+    /// The events' times (ms from the start), in order, as the pattern places them.
+    fn times(
+        &self,
+        rng: &mut StdRng,
+        capacity: usize,
+        bounds: &Bounds,
+    ) -> Result<Vec<u64>, SimError> {
+        let mut times = Vec::with_capacity(capacity);
         let d = self.duration_ms;
         match self.pattern {
             Pattern::Steady { rate } => {
@@ -115,7 +133,7 @@ impl Generated {
             Pattern::Poisson { rate } => {
                 let gap = Exp::new(rate / 1_000.0)
                     .map_err(|e| SimError::new("traffic.rate", e.to_string()))?;
-                let mut t = gap.sample(&mut rng);
+                let mut t = gap.sample(rng);
                 while t < d as f64 {
                     if times.len() >= bounds.max_events {
                         return Err(SimError::new(
@@ -128,7 +146,7 @@ impl Generated {
                         ));
                     }
                     times.push(t as u64);
-                    t += gap.sample(&mut rng);
+                    t += gap.sample(rng);
                 }
             }
             Pattern::Ramp { from, to } => {
@@ -151,6 +169,11 @@ impl Generated {
                 }
             }
         }
+        Ok(times)
+    }
+
+    /// An event at each time, its key drawn by the key choice.
+    fn keyed(&self, times: Vec<u64>, rng: &mut StdRng) -> Result<Vec<Event>, SimError> {
         let zipf = match self.choice {
             KeyChoice::Zipf { exponent } => Some(
                 Zipf::new(f64::from(self.keys), exponent)
@@ -163,7 +186,7 @@ impl Generated {
             .map(|t| {
                 let key = match &zipf {
                     // Zipf draws ranks 1..=N.
-                    Some(z) => (z.sample(&mut rng) as u32).clamp(1, self.keys) - 1,
+                    Some(z) => (z.sample(rng) as u32).clamp(1, self.keys) - 1,
                     None => rng.random_range(0..self.keys),
                 };
                 Event {
@@ -173,12 +196,6 @@ impl Generated {
                 }
             })
             .collect();
-        Ok(Traffic {
-            keys: (1..=self.keys).map(|k| format!("key-{k}")).collect(),
-            events,
-            duration_ms: d,
-            start_ms: super::GENERATED_START_MS,
-            log: None,
-        })
+        Ok(events)
     }
 }

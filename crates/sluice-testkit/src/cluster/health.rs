@@ -10,7 +10,38 @@ impl RedisCluster {
     /// One look at every reachable node: is the cluster whole, and if not, why not.
     pub(super) fn health(&self) -> Result<Health, Error> {
         let mut problems: Vec<String> = Vec::new();
-        let mut agreed: Option<(String, Vec<SlotRange>)> = None;
+        let (agreed, roles) = self.probe_all(&mut problems);
+        let Some((source, ranges)) = agreed else {
+            problems.push("no node is reachable".to_owned());
+            return Ok(Health::NotYet(problems.join("; ")));
+        };
+        if !problems.is_empty() {
+            return Ok(Health::NotYet(problems.join("; ")));
+        }
+        let covered: usize = ranges
+            .iter()
+            .map(|r| usize::from(r.end.saturating_sub(r.start)) + 1)
+            .sum();
+        if covered != usize::from(SLOT_COUNT) {
+            return Ok(Health::NotYet(format!(
+                "{covered} of {SLOT_COUNT} slots are served: [{}]",
+                summarize(&ranges)
+            )));
+        }
+        let shards = self.to_shards(&ranges, &source)?;
+        self.check_map(&shards, roles, &ranges, &mut problems);
+        if problems.is_empty() {
+            Ok(Health::Whole(shards))
+        } else {
+            Ok(Health::NotYet(problems.join("; ")))
+        }
+    }
+
+    /// Probes every reachable node, noting what is wrong with each: the slot map they agree
+    /// on (with the first node that gave it), and each node's index and whether it reports
+    /// role master.
+    fn probe_all(&self, problems: &mut Vec<String>) -> (Option<Agreed>, Vec<(usize, bool)>) {
+        let mut agreed: Option<Agreed> = None;
         // (index, reports role master)
         let mut roles: Vec<(usize, bool)> = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
@@ -55,24 +86,17 @@ impl RedisCluster {
                 Some(_) => {}
             }
         }
-        let Some((source, ranges)) = agreed else {
-            problems.push("no node is reachable".to_owned());
-            return Ok(Health::NotYet(problems.join("; ")));
-        };
-        if !problems.is_empty() {
-            return Ok(Health::NotYet(problems.join("; ")));
-        }
-        let covered: usize = ranges
-            .iter()
-            .map(|r| usize::from(r.end.saturating_sub(r.start)) + 1)
-            .sum();
-        if covered != usize::from(SLOT_COUNT) {
-            return Ok(Health::NotYet(format!(
-                "{covered} of {SLOT_COUNT} slots are served: [{}]",
-                summarize(&ranges)
-            )));
-        }
-        let shards = self.to_shards(&ranges, &source)?;
+        (agreed, roles)
+    }
+
+    /// Each node has the role the slot map gives it, and every shard's primary is reachable.
+    fn check_map(
+        &self,
+        shards: &[Shard],
+        roles: Vec<(usize, bool)>,
+        ranges: &[SlotRange],
+        problems: &mut Vec<String>,
+    ) {
         for (i, is_primary) in roles {
             let in_map = shards.iter().find_map(|s| {
                 if s.primary == i {
@@ -94,11 +118,11 @@ impl RedisCluster {
                 None => problems.push(format!(
                     "node {i} ({}) is not in the slot map [{}]",
                     self.describe(i),
-                    summarize(&ranges)
+                    summarize(ranges)
                 )),
             }
         }
-        for shard in &shards {
+        for shard in shards {
             if !self
                 .nodes
                 .get(shard.primary)
@@ -112,13 +136,11 @@ impl RedisCluster {
                 ));
             }
         }
-        if problems.is_empty() {
-            Ok(Health::Whole(shards))
-        } else {
-            Ok(Health::NotYet(problems.join("; ")))
-        }
     }
 }
+
+/// The slot map the nodes agree on, with the address of the first node that gave it.
+type Agreed = (String, Vec<SlotRange>);
 
 /// The outcome of [`RedisCluster::health`].
 pub(super) enum Health {
