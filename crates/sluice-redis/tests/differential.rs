@@ -191,10 +191,14 @@ fn run_differential(mode: ScriptMode, layout: Layout, cases: u32, min_ops: usize
     println!("{mode:?} {layout:?}: {decisions} decisions in {calls} script calls");
     if layout == Layout::V2 {
         // The counters were used: the fast path's INCRBY, and PEXPIRETIME to read their end.
+        // How many windows open in counters depends on how far each case's manual clock runs
+        // ahead of Redis's (beyond half the margin a window opens in the hash), so only their
+        // use is asserted: a clean CI run counted 84 INCRBY where a loaded machine counted
+        // hundreds.
         for c in ["incrby", "pexpiretime"] {
             let n = stats.get(c).map_or(0, |c| c.calls);
             println!("{c}: {n}");
-            assert!(n > 100, "{n} {c} calls: layout v2's counters were not used");
+            assert!(n > 0, "{n} {c} calls: layout v2's counters were not used");
         }
     }
     assert!(

@@ -253,7 +253,9 @@ async fn previous_release_v1_and_v2_interleaved_lose_no_count() {
 /// passed by its clock as if it were gone; before that, the counter's end (PEXPIRETIME less
 /// the margin) is what tells the window closed. A peek on a replica cut off from its primary,
 /// holding a full window, reports it full with the end the primary wrote until that end, then
-/// a fresh window: never "refused with remaining = max", never another end.
+/// a fresh window: never "refused with remaining = max", never another end. The window (3 s)
+/// and the margin (1.5 s) outlast the checks and the replication wait on a loaded machine (with
+/// 600 ms and 300 ms, the counter had expired before it was read in 4 runs of 14).
 #[tokio::test]
 async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
     if !sluice_testkit::require_redis() {
@@ -268,8 +270,8 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         .clock(sluice_redis::ClockSource::Redis)
         .layout(Layout::V2)
         .timeout(Duration::from_secs(2))
-        .expiry_margin(Duration::from_millis(300));
-    let p = Policy::from_specs("api", vec![LimitSpec::fixed_window(5, 600)]).unwrap();
+        .expiry_margin(Duration::from_millis(1_500));
+    let p = Policy::from_specs("api", vec![LimitSpec::fixed_window(5, 3_000)]).unwrap();
     let limiter = Limiter::new(RedisStore::connect(config).await.expect("connect")).with_policy(p);
     let mut end = 0;
     for _ in 0..5 {
@@ -277,7 +279,7 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         assert!(d.allowed, "{d:?}");
         end = d.limits()[0].reset_ms;
     }
-    let counter = "sluice:{3:api:k}:fw600:c300";
+    let counter = "sluice:{3:api:k}:fw3000:c1500";
     set.wait_replicated().unwrap();
     assert_eq!(
         replica.cmd(&["GET", counter]).unwrap(),
@@ -309,7 +311,7 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         } else {
             // A fresh window: the peek's cost of 1 out of 5, from now.
             assert!(
-                d.allowed && s.remaining == 4 && s.reset_ms == d.now_ms + 600,
+                d.allowed && s.remaining == 4 && s.reset_ms == d.now_ms + 3_000,
                 "closed: {d:?}"
             );
             fresh += 1;
