@@ -21,10 +21,17 @@ use sluice::{Decision, StoreError};
 use tokio::sync::oneshot;
 
 use crate::codec::Entry;
-use crate::store::RedisStore;
 
-/// The most decisions one batch carries, by default.
-pub const DEFAULT_COALESCE: usize = 64;
+/// What sends the batches of a lane: the store, which knows its lanes, the most decisions a
+/// batch carries, and how to send one (a trait, so that this module need not know the store).
+pub(crate) trait Batches: Clone + Send + Sync + 'static {
+    /// The store's lanes.
+    fn lanes(&self) -> &Lanes;
+    /// The most decisions one batch carries (1: no coalescing).
+    fn coalesce_max(&self) -> usize;
+    /// Sends `batch` as one call and answers each of its decisions.
+    fn send_batch(&self, batch: Vec<Pending>) -> impl Future<Output = ()> + Send;
+}
 
 /// Which Redis a decision is bound for: the store's primary (`None`), or a Cluster's slot.
 pub(crate) type LaneId = Option<Slot>;
@@ -48,21 +55,21 @@ impl std::fmt::Debug for Lanes {
 }
 
 /// What a decision does on entering its lane.
-pub(crate) enum Turn {
+pub(crate) enum Turn<S: Batches> {
     /// The lane was idle: send the decision now, alone; the guard hands the lane on after.
-    Lead(Leader),
+    Lead(Leader<S>),
     /// The lane is busy: the answer comes from a batch.
     Wait(oneshot::Receiver<Result<Decision, StoreError>>),
 }
 
 impl Lanes {
     /// Enters `lane` with the decision `entry` builds (built only if it has to wait).
-    pub(crate) fn enter(
+    pub(crate) fn enter<S: Batches>(
         &self,
-        store: &RedisStore,
+        store: &S,
         lane: LaneId,
         entry: impl FnOnce() -> Entry,
-    ) -> Turn {
+    ) -> Turn<S> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         match busy.get_mut(&lane) {
             Some(queue) => {
@@ -103,12 +110,12 @@ impl Lanes {
 /// The decision sent alone on an idle lane. When it is done (or dropped: its caller gave up),
 /// the lane is handed on: the decisions queued meanwhile go out in batches, from a task of
 /// their own, until none is left.
-pub(crate) struct Leader {
-    store: RedisStore,
+pub(crate) struct Leader<S: Batches> {
+    store: S,
     lane: LaneId,
 }
 
-impl Drop for Leader {
+impl<S: Batches> Drop for Leader<S> {
     fn drop(&mut self) {
         let first = self
             .store

@@ -6,11 +6,13 @@
 //! sequences through both and requires identical decisions. Key naming, and why it works on
 //! Redis Cluster, is in [`keys`]. [`ShardedStore`] spreads keys over several stores.
 //!
-//! Inside: `config` (what [`RedisConfig`] holds), `topology` (standalone with replicas,
-//! Sentinel, Cluster), `script` (the Lua code and how it is loaded), `codec` (a call's
-//! arguments and reply, the wire format documented in `scripts/sluice.lua`), `coalesce`
-//! (concurrent checks bound for one Redis sent as one call), `error` (Redis errors to
-//! [`sluice::StoreError`]) and `store` (the [`sluice::Store`]).
+//! Inside, each module importing only those listed after it: `sharded` (client-side
+//! sharding over stores), `store` (the [`sluice::Store`]), `coalesce` (concurrent checks bound
+//! for one Redis sent as one call), `topology` (standalone with replicas, Sentinel and its
+//! `+switch-master` announcements, Cluster), `codec` (a call's arguments and reply, the wire
+//! format documented in `scripts/sluice.lua`), `config` (what [`RedisConfig`] holds), `script`
+//! (the Lua code and how it is loaded), `error` (Redis errors to [`sluice::StoreError`]) and
+//! `keys`.
 //!
 //! Redis replicates asynchronously, so a failover can lose acknowledged writes and admit
 //! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow
@@ -43,13 +45,11 @@ pub mod keys;
 mod script;
 mod sharded;
 mod store;
-mod switches;
 mod topology;
 
-pub use coalesce::DEFAULT_COALESCE;
 pub use config::{
-    ClockSource, Credentials, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig, Shortfall, TlsFiles,
-    Topology, WaitForReplicas, redact,
+    ClockSource, Credentials, DEFAULT_COALESCE, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig,
+    Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;

@@ -3,8 +3,11 @@
 
 use serde_json::{Map, Value};
 
+use super::format::{LogFormat, LogOptions};
+use super::key::{Part, Row, Skip, clip, make_key};
+use super::sink::Sink;
+use super::text::Kind;
 use super::time::Clock;
-use super::{LogFormat, LogOptions, Part, Row, Sink, Skip, clip, make_key};
 use crate::simulate::SimError;
 
 /// The time columns a CSV header may have, the first found taken.
@@ -276,9 +279,9 @@ fn texts(map: &Map<String, Value>) -> Vec<(String, String)> {
 fn check_address(name: &str, value: Option<&str>) -> Result<(), Skip> {
     let Some(value) = value else { return Ok(()) };
     let kind = if name == "x_forwarded_for" {
-        super::Kind::AddrList
+        Kind::AddrList
     } else if name.ends_with("_address") {
-        super::Kind::AddrPort
+        Kind::AddrPort
     } else {
         return Ok(());
     };

@@ -5,8 +5,9 @@
 //! `SENTINEL FAILOVER`: the old primary stays writable until Sentinel demotes it (about 10 s
 //! later), and everything decided there meanwhile is lost (docs/scaling.md).
 //!
-//! The subscriptions hold only a weak reference to the store and end with it; a lost
-//! subscription is made again with a growing pause (100 ms to 5 s).
+//! The subscriptions hold only a weak reference to what switches (the store's
+//! [`SentinelWatch`](super::sentinel::SentinelWatch), through [`Follower`]) and end with it; a
+//! lost subscription is made again with a growing pause (100 ms to 5 s).
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -14,13 +15,22 @@ use std::time::Duration;
 use redis::Client;
 use tokio_stream::StreamExt;
 
-use crate::store::{Inner, RedisStore};
+/// What a `+switch-master` announcement switches: it is told the announced primary's address.
+pub(crate) trait Follower: Send + Sync + 'static {
+    /// Switches to the primary at `host:port` (once it says it is one).
+    fn switch_to(&self, host: &str, port: u16) -> impl Future<Output = ()> + Send;
+}
 
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
-/// Subscribes to `+switch-master` on one sentinel for as long as the store lives.
-pub(crate) async fn follow(store: Weak<Inner>, sentinel: String, client: Client, master: String) {
+/// Subscribes to `+switch-master` on one sentinel for as long as `store` lives.
+pub(crate) async fn follow<F: Follower>(
+    store: Weak<F>,
+    sentinel: String,
+    client: Client,
+    master: String,
+) {
     let mut pause = FIRST_PAUSE;
     loop {
         if store.strong_count() == 0 {
@@ -37,12 +47,10 @@ pub(crate) async fn follow(store: Weak<Inner>, sentinel: String, client: Client,
                     let Some((host, port)) = announced(&payload, &master) else {
                         continue;
                     };
-                    let Some(inner) = store.upgrade() else {
+                    let Some(follower) = store.upgrade() else {
                         return;
                     };
-                    RedisStore::from_inner(inner)
-                        .switch_to_announced(&host, port)
-                        .await;
+                    follower.switch_to(&host, port).await;
                 }
                 tracing::debug!(%sentinel, "sentinel subscription ended; subscribing again");
             }

@@ -1,8 +1,12 @@
 //! How to reach and use Redis: [`RedisConfig`] (the [`Topology`], where peeks read, the
-//! clock, timeouts, keys) and its defaults.
+//! clock, timeouts, keys) and its defaults. How it logs in and encrypts (credentials,
+//! certificates, URLs redacted) is in `access`, which imports nothing from here.
 
-use std::path::PathBuf;
+mod access;
+
 use std::time::Duration;
+
+pub use access::{Credentials, TlsFiles, redact};
 
 use crate::keys::DEFAULT_PREFIX;
 use crate::script::ScriptMode;
@@ -12,6 +16,9 @@ use crate::script::ScriptMode;
 /// healthy Redis answers well within it, and a stalled one costs a request no more than this
 /// before the policy's failure mode applies.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The most decisions one batch carries, by default ([`RedisConfig::coalesce`]).
+pub const DEFAULT_COALESCE: usize = 64;
 
 /// Keys expire this long after their state stops mattering, by default.
 const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
@@ -227,21 +234,6 @@ impl Topology {
     }
 }
 
-/// `url` without its user information: `redis://user:secret@host:6379/0` becomes
-/// `redis://host:6379/0`. What Sluice shows of a URL (shard names, metric labels, logs,
-/// errors) goes through this, so an ACL password written in a URL never leaves it.
-pub fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{}{}", &url[..scheme_end], &rest[at + 1..]),
-        None => url.to_owned(),
-    }
-}
-
 /// How to reach and use Redis: where (the [`Topology`]) and how (timeouts, clock, keys).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -279,125 +271,10 @@ pub struct RedisConfig {
     /// The most concurrent checks and peeks sent to one Redis (one Cluster slot) as one call
     /// (docs/redis.md, "Coalescing"): those that arrive while the previous call is in flight
     /// go out together. 1 sends every decision alone. Default
-    /// [`DEFAULT_COALESCE`](crate::DEFAULT_COALESCE).
+    /// [`DEFAULT_COALESCE`].
     pub coalesce: usize,
     /// Where fixed windows are opened. Default [`Layout::V1`].
     pub layout: Layout,
-}
-
-/// An ACL user and password (or, without a user, the `requirepass` password), for the nodes
-/// whose URLs carry none: so the password can come from a file or an environment variable
-/// instead of the URL. Its `Debug` never shows the password.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    username: Option<String>,
-    password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
-
-impl Credentials {
-    /// `username` (None: the default user) with `password`.
-    pub fn new(username: Option<String>, password: impl Into<String>) -> Self {
-        Self {
-            username,
-            password: password.into(),
-        }
-    }
-
-    /// `url` logged in as this user, unless it already names one.
-    pub(crate) fn apply(&self, url: &str) -> String {
-        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-            return url.to_owned();
-        };
-        if redact(url) != url {
-            return url.to_owned();
-        }
-        let user = self
-            .username
-            .as_deref()
-            .map(|u| utf8_percent_encode(u, NON_ALPHANUMERIC).to_string())
-            .unwrap_or_default();
-        let password = utf8_percent_encode(&self.password, NON_ALPHANUMERIC);
-        format!(
-            "{}{user}:{password}@{}",
-            &url[..scheme_end],
-            &url[scheme_end..]
-        )
-    }
-}
-
-/// Certificates for TLS towards Redis (`rediss://` URLs), as PEM files: the CA that signed
-/// the servers' certificates and, when the servers require client certificates
-/// (`tls-auth-clients yes`), this client's certificate and key. The server's name is the
-/// URL's host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(deny_unknown_fields)
-)]
-#[non_exhaustive]
-pub struct TlsFiles {
-    /// The CA certificate(s) that signed the servers' certificates.
-    #[cfg_attr(feature = "serde", serde(default))]
-    pub ca_file: Option<PathBuf>,
-    /// This client's certificate (with `key_file`).
-    #[cfg_attr(feature = "serde", serde(default))]
-    pub cert_file: Option<PathBuf>,
-    /// This client's private key (with `cert_file`).
-    #[cfg_attr(feature = "serde", serde(default))]
-    pub key_file: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    /// Trusts `ca_file` for the servers' certificates.
-    pub fn ca(ca_file: impl Into<PathBuf>) -> Self {
-        Self {
-            ca_file: Some(ca_file.into()),
-            ..Self::default()
-        }
-    }
-
-    /// Presents `cert_file` and `key_file` as this client's certificate.
-    pub fn client(mut self, cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
-        self.cert_file = Some(cert_file.into());
-        self.key_file = Some(key_file.into());
-        self
-    }
-
-    /// Reads the files into what the client takes; an error names the file.
-    pub(crate) fn load(&self) -> Result<redis::TlsCertificates, String> {
-        let read = |what: &str, path: &PathBuf| {
-            std::fs::read(path)
-                .map_err(|e| format!("tls.{what}: cannot read {}: {e}", path.display()))
-        };
-        let client_tls = match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                client_cert: read("cert_file", cert)?,
-                client_key: read("key_file", key)?,
-            }),
-            (None, None) => None,
-            _ => return Err("tls: give both cert_file and key_file, or neither".to_owned()),
-        };
-        let root_cert = self
-            .ca_file
-            .as_ref()
-            .map(|ca| read("ca_file", ca))
-            .transpose()?;
-        Ok(redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        })
-    }
 }
 
 impl RedisConfig {
@@ -442,7 +319,7 @@ impl RedisConfig {
             credentials: None,
             sentinel_credentials: None,
             wait_for_replicas: None,
-            coalesce: crate::DEFAULT_COALESCE,
+            coalesce: DEFAULT_COALESCE,
             layout: Layout::default(),
         }
     }
@@ -542,20 +419,6 @@ mod tests {
         assert_eq!(sentinel.topology.name(), "sentinel:main");
         let cluster = RedisConfig::cluster(["redis://c1:7000", "redis://c2:7000"]);
         assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
-    }
-
-    #[test]
-    fn credentials_go_into_urls_without_user_information_and_never_show() {
-        let c = Credentials::new(Some("alice".to_owned()), "p@ss:w/rd");
-        assert_eq!(
-            c.apply("redis://h:6379/0"),
-            "redis://alice:p%40ss%3Aw%2Frd@h:6379/0"
-        );
-        assert_eq!(c.apply("rediss://bob:x@h:6379"), "rediss://bob:x@h:6379");
-        let default_user = Credentials::new(None, "pw");
-        assert_eq!(default_user.apply("redis://h:6379"), "redis://:pw@h:6379");
-        assert!(!format!("{c:?}").contains("p@ss"));
-        assert_eq!(redact(&c.apply("redis://h:6379")), "redis://h:6379");
     }
 
     #[test]

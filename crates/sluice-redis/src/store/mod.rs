@@ -1,0 +1,378 @@
+//! `RedisStore`: the [`Store`] on Redis. One call of the Lua code per operation, sent to the
+//! primary (or, for a peek, a replica) that [`topology`] keeps track of, with the arguments
+//! and reply of the [`codec`].
+//!
+//! The store's methods are in three files, by stage: here, which node and which entry of the
+//! code an operation goes to; `batch`, the operations coalesced into one call
+//! ([`crate::coalesce`]); `send`, one command on the wire with its `WAIT`, the code loaded
+//! again where a node lacks it. The two add methods to [`RedisStore`] and import from here;
+//! this file calls their methods and imports nothing from them.
+
+mod batch;
+mod send;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use sluice::{Decision, Op, Policy, Store, StoreError};
+
+use crate::coalesce::{Batches, Lanes};
+use crate::codec::{self, Codec};
+use crate::config::{ReadFrom, RedisConfig};
+use crate::error::{Failure, query};
+use crate::keys;
+use crate::script::{Code, Entry};
+use crate::topology::Backend;
+
+/// A [`Store`] on Redis: one primary with optional replicas (at fixed addresses or found
+/// through Sentinel), or a Redis Cluster.
+///
+/// Every decision is **one** call of a Lua function that reads every limit's state, decides
+/// all-or-nothing, writes only if all admit, and returns every limit's state: a denied check
+/// carries its full state, no second read is needed for headers. All keys of one decision
+/// share a hash tag, so in a Cluster they live in one slot. Concurrent calls share one
+/// multiplexed connection per node (pipelined by the client); a dropped connection is
+/// re-established in the background. Checks and peeks that arrive while a call to the same
+/// Redis (Cluster: slot) is in flight are coalesced into one call of the `batch` function
+/// ([`RedisConfig::coalesce`], docs/redis.md "Coalescing").
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    name: String,
+    /// `name` as a metrics label (cloned per call without allocating).
+    label: metrics::SharedString,
+    next_replica: AtomicUsize,
+    config: RedisConfig,
+    code: Code,
+    codec: Codec,
+    /// Sentinel subscriptions (`+switch-master`), stopped with the store.
+    followers: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The lanes of coalesced decisions (`RedisConfig::coalesce`).
+    lanes: Lanes,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("name", &self.inner.name)
+            .field("topology", &self.inner.config.topology)
+            .field("library", &self.inner.code.library)
+            .finish()
+    }
+}
+
+/// One operation on its way to a node.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    policy: &'a Policy,
+    key: &'a str,
+    op: Op,
+    entry: Entry,
+    now_ms: u64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for follower in self
+            .followers
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            follower.abort();
+        }
+    }
+}
+
+impl RedisStore {
+    /// Connects (lazily: the first call opens the connections) and loads the code on the
+    /// primary (every primary of a Cluster). Fails if the primary cannot be reached (Sentinel:
+    /// if no sentinel names one) or the configuration is invalid.
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        keys::validate_prefix(&config.key_prefix).map_err(StoreError::Backend)?;
+        if let Some(wait) = &config.wait_for_replicas {
+            wait.validate(config.timeout).map_err(StoreError::Backend)?;
+        }
+        let code = Code::new(config.script_mode);
+        let backend = Backend::connect(&config, &code).await?;
+        let name = config.topology.name();
+        let store = Self {
+            inner: Arc::new(Inner {
+                backend,
+                label: metrics::SharedString::from(name.clone()),
+                name,
+                next_replica: AtomicUsize::new(0),
+                code,
+                codec: Codec::new(&config),
+                config,
+                followers: std::sync::Mutex::new(Vec::new()),
+                lanes: Lanes::default(),
+            }),
+        };
+        let inner = &store.inner;
+        inner
+            .backend
+            .load(&inner.code, inner.config.timeout, &inner.name)
+            .await?;
+        store.follow_sentinels().await;
+        Ok(store)
+    }
+
+    /// On Sentinel: subscribes to every sentinel's failover announcements.
+    async fn follow_sentinels(&self) {
+        let followers = self.inner.backend.follow_sentinels().await;
+        *self
+            .inner
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = followers;
+    }
+
+    /// The store's identity: the primary's URL, `sentinel:<master>` or `cluster:<first
+    /// node>` ([`Topology::name`](crate::Topology::name); a shard's name for client-side
+    /// sharding).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The URL of the primary in use now (for a Cluster, its first seed node).
+    pub fn primary_url(&self) -> String {
+        match self.inner.backend.nodes() {
+            Some(nodes) => nodes.primary.url.clone(),
+            None => self
+                .inner
+                .name
+                .strip_prefix("cluster:")
+                .unwrap_or(&self.inner.name)
+                .to_owned(),
+        }
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.config.key_prefix
+    }
+
+    /// The name of the loaded function library (`sluice_<hash>`).
+    pub fn library(&self) -> &str {
+        &self.inner.code.library
+    }
+
+    /// On Sentinel: asks the sentinels soon whether another node is the primary now.
+    fn rediscover_soon(&self) {
+        self.inner.backend.rediscover_soon();
+    }
+
+    /// On a Cluster: makes a new connection soon if `failure` suggests a stale slot map.
+    fn reconnect_cluster_soon(&self, failure: &Failure) {
+        self.inner.backend.reconnect_cluster_soon(failure);
+    }
+
+    /// The exact command a `check` sends (`FCALL …` or `EVALSHA …`), as strings: for
+    /// benchmarks that replay it through `redis-benchmark` as the physical baseline.
+    #[doc(hidden)]
+    pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
+        let op = Op::Check { cost };
+        let call = Call {
+            policy,
+            key,
+            op,
+            // The call a check makes when it goes alone: the lean one for a rate policy.
+            entry: if codec::is_rate(policy, op) {
+                Entry::Rate
+            } else {
+                Entry::Check
+            },
+            now_ms,
+        };
+        self.command(&call, false)
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Answers `PING` from the primary (every primary of a Cluster) within the timeout, for
+    /// readiness checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let timeout = self.inner.config.timeout;
+        match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.get();
+                let primary = &nodes.primary;
+                let result = primary.query(&redis::cmd("PING"), timeout).await;
+                if let Err(f) = &result
+                    && f.suggests_failover()
+                {
+                    self.rediscover_soon();
+                }
+                result
+                    .map(drop)
+                    .map_err(|f| f.into_store_error(&primary.url))
+            }
+            Backend::Cluster { conn } => {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                let mut conn = conn.get();
+                let ping = conn.route_command(redis::cmd("PING"), routing);
+                let failure = match tokio::time::timeout(timeout, ping).await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => Failure::Redis(e),
+                    Err(_) => Failure::Timeout(timeout),
+                };
+                self.reconnect_cluster_soon(&failure);
+                Err(failure.into_store_error(&self.inner.name))
+            }
+        }
+    }
+
+    /// The command that runs `call` (`FCALL_RO`/`EVALSHA_RO` on a replica).
+    fn command(&self, call: &Call<'_>, on_replica: bool) -> redis::Cmd {
+        let mut cmd = self.inner.code.invocation(call.entry, on_replica);
+        let codec = &self.inner.codec;
+        match call.entry {
+            Entry::Rate | Entry::RatePeek => {
+                codec.encode_rate(&mut cmd, call.policy, call.key, call.op.cost(), call.now_ms);
+            }
+            _ => codec.encode(&mut cmd, call.policy, call.key, call.op, call.now_ms),
+        }
+        cmd
+    }
+
+    /// Runs `op` on the primary, or on a replica for a peek when configured; reloads the code
+    /// once if the node does not know it (after `FUNCTION FLUSH`, `SCRIPT FLUSH` or a restart).
+    async fn run(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let to_primary = !op.is_read_only() || self.inner.config.read_from == ReadFrom::Primary;
+        if to_primary && self.coalesce_max() > 1 && codec::is_rate(policy, op) {
+            return self.coalesced(policy, key, op, now_ms).await;
+        }
+        self.single(policy, key, op, now_ms).await
+    }
+
+    /// Runs `op` as a call of its own.
+    async fn single(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let rate = codec::is_rate(policy, op);
+        let entry = match op {
+            Op::Check { .. } if rate => Some(Entry::Rate),
+            Op::Peek { .. } if rate => Some(Entry::RatePeek),
+            _ => Entry::of(op),
+        };
+        let Some(entry) = entry else {
+            return Err(StoreError::Backend(format!(
+                "the Redis store cannot run {op:?}"
+            )));
+        };
+        let call = Call {
+            policy,
+            key,
+            op,
+            entry,
+            now_ms,
+        };
+        let inner = &self.inner;
+        let on_replica = op.is_read_only() && inner.config.read_from == ReadFrom::Replicas;
+        let reply = match &inner.backend {
+            Backend::Cluster { conn } => self.call_cluster(&conn.get(), &call, on_replica).await?,
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.get();
+                let mut answered = None;
+                if on_replica && !nodes.replicas.is_empty() {
+                    let i =
+                        inner.next_replica.fetch_add(1, Ordering::Relaxed) % nodes.replicas.len();
+                    let replica = &nodes.replicas[i];
+                    match self.call_on(&nodes, replica, true, &call).await {
+                        Ok(v) => answered = Some(v),
+                        // A peek is a read: the primary answers it as well (with fresher data).
+                        Err(e) => {
+                            tracing::debug!(replica = %replica.url, error = %e, "peek falls back to the primary")
+                        }
+                    }
+                }
+                match answered {
+                    Some(v) => v,
+                    None => self.call_on(&nodes, &nodes.primary, false, &call).await?,
+                }
+            }
+        };
+        if rate {
+            codec::decode_rate(&reply, policy, op)
+        } else {
+            codec::decode(&reply, policy, op)
+        }
+    }
+}
+
+impl Store for RedisStore {
+    /// [`Store::call`], measured: `sluice_store_latency_seconds{store}` and
+    /// `sluice_store_errors_total{store, kind}` through the `metrics` facade (recorded only if
+    /// the application installed a recorder).
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        let result = self.run(policy, key, op, now_ms).await;
+        let label = self.inner.label.clone();
+        metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => e.kind().as_str())
+                .increment(1);
+        }
+        result
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        let prefix = &self.inner.config.key_prefix;
+        let mut del = redis::cmd("DEL");
+        let stem = keys::stem(prefix, policy, key);
+        let limit_keys = keys::policy_keys(prefix, policy, key);
+        // A fixed window's counter (layout v2) beside its hash, whichever layout this
+        // process opens windows in: another process may have opened one there.
+        let margin = self.inner.config.expiry_margin.as_millis().to_string();
+        for (k, limit) in limit_keys.iter().zip(policy.limits()) {
+            if limit.algorithm() == sluice::Algorithm::FixedWindow {
+                del.arg(keys::counter_key(k, &margin));
+            }
+        }
+        del.arg(&limit_keys)
+            .arg(keys::holders_key(&stem))
+            .arg(keys::units_key(&stem));
+        let timeout = self.inner.config.timeout;
+        let result = match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.get();
+                nodes.primary.query(&del, timeout).await
+            }
+            Backend::Cluster { conn } => query(&mut conn.get(), &del, timeout).await,
+        };
+        result
+            .map(drop)
+            .map_err(|f| f.into_store_error(&keys::stem(prefix, policy, key)))
+    }
+}
