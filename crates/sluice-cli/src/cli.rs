@@ -13,8 +13,9 @@ use sluice_server::config::{
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Sluice: a distributed rate limiter")]
 pub(crate) struct Cli {
-    /// Log format [env: SLUICE_LOG_FORMAT] [default: human]. The variable is read by
-    /// `log_format`, so that a bad value is named as the variable, not as this flag.
+    /// Log format [env: SLUICE_LOG_FORMAT] [default: human].
+    // The variable is read by `log_format`, not by clap, so that a bad value is named as the
+    // variable rather than as this flag.
     #[arg(long, global = true, value_enum)]
     pub(crate) log_format: Option<LogFormat>,
     /// Log filter: a level (error, warn, info, debug, trace) or tracing directives such as
@@ -373,7 +374,13 @@ pub(crate) struct ConfigArgs {
     #[arg(long, env = "SLUICE_ADMIN", value_name = "ADDR")]
     admin: Option<String>,
     /// One Redis (redis://host:6379) instead of the file's memory store or single primary.
-    #[arg(long, env = "SLUICE_REDIS_URL", value_name = "URL")]
+    // Its value may hold a password: `--help` never shows it.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     redis_url: Option<String>,
     /// The Redis key prefix (store.key_prefix).
     #[arg(long, env = "SLUICE_KEY_PREFIX", value_name = "PREFIX")]

@@ -532,8 +532,10 @@ fn without_a_file_the_demo_serves_where_the_variables_say() {
     );
 }
 
+/// With no file, the rules directory of the variable is served alone, and watched: an edited
+/// rule file reloads as under a file's `rls.config_dir`.
 #[test]
-fn without_a_file_a_rules_directory_is_served_alone() {
+fn without_a_file_a_rules_directory_is_served_alone_and_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules");
     std::fs::create_dir(&rules).unwrap();
@@ -543,7 +545,7 @@ fn without_a_file_a_rules_directory_is_served_alone() {
         "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
     );
     let (http, grpc) = (port(), port());
-    let s = Serve::start(
+    let mut s = Serve::start(
         dir.path(),
         &[
             ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
@@ -554,26 +556,40 @@ fn without_a_file_a_rules_directory_is_served_alone() {
         http,
     );
     assert_eq!(check(http, "demo"), 404, "no demo policy beside the rules");
-    let o = sluice(&[])
-        .args(["bench", "--target", "grpc", "--grpc"])
-        .arg(format!("http://127.0.0.1:{grpc}"))
-        .args([
-            "--domain",
-            "edge",
-            "--descriptor-key",
-            "client",
-            "--keys",
-            "hot",
-        ])
-        .args(["--requests", "4", "--concurrency", "1", "--json"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(
-        (r["allowed"].clone(), r["denied"].clone()),
-        (2.into(), 2.into())
+    let decided = |descriptor: &str| {
+        let o = sluice(&[])
+            .args(["bench", "--target", "grpc", "--grpc"])
+            .arg(format!("http://127.0.0.1:{grpc}"))
+            .args(["--domain", "edge", "--descriptor-key", descriptor])
+            .args([
+                "--keys",
+                "hot",
+                "--requests",
+                "4",
+                "--concurrency",
+                "1",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            r["allowed"].as_u64().unwrap(),
+            r["denied"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(decided("client"), (2, 2));
+    assert_eq!(decided("tenant"), (4, 0), "no rule for tenant yet");
+    write(
+        &rules,
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
     );
+    s.wait_until("the edited rule reloads", |s| {
+        s.stats()["config"]["generation"] == 2
+    });
+    assert_eq!(decided("tenant"), (1, 3), "the edited rule");
     assert!(
         s.stdout().contains("serving the Envoy rules of"),
         "{}",
@@ -614,9 +630,13 @@ fn without_a_file_the_redis_url_and_key_prefix_are_used() {
 }
 
 #[test]
-fn help_names_every_variable() {
-    let o = sluice(&[]).args(["serve", "--help"]).output().unwrap();
+fn help_names_every_variable_and_never_shows_a_redis_password() {
+    let o = sluice(&[("SLUICE_REDIS_URL", "redis://u:hunter2@h:6379")])
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
     let help = text(&o.stdout);
+    assert!(!help.contains("hunter2"), "{help}");
     for v in &VARIABLES[..7] {
         assert!(help.contains(v), "serve --help names {v}:\n{help}");
     }

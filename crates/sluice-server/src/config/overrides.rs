@@ -400,30 +400,8 @@ impl ConfigSource {
     /// Each effective setting, its value (secrets redacted) and where it came from, for
     /// `sluice config check --explain`. `config` is what [`ConfigSource::load`] gave.
     pub fn explain(&self, config: &Config) -> Vec<Explained> {
-        let text = self
-            .file
-            .as_deref()
-            .and_then(|p| std::fs::read_to_string(p).ok());
-        let document: Option<serde_yaml_ng::Value> = text
-            .as_deref()
-            .and_then(|t| serde_yaml_ng::from_str(t).ok());
-        let in_file = |key: &str| {
-            let mut at = document.as_ref();
-            for part in key.split('.') {
-                at = at.and_then(|v| v.get(part));
-            }
-            at.is_some()
-        };
-        let file_origin = match (&self.file, self.without_file()) {
-            (Some(path), _) => format!("file {}", path.display()),
-            (None, Some(NoFile::Demo)) => "built-in demo".to_owned(),
-            (None, _) => "default".to_owned(),
-        };
-        let origin = |setting: Setting, keys: &[&str]| match self.overrides.get(setting) {
-            Some(o) => o.origin(),
-            None if keys.iter().any(|k| in_file(k)) => file_origin.clone(),
-            None => "default".to_owned(),
-        };
+        let origins = Origins::new(self);
+        let origin = |setting: Setting, keys: &[&str]| origins.of(setting, keys);
         let mut out = vec![
             Explained::new(
                 "listen.http",
@@ -478,13 +456,60 @@ impl ConfigSource {
         out.push(Explained::new(
             "policies",
             format!("{n} ({})", policy_names(config)),
-            if in_file("policies") || self.without_file() == Some(NoFile::Demo) {
-                file_origin
+            if origins.in_file("policies") || self.without_file() == Some(NoFile::Demo) {
+                origins.file.clone()
             } else {
                 "default".to_owned()
             },
         ));
         out
+    }
+}
+
+/// Where a setting came from: a flag or variable, else the file when it names one of the
+/// setting's keys, else the default.
+struct Origins<'a> {
+    source: &'a ConfigSource,
+    /// The file as YAML, to tell a key it sets from a default.
+    document: Option<serde_yaml_ng::Value>,
+    /// `file sluice.yaml`, or what stands for no file.
+    file: String,
+}
+
+impl<'a> Origins<'a> {
+    fn new(source: &'a ConfigSource) -> Self {
+        let document = source
+            .file
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| serde_yaml_ng::from_str(&t).ok());
+        let file = match (&source.file, source.without_file()) {
+            (Some(path), _) => format!("file {}", path.display()),
+            (None, Some(NoFile::Demo)) => "built-in demo".to_owned(),
+            (None, _) => "default".to_owned(),
+        };
+        Self {
+            source,
+            document,
+            file,
+        }
+    }
+
+    /// Whether the file sets `key` (`listen.http`).
+    fn in_file(&self, key: &str) -> bool {
+        let mut at = self.document.as_ref();
+        for part in key.split('.') {
+            at = at.and_then(|v| v.get(part));
+        }
+        at.is_some()
+    }
+
+    fn of(&self, setting: Setting, keys: &[&str]) -> String {
+        match self.source.overrides.get(setting) {
+            Some(o) => o.origin(),
+            None if keys.iter().any(|k| self.in_file(k)) => self.file.clone(),
+            None => "default".to_owned(),
+        }
     }
 }
 
