@@ -5,18 +5,44 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use sluice_server::config::{Config, DEMO};
+use sluice_server::config::{
+    Config, ConfigSource, DEMO, Given, NoFile, Overrides, Setting, StoreConfig,
+};
 
 /// Sluice: a distributed rate limiter.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Sluice: a distributed rate limiter")]
 pub(crate) struct Cli {
-    /// Log format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
-    pub(crate) log_format: LogFormat,
+    /// Log format [env: SLUICE_LOG_FORMAT] [default: human].
+    // The variable is read by `log_format`, not by clap, so that a bad value is named as the
+    // variable rather than as this flag.
+    #[arg(long, global = true, value_enum)]
+    pub(crate) log_format: Option<LogFormat>,
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing directives such as
+    /// `info,sluice_redis=debug`; without it, `RUST_LOG`, else `info`.
+    #[arg(long, global = true, env = "SLUICE_LOG_LEVEL", value_name = "FILTER")]
+    pub(crate) log_level: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// The log format: `--log-format`, else `SLUICE_LOG_FORMAT`, else human; with where it came
+/// from. A variable naming no format is an error naming it.
+pub(crate) fn log_format(flag: Option<LogFormat>) -> anyhow::Result<(LogFormat, String)> {
+    if let Some(format) = flag {
+        return Ok((format, "flag --log-format".to_owned()));
+    }
+    match std::env::var("SLUICE_LOG_FORMAT") {
+        Ok(text) => LogFormat::from_str(text.trim(), true)
+            .map(|f| (f, "env SLUICE_LOG_FORMAT".to_owned()))
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "env SLUICE_LOG_FORMAT: `{text}` is not a log format; expected human or json"
+                )
+            }),
+        Err(_) => Ok((LogFormat::Human, "default".to_owned())),
+    }
 }
 
 /// Log formats.
@@ -32,11 +58,7 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the servers. Without --config: the in-memory store and a demo policy.
-    Serve {
-        /// The configuration file (YAML).
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    Serve(ConfigArgs),
     /// Ask a running server for a decision (exit 0 allowed, 1 denied, 2 an error).
     Check {
         /// The policy.
@@ -320,11 +342,104 @@ fn simulate_traffic(
 /// `sluice config …`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum ConfigCommand {
-    /// Validate a configuration file; exits non-zero with the reasons.
+    /// Validate a configuration file with the flags and SLUICE_* variables applied as
+    /// `serve` would; exits non-zero with the reasons.
     Check {
-        /// The file.
-        file: PathBuf,
+        /// The file (instead of --config or SLUICE_CONFIG).
+        file: Option<PathBuf>,
+        /// Print each effective setting and where it came from (flag, env, file, default).
+        #[arg(long)]
+        explain: bool,
+        /// The same settings as `serve`.
+        #[command(flatten)]
+        settings: ConfigArgs,
     },
+}
+
+/// Where the configuration comes from: a file and the settings an operator gives per
+/// deployment as flags or `SLUICE_*` variables (a flag over its variable, either over the
+/// file; docs/configuration.md, "Flags and environment").
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ConfigArgs {
+    /// The configuration file (YAML).
+    #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// The HTTP API's address, IP:port (listen.http).
+    #[arg(long, env = "SLUICE_HTTP", value_name = "ADDR")]
+    http: Option<String>,
+    /// The gRPC address, IP:port (listen.grpc).
+    #[arg(long, env = "SLUICE_GRPC", value_name = "ADDR")]
+    grpc: Option<String>,
+    /// The admin listener's address, IP:port (listen.admin).
+    #[arg(long, env = "SLUICE_ADMIN", value_name = "ADDR")]
+    admin: Option<String>,
+    /// One Redis (redis://host:6379) instead of the file's memory store or single primary.
+    // Its value may hold a password: `--help` never shows it.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    redis_url: Option<String>,
+    /// The Redis key prefix (store.key_prefix).
+    #[arg(long, env = "SLUICE_KEY_PREFIX", value_name = "PREFIX")]
+    key_prefix: Option<String>,
+    /// The Envoy rate limit rules directory (rls.config_dir).
+    #[arg(long, env = "SLUICE_RLS_CONFIG_DIR", value_name = "DIR")]
+    rls_config_dir: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// The configuration's source: these values, each marked flag or variable from `matches`
+    /// (the subcommand's), and `file` (a positional file, which wins over `--config`'s
+    /// variable).
+    pub(crate) fn source(
+        &self,
+        matches: Option<&clap::ArgMatches>,
+        file: Option<&PathBuf>,
+    ) -> ConfigSource {
+        let given = |id: &str| match matches.and_then(|m| m.value_source(id)) {
+            Some(clap::parser::ValueSource::EnvVariable) => Given::Env,
+            _ => Given::Flag,
+        };
+        let mut overrides = Overrides::none();
+        let values = [
+            (Setting::Http, "http", self.http.clone()),
+            (Setting::Grpc, "grpc", self.grpc.clone()),
+            (Setting::Admin, "admin", self.admin.clone()),
+            (Setting::RedisUrl, "redis_url", self.redis_url.clone()),
+            (Setting::KeyPrefix, "key_prefix", self.key_prefix.clone()),
+            (
+                Setting::RlsConfigDir,
+                "rls_config_dir",
+                self.rls_config_dir
+                    .as_ref()
+                    .map(|d| d.display().to_string()),
+            ),
+        ];
+        for (setting, id, value) in values {
+            if let Some(v) = value {
+                overrides.set(setting, v, given(id));
+            }
+        }
+        ConfigSource {
+            file: file.or(self.config.as_ref()).cloned(),
+            overrides,
+        }
+    }
+
+    /// How `--explain` names where the file came from.
+    pub(crate) fn file_origin(matches: Option<&clap::ArgMatches>, positional: bool) -> String {
+        if positional {
+            return "argument".to_owned();
+        }
+        match matches.and_then(|m| m.value_source("config")) {
+            Some(clap::parser::ValueSource::EnvVariable) => "env SLUICE_CONFIG".to_owned(),
+            Some(clap::parser::ValueSource::CommandLine) => "flag --config".to_owned(),
+            _ => "default".to_owned(),
+        }
+    }
 }
 
 /// `sluice completions SHELL`: the completion script of this command line, generated by
@@ -341,21 +456,95 @@ pub(crate) fn completions(shell: clap_complete::Shell) -> Vec<u8> {
 /// The body of the demo's example `curl`.
 const DEMO_BODY: &str = "{\"policy\": \"demo\", \"key\": \"me\"}";
 
-/// Loads the configuration for `serve`, or the demo one.
-pub(crate) fn serve_config(file: Option<&PathBuf>) -> anyhow::Result<Config> {
-    match file {
-        Some(path) => Ok(Config::load(path)?),
-        None => {
-            let config = Config::demo();
+/// Loads the configuration for `serve` (the file, or the demo one, with the flags and
+/// variables applied), saying what it serves when there is no file.
+pub(crate) fn serve_config(source: &ConfigSource) -> anyhow::Result<Config> {
+    source.overrides.check()?;
+    let config = source.load()?;
+    match source.without_file() {
+        None => {}
+        Some(NoFile::Demo) => {
+            let store = match &config.store {
+                StoreConfig::Memory => "the in-memory store".to_owned(),
+                other => sluice_server::config::describe_store(other),
+            };
             println!(
-                "sluice: no --config given; serving the in-memory store with this demo \
-                 configuration:\n\n{DEMO}\nTry:\n  curl -s -X POST http://{}/v1/check -d \
-                 '{DEMO_BODY}'\n",
+                "sluice: no --config given; serving {store} with this demo configuration:\n\n\
+                 {DEMO}\nTry:\n  curl -s -X POST http://{}/v1/check -d '{DEMO_BODY}'\n",
                 config.http
             );
-            Ok(config)
+        }
+        Some(NoFile::RulesOnly) => {
+            let dir = config
+                .rls
+                .as_ref()
+                .and_then(|r| r.config_dir())
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            println!(
+                "sluice: no --config given; serving the Envoy rules of {dir} on {} (no policy \
+                 for the HTTP API: give a file with policies for it)",
+                sluice_server::config::describe_store(&config.store)
+            );
         }
     }
+    Ok(config)
+}
+
+/// `sluice config check`: exit 0 valid, 1 an invalid configuration, 2 a bad flag or variable.
+/// With `explain`, each effective setting, its value and where it came from, one per line.
+pub(crate) fn config_check(
+    source: &ConfigSource,
+    explain: bool,
+    file_origin: &str,
+    logging: &[(String, String)],
+) -> ExitCode {
+    if let Err(e) = source.overrides.check() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let config = match source.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let n = config.policies.len();
+    let policies = if n == 1 { "policy" } else { "policies" };
+    let name = source.file.as_ref().map_or_else(
+        || match source.without_file() {
+            Some(NoFile::Demo) => "the built-in demo configuration".to_owned(),
+            _ => "the defaults".to_owned(),
+        },
+        |p| p.display().to_string(),
+    );
+    println!("{name}: valid ({n} {policies})");
+    if explain {
+        let file = match &source.file {
+            Some(path) => path.display().to_string(),
+            None => "none".to_owned(),
+        };
+        let origin = if source.file.is_some() {
+            file_origin
+        } else {
+            "default"
+        };
+        println!(
+            "{}",
+            sluice_server::config::Explained::new("config", file, origin)
+        );
+        for line in source.explain(&config) {
+            println!("{line}");
+        }
+        for (key, (value, origin)) in ["log.format", "log.level"].iter().zip(logging) {
+            println!(
+                "{}",
+                sluice_server::config::Explained::new(*key, value.clone(), origin.clone())
+            );
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// `sluice bench`: runs the load and prints the report; exit code 2, with the reason, when

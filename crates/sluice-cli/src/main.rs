@@ -2,17 +2,29 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use sluice_server::app::{self, Listeners};
 mod cli;
 
 use cli::{Cli, Command, ConfigCommand, LogFormat};
-use sluice_server::config::Config;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    let log_format = cli.log_format;
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let logs = cli::log_format(cli.log_format)
+        .and_then(|format| Ok((format, log_filter(cli.log_level.as_deref(), &matches)?)));
+    let ((log_format, format_origin), (filter, level, level_origin)) = match logs {
+        Ok(logs) => logs,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(log_format, filter);
+    let logging = [
+        (format!("{log_format:?}").to_lowercase(), format_origin),
+        (level, level_origin),
+    ];
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -23,7 +35,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = runtime.block_on(run(cli.command));
+    let result = runtime.block_on(run(cli.command, &matches, &logging));
     result.unwrap_or_else(|e: anyhow::Error| {
         // A collector reading JSON lines gets the reason a server did not start as one too.
         match log_format {
@@ -34,10 +46,44 @@ fn main() -> ExitCode {
     })
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (`info` by default), as text or JSON lines.
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Where a global setting came from, as `config check --explain` prints it.
+fn origin(matches: &clap::ArgMatches, id: &str, flag: &str, env: &str) -> String {
+    match matches.value_source(id) {
+        Some(clap::parser::ValueSource::CommandLine) => format!("flag {flag}"),
+        Some(clap::parser::ValueSource::EnvVariable) => format!("env {env}"),
+        _ => "default".to_owned(),
+    }
+}
+
+/// The log filter: `--log-level` or `SLUICE_LOG_LEVEL`, else `RUST_LOG`, else `info`; with
+/// its text and where it came from. A filter that does not parse is an error naming it.
+fn log_filter(
+    given: Option<&str>,
+    matches: &clap::ArgMatches,
+) -> anyhow::Result<(tracing_subscriber::EnvFilter, String, String)> {
+    let parse = |text: &str| tracing_subscriber::EnvFilter::builder().parse(text);
+    if let Some(text) = given {
+        let from = origin(matches, "log_level", "--log-level", "SLUICE_LOG_LEVEL");
+        let filter = parse(text).map_err(|e| {
+            anyhow::anyhow!(
+                "{from}: `{text}` is not a log filter ({e}); give a level (error, warn, info, \
+                 debug, trace) or directives such as info,sluice_redis=debug"
+            )
+        })?;
+        return Ok((filter, text.to_owned(), from));
+    }
+    match std::env::var("RUST_LOG") {
+        Ok(text) if !text.is_empty() => match parse(&text) {
+            Ok(filter) => Ok((filter, text, "env RUST_LOG".to_owned())),
+            // As before: a RUST_LOG that does not parse falls back to `info`.
+            Err(_) => Ok((parse("info")?, "info".to_owned(), "default".to_owned())),
+        },
+        _ => Ok((parse("info")?, "info".to_owned(), "default".to_owned())),
+    }
+}
+
+/// Logs to stderr, filtered by `filter`, as text or JSON lines.
+fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -50,12 +96,17 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Runs one command; its exit code.
-async fn run(command: Command) -> anyhow::Result<ExitCode> {
+async fn run(
+    command: Command,
+    matches: &clap::ArgMatches,
+    logging: &[(String, String)],
+) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { config } => {
-            let settings = cli::serve_config(config.as_ref())?;
+        Command::Serve(args) => {
+            let source = args.source(matches.subcommand_matches("serve"), None);
+            let settings = cli::serve_config(&source)?;
             let listeners = Listeners::bind(&settings).await?;
-            app::run(listeners, settings, config, shutdown_signal()).await?;
+            app::run(listeners, settings, source, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check {
@@ -91,19 +142,25 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config {
-            command: ConfigCommand::Check { file },
-        } => match Config::load(&file) {
-            Ok(c) => {
-                let n = c.policies.len();
-                let policies = if n == 1 { "policy" } else { "policies" };
-                println!("{}: valid ({n} {policies})", file.display());
-                Ok(ExitCode::SUCCESS)
+            command:
+                ConfigCommand::Check {
+                    file,
+                    explain,
+                    settings,
+                },
+        } => {
+            let sub = matches
+                .subcommand_matches("config")
+                .and_then(|m| m.subcommand_matches("check"));
+            let flag_config = sub.and_then(|m| m.value_source("config"))
+                == Some(clap::parser::ValueSource::CommandLine);
+            if file.is_some() && flag_config {
+                anyhow::bail!("give the file once: as an argument or as --config, not both");
             }
-            Err(e) => {
-                eprintln!("{e}");
-                Ok(ExitCode::from(1))
-            }
-        },
+            let source = settings.source(sub, file.as_ref());
+            let file_origin = cli::ConfigArgs::file_origin(sub, file.is_some());
+            Ok(cli::config_check(&source, explain, &file_origin, logging))
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use sluice::{Clock, MemoryStore, StoreError};
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, RedisLayout, StoreConfig};
+use crate::config::{Config, ConfigSource, NoFile, RedisLayout, StoreConfig};
 use crate::conn;
 use crate::http;
 use crate::rlqs::RlqsService;
@@ -202,22 +202,17 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
 }
 
 /// Runs the servers until `shutdown` completes, then stops accepting and lets in-flight
-/// requests finish. `config_file`, when given, is watched: a change (or SIGHUP) reloads its
-/// policies; an invalid new file is logged and the last good configuration stays.
+/// requests finish. `source`'s file (`Option<PathBuf>` converts), when given, is watched: a
+/// change (or SIGHUP) reloads its policies, with `source`'s flags and variables applied again;
+/// an invalid new file is logged and the last good configuration stays. Without a file, a
+/// rules directory given as a flag or variable is watched the same way.
 pub async fn run(
     listeners: Listeners,
     config: Config,
-    config_file: Option<PathBuf>,
+    source: impl Into<ConfigSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    run_with_clock(
-        listeners,
-        config,
-        config_file,
-        shutdown,
-        ServerClock::system(),
-    )
-    .await
+    run_with_clock(listeners, config, source, shutdown, ServerClock::system()).await
 }
 
 /// [`run`] deciding with `clock` instead of the system clock: tests pass a manual clock to
@@ -225,10 +220,11 @@ pub async fn run(
 pub async fn run_with_clock(
     listeners: Listeners,
     config: Config,
-    config_file: Option<PathBuf>,
+    source: impl Into<ConfigSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     clock: ServerClock,
 ) -> Result<(), ServeError> {
+    let source = source.into();
     // Install the recorder before the first request so that no early metric is lost.
     let _ = crate::observe::metrics::handle();
     let rls = load_rls(&config)?;
@@ -279,8 +275,8 @@ pub async fn run_with_clock(
     if config.admin.is_none() && listeners.admin.is_none() {
         tracing::warn!("{}", open_admin_warning());
     }
-    if let Some(path) = config_file {
-        background.spawn(watch_config(path, shared.clone()));
+    if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
+        background.spawn(watch_config(source, shared.clone()));
     }
     if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
         background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
@@ -382,8 +378,8 @@ pub async fn run_with_clock(
 /// file under its `rls.config_dir`, so that editing an Envoy rate limit file reloads too (as
 /// the reference service does). Contents, not modification times: two edits within one tick of
 /// a coarse file system clock must not look the same. The files are small.
-fn fingerprint(path: &std::path::Path, rls_dir: Option<&std::path::Path>) -> Vec<u8> {
-    let mut out = std::fs::read(path).unwrap_or_default();
+fn fingerprint(path: Option<&std::path::Path>, rls_dir: Option<&std::path::Path>) -> Vec<u8> {
+    let mut out = path.and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
     let mut stack: Vec<PathBuf> = rls_dir
         .map(std::path::Path::to_path_buf)
         .into_iter()
@@ -482,15 +478,18 @@ fn reload_rls(shared: &Shared, next: &Config) -> anyhow::Result<Option<Arc<RlsCo
 }
 
 /// Reloads the configuration on SIGHUP and when the file, or a file of its Envoy rate limit
-/// directory, changes.
-async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
-    let rls_dir = |p: &PathBuf| {
-        Config::load(p)
+/// directory, changes; the flags and variables of `source` are applied again each time.
+async fn watch_config(source: ConfigSource, shared: Arc<Shared>) {
+    let path = source.file.as_deref();
+    let file = path.map_or_else(|| "<no file>".to_owned(), |p| p.display().to_string());
+    let rls_dir = || {
+        source
+            .load()
             .ok()
             .and_then(|c| c.rls.and_then(|r| r.config_dir().map(PathBuf::from)))
     };
-    let mut dir = rls_dir(&path);
-    let mut last = fingerprint(&path, dir.as_deref());
+    let mut dir = rls_dir();
+    let mut last = fingerprint(path, dir.as_deref());
     let mut tick = tokio::time::interval(RELOAD_POLL);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -511,23 +510,21 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
             tick.tick().await;
             false
         };
-        let now = fingerprint(&path, dir.as_deref());
+        let now = fingerprint(path, dir.as_deref());
         if !forced && now == last {
             continue;
         }
-        dir = rls_dir(&path).or(dir);
-        last = fingerprint(&path, dir.as_deref());
-        match Config::load(&path)
-            .map_err(anyhow::Error::from)
-            .and_then(|c| {
-                let rls = reload_rls(&shared, &c)?;
-                refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
-                    .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
-            }) {
+        dir = rls_dir().or(dir);
+        last = fingerprint(path, dir.as_deref());
+        match source.load().map_err(anyhow::Error::from).and_then(|c| {
+            let rls = reload_rls(&shared, &c)?;
+            refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
+                .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
+        }) {
             Ok((config, rls)) => {
                 for section in shared.started_with().restart_only_changes(&config) {
                     tracing::warn!(
-                        file = %path.display(),
+                        file = %file,
                         "the {section} section changed: it is read at start only, so the change \
                          applies after a restart"
                     );
@@ -538,10 +535,10 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
                     shared.apply(&config, rls);
                 }
                 crate::observe::metrics::reload(true);
-                tracing::info!(file = %path.display(), policies = config.policies.len(), "configuration reloaded");
+                tracing::info!(file = %file, policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
-                tracing::error!(file = %path.display(), error = %e, "configuration reload refused; keeping the last good one");
+                tracing::error!(file = %file, error = %e, "configuration reload refused; keeping the last good one");
                 shared.reload_failed(e.to_string());
                 crate::observe::metrics::reload(false);
             }

@@ -41,10 +41,12 @@ pub use sluice::FailureMode;
 pub mod admin;
 mod listen;
 mod locate;
+mod overrides;
 mod rls;
 mod store;
 mod top;
 use self::listen::*;
+pub use self::overrides::*;
 pub use self::rls::*;
 pub use self::top::*;
 use store::{RawStore, store_config};
@@ -329,20 +331,7 @@ impl Config {
             None => default_addr(DEFAULT_GRPC)?,
         };
         let admin_http = raw.listen.admin.as_ref().map(|a| a.0);
-        let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
-        if clash(http, grpc) {
-            return Err(err(format!(
-                "listen: http and grpc are both {http}; give each its own port"
-            )));
-        }
-        if let Some(admin) = admin_http
-            && (clash(admin, http) || clash(admin, grpc))
-        {
-            return Err(err(format!(
-                "listen.admin: {admin} is also the http or grpc address; the admin listener \
-                 needs its own port"
-            )));
-        }
+        check_listen(http, grpc, admin_http).map_err(err)?;
         let tls = raw
             .listen
             .tls
@@ -402,6 +391,29 @@ impl Config {
             Err(e) => unreachable!("the built-in demo configuration is invalid: {e}"),
         }
     }
+}
+
+/// Each listener needs its own port (port 0 asks for a free one, so it never clashes).
+fn check_listen(
+    http: SocketAddr,
+    grpc: SocketAddr,
+    admin_http: Option<SocketAddr>,
+) -> Result<(), String> {
+    let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
+    if clash(http, grpc) {
+        return Err(format!(
+            "listen: http and grpc are both {http}; give each its own port"
+        ));
+    }
+    if let Some(admin) = admin_http
+        && (clash(admin, http) || clash(admin, grpc))
+    {
+        return Err(format!(
+            "listen.admin: {admin} is also the http or grpc address; the admin listener \
+             needs its own port"
+        ));
+    }
+    Ok(())
 }
 
 /// The demo configuration served when no file is given (printed at start).

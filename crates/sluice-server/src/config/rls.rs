@@ -51,6 +51,20 @@ impl RlsSettings {
         }
     }
 
+    /// Rules from `dir`, every other setting at its default (an `rls` section naming only
+    /// `config_dir`).
+    pub(super) fn from_dir(dir: PathBuf) -> Self {
+        Self {
+            source: RulesSource::Dir(dir),
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: ResponseHeaders::default(),
+            merge_domains: false,
+            ignore_dot_files: false,
+            on_store_error: FailureMode::Closed,
+        }
+    }
+
     pub(super) fn from_raw(r: RawRls, base: Option<&Path>) -> Result<Self, String> {
         let source = match (r.config_dir, r.xds) {
             (Some(dir), None) => RulesSource::Dir(dir),

@@ -111,6 +111,21 @@ fn read_credentials(
     Ok(sluice_redis::Credentials::new(raw.username, password))
 }
 
+/// One Redis at `url`, every other `store` setting at its default.
+pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
+    store_config(
+        RawStore {
+            backend: Some("redis".to_owned()),
+            shards: vec![ShardConfig {
+                primary: url.to_owned(),
+                replicas: Vec::new(),
+            }],
+            ..RawStore::default()
+        },
+        None,
+    )
+}
+
 pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
     let backend = raw.backend.as_deref().unwrap_or("memory");
     match backend {

@@ -1,0 +1,649 @@
+//! Configuration from flags and `SLUICE_*` variables (issue 26, item 1), as an operator meets
+//! it: the real binary, real files, ports that actually listen. Precedence is flag >
+//! environment > file > default, shown by `sluice config check --explain` and by the port a
+//! server answers on; a bad value is refused naming the flag or variable, exit 2; a reload
+//! re-applies the same values; the server starts with no file at all.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Every variable the binary reads, cleared so that the caller's environment never leaks in.
+const VARIABLES: &[&str] = &[
+    "SLUICE_CONFIG",
+    "SLUICE_HTTP",
+    "SLUICE_GRPC",
+    "SLUICE_ADMIN",
+    "SLUICE_REDIS_URL",
+    "SLUICE_KEY_PREFIX",
+    "SLUICE_RLS_CONFIG_DIR",
+    "SLUICE_LOG_FORMAT",
+    "SLUICE_LOG_LEVEL",
+    "RUST_LOG",
+];
+
+fn sluice(env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    for v in VARIABLES {
+        c.env_remove(v);
+    }
+    c.envs(env.iter().copied());
+    c
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn port() -> u16 {
+    sluice_testkit::free_port().unwrap()
+}
+
+/// `sluice config check --explain ARGS` with `env`: the `key → (value, origin)` of each line.
+fn explain(env: &[(&str, &str)], args: &[&str]) -> Vec<(String, String, String)> {
+    let o = sluice(env)
+        .args(["config", "check", "--explain"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let (key, rest) = l.split_once(' ').unwrap();
+            let (value, origin) = rest.trim().rsplit_once("  (").unwrap();
+            (
+                key.to_owned(),
+                value.to_owned(),
+                origin.trim_end_matches(')').to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn line(lines: &[(String, String, String)], key: &str) -> (String, String) {
+    let l = lines
+        .iter()
+        .find(|l| l.0 == key)
+        .unwrap_or_else(|| panic!("no {key} in {lines:?}"));
+    (l.1.clone(), l.2.clone())
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn explain_shows_flag_over_env_over_file_over_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "sluice.yaml",
+        "listen:\n  http: 127.0.0.1:7001\n  grpc: 127.0.0.1:7002\npolicies:\n  api:\n    limits:\n      - { max: 1, per: 1s }\n",
+    );
+    let file = file.to_str().unwrap();
+    let from_file = format!("file {file}");
+
+    // File over default.
+    let l = explain(&[("SLUICE_CONFIG", file)], &[]);
+    assert_eq!(
+        line(&l, "config"),
+        (file.to_owned(), "env SLUICE_CONFIG".to_owned())
+    );
+    assert_eq!(
+        line(&l, "listen.http"),
+        ("127.0.0.1:7001".into(), from_file.clone())
+    );
+    assert_eq!(line(&l, "store"), ("memory".into(), "default".into()));
+    assert_eq!(line(&l, "log.format"), ("human".into(), "default".into()));
+
+    // Environment over file.
+    let l = explain(
+        &[
+            ("SLUICE_HTTP", "0.0.0.0:9001"),
+            ("SLUICE_LOG_FORMAT", "json"),
+            ("SLUICE_LOG_LEVEL", "debug"),
+        ],
+        &[file],
+    );
+    assert_eq!(line(&l, "config"), (file.to_owned(), "argument".to_owned()));
+    assert_eq!(
+        line(&l, "listen.http"),
+        ("0.0.0.0:9001".into(), "env SLUICE_HTTP".into())
+    );
+    assert_eq!(
+        line(&l, "listen.grpc"),
+        ("127.0.0.1:7002".into(), from_file.clone())
+    );
+    assert_eq!(
+        line(&l, "log.format"),
+        ("json".into(), "env SLUICE_LOG_FORMAT".into())
+    );
+    assert_eq!(
+        line(&l, "log.level"),
+        ("debug".into(), "env SLUICE_LOG_LEVEL".into())
+    );
+
+    // Flag over environment; a Redis URL's password never shown.
+    let l = explain(
+        &[
+            ("SLUICE_HTTP", "0.0.0.0:9001"),
+            ("SLUICE_REDIS_URL", "redis://sluice:hunter2@redis:6379"),
+            ("SLUICE_KEY_PREFIX", "env:"),
+        ],
+        &[
+            "--config",
+            file,
+            "--http",
+            "0.0.0.0:9100",
+            "--key-prefix",
+            "flag:",
+            "--log-format",
+            "json",
+        ],
+    );
+    assert_eq!(line(&l, "config").1, "flag --config");
+    assert_eq!(
+        line(&l, "listen.http"),
+        ("0.0.0.0:9100".into(), "flag --http".into())
+    );
+    assert_eq!(line(&l, "listen.admin").1, "default");
+    assert_eq!(
+        line(&l, "store"),
+        (
+            "redis redis://redis:6379".into(),
+            "env SLUICE_REDIS_URL".into()
+        )
+    );
+    assert_eq!(
+        line(&l, "store.key_prefix"),
+        ("flag:".into(), "flag --key-prefix".into())
+    );
+    assert_eq!(
+        line(&l, "log.format"),
+        ("json".into(), "flag --log-format".into())
+    );
+    assert!(!format!("{l:?}").contains("hunter2"));
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_flag_or_variable_and_the_value() {
+    // (variables, flags, what the error says)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: &[Case] = &[
+        (
+            &[("SLUICE_HTTP", "nonsense")],
+            &[],
+            "env SLUICE_HTTP: `nonsense` is not a socket address",
+        ),
+        (
+            &[],
+            &["--grpc", "8081"],
+            "flag --grpc: `8081` is a port alone",
+        ),
+        (
+            &[("SLUICE_ADMIN", "localhost:9090")],
+            &[],
+            "env SLUICE_ADMIN: `localhost:9090` names a host",
+        ),
+        (
+            &[("SLUICE_LOG_FORMAT", "xml")],
+            &[],
+            "env SLUICE_LOG_FORMAT: `xml` is not a log format",
+        ),
+        (
+            &[("SLUICE_LOG_LEVEL", "info,[[")],
+            &[],
+            "env SLUICE_LOG_LEVEL: `info,[[` is not a log filter",
+        ),
+        (
+            &[("SLUICE_REDIS_URL", "http://u:secret@h:1")],
+            &[],
+            "env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL",
+        ),
+        (
+            &[("SLUICE_KEY_PREFIX", "{x}")],
+            &[],
+            "env SLUICE_KEY_PREFIX: `{x}`",
+        ),
+    ];
+    for (env, args, said) in cases {
+        for command in [&["config", "check"][..], &["serve"][..]] {
+            let o = sluice(env).args(command).args(*args).output().unwrap();
+            let err = text(&o.stderr);
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "{command:?} {env:?} {args:?}: {err}"
+            );
+            assert!(err.contains(said), "{command:?} {env:?} {args:?}: {err}");
+            assert!(
+                !err.contains("secret") && !err.contains("panicked"),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_redis_url_does_not_replace_a_cluster_named_by_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "sluice.yaml",
+        "store:\n  backend: redis\n  cluster: [redis://10.0.0.1:7000]\n",
+    );
+    let o = sluice(&[("SLUICE_REDIS_URL", "redis://10.0.0.9:6379")])
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("env SLUICE_REDIS_URL: `redis://10.0.0.9:6379` names one Redis")
+            && err.contains("names a Redis Cluster (store.cluster)"),
+        "{err}"
+    );
+}
+
+/// A running `sluice serve`, its output in files; killed when dropped.
+struct Serve {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+    http: u16,
+}
+
+impl Serve {
+    fn start(dir: &Path, env: &[(&str, &str)], args: &[&str], http: u16) -> Self {
+        let out = dir.join("serve.out");
+        let err = dir.join("serve.err");
+        let child = sluice(env)
+            .arg("serve")
+            .args(args)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let mut s = Self {
+            child,
+            out,
+            err,
+            http,
+        };
+        s.wait_until("/healthz answers", |s| {
+            s.call("GET", "/healthz", None).0 == 200
+        });
+        s
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Polls `cond` until it holds (10 s at most).
+    fn wait_until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond(self) {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "sluice serve exited:\n{}",
+                self.log()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        call(self.http, method, path, body)
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        serde_json::from_str(&self.call("GET", "/v1/stats", None).1).unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`; (status, body), or (0, "") when nothing answers.
+fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    if stream.read_to_string(&mut response).is_err() || response.len() < 12 {
+        return (0, String::new());
+    }
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn check(port: u16, policy: &str) -> u16 {
+    call(
+        port,
+        "POST",
+        "/v1/check",
+        Some(&format!(r#"{{"policy": "{policy}", "key": "k"}}"#)),
+    )
+    .0
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+#[test]
+fn the_server_listens_where_the_flag_says_over_the_variable_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file_http, env_http, flag_http) = (port(), port(), port());
+    let (file_grpc, env_grpc, env_admin) = (port(), port(), port());
+    let file = write(
+        dir.path(),
+        "sluice.yaml",
+        &format!(
+            "listen:\n  http: 127.0.0.1:{file_http}\n  grpc: 127.0.0.1:{file_grpc}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
+        ),
+    );
+    let (env_http_addr, env_grpc_addr, env_admin_addr, flag_http_addr) = (
+        format!("127.0.0.1:{env_http}"),
+        format!("127.0.0.1:{env_grpc}"),
+        format!("127.0.0.1:{env_admin}"),
+        format!("127.0.0.1:{flag_http}"),
+    );
+    let s = Serve::start(
+        dir.path(),
+        &[
+            ("SLUICE_CONFIG", file.to_str().unwrap()),
+            ("SLUICE_HTTP", &env_http_addr),
+            ("SLUICE_GRPC", &env_grpc_addr),
+            ("SLUICE_ADMIN", &env_admin_addr),
+        ],
+        &["--http", &flag_http_addr],
+        flag_http,
+    );
+    assert_eq!(
+        check(flag_http, "api"),
+        200,
+        "the flag's port serves the API"
+    );
+    assert!(
+        listening(env_grpc),
+        "gRPC on the variable's port, not the file's"
+    );
+    assert_eq!(
+        call(env_admin, "GET", "/metrics", None).0,
+        200,
+        "the admin routes on the variable's port"
+    );
+    for (port, what) in [
+        (env_http, "SLUICE_HTTP (under the flag)"),
+        (file_http, "the file's listen.http"),
+        (file_grpc, "the file's listen.grpc"),
+    ] {
+        assert!(!listening(port), "nothing listens on {what}: {port}");
+    }
+    drop(s);
+}
+
+/// A reload re-reads the file and applies the same flags and variables: the rules directory
+/// of `SLUICE_RLS_CONFIG_DIR` stays in force, the listen address of `--http` is not taken for
+/// a changed `listen` section, and an edit in that directory reloads too.
+#[test]
+fn a_reload_keeps_the_flags_and_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    let rule = "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
+    write(&rules, "edge.yaml", rule);
+    let (file_http, http, grpc) = (port(), port(), port());
+    let config = format!(
+        "listen:\n  http: 127.0.0.1:{file_http}\n  grpc: 127.0.0.1:{grpc}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
+    );
+    let file = write(dir.path(), "sluice.yaml", &config);
+    let mut s = Serve::start(
+        dir.path(),
+        &[("SLUICE_RLS_CONFIG_DIR", rules.to_str().unwrap())],
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--http",
+            &format!("127.0.0.1:{http}"),
+        ],
+        http,
+    );
+    let decided = |descriptor: &str| {
+        let o = sluice(&[])
+            .args(["bench", "--target", "grpc", "--grpc"])
+            .arg(format!("http://127.0.0.1:{grpc}"))
+            .args([
+                "--domain",
+                "edge",
+                "--descriptor-key",
+                descriptor,
+                "--keys",
+                "hot",
+            ])
+            .args(["--requests", "5", "--concurrency", "1", "--json"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            r["allowed"].as_u64().unwrap(),
+            r["denied"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(decided("client"), (3, 2), "the variable's rules decide");
+    assert_eq!(decided("tenant"), (5, 0), "no rule for tenant yet");
+
+    std::fs::write(
+        &file,
+        config + "  web:\n    limits:\n      - { max: 1, per: 1s }\n",
+    )
+    .unwrap();
+    s.wait_until("the edited file reloads", |s| {
+        s.stats()["config"]["generation"] == 2
+    });
+    assert_eq!(
+        check(http, "web"),
+        200,
+        "the new policy, on the flag's port"
+    );
+    assert_eq!(
+        decided("client"),
+        (0, 5),
+        "the variable's rules after the reload, their count going on"
+    );
+    assert!(s.stats()["config"]["last_reload_error"].is_null());
+
+    let tenant = "  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 4}\n";
+    write(&rules, "edge.yaml", &format!("{rule}{tenant}"));
+    s.wait_until("the edited rule reloads", |s| {
+        s.stats()["config"]["generation"] == 3
+    });
+    assert_eq!(
+        decided("tenant"),
+        (4, 1),
+        "the rule added in the variable's directory"
+    );
+    let log = s.log();
+    assert!(
+        !log.contains("section changed"),
+        "the overrides were applied again, so nothing start-only changed:\n{log}"
+    );
+}
+
+#[test]
+fn without_a_file_the_demo_serves_where_the_variables_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = (port(), port());
+    let s = Serve::start(
+        dir.path(),
+        &[
+            ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
+            ("SLUICE_GRPC", &format!("127.0.0.1:{grpc}")),
+        ],
+        &[],
+        http,
+    );
+    assert_eq!(check(http, "demo"), 200);
+    assert!(listening(grpc));
+    let out = s.stdout();
+    assert!(
+        out.contains("no --config given; serving the in-memory store with this demo configuration")
+            && out.contains(&format!("curl -s -X POST http://127.0.0.1:{http}/v1/check")),
+        "{out}"
+    );
+}
+
+/// With no file, the rules directory of the variable is served alone, and watched: an edited
+/// rule file reloads as under a file's `rls.config_dir`.
+#[test]
+fn without_a_file_a_rules_directory_is_served_alone_and_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    write(
+        &rules,
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    );
+    let (http, grpc) = (port(), port());
+    let mut s = Serve::start(
+        dir.path(),
+        &[
+            ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
+            ("SLUICE_GRPC", &format!("127.0.0.1:{grpc}")),
+            ("SLUICE_RLS_CONFIG_DIR", rules.to_str().unwrap()),
+        ],
+        &[],
+        http,
+    );
+    assert_eq!(check(http, "demo"), 404, "no demo policy beside the rules");
+    let decided = |descriptor: &str| {
+        let o = sluice(&[])
+            .args(["bench", "--target", "grpc", "--grpc"])
+            .arg(format!("http://127.0.0.1:{grpc}"))
+            .args(["--domain", "edge", "--descriptor-key", descriptor])
+            .args([
+                "--keys",
+                "hot",
+                "--requests",
+                "4",
+                "--concurrency",
+                "1",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            r["allowed"].as_u64().unwrap(),
+            r["denied"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(decided("client"), (2, 2));
+    assert_eq!(decided("tenant"), (4, 0), "no rule for tenant yet");
+    write(
+        &rules,
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    );
+    s.wait_until("the edited rule reloads", |s| {
+        s.stats()["config"]["generation"] == 2
+    });
+    assert_eq!(decided("tenant"), (1, 3), "the edited rule");
+    assert!(
+        s.stdout().contains("serving the Envoy rules of"),
+        "{}",
+        s.stdout()
+    );
+}
+
+/// `SLUICE_REDIS_URL` alone: the server counts in that Redis (the keys carry
+/// `SLUICE_KEY_PREFIX`), with no file.
+#[test]
+fn without_a_file_the_redis_url_and_key_prefix_are_used() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = (port(), port());
+    let _s = Serve::start(
+        dir.path(),
+        &[
+            ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
+            ("SLUICE_GRPC", &format!("127.0.0.1:{grpc}")),
+            ("SLUICE_REDIS_URL", &redis.url()),
+            ("SLUICE_KEY_PREFIX", "envtest:"),
+        ],
+        &[],
+        http,
+    );
+    assert_eq!(check(http, "demo"), 200);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.connection().unwrap())
+        .unwrap();
+    assert!(
+        !keys.is_empty() && keys.iter().all(|k| k.starts_with("envtest:")),
+        "the variable's prefix: {keys:?}"
+    );
+}
+
+#[test]
+fn help_names_every_variable_and_never_shows_a_redis_password() {
+    let o = sluice(&[("SLUICE_REDIS_URL", "redis://u:hunter2@h:6379")])
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = text(&o.stdout);
+    assert!(!help.contains("hunter2"), "{help}");
+    for v in &VARIABLES[..7] {
+        assert!(help.contains(v), "serve --help names {v}:\n{help}");
+    }
+    let o = sluice(&[]).args(["--help"]).output().unwrap();
+    let help = text(&o.stdout);
+    assert!(
+        help.contains("SLUICE_LOG_LEVEL") && help.contains("SLUICE_LOG_FORMAT"),
+        "{help}"
+    );
+}
