@@ -5,6 +5,7 @@ mod support;
 
 mod envoy_config;
 mod grpc;
+mod metrics;
 mod parity_config;
 mod parity_service;
 mod rlqs;
