@@ -8,6 +8,7 @@ mod grpc;
 mod metrics;
 mod parity_config;
 mod parity_service;
+mod reflection;
 mod rlqs;
 mod rls_config;
 mod rls_xds;
