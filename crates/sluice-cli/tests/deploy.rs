@@ -555,6 +555,11 @@ async fn every_metric_of_the_grafana_dashboard_is_exposed() {
         "sluice_store_latency_seconds_bucket",
         "sluice_store_circuit_state",
         "sluice_config_reloads_total",
+        "sluice_limit_max",
+        "sluice_rule_limit",
+        "sluice_decisions_near_limit_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
     ] {
         assert!(read.contains(must), "no panel reads {must}");
     }

@@ -47,6 +47,9 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error(transparent)]
     Grpc(#[from] tonic::transport::Error),
+    /// The gRPC reflection service could not be built from its descriptors.
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
     /// A server task ended without an answer (it panicked or was cancelled).
     #[error("a server task ended abnormally: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -307,7 +310,9 @@ pub async fn run_with_clock(
             let server = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(RlsService::new(shared.clone()).into_server())
-                .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server());
+                .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server())
+                .add_service(crate::reflection::v1()?)
+                .add_service(crate::reflection::v1alpha()?);
             let stop = stopped(stop_rx.clone());
             // The connections come through the same accept loop as HTTP's: TLS, the
             // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).

@@ -15,7 +15,7 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate` |
+//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state` |
@@ -25,11 +25,13 @@
 //! * **Leaves** know nothing of the server: durations ([`units`]), the one parser of a policy
 //!   entry (`policy_entry`), duplicate-key-refusing JSON/YAML reading (`unique`), the JSON
 //!   error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
-//!   rule files ([`rls`]), the RLQS rules and share maths ([`rlqs::rules`], [`rlqs::assign`])
-//!   and the simulator engine ([`simulate`]).
+//!   rule files ([`rls`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
+//!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
+//!   ([`simulate`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module.
-//! * **Observation** (`observe`) is the metrics, the decision counts and the top keys.
+//! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
+//!   scrape), the decision counts and the top keys.
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a
@@ -43,6 +45,7 @@ pub(crate) mod conn;
 pub mod http;
 pub(crate) mod observe;
 pub(crate) mod policy_entry;
+pub mod reflection;
 pub(crate) mod reply;
 pub(crate) mod rlqs;
 pub mod rls;

@@ -99,6 +99,8 @@ pub struct Generation {
     pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::config::admin::AdminConfig>,
+    /// When an admitted decision counts as near its limit (`metrics.near_limit_ratio`).
+    pub near_limit: crate::config::NearLimit,
 }
 
 impl Generation {
@@ -123,6 +125,7 @@ impl Generation {
             rls_settings: config.rls.clone(),
             rlqs: config.rlqs.clone().map(Arc::new),
             admin: config.admin.clone(),
+            near_limit: config.metrics.near_limit,
         }
     }
 
@@ -307,6 +310,7 @@ impl Shared {
             rls_settings: current.rls_settings.clone(),
             rlqs: current.rlqs.clone(),
             admin: current.admin.clone(),
+            near_limit: current.near_limit,
         });
     }
 

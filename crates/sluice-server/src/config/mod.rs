@@ -41,11 +41,14 @@ pub use sluice::FailureMode;
 pub mod admin;
 mod listen;
 mod locate;
+mod metrics;
 mod overrides;
 mod rls;
 mod store;
 mod top;
 use self::listen::*;
+pub use self::metrics::{MetricsSettings, NearLimit};
+use self::metrics::{RawMetrics, metrics_config};
 pub use self::overrides::*;
 pub use self::rls::*;
 pub use self::top::*;
@@ -166,6 +169,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
     pub top: TopSettings,
+    /// What `/metrics` counts (`metrics`).
+    pub metrics: MetricsSettings,
 }
 
 #[derive(Deserialize, Default)]
@@ -239,6 +244,8 @@ struct RawConfig {
     admin: Option<crate::config::admin::RawAdmin>,
     #[serde(default)]
     top: RawTop,
+    #[serde(default)]
+    metrics: RawMetrics,
 }
 
 impl Config {
@@ -314,6 +321,7 @@ impl Config {
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
+        let metrics = metrics_config(raw.metrics).map_err(err)?;
         let admin = raw
             .admin
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
@@ -355,6 +363,7 @@ impl Config {
             local,
             admin,
             top,
+            metrics,
         })
     }
 

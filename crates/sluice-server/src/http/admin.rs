@@ -301,7 +301,13 @@ pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response 
         metrics::reservation(reserving.stats());
     }
     match metrics::render() {
-        Some(text) => {
+        Some(mut text) => {
+            let snapshot = shared.snapshot();
+            crate::observe::scrape::limits(&mut text, snapshot.limiter.policies());
+            if let Some(rls) = &snapshot.rls {
+                crate::observe::scrape::rules(&mut text, rls);
+            }
+            crate::observe::scrape::process(&mut text);
             let mut r = (StatusCode::OK, text).into_response();
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

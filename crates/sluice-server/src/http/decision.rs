@@ -121,6 +121,9 @@ pub(super) async fn answer(
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
             metrics::decision(policy.name_arc(), op_name, outcome);
+            if op.admits() && outcome == Outcome::Allowed && near_limit(&snapshot, &d) {
+                metrics::near_limit(policy.name_arc());
+            }
             if op.admits() {
                 shared.counts().count(policy.name_arc(), outcome);
                 // On the server's clock, as readings are (a decision's own instant may be
@@ -158,6 +161,13 @@ pub(super) async fn answer(
         }
         Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
     }
+}
+
+/// Whether a decision left one of its limits at least `metrics.near_limit_ratio` used.
+fn near_limit(snapshot: &crate::state::Generation, d: &Decision) -> bool {
+    d.limits()
+        .iter()
+        .any(|s| snapshot.near_limit.reached(s.capacity, s.remaining))
 }
 
 /// What a `503 store_unavailable` says: the store cannot answer now and the policy fails

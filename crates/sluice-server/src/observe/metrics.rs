@@ -22,6 +22,9 @@
 //! | `sluice_rlqs_actions_total` | action (token_bucket/deny_all/allow_all/abandon/store_error) (recorded by `rlqs`) |
 //! | `sluice_xds_updates_total` | result (ack/nack): `rls.xds` responses (recorded by `rls_xds`) |
 //! | `sluice_xds_connected` (gauge) | 1 while the `rls.xds` stream is open (recorded by `rls_xds`) |
+//! | `sluice_decisions_near_limit_total` | policy (or an Envoy rule's statistics key): admitted decisions that left a limit at least `metrics.near_limit_ratio` used |
+//! | `sluice_limit_max`, `sluice_rule_limit` (gauges) | the limits in force, computed at each scrape ([`super::scrape`]) |
+//! | `process_*` | the process' CPU, memory, descriptors, threads, start time (Linux; [`super::scrape`]) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
@@ -96,6 +99,12 @@ pub(crate) fn rls_hits(
 ) {
     metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result)
         .increment(hits);
+}
+
+/// Counts an admitted decision that left one of its limits at least the near-limit ratio
+/// used ([`crate::config::NearLimit::reached`]).
+pub(crate) fn near_limit(policy: &std::sync::Arc<str>) {
+    metrics::counter!("sluice_decisions_near_limit_total", "policy" => policy.clone()).increment(1);
 }
 
 /// Records how long a decision took (store call and failure mode included).
@@ -223,13 +232,60 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "1 while the stream to the rls.xds control plane is open, else 0.",
     ),
+    (
+        "sluice_decisions_near_limit_total",
+        Kind::Counter,
+        "Admitted decisions that left a limit at least metrics.near_limit_ratio used, by policy or Envoy rule.",
+    ),
+    (
+        "sluice_limit_max",
+        Kind::Scraped,
+        "The max of each limit of each policy in force, by policy, limit (its place), per (window) and algorithm.",
+    ),
+    (
+        "sluice_rule_limit",
+        Kind::Scraped,
+        "The requests_per_unit of each Envoy rule in force, by domain, rule (key path) and unit; unlimited rules have none.",
+    ),
+    (
+        "process_cpu_seconds_total",
+        Kind::Scraped,
+        "User and system CPU time spent, in seconds.",
+    ),
+    (
+        "process_resident_memory_bytes",
+        Kind::Scraped,
+        "Resident memory size in bytes.",
+    ),
+    ("process_open_fds", Kind::Scraped, "Open file descriptors."),
+    (
+        "process_max_fds",
+        Kind::Scraped,
+        "The limit of open file descriptors (RLIMIT_NOFILE, soft).",
+    ),
+    (
+        "process_start_time_seconds",
+        Kind::Scraped,
+        "Start time of the process since the Unix epoch, in seconds.",
+    ),
+    ("process_threads", Kind::Scraped, "Threads of the process."),
 ];
+
+/// The `# HELP` text of a metric of the table (empty for one it does not hold).
+pub(crate) fn help(name: &str) -> &'static str {
+    DESCRIPTIONS
+        .iter()
+        .find(|d| d.0 == name)
+        .map_or("", |d| d.2)
+}
 
 #[derive(Clone, Copy)]
 enum Kind {
     Counter,
     Gauge,
     Histogram,
+    /// Written at each scrape by [`super::scrape`], which takes the help from this table.
+    Scraped,
 }
 
 /// Gives every metric its `# HELP` line.
@@ -241,13 +297,14 @@ fn describe() {
             Kind::Histogram => {
                 metrics::describe_histogram!(name, metrics::Unit::Seconds, help);
             }
+            Kind::Scraped => {}
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::DESCRIPTIONS;
+    use super::{DESCRIPTIONS, Kind};
 
     /// Every metric a source file of the workspace records is described: a new metric without
     /// a `# HELP` line fails here.
@@ -281,8 +338,11 @@ mod tests {
             }
         }
         assert!(recorded.len() >= 15, "{recorded:?}");
-        let described: std::collections::BTreeSet<String> =
-            DESCRIPTIONS.iter().map(|d| d.0.to_owned()).collect();
+        let described: std::collections::BTreeSet<String> = DESCRIPTIONS
+            .iter()
+            .filter(|d| !matches!(d.1, Kind::Scraped))
+            .map(|d| d.0.to_owned())
+            .collect();
         let missing: Vec<_> = recorded.difference(&described).collect();
         assert!(
             missing.is_empty(),
@@ -290,5 +350,13 @@ mod tests {
         );
         let stale: Vec<_> = described.difference(&recorded).collect();
         assert!(stale.is_empty(), "described but never recorded: {stale:?}");
+        // A scraped family is written, by its name, in `scrape.rs`.
+        let scrape = include_str!("scrape.rs");
+        for (name, _, _) in DESCRIPTIONS.iter().filter(|d| matches!(d.1, Kind::Scraped)) {
+            assert!(
+                scrape.contains(&format!("\"{name}\"")),
+                "{name} is described as scraped but scrape.rs never writes it"
+            );
+        }
     }
 }

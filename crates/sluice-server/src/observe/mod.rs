@@ -3,5 +3,6 @@
 //! runtime or the surfaces above it; they report into it.
 
 pub(crate) mod metrics;
+pub(crate) mod scrape;
 pub(crate) mod stats;
 pub mod top;

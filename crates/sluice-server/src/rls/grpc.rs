@@ -142,6 +142,17 @@ impl RlsService {
     }
 }
 
+/// Whether an admitted descriptor left its rule's limit at least `metrics.near_limit_ratio`
+/// used (an unlimited rule has no limit to be near).
+fn near_limit(snapshot: &Generation, part: &Part) -> bool {
+    part.status.current_limit.as_ref().is_some_and(|limit| {
+        snapshot.near_limit.reached(
+            u64::from(limit.requests_per_unit),
+            u64::from(part.status.limit_remaining),
+        )
+    })
+}
+
 fn proto_unit(unit: Option<Unit>) -> i32 {
     unit.and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
         .unwrap_or(ProtoUnit::Unknown) as i32
@@ -408,6 +419,13 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
+                if !part.limited
+                    && !refused
+                    && part.degraded.is_none()
+                    && near_limit(snapshot, part)
+                {
+                    metrics::near_limit(&rule);
+                }
                 self.shared
                     .counts()
                     .count(&rule, Outcome::of(part.degraded.is_some(), !part.limited));

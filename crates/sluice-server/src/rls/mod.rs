@@ -378,6 +378,22 @@ impl RlsConfig {
         self.domains.keys().map(String::as_str)
     }
 
+    /// Every rule with a `rate_limit` block, by domain, then by [`Rule::full_key`] (for the
+    /// limit gauges of `/metrics`).
+    pub fn rules(&self) -> Vec<&Arc<Rule>> {
+        let mut rules = Vec::new();
+        for domain in self.domains.values() {
+            let first = rules.len();
+            let mut nodes = vec![&domain.root];
+            while let Some(node) = nodes.pop() {
+                rules.extend(node.limit.as_ref());
+                nodes.extend(node.children.values());
+            }
+            rules[first..].sort_by(|a: &&Arc<Rule>, b| a.full_key.cmp(&b.full_key));
+        }
+        rules
+    }
+
     /// Whether no domain is configured (the reference's `IsEmptyDomains`, which its health
     /// check may use).
     pub fn is_empty(&self) -> bool {

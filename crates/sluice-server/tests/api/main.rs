@@ -9,6 +9,7 @@ mod config;
 mod connections;
 mod http;
 mod listeners;
+mod metrics;
 mod simulate;
 mod simulate_logs;
 mod top;

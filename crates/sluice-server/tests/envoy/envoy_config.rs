@@ -26,7 +26,7 @@ fn host_tuple() -> String {
 }
 
 /// Envoy's descriptor set, from the envoy-types package cargo resolved for this workspace.
-fn envoy_descriptors() -> DescriptorPool {
+pub(crate) fn envoy_descriptors() -> DescriptorPool {
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--offline"])
         .args(["--filter-platform", &host_tuple()])

@@ -5,8 +5,10 @@ mod support;
 
 mod envoy_config;
 mod grpc;
+mod metrics;
 mod parity_config;
 mod parity_service;
+mod reflection;
 mod rlqs;
 mod rls_config;
 mod rls_xds;
