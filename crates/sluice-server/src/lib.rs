@@ -29,7 +29,8 @@
 //!   and the simulator engine ([`simulate`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module.
-//! * **Observation** (`observe`) is the metrics, the decision counts and the top keys.
+//! * **Observation** (`observe`) is the metrics, the decision counts, the top keys and the
+//!   OTLP traces of decisions.
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a

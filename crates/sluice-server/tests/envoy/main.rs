@@ -3,6 +3,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "../support/otlp.rs"]
+mod otlp;
+
 mod envoy_config;
 mod grpc;
 mod parity_config;
@@ -10,3 +13,4 @@ mod parity_service;
 mod rlqs;
 mod rls_config;
 mod rls_xds;
+mod traces;
