@@ -30,6 +30,8 @@ use crate::config::{TraceProtocol, TraceSettings};
 
 /// How long a stopping server waits for the last spans to reach the collector.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one export may take (the OTLP default).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Spans waiting for export; beyond this a span is dropped, never waited for.
 const QUEUE: usize = 2048;
 
@@ -97,6 +99,7 @@ impl Traces {
             }
             TraceProtocol::Http => builder
                 .with_http()
+                .with_http_client(OnRuntime::here())
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(http_endpoint(&settings.endpoint))
                 .with_headers(settings.headers.clone().into_iter().collect())
@@ -184,6 +187,40 @@ impl Traces {
             Ok(Err(e)) => tracing::warn!(error = %e, "traces: the last spans were not exported"),
             Err(e) => tracing::warn!(error = %e, "traces: the exporter did not stop"),
         }
+    }
+}
+
+/// The OTLP/HTTP client, sending on the server's runtime: the batch processor exports from a
+/// thread of its own, which has no Tokio reactor for hyper's sockets and timers.
+#[derive(Debug)]
+struct OnRuntime {
+    client: opentelemetry_http::hyper::HyperClient,
+    runtime: tokio::runtime::Handle,
+}
+
+impl OnRuntime {
+    /// Called inside the server's runtime ([`Traces::start`]).
+    fn here() -> Self {
+        Self {
+            client: opentelemetry_http::hyper::HyperClient::with_default_connector(
+                EXPORT_TIMEOUT,
+                None,
+            ),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl opentelemetry_http::HttpClient for OnRuntime {
+    async fn send_bytes(
+        &self,
+        request: axum::http::Request<axum::body::Bytes>,
+    ) -> Result<axum::http::Response<axum::body::Bytes>, opentelemetry_http::HttpError> {
+        let client = self.client.clone();
+        self.runtime
+            .spawn(async move { client.send_bytes(request).await })
+            .await?
     }
 }
 

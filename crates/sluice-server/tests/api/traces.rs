@@ -19,10 +19,14 @@ const SERVER: i32 = 2;
 const CLIENT: i32 = 3;
 
 fn config(endpoint: &str, sample_ratio: &str) -> String {
+    config_over(endpoint, sample_ratio, "grpc")
+}
+
+fn config_over(endpoint: &str, sample_ratio: &str, protocol: &str) -> String {
     format!(
         "policies:\n  api:\n    limits:\n      - {{ max: 1, per: 1m }}\n\
          tracing:\n  endpoint: {endpoint}\n  sample_ratio: {sample_ratio}\n  \
-         service_name: sluice-under-test\n"
+         service_name: sluice-under-test\n  protocol: {protocol}\n"
     )
 }
 
@@ -131,4 +135,43 @@ async fn without_a_tracing_section_nothing_is_exported() {
     assert_eq!(check(&on, "k", Some(&traceparent)).await, 200);
     on.stop().await;
     assert!(collector.exports() >= 1);
+}
+
+#[tokio::test]
+async fn over_otlp_http_the_spans_arrive_with_their_parents() {
+    let collector = Collector::start_http().await;
+    let server = TestServer::start(&config_over(&collector.endpoint, "1", "http"), &[]).await;
+    let traceparent = format!("00-{TRACE}-{CALLER}-01");
+    assert_eq!(check(&server, "user:1", Some(&traceparent)).await, 200);
+    let spans = collector
+        .wait_for(TRACE, WITHIN, |s| {
+            named(s, "sluice.http.check").len() == 1 && named(s, "sluice.store").len() == 1
+        })
+        .await;
+    let decision = named(&spans, "sluice.http.check")[0];
+    assert_eq!(decision.parent_span_id(), CALLER);
+    assert_eq!(decision.attr("sluice.outcome").as_deref(), Some("allowed"));
+    let store = named(&spans, "sluice.store")[0];
+    assert_eq!(store.parent_span_id(), decision.span_id());
+    assert_eq!(store.attr("sluice.shard").as_deref(), Some("memory"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_fails_no_decision_and_the_server_still_stops() {
+    // A port nothing listens on: every export fails.
+    let closed = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let server = TestServer::start(&config(&closed, "1"), &[]).await;
+    let traceparent = format!("00-{TRACE}-{CALLER}-01");
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(check(&server, "user:1", Some(&traceparent)).await);
+    }
+    let mut expected = vec![429; 20];
+    expected[0] = 200;
+    assert_eq!(statuses, expected, "decided as without tracing");
+    server.stop().await;
 }

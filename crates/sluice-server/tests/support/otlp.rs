@@ -1,5 +1,5 @@
-//! An OpenTelemetry collector inside the test: an OTLP/gRPC trace receiver on a free loopback
-//! port that keeps every span it is sent. Its own module (not in `support`, which other
+//! An OpenTelemetry collector inside the test: an OTLP trace receiver (gRPC, or HTTP with
+//! protobuf bodies at `/v1/traces`) on a free loopback port that keeps every span it is sent. Its own module (not in `support`, which other
 //! crates' tests include too): only this crate has `opentelemetry-proto`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
@@ -66,14 +66,10 @@ struct Inbox {
 #[derive(Clone)]
 struct Receiver(Arc<Inbox>);
 
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+impl Receiver {
+    fn keep(&self, request: ExportTraceServiceRequest) {
         let mut got = Vec::new();
-        for resource in request.into_inner().resource_spans {
+        for resource in request.resource_spans {
             let service = resource
                 .resource
                 .iter()
@@ -96,8 +92,34 @@ impl TraceService for Receiver {
         self.0.spans.lock().unwrap().extend(got);
         *self.0.exports.lock().unwrap() += 1;
         self.0.arrived.notify_waiters();
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.keep(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
+}
+
+/// OTLP/HTTP: `POST /v1/traces` with an `application/x-protobuf` body.
+async fn http_export(
+    axum::extract::State(receiver): axum::extract::State<Receiver>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (axum::http::StatusCode, Vec<u8>) {
+    assert_eq!(
+        headers.get("content-type").unwrap(),
+        "application/x-protobuf"
+    );
+    let request = <ExportTraceServiceRequest as prost::Message>::decode(body).unwrap();
+    receiver.keep(request);
+    let answer = prost::Message::encode_to_vec(&ExportTraceServiceResponse::default());
+    (axum::http::StatusCode::OK, answer)
 }
 
 /// The receiver, serving until dropped.
@@ -120,6 +142,25 @@ impl Collector {
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await;
+        });
+        Self {
+            endpoint,
+            inbox,
+            task,
+        }
+    }
+
+    /// The receiver over OTLP/HTTP: `endpoint` is the base URL (the exporter adds
+    /// `/v1/traces`).
+    pub async fn start_http() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let inbox = Arc::new(Inbox::default());
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(http_export))
+            .with_state(Receiver(inbox.clone()));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
         });
         Self {
             endpoint,
