@@ -7,10 +7,11 @@
 //! (no `tracing` section, no `OTEL_EXPORTER_OTLP_ENDPOINT`), [`Traces`] holds nothing and a
 //! request pays one `Option` test: no header is parsed, no span made.
 //!
-//! Export never slows a decision: spans go to a bounded queue (2048) drained by a batch
-//! processor on its own thread; when the queue is full a span is dropped, and the SDK logs
-//! the first drop and the count at shutdown (through `tracing`, target `opentelemetry_sdk`),
-//! as it logs a failed export once per batch.
+//! Export never slows a decision: spans go to a bounded queue (2048 unless
+//! `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise) drained by a batch processor on its own thread;
+//! when the queue is full a span is dropped, and the SDK logs the first drop and the count at
+//! shutdown (through `tracing`, target `opentelemetry_sdk`), as it logs a failed export once
+//! per batch.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,9 +23,7 @@ use opentelemetry::trace::{SpanKind, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
-};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
 use crate::config::{TraceProtocol, TraceSettings};
 
@@ -32,8 +31,6 @@ use crate::config::{TraceProtocol, TraceSettings};
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one export may take (the OTLP default).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Spans waiting for export; beyond this a span is dropped, never waited for.
-const QUEUE: usize = 2048;
 
 /// The server's tracer, or nothing when tracing is off. Cheap to clone.
 #[derive(Clone, Default)]
@@ -106,13 +103,9 @@ impl Traces {
                 .build(),
         }
         .map_err(|e| failed(&e))?;
-        let batch = BatchSpanProcessor::builder(exporter)
-            .with_batch_config(
-                BatchConfigBuilder::default()
-                    .with_max_queue_size(QUEUE)
-                    .build(),
-            )
-            .build();
+        // The SDK's bounds (2048 spans queued, a batch every 5 s), or the `OTEL_BSP_*`
+        // variables': a span that finds the queue full is dropped, never waited for.
+        let batch = BatchSpanProcessor::builder(exporter).build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(batch)
             // A caller's choice (the `traceparent` flag) is followed; a trace that starts here
