@@ -45,7 +45,7 @@ impl Endpoint {
 
 pub(super) async fn check(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(&s, Endpoint::Check, &headers, body).await
@@ -53,7 +53,7 @@ pub(super) async fn check(
 
 pub(super) async fn peek(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(&s, Endpoint::Peek, &headers, body).await
@@ -61,7 +61,7 @@ pub(super) async fn peek(
 
 pub(super) async fn acquire(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(&s, Endpoint::Acquire, &headers, body).await
@@ -69,7 +69,7 @@ pub(super) async fn acquire(
 
 pub(super) async fn release(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(&s, Endpoint::Release, &headers, body).await
@@ -77,10 +77,33 @@ pub(super) async fn release(
 
 pub(super) async fn refund(
     State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(&s, Endpoint::Refund, &headers, body).await
+}
+
+/// The caller's trace context (`traceparent`, `tracestate`), copied from the request only when
+/// traces are on: off, a decision clones no header.
+pub(super) struct TraceHeaders(HeaderMap);
+
+impl axum::extract::FromRequestParts<Arc<Shared>> for TraceHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        shared: &Arc<Shared>,
+    ) -> Result<Self, Self::Rejection> {
+        let mut headers = HeaderMap::new();
+        if shared.traces().is_on() {
+            for name in ["traceparent", "tracestate"] {
+                if let Some(value) = parts.headers.get(name) {
+                    headers.insert(HeaderName::from_static(name), value.clone());
+                }
+            }
+        }
+        Ok(Self(headers))
+    }
 }
 
 pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> Response {
