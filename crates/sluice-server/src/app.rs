@@ -50,6 +50,9 @@ pub enum ServeError {
     /// The gRPC reflection service could not be built from its descriptors.
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The trace exporter (`tracing`) could not be built.
+    #[error("{0}")]
+    Traces(String),
     /// A server task ended without an answer (it panicked or was cancelled).
     #[error("a server task ended abnormally: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -233,7 +236,21 @@ pub async fn run_with_clock(
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
     tracing::info!(store = %store.describe(), "store connected");
-    let shared = Arc::new(Shared::new(&config, store, rls, clock.clone()));
+    let traces = match &config.tracing {
+        Some(settings) => {
+            tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
+            crate::observe::traces::Traces::start(settings)
+                .map_err(|e| ServeError::Traces(e.to_string()))?
+        }
+        None => crate::observe::traces::Traces::off(),
+    };
+    let shared = Arc::new(Shared::traced(
+        &config,
+        store,
+        rls,
+        clock.clone(),
+        traces.clone(),
+    ));
     // One shutdown signal for both servers.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -373,6 +390,8 @@ pub async fn run_with_clock(
         let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
         reserving.release(&policies, clock.now_ms()).await;
     }
+    // The spans of the last decisions reach the collector before the process ends.
+    traces.shutdown().await;
     served??;
     admin_served??;
     tracing::info!("sluice stopped");

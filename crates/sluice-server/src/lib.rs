@@ -31,7 +31,7 @@
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module.
 //! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
-//!   scrape), the decision counts and the top keys.
+//!   scrape), the decision counts, the top keys and the OTLP traces of decisions.
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a

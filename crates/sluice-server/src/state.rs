@@ -3,10 +3,14 @@
 use std::sync::{Arc, RwLock};
 
 use sluice::breaker::{BreakerState, CircuitBreaker};
-use sluice::{Clock, Limiter, MemoryStore, Policy, Reserving, SharedStore, StoreExt};
+use sluice::{
+    Clock, Decision, Limiter, MemoryStore, Op, Policy, Reserving, SharedStore, Store, StoreError,
+    StoreExt,
+};
 use sluice_redis::{RedisStore, ShardedStore};
 
 use crate::config::Config;
+use crate::observe::traces::Traces;
 use crate::rls::RlsConfig;
 
 /// The store behind the limiter, kept concrete for readiness checks.
@@ -46,6 +50,85 @@ impl StoreHandle {
             StoreHandle::Redis(r) => SharedStore::new(r.clone()),
             StoreHandle::Cluster(c) => SharedStore::new(c.clone()),
         }
+    }
+
+    /// The store as decisions call it: with traces on, each call is a span naming its shard.
+    fn traced(&self, traces: &Traces) -> SharedStore {
+        if traces.is_on() {
+            SharedStore::new(TracedStore {
+                inner: self.shared(),
+                handle: self.clone(),
+                traces: traces.clone(),
+            })
+        } else {
+            self.shared()
+        }
+    }
+
+    /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
+    /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
+    fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
+        match self {
+            StoreHandle::Memory(_) => ("memory".to_owned(), None),
+            StoreHandle::Redis(sharded) => {
+                let i = sharded.shard_for(policy, key);
+                let name = sharded.names().get(i).cloned().unwrap_or_default();
+                (name, Some(i))
+            }
+            StoreHandle::Cluster(c) => (c.name().to_owned(), None),
+        }
+    }
+}
+
+/// The store with a span around each call (`sluice.store`, a child of the decision being
+/// made), carrying the shard the store chose and what it answered.
+struct TracedStore {
+    inner: SharedStore,
+    handle: StoreHandle,
+    traces: Traces,
+}
+
+impl Store for TracedStore {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let span = self.traces.store_call();
+        span.set(|| {
+            let (shard, index) = self.handle.shard_of(policy, key);
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("sluice.shard", shard),
+                opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
+                opentelemetry::KeyValue::new("sluice.op", op.name()),
+            ];
+            if let Some(i) = index {
+                let i = i64::try_from(i).unwrap_or(i64::MAX);
+                attributes.push(opentelemetry::KeyValue::new("sluice.shard.index", i));
+            }
+            attributes
+        });
+        let result = self.inner.call(policy, key, op, now_ms).await;
+        match &result {
+            Ok(d) if d.allowed => span.finish("allowed", None),
+            Ok(_) => span.finish("denied", None),
+            Err(e) => {
+                span.set(|| {
+                    vec![opentelemetry::KeyValue::new(
+                        "error.type",
+                        e.kind().as_str(),
+                    )]
+                });
+                span.finish("error", Some(e.to_string()));
+            }
+        }
+        result
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        self.inner.forget(policy, key).await
     }
 }
 
@@ -227,6 +310,8 @@ pub struct Shared {
     counts: crate::observe::stats::DecisionCounts,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
+    /// Decisions as spans over OTLP (`tracing`); off by default.
+    traces: Traces,
 }
 
 impl Shared {
@@ -237,13 +322,24 @@ impl Shared {
         rls: Option<Arc<RlsConfig>>,
         clock: ServerClock,
     ) -> Self {
+        Self::traced(config, store, rls, clock, Traces::off())
+    }
+
+    /// [`Shared::new`] recording decisions as spans with `traces`.
+    pub(crate) fn traced(
+        config: &Config,
+        store: StoreHandle,
+        rls: Option<Arc<RlsConfig>>,
+        clock: ServerClock,
+        traces: Traces,
+    ) -> Self {
         let insurance = Arc::new(MemoryStore::new());
         let reserving = config
             .local
-            .map(|local| Arc::new(Reserving::new(store.shared(), local)));
+            .map(|local| Arc::new(Reserving::new(store.traced(&traces), local)));
         let deciding = match &reserving {
             Some(r) => SharedStore::new(r.clone()),
-            None => store.shared(),
+            None => store.traced(&traces),
         };
         let first = Generation::new(1, config, &store, &deciding, &insurance, rls, &clock);
         Self {
@@ -258,7 +354,13 @@ impl Shared {
             top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
             counts: crate::observe::stats::DecisionCounts::default(),
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
+            traces,
         }
+    }
+
+    /// The tracer of decisions (off unless `tracing` is configured).
+    pub(crate) fn traces(&self) -> &Traces {
+        &self.traces
     }
 
     /// The slots of `POST /v1/simulate`: a simulation runs holding one.

@@ -46,12 +46,14 @@ mod overrides;
 mod rls;
 mod store;
 mod top;
+mod traces;
 use self::listen::*;
 pub use self::metrics::{MetricsSettings, NearLimit};
 use self::metrics::{RawMetrics, metrics_config};
 pub use self::overrides::*;
 pub use self::rls::*;
 pub use self::top::*;
+pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
 use store::{RawStore, store_config};
 
 /// A configured policy (its failure mode is part of the [`Policy`]).
@@ -171,6 +173,8 @@ pub struct Config {
     pub top: TopSettings,
     /// What `/metrics` counts (`metrics`).
     pub metrics: MetricsSettings,
+    /// Traces of decisions over OTLP (`tracing` and the `OTEL_*` variables); `None`: off.
+    pub tracing: Option<TraceSettings>,
 }
 
 #[derive(Deserialize, Default)]
@@ -246,6 +250,7 @@ struct RawConfig {
     top: RawTop,
     #[serde(default)]
     metrics: RawMetrics,
+    tracing: Option<traces::RawTracing>,
 }
 
 impl Config {
@@ -322,6 +327,8 @@ impl Config {
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
         let metrics = metrics_config(raw.metrics).map_err(err)?;
+        let tracing =
+            traces::trace_config(raw.tracing, |name| std::env::var(name).ok()).map_err(err)?;
         let admin = raw
             .admin
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
@@ -364,10 +371,11 @@ impl Config {
             admin,
             top,
             metrics,
+            tracing,
         })
     }
 
-    /// The sections read at start only (`listen`, `store`, `local`, `top`) that differ in
+    /// The sections read at start only (`listen`, `store`, `local`, `top`, `tracing`) that differ in
     /// `next`: a reload applies its policies and rules, and these after a restart.
     pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
         let listen = |c: &Config| (c.http, c.grpc, c.admin_http, c.tls.clone(), c.connections);
@@ -383,6 +391,9 @@ impl Config {
         }
         if self.top != next.top {
             changed.push("top");
+        }
+        if self.tracing != next.tracing {
+            changed.push("tracing");
         }
         // The xDS client is started with the server: its control plane is read at start only.
         let xds = |c: &Config| c.rls.as_ref().and_then(|r| r.xds().cloned());

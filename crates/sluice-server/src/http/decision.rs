@@ -26,6 +26,17 @@ impl Endpoint {
         }
     }
 
+    /// The name of its span (docs/configuration.md#tracing).
+    fn span_name(self) -> &'static str {
+        match self {
+            Endpoint::Check => "sluice.http.check",
+            Endpoint::Peek => "sluice.http.peek",
+            Endpoint::Refund => "sluice.http.refund",
+            Endpoint::Acquire => "sluice.http.acquire",
+            Endpoint::Release => "sluice.http.release",
+        }
+    }
+
     /// Whether it admits requests (counted in stats and top keys; 429 when denied).
     fn admits(self) -> bool {
         matches!(self, Endpoint::Check | Endpoint::Acquire)
@@ -34,37 +45,65 @@ impl Endpoint {
 
 pub(super) async fn check(
     State(s): State<Arc<Shared>>,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(&s, Endpoint::Check, body).await
+    answer(&s, Endpoint::Check, &headers, body).await
 }
 
 pub(super) async fn peek(
     State(s): State<Arc<Shared>>,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(&s, Endpoint::Peek, body).await
+    answer(&s, Endpoint::Peek, &headers, body).await
 }
 
 pub(super) async fn acquire(
     State(s): State<Arc<Shared>>,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(&s, Endpoint::Acquire, body).await
+    answer(&s, Endpoint::Acquire, &headers, body).await
 }
 
 pub(super) async fn release(
     State(s): State<Arc<Shared>>,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(&s, Endpoint::Release, body).await
+    answer(&s, Endpoint::Release, &headers, body).await
 }
 
 pub(super) async fn refund(
     State(s): State<Arc<Shared>>,
+    TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(&s, Endpoint::Refund, body).await
+    answer(&s, Endpoint::Refund, &headers, body).await
+}
+
+/// The caller's trace context (`traceparent`, `tracestate`), copied from the request only when
+/// traces are on: off, a decision clones no header.
+pub(super) struct TraceHeaders(HeaderMap);
+
+impl axum::extract::FromRequestParts<Arc<Shared>> for TraceHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        shared: &Arc<Shared>,
+    ) -> Result<Self, Self::Rejection> {
+        let mut headers = HeaderMap::new();
+        if shared.traces().is_on() {
+            for name in ["traceparent", "tracestate"] {
+                if let Some(value) = parts.headers.get(name) {
+                    headers.insert(HeaderName::from_static(name), value.clone());
+                }
+            }
+        }
+        Ok(Self(headers))
+    }
 }
 
 pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> Response {
@@ -78,10 +117,11 @@ pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) ->
 }
 
 /// Check, peek, refund, acquire or release: reads the body, asks the limiter, answers the
-/// decision.
+/// decision. With traces on, the decision is a span, child of the `traceparent` in `headers`.
 pub(super) async fn answer(
     shared: &Shared,
     op: Endpoint,
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let req = match parse_request(body, op) {
@@ -93,33 +133,50 @@ pub(super) async fn answer(
     let Some(policy) = limiter.policy(&req.policy) else {
         return unknown_policy(&req.policy, &snapshot);
     };
+    let span = shared
+        .traces()
+        .decision(op.span_name(), &crate::observe::traces::Headers(headers));
+    span.set(|| {
+        vec![
+            opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
+            opentelemetry::KeyValue::new(
+                "sluice.cost",
+                i64::try_from(req.cost).unwrap_or(i64::MAX),
+            ),
+        ]
+    });
     let started = std::time::Instant::now();
     let mut lease = None;
-    let result = match op {
-        Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
-        Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
-        Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
-        Endpoint::Acquire if req.lease != 0 => limiter
-            .renew_policy(policy, &req.key, req.lease, req.cost)
-            .await
-            .map(|(d, l)| {
-                lease = l;
-                d
-            }),
-        Endpoint::Acquire => limiter
-            .acquire_policy(policy, &req.key, req.cost)
-            .await
-            .map(|(d, l)| {
-                lease = l;
-                d
-            }),
-        Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
-    };
+    let result = span
+        .around(async {
+            match op {
+                Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
+                Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
+                Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
+                Endpoint::Acquire if req.lease != 0 => limiter
+                    .renew_policy(policy, &req.key, req.lease, req.cost)
+                    .await
+                    .map(|(d, l)| {
+                        lease = l;
+                        d
+                    }),
+                Endpoint::Acquire => limiter
+                    .acquire_policy(policy, &req.key, req.cost)
+                    .await
+                    .map(|(d, l)| {
+                        lease = l;
+                        d
+                    }),
+                Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
+            }
+        })
+        .await;
     let op_name = op.name();
     metrics::decision_latency(op_name, started.elapsed());
     match result {
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
+            span.finish(outcome.as_str(), None);
             metrics::decision(policy.name_arc(), op_name, outcome);
             if op.admits() && outcome == Outcome::Allowed && near_limit(&snapshot, &d) {
                 metrics::near_limit(policy.name_arc());
@@ -149,6 +206,7 @@ pub(super) async fn answer(
             decision_response_with(status, policy, &req.key, &d, extra)
         }
         Err(LimitError::Store(e)) => {
+            span.finish(Outcome::Error.as_str(), Some(e.to_string()));
             metrics::decision(policy.name_arc(), op_name, Outcome::Error);
             if op.admits() {
                 shared.counts().count(policy.name_arc(), Outcome::Error);
@@ -159,7 +217,10 @@ pub(super) async fn answer(
                 store_failure(policy, &req.key, &e),
             )
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+        Err(e) => {
+            span.finish("invalid", Some(e.to_string()));
+            error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
+        }
     }
 }
 

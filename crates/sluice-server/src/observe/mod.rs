@@ -1,8 +1,10 @@
 //! Observation: the Prometheus metrics ([`metrics`]), the decision counts of `/v1/stats`
-//! ([`stats`]) and the heavy-hitter summaries of `/v1/top` ([`top`]). It imports nothing of the
+//! ([`stats`]), the heavy-hitter summaries of `/v1/top` ([`top`]) and the OTLP traces of
+//! decisions ([`traces`]). It imports nothing of the
 //! runtime or the surfaces above it; they report into it.
 
 pub(crate) mod metrics;
 pub(crate) mod scrape;
 pub(crate) mod stats;
 pub mod top;
+pub(crate) mod traces;

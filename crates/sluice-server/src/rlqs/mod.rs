@@ -94,6 +94,13 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        // The stream's trace context (`traceparent` in its metadata) is the parent of each
+        // report's span; copied only when traces are on.
+        let metadata = if self.shared.traces().is_on() {
+            request.metadata().clone()
+        } else {
+            tonic::metadata::MetadataMap::new()
+        };
         let mut inbound = request.into_inner();
         // A few answers may wait for a slow reader; beyond that the stream waits too.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -123,7 +130,22 @@ impl RateLimitQuotaService for RlqsService {
                         break;
                     }
                 };
-                let answer = stream.handle(&shared.snapshot(), reports).await;
+                let span = shared.traces().decision(
+                    "sluice.rlqs.report",
+                    &crate::observe::traces::Metadata(&metadata),
+                );
+                span.set(|| {
+                    let buckets = i64::try_from(reports.bucket_quota_usages.len()).unwrap_or(0);
+                    vec![opentelemetry::KeyValue::new("sluice.buckets", buckets)]
+                });
+                let cx = span.context();
+                let answer = span
+                    .around(stream.handle(&shared.snapshot(), reports, cx))
+                    .await;
+                match &answer {
+                    Ok(_) => span.finish("answered", None),
+                    Err(status) => span.finish("error", Some(status.message().to_owned())),
+                }
                 let end = answer.is_err();
                 if tx.send(answer).await.is_err() || end {
                     break;
@@ -292,6 +314,7 @@ impl StreamState {
         &mut self,
         snapshot: &Generation,
         reports: RateLimitQuotaUsageReports,
+        trace: Option<opentelemetry::Context>,
     ) -> Result<RateLimitQuotaResponse, Status> {
         let Some(config) = snapshot.rlqs.as_deref() else {
             return Err(Status::failed_precondition(
@@ -316,7 +339,7 @@ impl StreamState {
         for (i, u) in usages.iter().enumerate() {
             plans.push(self.plan(snapshot, config, &domain, i, u, now)?);
         }
-        let charged = self.charge(snapshot, &usages, &plans, now).await;
+        let charged = self.charge(snapshot, &usages, &plans, now, trace).await;
         let mut actions = Vec::with_capacity(usages.len());
         for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
             if let Some(action) = self.action(config, &u, plan, result) {
@@ -343,6 +366,7 @@ impl StreamState {
         usages: &[Usage],
         plans: &[Plan<'_>],
         now: u64,
+        trace: Option<opentelemetry::Context>,
     ) -> Vec<Option<Result<Decision, StoreError>>> {
         let mut charges = tokio::task::JoinSet::new();
         for (i, (u, plan)) in usages.iter().zip(plans).enumerate() {
@@ -354,7 +378,15 @@ impl StreamState {
                     max: u.allowed,
                     holder: self.holder,
                 };
-                charges.spawn(async move { (i, store.call(&policy, &key, op, now).await) });
+                let charge = async move { (i, store.call(&policy, &key, op, now).await) };
+                match &trace {
+                    // Each charge's store span is a child of the report's.
+                    Some(cx) => charges.spawn(opentelemetry::context::FutureExt::with_context(
+                        charge,
+                        cx.clone(),
+                    )),
+                    None => charges.spawn(charge),
+                };
             }
         }
         let mut charged: Vec<Option<Result<Decision, StoreError>>> =

@@ -274,20 +274,40 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let snapshot = self.shared.snapshot();
+        // Envoy with its tracing on sends the `traceparent` in the metadata.
+        let span = self.shared.traces().decision(
+            "sluice.rls.should_rate_limit",
+            &crate::observe::traces::Metadata(request.metadata()),
+        );
         let req = request.into_inner();
+        span.set(|| {
+            let descriptors = i64::try_from(req.descriptors.len()).unwrap_or(i64::MAX);
+            vec![
+                opentelemetry::KeyValue::new("sluice.domain", req.domain.clone()),
+                opentelemetry::KeyValue::new("sluice.descriptors", descriptors),
+            ]
+        });
         let label = snapshot
             .rls
             .as_ref()
             .and_then(|rls| rls.domain_label(&req.domain))
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
-        let answer = self.answer(&snapshot, &label, req).await;
+        let answer = span.around(self.answer(&snapshot, &label, req)).await;
         metrics::decision_latency("should_rate_limit", started.elapsed());
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
             Ok(_) => Outcome::Allowed,
             Err(_) => Outcome::Error,
         };
+        match &answer {
+            // A descriptor decided without the store shows in the dynamic metadata.
+            Ok(r) if outcome == Outcome::Allowed && r.dynamic_metadata.is_some() => {
+                span.finish(Outcome::Degraded.as_str(), None);
+            }
+            Ok(_) => span.finish(outcome.as_str(), None),
+            Err(status) => span.finish(outcome.as_str(), Some(status.message().to_owned())),
+        }
         metrics::decision(&label, "should_rate_limit", outcome);
         answer.map(Response::new)
     }

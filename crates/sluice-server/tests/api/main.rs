@@ -3,6 +3,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "../support/otlp.rs"]
+mod otlp;
+
 mod clock;
 mod concurrency;
 mod config;
@@ -13,3 +16,4 @@ mod metrics;
 mod simulate;
 mod simulate_logs;
 mod top;
+mod traces;

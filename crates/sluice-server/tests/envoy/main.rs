@@ -3,6 +3,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "../support/otlp.rs"]
+mod otlp;
+
 mod envoy_config;
 mod grpc;
 mod metrics;
@@ -12,3 +15,4 @@ mod reflection;
 mod rlqs;
 mod rls_config;
 mod rls_xds;
+mod traces;

@@ -1,0 +1,335 @@
+//! Traces of decisions over OTLP (docs/configuration.md#tracing): one span per decision, a
+//! child span per store call, the parent taken from the caller's W3C `traceparent`.
+//!
+//! The spans are made with the OpenTelemetry API on a tracer provider the server owns, not
+//! through the process's `tracing` subscriber: `app::run` is a function tests call in one
+//! process with different configurations, and a global subscriber would mix their spans. Off
+//! (no `tracing` section, no `OTEL_EXPORTER_OTLP_ENDPOINT`), [`Traces`] holds nothing and a
+//! request pays one `Option` test: no header is parsed, no span made.
+//!
+//! Export never slows a decision: spans go to a bounded queue (2048 unless
+//! `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise) drained by a batch processor on its own thread;
+//! when the queue is full a span is dropped, and the SDK logs the first drop and the count at
+//! shutdown (through `tracing`, target `opentelemetry_sdk`), as it logs a failed export once
+//! per batch.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt as _, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
+
+use crate::config::{TraceProtocol, TraceSettings};
+
+/// How long a stopping server waits for the last spans to reach the collector.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one export may take (the OTLP default).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The server's tracer, or nothing when tracing is off. Cheap to clone.
+#[derive(Clone, Default)]
+pub(crate) struct Traces(Option<Arc<On>>);
+
+struct On {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl std::fmt::Debug for Traces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Traces(on)"
+        } else {
+            "Traces(off)"
+        })
+    }
+}
+
+/// The exporter could not be built from the settings.
+#[derive(Debug, thiserror::Error)]
+#[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
+pub(crate) struct TraceError {
+    endpoint: String,
+    reason: String,
+}
+
+impl Traces {
+    /// Tracing off.
+    pub(crate) fn off() -> Self {
+        Self(None)
+    }
+
+    /// Exports to the collector of `settings`. Called inside the server's Tokio runtime (the
+    /// gRPC exporter's connection lives there); connecting is lazy, so a collector that is
+    /// down is no error here, its spans are dropped later.
+    pub(crate) fn start(settings: &TraceSettings) -> Result<Self, TraceError> {
+        let failed = |e: &dyn std::fmt::Display| TraceError {
+            endpoint: settings.endpoint.clone(),
+            reason: e.to_string(),
+        };
+        let builder = opentelemetry_otlp::SpanExporter::builder();
+        let exporter = match settings.protocol {
+            TraceProtocol::Grpc => {
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                for (name, value) in &settings.headers {
+                    // Checked at load (config::traces): lowercase ASCII names and values.
+                    let (Ok(name), Ok(value)) = (
+                        tonic::metadata::MetadataKey::from_bytes(name.as_bytes()),
+                        value.parse(),
+                    ) else {
+                        return Err(failed(&format!("header {name} is not valid gRPC metadata")));
+                    };
+                    metadata.insert(name, value);
+                }
+                builder
+                    .with_tonic()
+                    .with_endpoint(settings.endpoint.clone())
+                    .with_metadata(metadata)
+                    .build()
+            }
+            TraceProtocol::Http => builder
+                .with_http()
+                .with_http_client(OnRuntime::here())
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(http_endpoint(&settings.endpoint))
+                .with_headers(settings.headers.clone().into_iter().collect())
+                .build(),
+        }
+        .map_err(|e| failed(&e))?;
+        // The SDK's bounds (2048 spans queued, a batch every 5 s), or the `OTEL_BSP_*`
+        // variables': a span that finds the queue full is dropped, never waited for.
+        let batch = BatchSpanProcessor::builder(exporter).build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(batch)
+            // A caller's choice (the `traceparent` flag) is followed; a trace that starts here
+            // is kept with the configured probability.
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                settings.sample_ratio,
+            ))))
+            .with_resource(
+                opentelemetry_sdk::Resource::builder_empty()
+                    .with_service_name(settings.service_name.clone())
+                    .build(),
+            )
+            .build();
+        let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "sluice");
+        Ok(Self(Some(Arc::new(On {
+            provider,
+            tracer,
+            propagator: TraceContextPropagator::new(),
+        }))))
+    }
+
+    /// Whether spans are made.
+    pub(crate) fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// A decision's span, named `name`, child of the trace context the caller sent
+    /// (`traceparent`/`tracestate` read from `carrier`), or a new trace when it sent none.
+    pub(crate) fn decision(&self, name: &'static str, carrier: &dyn Extractor) -> Traced {
+        let Some(on) = &self.0 else {
+            return Traced(None);
+        };
+        let parent = on.propagator.extract(carrier);
+        let span = on
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .start_with_context(&on.tracer, &parent);
+        Traced(Some(parent.with_span(span)))
+    }
+
+    /// A store call's span, child of the decision the caller runs in (none outside one: the
+    /// background charge-back and probes are not traced).
+    pub(crate) fn store_call(&self) -> Traced {
+        let Some(on) = &self.0 else {
+            return Traced(None);
+        };
+        let parent = Context::current();
+        if !parent.has_active_span() {
+            return Traced(None);
+        }
+        let span = on
+            .tracer
+            .span_builder("sluice.store")
+            .with_kind(SpanKind::Client)
+            .start_with_context(&on.tracer, &parent);
+        Traced(Some(parent.with_span(span)))
+    }
+
+    /// Exports what is queued and stops the exporter (a graceful stop), waiting at most
+    /// [`FLUSH_TIMEOUT`] on a blocking thread so the runtime keeps serving the gRPC
+    /// exporter's connection.
+    pub(crate) async fn shutdown(&self) {
+        let Some(on) = self.0.clone() else {
+            return;
+        };
+        let flushed =
+            tokio::task::spawn_blocking(move || on.provider.shutdown_with_timeout(FLUSH_TIMEOUT))
+                .await;
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "traces: the last spans were not exported"),
+            Err(e) => tracing::warn!(error = %e, "traces: the exporter did not stop"),
+        }
+    }
+}
+
+/// The OTLP/HTTP client, sending on the server's runtime: the batch processor exports from a
+/// thread of its own, which has no Tokio reactor for hyper's sockets and timers.
+#[derive(Debug)]
+struct OnRuntime {
+    client: opentelemetry_http::hyper::HyperClient,
+    runtime: tokio::runtime::Handle,
+}
+
+impl OnRuntime {
+    /// Called inside the server's runtime ([`Traces::start`]).
+    fn here() -> Self {
+        Self {
+            client: opentelemetry_http::hyper::HyperClient::with_default_connector(
+                EXPORT_TIMEOUT,
+                None,
+            ),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl opentelemetry_http::HttpClient for OnRuntime {
+    async fn send_bytes(
+        &self,
+        request: axum::http::Request<axum::body::Bytes>,
+    ) -> Result<axum::http::Response<axum::body::Bytes>, opentelemetry_http::HttpError> {
+        let client = self.client.clone();
+        self.runtime
+            .spawn(async move { client.send_bytes(request).await })
+            .await?
+    }
+}
+
+/// `http://host:4318` is the collector; its traces are at `/v1/traces` (as the
+/// specification builds the URL from `OTEL_EXPORTER_OTLP_ENDPOINT`). A URL with a path is
+/// used as written.
+fn http_endpoint(endpoint: &str) -> String {
+    match endpoint.parse::<axum::http::Uri>() {
+        Ok(uri) if uri.path() == "/" || uri.path().is_empty() => {
+            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        }
+        _ => endpoint.to_owned(),
+    }
+}
+
+/// A span being recorded, in its context; nothing when tracing is off or no span is due.
+#[derive(Debug)]
+pub(crate) struct Traced(Option<Context>);
+
+impl Traced {
+    /// Runs `work` with this span as the current one, so store calls inside are its children.
+    pub(crate) async fn around<F: Future>(&self, work: F) -> F::Output {
+        match &self.0 {
+            Some(cx) => work.with_context(cx.clone()).await,
+            None => work.await,
+        }
+    }
+
+    /// The context to hand to tasks spawned for this span's work.
+    pub(crate) fn context(&self) -> Option<Context> {
+        self.0.clone()
+    }
+
+    /// Adds attributes, made only when the span is recorded.
+    pub(crate) fn set(&self, attributes: impl FnOnce() -> Vec<KeyValue>) {
+        if let Some(cx) = &self.0 {
+            let span = cx.span();
+            if span.is_recording() {
+                span.set_attributes(attributes());
+            }
+        }
+    }
+
+    /// Records `sluice.outcome` (an `error` also as the span's status, with `why`) and ends the
+    /// span.
+    pub(crate) fn finish(self, outcome: &'static str, why: Option<String>) {
+        let Some(cx) = self.0 else {
+            return;
+        };
+        let span = cx.span();
+        span.set_attribute(KeyValue::new("sluice.outcome", outcome));
+        if let Some(why) = why {
+            span.set_status(Status::error(why));
+        }
+        span.end();
+    }
+}
+
+/// gRPC metadata as a carrier of `traceparent` (Envoy sends it there when its tracing is on).
+pub(crate) struct Metadata<'a>(pub(crate) &'a tonic::metadata::MetadataMap);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// HTTP headers as a carrier of `traceparent`.
+pub(crate) struct Headers<'a>(pub(crate) &'a axum::http::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(axum::http::HeaderName::as_str).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http_collector_url_without_a_path_gets_the_traces_path() {
+        assert_eq!(
+            http_endpoint("http://collector:4318"),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            http_endpoint("http://collector:4318/"),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            http_endpoint("http://gw:80/otlp/v1/traces"),
+            "http://gw:80/otlp/v1/traces"
+        );
+    }
+
+    #[test]
+    fn off_makes_no_span_and_reads_no_header() {
+        let traces = Traces::off();
+        let headers = axum::http::HeaderMap::new();
+        let span = traces.decision("sluice.check", &Headers(&headers));
+        assert!(span.context().is_none());
+        assert!(traces.store_call().context().is_none());
+    }
+}
