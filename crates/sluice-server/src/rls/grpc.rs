@@ -271,7 +271,9 @@ impl RateLimitService for RlsService {
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
         let answer = self.answer(&snapshot, &label, req).await;
-        metrics::decision_latency("should_rate_limit", started.elapsed());
+        let took = started.elapsed();
+        metrics::decision_latency("should_rate_limit", took);
+        self.shared.decision_latency()[1].record(started, took);
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
             Ok(_) => Outcome::Allowed,

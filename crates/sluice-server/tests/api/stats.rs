@@ -82,6 +82,23 @@ async fn rules_are_grouped_with_their_heaviest_detailed_keys_and_bounded_in_size
     // The response stays small whatever the keys: 1,500 detailed keys, under 16 KB.
     assert!(bytes < 16 * 1024, "{bytes} bytes");
     eprintln!("/v1/stats with 1,500 detailed keys: {bytes} bytes");
+    // 34 ShouldRateLimit calls in the last minute, no HTTP decision.
+    let latency = &stats["latency"];
+    assert_eq!(latency["window_s"], 60);
+    assert_eq!(
+        latency["decision"]["http"],
+        json!({"count": 0}),
+        "{latency}"
+    );
+    let grpc = &latency["decision"]["grpc"];
+    assert_eq!(grpc["count"], 34, "{latency}");
+    let (p50, p99) = (
+        grpc["p50_ms"].as_f64().unwrap(),
+        grpc["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{latency}");
+    // The memory store has no shards, so no call latency or replicas.
+    assert_eq!(stats["store"]["shards"], json!([]));
     // Configured policies only, a policy with no check yet included.
     assert_eq!(
         stats["policies"],
