@@ -264,6 +264,8 @@ pub(super) async fn stats(
         })
         .collect();
     let rules = shared.rules().read(keys);
+    let streams = shared.rlqs_streams().read();
+    let buckets_total: u64 = streams.iter().map(|s| s.buckets).sum();
     let at = std::time::Instant::now();
     let [http, grpc] = shared
         .decision_latency()
@@ -330,6 +332,7 @@ pub(super) async fn stats(
             "reservation": reservation,
             "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
             "reloads": reloads,
+            "rlqs": {"streams": streams, "buckets_total": buckets_total},
         }),
     )
 }
