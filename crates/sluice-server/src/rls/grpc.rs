@@ -410,11 +410,13 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                let entries: Vec<(&str, &str)> = descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect();
+                let entries = || {
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.clone(), e.value.clone()))
+                        .collect()
+                };
                 let counted = crate::observe::rules::Counted {
                     domain: &m.rule.domain,
                     full_key: &m.rule.full_key,
