@@ -175,7 +175,8 @@ fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Resp
         "unknown_policy",
         format!(
             "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
-             {}; Envoy rules appear under their statistics key once they have seen traffic",
+             {}; Envoy rules appear as `domain.rule` (e.g. `edge.remote_address`) once they \
+             have seen traffic",
             names.join(", ")
         ),
     )
