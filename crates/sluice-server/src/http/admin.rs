@@ -87,7 +87,7 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
     };
     let snapshot = shared.snapshot();
     let configured = snapshot.limiter.policy(&policy);
-    if configured.is_none() && !shared.top().tracks(&policy) {
+    if configured.is_none() && !shared.top().tracks(&policy) && !shared.rules().tracks(&policy) {
         return unknown_top_policy(&snapshot, &policy);
     }
     let now = sluice::Clock::now_ms(shared.clock());
@@ -95,6 +95,11 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
     let mut keys = Vec::with_capacity(reading.keys.len());
     for c in &reading.keys {
         let mut entry = json!({"key": &*c.key, "count": c.count, "error": c.error});
+        if configured.is_none()
+            && let Some(entries) = shared.rules().entries_of(&policy, &c.key)
+        {
+            entry["entries"] = json!(entries);
+        }
         if let Some(p) = configured {
             // What the key has left now (a peek of 0 records nothing); null if the store
             // cannot say.
@@ -170,44 +175,102 @@ fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Resp
         "unknown_policy",
         format!(
             "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
-             {}; Envoy rules appear under their statistics key once they have seen traffic",
+             {}; Envoy rules appear as `domain.rule` (e.g. `edge.remote_address`) once they \
+             have seen traffic",
             names.join(", ")
         ),
     )
 }
 
-/// `GET /v1/stats`: checks per policy and outcome since start, the store's shards (circuit,
-/// a ping's latency), reservation and reload status: what the dashboard polls.
-pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
-    let now = sluice::Clock::now_ms(shared.clock());
-    let policies = shared.counts().read();
-    let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
-        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
-        Err(e) => json!({"ok": false, "error": e.to_string()}),
-    };
-    let store = match shared.store() {
-        crate::state::StoreHandle::Memory(m) => {
-            json!({"kind": "memory", "keys": m.len(), "shards": []})
+/// The most detailed keys `GET /v1/stats` lists per Envoy rule.
+pub(super) const MAX_STATS_KEYS: usize = 100;
+
+/// One whole-number query parameter `name` from `min` to `max` (`default` when absent), or
+/// why it is refused (a `400`): the only parameter the route takes.
+fn number_query(
+    query: Option<&str>,
+    name: &str,
+    (min, max, default): (usize, usize, usize),
+) -> Result<usize, String> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|e| format!("the query string is not form-encoded: {e}"))?;
+    let mut out = default;
+    for (key, value) in pairs {
+        if key != name {
+            return Err(format!("unknown query parameter `{key}`; expected {name}"));
         }
-        crate::state::StoreHandle::Redis(sharded) => {
-            let mut shards = Vec::with_capacity(sharded.shards().len());
-            for shard in sharded.shards() {
-                let started = std::time::Instant::now();
-                let mut s = ping(started, shard.inner().ping().await);
-                s["name"] = json!(shard.name());
-                s["circuit"] = json!(shard.state().as_str());
-                s["opened_total"] = json!(shard.opened_total());
-                shards.push(s);
+        out = match value.parse::<usize>() {
+            Ok(n) if (min..=max).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "`{name}` must be a whole number from {min} to {max}, got `{value}`"
+                ));
             }
-            json!({"kind": "redis", "shards": shards})
-        }
-        crate::state::StoreHandle::Cluster(cluster) => {
-            let started = std::time::Instant::now();
-            let mut s = ping(started, cluster.ping().await);
-            s["name"] = json!(cluster.name());
-            json!({"kind": "cluster", "shards": [s]})
-        }
+        };
+    }
+    Ok(out)
+}
+
+/// A latency reading as `/v1/stats` shows it: `count`, and `p50_ms`, `p99_ms` when there were
+/// calls.
+fn quantiles(q: sluice::latency::Quantiles) -> Value {
+    let mut v = json!({"count": q.count});
+    if let (Some(p50), Some(p99)) = (q.p50_ms, q.p99_ms) {
+        v["p50_ms"] = json!(p50);
+        v["p99_ms"] = json!(p99);
+    }
+    v
+}
+
+/// A shard's store calls over the last minute (`p50_ms`, `p99_ms` when it answered any) and
+/// its replicas, each pinged.
+async fn store_calls(shard: &mut Value, store: &sluice_redis::RedisStore) {
+    let q = store.call_latency();
+    if let (Some(p50), Some(p99)) = (q.p50_ms, q.p99_ms) {
+        shard["p50_ms"] = json!(p50);
+        shard["p99_ms"] = json!(p99);
+    }
+    let replicas: Vec<Value> = store
+        .ping_replicas()
+        .await
+        .into_iter()
+        .map(|(addr, result)| match result {
+            Ok(took) => json!({"addr": addr, "ok": true, "latency_ms": took.as_secs_f64() * 1e3}),
+            Err(e) => json!({"addr": addr, "ok": false, "error": e.to_string()}),
+        })
+        .collect();
+    shard["replicas"] = json!(replicas);
+}
+
+/// `GET /v1/stats[?keys=N]` (docs/api.md, "Statistics"): checks per configured policy and
+/// per Envoy rule (at most `N` detailed keys each), the store's shards (circuit, a ping's
+/// latency), reservation and reload status: what the dashboard polls.
+pub(super) async fn stats(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let keys = match number_query(query.as_deref(), "keys", (0, MAX_STATS_KEYS, 10)) {
+        Ok(n) => n,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
     };
+    let now = sluice::Clock::now_ms(shared.clock());
+    let snapshot = shared.snapshot();
+    let mut counted = shared.counts().read();
+    let policies: std::collections::BTreeMap<String, crate::observe::stats::Counts> = snapshot
+        .limiter
+        .policies()
+        .map(|p| {
+            let c = counted.remove(p.name()).unwrap_or_default();
+            (p.name().to_owned(), c)
+        })
+        .collect();
+    let streams = shared.rlqs_streams().read();
+    let buckets_total: u64 = streams.iter().map(|s| s.buckets).sum();
+    let at = std::time::Instant::now();
+    let [http, grpc] = shared
+        .decision_latency()
+        .each_ref()
+        .map(|w| quantiles(w.read(at)));
     let reservation = shared.reserving().map(|r| {
         let s = r.stats();
         json!({
@@ -220,10 +283,95 @@ pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
         &json!({
             "now_ms": now,
             "policies": policies,
-            "store": store,
+            "rules": shared.rules().read(keys),
+            "latency": {
+                "window_s": sluice::latency::WINDOW_S,
+                "decision": {"http": http, "grpc": grpc},
+            },
+            "store": store_stats(shared.store()).await,
             "reservation": reservation,
-            "config": {"generation": shared.snapshot().number, "last_reload_error": shared.last_reload_error()},
+            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
+            "reloads": reloads(&shared),
+            "rlqs": {"streams": streams, "buckets_total": buckets_total},
         }),
+    )
+}
+
+/// The reload history as `/v1/stats` shows it, newest first.
+fn reloads(shared: &Shared) -> Vec<Value> {
+    shared
+        .reloads()
+        .into_iter()
+        .map(|r| {
+            let mut v = json!({"at_ms": r.at_ms, "generation": r.generation, "ok": r.ok(), "source": r.source});
+            if let Some(e) = r.error {
+                v["error"] = json!(e);
+            }
+            v
+        })
+        .collect()
+}
+
+/// The store as `/v1/stats` shows it: the memory store's keys, or each shard's circuit, a
+/// ping, its calls' latency and its replicas.
+async fn store_stats(store: &crate::state::StoreHandle) -> Value {
+    let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
+        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    match store {
+        crate::state::StoreHandle::Memory(m) => {
+            json!({"kind": "memory", "keys": m.len(), "shards": []})
+        }
+        crate::state::StoreHandle::Redis(sharded) => {
+            let mut shards = Vec::with_capacity(sharded.shards().len());
+            for shard in sharded.shards() {
+                let started = std::time::Instant::now();
+                let mut s = ping(started, shard.inner().ping().await);
+                s["name"] = json!(shard.name());
+                s["circuit"] = json!(shard.state().as_str());
+                s["opened_total"] = json!(shard.opened_total());
+                store_calls(&mut s, shard.inner()).await;
+                shards.push(s);
+            }
+            json!({"kind": "redis", "shards": shards})
+        }
+        crate::state::StoreHandle::Cluster(cluster) => {
+            let started = std::time::Instant::now();
+            let mut s = ping(started, cluster.ping().await);
+            s["name"] = json!(cluster.name());
+            store_calls(&mut s, cluster).await;
+            json!({"kind": "cluster", "shards": [s]})
+        }
+    }
+}
+
+/// `GET /v1/stats/history[?seconds=S]` (docs/api.md, "History"): the last `S` seconds of
+/// checks per second per policy and Envoy rule, sampled first so that it ends at the clock's
+/// last whole second.
+pub(super) async fn stats_history(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let seconds = match number_query(
+        query.as_deref(),
+        "seconds",
+        (
+            1,
+            crate::observe::history::SECONDS,
+            crate::observe::history::SECONDS,
+        ),
+    ) {
+        Ok(n) => n,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
+    };
+    shared.sample_history();
+    let (end_ms, series) = shared.history().read(seconds);
+    let series: std::collections::BTreeMap<String, crate::observe::history::Series> =
+        series.into_iter().collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"end_ms": end_ms, "step_s": 1, "series": series}),
     )
 }
 

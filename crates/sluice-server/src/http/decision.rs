@@ -172,7 +172,7 @@ pub(super) async fn answer(
         })
         .await;
     let op_name = op.name();
-    metrics::decision_latency(op_name, started.elapsed());
+    shared.decision_took(op_name, crate::state::Surface::Http, started);
     match result {
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);

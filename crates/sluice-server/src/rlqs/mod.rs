@@ -101,6 +101,7 @@ impl RateLimitQuotaService for RlqsService {
         } else {
             tonic::metadata::MetadataMap::new()
         };
+        let peer = request.remote_addr().map(|a| a.to_string());
         let mut inbound = request.into_inner();
         // A few answers may wait for a slow reader; beyond that the stream waits too.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -108,6 +109,10 @@ impl RateLimitQuotaService for RlqsService {
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
             let mut stream = StreamState::new();
+            // Listed in /v1/stats while the task lives.
+            let listed = shared
+                .rlqs_streams()
+                .open(peer, sluice::Clock::now_ms(shared.clock()));
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => Some(next),
@@ -142,6 +147,10 @@ impl RateLimitQuotaService for RlqsService {
                 let answer = span
                     .around(stream.handle(&shared.snapshot(), reports, cx))
                     .await;
+                if let Some(domain) = &stream.domain {
+                    listed.set_domain(domain);
+                }
+                listed.set_buckets(stream.buckets.len());
                 match &answer {
                     Ok(_) => span.finish("answered", None),
                     Err(status) => span.finish("error", Some(status.message().to_owned())),

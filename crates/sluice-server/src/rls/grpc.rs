@@ -153,6 +153,25 @@ fn near_limit(snapshot: &Generation, part: &Part) -> bool {
     })
 }
 
+/// Counts one descriptor's check under its rule (and its detailed key) for `/v1/stats`; the
+/// descriptor's entries are copied only the first time the rule or key is seen.
+fn count_rule(shared: &Shared, m: &Match, descriptor: &RateLimitDescriptor, outcome: Outcome) {
+    let entries = || {
+        descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect()
+    };
+    let counted = crate::observe::rules::Counted {
+        domain: &m.rule.domain,
+        full_key: &m.rule.full_key,
+        detailed: m.rule.detailed_metric.then_some(m.stats_key.as_str()),
+        entries: &entries,
+    };
+    shared.rules().count(&counted, outcome);
+}
+
 fn proto_unit(unit: Option<Unit>) -> i32 {
     unit.and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
         .unwrap_or(ProtoUnit::Unknown) as i32
@@ -294,7 +313,8 @@ impl RateLimitService for RlsService {
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
         let answer = span.around(self.answer(&snapshot, &label, req)).await;
-        metrics::decision_latency("should_rate_limit", started.elapsed());
+        self.shared
+            .decision_took("should_rate_limit", crate::state::Surface::Grpc, started);
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
             Ok(_) => Outcome::Allowed,
@@ -446,14 +466,15 @@ impl RlsService {
                 {
                     metrics::near_limit(&rule);
                 }
-                self.shared
-                    .counts()
-                    .count(&rule, Outcome::of(part.degraded.is_some(), !part.limited));
+                let outcome = Outcome::of(part.degraded.is_some(), !part.limited);
+                count_rule(&self.shared, m, descriptor, outcome);
                 // What was spent stands only if the request passed; a refused one was refunded.
+                // Heavy hitters are kept per rule (`domain.rule`), detailed keys included.
                 if part.limited || !refused {
+                    let by_rule = &m.rule.full_key;
                     self.shared
                         .top()
-                        .record(&rule, &m.counter_key, !part.limited, cost, now);
+                        .record(by_rule, &m.counter_key, !part.limited, cost, now);
                 }
             }
         }

@@ -15,5 +15,6 @@ mod listeners;
 mod metrics;
 mod simulate;
 mod simulate_logs;
+mod stats;
 mod top;
 mod traces;
