@@ -365,15 +365,17 @@ async function main() {
     });
 
     await check("the Envoy rule is one folded entry with its keys as descriptor entries", async () => {
-      await until("the Envoy rule is listed", 10000, async () => (await page.locator("#rules details.rule").count()) >= 1);
-      const rules = await page.locator("#rules details.rule").count();
+      await until("the Envoy rule is listed", 10000, async () => (await page.locator("#rules [data-rule]").count()) >= 1);
+      const rules = await page.locator("#rules [data-rule]").count();
       if (rules !== 1) fail(`${rules} rule entries for one rule`);
       const d = page.locator("#rules details.rule").first();
       if (await d.evaluate((e) => e.open)) fail("the rule's keys are not folded");
-      const summary = await d.locator("summary").textContent();
-      if (!summary.includes("remote_address") || !summary.includes(`${RULE_KEYS} detailed keys`)) {
-        fail(`the rule's summary is ${JSON.stringify(summary)}`);
+      const summary = await d.locator("summary span").allTextContents();
+      if (summary[0] !== "remote_address" || summary[summary.length - 1] !== String(RULE_KEYS)) {
+        fail(`the rule's line is ${JSON.stringify(summary)}, expected remote_address … ${RULE_KEYS} detailed keys`);
       }
+      const domain = await page.locator("#rules .domain").allTextContents();
+      if (domain.join() !== "domain bench") fail(`domains: ${domain.join(", ")}`);
       await d.locator("summary").click();
       const keys = await d.locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.entries));
       if (keys.length < 1 || keys.length > 20) fail(`${keys.length} detailed keys shown unfolded`);

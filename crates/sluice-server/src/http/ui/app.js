@@ -21,6 +21,7 @@ const state = {
 };
 
 const zero = () => ({ allowed: 0, denied: 0, degraded: 0, errors: 0 });
+const checks = (c) => c.allowed + c.denied + c.degraded + c.errors;
 const ruleName = (r) => `${r.domain}/${r.rule}`;
 const entriesText = (entries) => entries.map((e) => `${e.key} = ${e.value}`).join(", ");
 
@@ -348,64 +349,78 @@ function drawRules(stats, prev, dt) {
     };
   };
   const rules = [...stats.rules].sort((a, b) => byName(a.domain, b.domain) || byName(a.rule, b.rule));
-  const children = [];
+  const line = (tag, parts) => {
+    const l = document.createElement(tag);
+    l.className = "rule-line";
+    for (const [text, cls] of parts) {
+      const span = document.createElement("span");
+      span.className = cls;
+      span.textContent = text;
+      l.append(span);
+    }
+    return l;
+  };
+  const children = [
+    line("div", [["rule", "name"], ["allowed/s", ""], ["denied/s", ""], ["denied %", ""], ["checks", ""], ["detailed keys", ""]]),
+  ];
+  children[0].classList.add("rule-head");
   let domain = null;
   for (const r of rules) {
     if (r.domain !== domain) {
       domain = r.domain;
       const h = document.createElement("div");
       h.className = "domain";
-      h.innerHTML = "<b></b>";
-      h.firstChild.textContent = "domain " + domain;
+      h.textContent = "domain " + domain;
       children.push(h);
     }
     const id = ruleName(r);
     const rr = rates(id, r.counts);
+    const total = r.counts.allowed + r.counts.denied + r.counts.degraded + r.counts.errors;
+    const parts = [
+      [r.rule, "name"],
+      [rate(rr.allowed), "allowed"],
+      [rate(rr.denied), "denied"],
+      [percent(rr.denied, rr.allowed), ""],
+      [total.toString(), ""],
+      [r.keys_total ? r.keys_total + (r.keys_capped ? "+ (capped)" : "") : "—", "muted"],
+    ];
+    if (!(r.keys || []).length) {
+      const l = line("div", parts);
+      l.dataset.rule = id;
+      children.push(l);
+      continue;
+    }
     const d = document.createElement("details");
     d.className = "rule";
     d.dataset.rule = id;
     d.open = open.has(id);
-    const s = document.createElement("summary");
-    const total = r.counts.allowed + r.counts.denied + r.counts.degraded + r.counts.errors;
-    for (const [text, cls] of [
-      [r.rule, "name"],
-      [`${rate(rr.allowed)} allowed/s`, "allowed"],
-      [`${rate(rr.denied)} denied/s (${percent(rr.denied, rr.allowed)})`, "denied"],
-      [`${total} checks`, "muted"],
-      [r.keys_total ? plural(r.keys_total, "detailed key") + (r.keys_capped ? " (capped: more are not counted apart)" : "") : "", "muted"],
-    ]) {
-      const span = document.createElement("span");
-      span.className = cls;
-      span.textContent = text;
-      s.append(span);
+    d.append(line("summary", parts));
+    const wrap = document.createElement("div");
+    wrap.className = "scroll";
+    const table = document.createElement("table");
+    table.createTHead().innerHTML =
+      '<tr><th>descriptor entries</th><th class="n">allowed/s</th><th class="n">denied/s</th><th class="n">denied %</th><th class="n">total checks</th></tr>';
+    const body = table.createTBody();
+    const keys = [...r.keys].sort((a, b) => checks(b.counts) - checks(a.counts) || byName(entriesText(a.entries), entriesText(b.entries)));
+    for (const k of keys) {
+      const text = entriesText(k.entries);
+      const kr = rates(id + "\n" + text, k.counts);
+      const row = body.insertRow();
+      row.dataset.entries = text;
+      cell(row, text, "name");
+      cell(row, rate(kr.allowed), "n allowed");
+      cell(row, rate(kr.denied), "n denied");
+      cell(row, percent(kr.denied, kr.allowed), "n");
+      cell(row, checks(k.counts).toString(), "n");
     }
-    d.append(s);
-    if ((r.keys || []).length) {
-      const wrap = document.createElement("div");
-      wrap.className = "scroll";
-      const table = document.createElement("table");
-      table.createTHead().innerHTML =
-        '<tr><th>descriptor entries</th><th class="n">allowed/s</th><th class="n">denied/s</th><th class="n">denied %</th><th class="n">total checks</th></tr>';
-      const body = table.createTBody();
-      for (const k of r.keys) {
-        const text = entriesText(k.entries);
-        const kr = rates(id + "\n" + text, k.counts);
-        const row = body.insertRow();
-        row.dataset.entries = text;
-        cell(row, text, "name");
-        cell(row, rate(kr.allowed), "n allowed");
-        cell(row, rate(kr.denied), "n denied");
-        cell(row, percent(kr.denied, kr.allowed), "n");
-        cell(row, (k.counts.allowed + k.counts.denied + k.counts.degraded + k.counts.errors).toString(), "n");
-      }
-      wrap.append(table);
-      d.append(wrap);
-      if (r.keys_total > r.keys.length) {
-        const more = document.createElement("div");
-        more.className = "muted";
-        more.textContent = `the ${r.keys.length} heaviest of ${r.keys_total} keys`;
-        d.append(more);
-      }
+    wrap.append(table);
+    d.append(wrap);
+    if (r.keys_total > r.keys.length) {
+      const more = document.createElement("div");
+      more.className = "muted";
+      more.style.marginLeft = "1.5rem";
+      more.textContent = `the ${r.keys.length} heaviest of ${r.keys_total} keys`;
+      d.append(more);
     }
     children.push(d);
   }
@@ -492,28 +507,34 @@ function drawStore(stats) {
   body.replaceChildren();
   const latency = stats.store.shards.some((s) => s.p50_ms !== undefined);
   for (const th of $("shards").querySelectorAll("th[data-latency]")) th.hidden = !latency;
+  $("shards").hidden = stats.store.shards.length === 0;
   for (const s of stats.store.shards) {
     const row = body.insertRow();
     row.dataset.shard = s.name;
     cell(row, s.name, "name");
-    cell(row, s.circuit || "—", s.circuit && s.circuit !== "closed" ? "denied" : "allowed");
+    cell(
+      row,
+      (s.circuit || "—") + (s.opened_total ? ` (opened ${s.opened_total}×)` : ""),
+      s.circuit && s.circuit !== "closed" ? "denied" : "allowed",
+    );
     cell(row, s.ok ? ms(s.latency_ms) : "—", "n");
     if (latency) {
       cell(row, ms(s.p50_ms), "n");
       cell(row, ms(s.p99_ms), "n");
     }
-    cell(row, s.ok ? "" : s.error, "error");
+    const columns = row.cells.length;
+    if (!s.ok) {
+      const e = body.insertRow();
+      cell(e, s.error, "error").colSpan = columns;
+    }
     for (const r of s.replicas || []) {
       const rr = body.insertRow();
       rr.className = "replica";
       cell(rr, "↳ replica " + r.addr, "name muted");
       cell(rr, r.ok ? "up" : "down", r.ok ? "allowed" : "denied");
       cell(rr, r.ok ? ms(r.latency_ms) : "—", "n");
-      if (latency) {
-        cell(rr, "", "n");
-        cell(rr, "", "n");
-      }
-      cell(rr, r.lag_s === undefined ? "" : `lag ${r.lag_s} s`, "muted");
+      const lag = cell(rr, r.lag_s === undefined ? "" : `lag ${r.lag_s} s`, "n muted");
+      lag.colSpan = columns - 3;
     }
   }
   const r = stats.reservation;
@@ -554,8 +575,8 @@ function drawRlqs(stats) {
   body.replaceChildren();
   for (const s of q.streams) {
     const row = body.insertRow();
-    cell(row, s.domain, "name");
-    cell(row, s.peer || "—", "name");
+    cell(row, s.domain);
+    cell(row, s.peer || "—");
     cell(row, clock(s.opened_ms));
     cell(row, s.buckets.toString(), "n");
   }
