@@ -434,8 +434,12 @@ async function main() {
       await until("the chart has loaded its history", 10000, async () => (await page.locator("#chart").getAttribute("data-history")) !== null);
       const history = await page.locator("#chart").getAttribute("data-history");
       if (history === "none") fail("the server has no /v1/stats/history");
+      // The chart shows the last 5 minutes: the history holds each second of them (zeros
+      // before the server started), the denials driven above among them.
       const points = Number(await page.locator("#chart").getAttribute("data-points"));
-      if (points < 60) fail(`the chart has ${points} points on load`);
+      if (Number(history) < 300 || points < 300) fail(`the chart has ${points} points on load, ${history} from the history`);
+      const denied = Number(await page.locator("#chart").getAttribute("data-history-denied"));
+      if (!(denied > 0)) fail("the history on load has none of the denials driven before");
       const denials = await page.locator('#chart path[data-series="denied"]').count();
       if (!denials) fail("no denied line on load");
       await chartChecks(page);

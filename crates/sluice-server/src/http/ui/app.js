@@ -290,6 +290,7 @@ async function loadHistory() {
   }
   state.series = samples.concat(state.series.filter((p) => p.t > history.end_ms));
   $("chart").dataset.history = samples.length.toString();
+  $("chart").dataset.historyDenied = samples.reduce((sum, p) => sum + p.denied, 0).toString();
   drawChart();
 }
 
