@@ -260,6 +260,7 @@ pub async fn run_with_clock(
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
+                shared.sample_history();
                 let now = clock.now_ms();
                 if let Some(memory) = &memory {
                     memory.sweep(now);
@@ -542,7 +543,7 @@ async fn watch_config(path: PathBuf, shared: Arc<Shared>) {
             }
             Err(e) => {
                 tracing::error!(file = %path.display(), error = %e, "configuration reload refused; keeping the last good one");
-                shared.reload_failed(e.to_string());
+                shared.reload_failed(crate::state::ReloadSource::File, e.to_string());
                 crate::observe::metrics::reload(false);
             }
         }

@@ -201,6 +201,42 @@ async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), S
     ))
 }
 
+/// Reloads remembered.
+pub const MAX_RELOADS: usize = 20;
+
+/// What changed the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadSource {
+    /// The configuration the server started with.
+    Start,
+    /// The configuration file changed.
+    File,
+    /// Rules from the xDS control plane (`rls.xds`).
+    Xds,
+}
+
+/// One configuration change, applied or refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Reload {
+    /// When, in Unix milliseconds (the server's clock).
+    pub at_ms: u64,
+    /// The generation in force after it.
+    pub generation: u64,
+    /// Why it was refused; `None` when it applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What changed.
+    pub source: ReloadSource,
+}
+
+impl Reload {
+    /// Whether it applied.
+    pub fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
 /// Shared by every request handler.
 #[derive(Debug)]
 pub struct Shared {
@@ -217,11 +253,17 @@ pub struct Shared {
     started_with: Config,
     /// The error of the last failed reload, cleared by a successful one.
     last_reload_error: RwLock<Option<String>>,
+    /// The last [`MAX_RELOADS`] configuration changes, newest last.
+    reloads: std::sync::Mutex<std::collections::VecDeque<Reload>>,
     clock: ServerClock,
     /// The heavy hitters per policy (`top`); sized at start.
     top: crate::observe::top::TopKeys,
     /// Checks per policy and outcome since start.
     counts: crate::observe::stats::DecisionCounts,
+    /// Checks per Envoy rule and detailed key since start.
+    rules: crate::observe::rules::RuleCounts,
+    /// The last hour of checks per second, per policy and rule.
+    history: crate::observe::history::History,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
 }
@@ -251,9 +293,17 @@ impl Shared {
             insurance,
             started_with: config.clone(),
             last_reload_error: RwLock::new(None),
+            reloads: std::sync::Mutex::new(std::collections::VecDeque::from([Reload {
+                at_ms: clock.now_ms(),
+                generation: 1,
+                error: None,
+                source: ReloadSource::Start,
+            }])),
             clock,
             top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
             counts: crate::observe::stats::DecisionCounts::default(),
+            rules: crate::observe::rules::RuleCounts::default(),
+            history: crate::observe::history::History::default(),
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
     }
@@ -266,6 +316,34 @@ impl Shared {
     /// Checks per policy (and Envoy rule) and outcome since start.
     pub fn counts(&self) -> &crate::observe::stats::DecisionCounts {
         &self.counts
+    }
+
+    /// Checks per Envoy rule and detailed key since start.
+    pub(crate) fn rules(&self) -> &crate::observe::rules::RuleCounts {
+        &self.rules
+    }
+
+    /// The last hour of checks per second.
+    pub(crate) fn history(&self) -> &crate::observe::history::History {
+        &self.history
+    }
+
+    /// Samples the counts into the history (once a second, by the server's background task;
+    /// and before the history is read, so a reading is up to date with the clock).
+    pub fn sample_history(&self) {
+        let snapshot = self.snapshot();
+        let mut counts: std::collections::HashMap<String, crate::observe::stats::Counts> =
+            self.counts.read().into_iter().collect();
+        for p in snapshot.limiter.policies() {
+            counts.entry(p.name().to_owned()).or_default();
+        }
+        let rules = self.rules.totals();
+        let rule_names: std::collections::HashSet<String> =
+            rules.iter().map(|(name, _)| name.clone()).collect();
+        counts.extend(rules);
+        self.history.sample(self.clock.now_ms(), counts, |name| {
+            snapshot.limiter.policy(name).is_some() || rule_names.contains(name)
+        });
     }
 
     /// The heavy hitters per policy and per Envoy rule.
@@ -281,9 +359,10 @@ impl Shared {
         }
     }
 
-    /// Applies a new configuration's policies to requests that arrive from now on.
+    /// Applies a new configuration's policies to requests that arrive from now on (a change
+    /// of the configuration file).
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
-        self.swap(|current| {
+        self.swap(ReloadSource::File, |current| {
             Generation::new(
                 current.number + 1,
                 config,
@@ -299,7 +378,7 @@ impl Shared {
     /// Replaces the Envoy rules alone, keeping the policies and settings in force: an update
     /// from the xDS control plane (`rls.xds`), counted as a reload.
     pub fn replace_rls(&self, rls: Arc<RlsConfig>) {
-        self.swap(|current| Generation {
+        self.swap(ReloadSource::Xds, |current| Generation {
             number: current.number + 1,
             limiter: current.limiter.clone(),
             store: current.store.clone(),
@@ -313,7 +392,7 @@ impl Shared {
     /// Applies a new configuration keeping the Envoy rules in force: a reload of the
     /// configuration file while the rules come from xDS.
     pub fn apply_keeping_rls(&self, config: &Config) {
-        self.swap(|current| {
+        self.swap(ReloadSource::File, |current| {
             Generation::new(
                 current.number + 1,
                 config,
@@ -328,24 +407,67 @@ impl Shared {
 
     /// Builds the next generation from the current one under the write lock, so the reload
     /// watcher and the xDS client never lose each other's update and each generation's
-    /// number is its predecessor's plus one.
-    fn swap(&self, next: impl FnOnce(&Generation) -> Generation) {
-        {
+    /// number is its predecessor's plus one. The heavy hitters and the rule counts of what
+    /// the new generation no longer has are forgotten.
+    fn swap(&self, source: ReloadSource, next: impl FnOnce(&Generation) -> Generation) {
+        let generation = {
             let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
             *current = Arc::new(next(&current));
-        }
+            current.clone()
+        };
         *self
             .last_reload_error
             .write()
             .unwrap_or_else(|p| p.into_inner()) = None;
+        let domains: Vec<String> = generation
+            .rls
+            .iter()
+            .flat_map(|r| r.domains().map(str::to_owned))
+            .collect();
+        let in_rules = |name: &str| {
+            domains.iter().any(|d| {
+                name.strip_prefix(d.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+            })
+        };
+        self.top
+            .retain(|name| generation.limiter.policy(name).is_some() || in_rules(name));
+        self.rules
+            .retain_domains(|domain| domains.iter().any(|d| d == domain));
+        self.record_reload(Reload {
+            at_ms: self.clock.now_ms(),
+            generation: generation.number,
+            error: None,
+            source,
+        });
     }
 
     /// Records a reload that failed (the last good configuration stays).
-    pub fn reload_failed(&self, error: String) {
+    pub fn reload_failed(&self, source: ReloadSource, error: String) {
         *self
             .last_reload_error
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(error);
+            .unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+        self.record_reload(Reload {
+            at_ms: self.clock.now_ms(),
+            generation: self.snapshot().number,
+            error: Some(error),
+            source,
+        });
+    }
+
+    fn record_reload(&self, reload: Reload) {
+        let mut reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
+        if reloads.len() >= MAX_RELOADS {
+            reloads.pop_front();
+        }
+        reloads.push_back(reload);
+    }
+
+    /// The last [`MAX_RELOADS`] configuration changes, newest first.
+    pub fn reloads(&self) -> Vec<Reload> {
+        let reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
+        reloads.iter().rev().cloned().collect()
     }
 
     /// The error of the last failed reload, cleared by a successful one.

@@ -87,7 +87,7 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
     };
     let snapshot = shared.snapshot();
     let configured = snapshot.limiter.policy(&policy);
-    if configured.is_none() && !shared.top().tracks(&policy) {
+    if configured.is_none() && !shared.top().tracks(&policy) && !shared.rules().tracks(&policy) {
         return unknown_top_policy(&snapshot, &policy);
     }
     let now = sluice::Clock::now_ms(shared.clock());
@@ -95,6 +95,11 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
     let mut keys = Vec::with_capacity(reading.keys.len());
     for c in &reading.keys {
         let mut entry = json!({"key": &*c.key, "count": c.count, "error": c.error});
+        if configured.is_none()
+            && let Some(entries) = shared.rules().entries_of(&policy, &c.key)
+        {
+            entry["entries"] = json!(entries);
+        }
         if let Some(p) = configured {
             // What the key has left now (a peek of 0 records nothing); null if the store
             // cannot say.
@@ -176,11 +181,69 @@ fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Resp
     )
 }
 
-/// `GET /v1/stats`: checks per policy and outcome since start, the store's shards (circuit,
-/// a ping's latency), reservation and reload status: what the dashboard polls.
-pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
+/// The most detailed keys `GET /v1/stats` lists per Envoy rule.
+pub(super) const MAX_STATS_KEYS: usize = 100;
+
+/// One whole-number query parameter `name` from `min` to `max` (`default` when absent), or
+/// why it is refused (a `400`): the only parameter the route takes.
+fn number_query(
+    query: Option<&str>,
+    name: &str,
+    (min, max, default): (usize, usize, usize),
+) -> Result<usize, String> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|e| format!("the query string is not form-encoded: {e}"))?;
+    let mut out = default;
+    for (key, value) in pairs {
+        if key != name {
+            return Err(format!("unknown query parameter `{key}`; expected {name}"));
+        }
+        out = match value.parse::<usize>() {
+            Ok(n) if (min..=max).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "`{name}` must be a whole number from {min} to {max}, got `{value}`"
+                ));
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// `GET /v1/stats[?keys=N]` (docs/api.md, "Statistics"): checks per configured policy and
+/// per Envoy rule (at most `N` detailed keys each), the store's shards (circuit, a ping's
+/// latency), reservation and reload status: what the dashboard polls.
+pub(super) async fn stats(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let keys = match number_query(query.as_deref(), "keys", (0, MAX_STATS_KEYS, 10)) {
+        Ok(n) => n,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
+    };
     let now = sluice::Clock::now_ms(shared.clock());
-    let policies = shared.counts().read();
+    let snapshot = shared.snapshot();
+    let mut counted = shared.counts().read();
+    let policies: std::collections::BTreeMap<String, crate::observe::stats::Counts> = snapshot
+        .limiter
+        .policies()
+        .map(|p| {
+            let c = counted.remove(p.name()).unwrap_or_default();
+            (p.name().to_owned(), c)
+        })
+        .collect();
+    let rules = shared.rules().read(keys);
+    let reloads: Vec<Value> = shared
+        .reloads()
+        .into_iter()
+        .map(|r| {
+            let mut v = json!({"at_ms": r.at_ms, "generation": r.generation, "ok": r.ok(), "source": r.source});
+            if let Some(e) = r.error {
+                v["error"] = json!(e);
+            }
+            v
+        })
+        .collect();
     let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
         Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
         Err(e) => json!({"ok": false, "error": e.to_string()}),
@@ -220,10 +283,41 @@ pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Response {
         &json!({
             "now_ms": now,
             "policies": policies,
+            "rules": rules,
             "store": store,
             "reservation": reservation,
-            "config": {"generation": shared.snapshot().number, "last_reload_error": shared.last_reload_error()},
+            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
+            "reloads": reloads,
         }),
+    )
+}
+
+/// `GET /v1/stats/history[?seconds=S]` (docs/api.md, "History"): the last `S` seconds of
+/// checks per second per policy and Envoy rule, sampled first so that it ends at the clock's
+/// last whole second.
+pub(super) async fn stats_history(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let seconds = match number_query(
+        query.as_deref(),
+        "seconds",
+        (
+            1,
+            crate::observe::history::SECONDS,
+            crate::observe::history::SECONDS,
+        ),
+    ) {
+        Ok(n) => n,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
+    };
+    shared.sample_history();
+    let (end_ms, series) = shared.history().read(seconds);
+    let series: std::collections::BTreeMap<String, crate::observe::history::Series> =
+        series.into_iter().collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"end_ms": end_ms, "step_s": 1, "series": series}),
     )
 }
 

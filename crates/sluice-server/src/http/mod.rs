@@ -78,7 +78,7 @@ const fn route(
 /// THE route table: the router, the admin guard, [`ROUTES`], [`ADMIN_ROUTES`] (what the
 /// public listener answers `404 admin_listener` for) and the `404`'s list of routes are all
 /// derived from it. A test holds docs/openapi.json to it, and to what the router answers.
-const TABLE: [Route; 16] = [
+const TABLE: [Route; 17] = [
     route("POST", "/v1/check", Access::Public, || post(check)),
     route("POST", "/v1/peek", Access::Public, || post(peek)),
     route("POST", "/v1/acquire", Access::Public, || post(acquire)),
@@ -93,6 +93,9 @@ const TABLE: [Route; 16] = [
     route("GET", "/v1/policies", Access::Admin, || get(policies)),
     route("GET", "/v1/top", Access::Admin, || get(top)),
     route("GET", "/v1/stats", Access::Admin, || get(stats)),
+    route("GET", "/v1/stats/history", Access::Admin, || {
+        get(stats_history)
+    }),
     route("GET", "/healthz", Access::Public, || get(healthz)),
     route("GET", "/readyz", Access::Public, || get(readyz)),
     route("GET", "/metrics", Access::Metrics, || get(metrics_text)),
@@ -102,7 +105,7 @@ const TABLE: [Route; 16] = [
 ];
 
 /// Every route as (method, OpenAPI path), from [`TABLE`].
-pub const ROUTES: &[(&str, &str)] = &pairs::<16, 16>(&TABLE, false);
+pub const ROUTES: &[(&str, &str)] = &pairs::<17, 17>(&TABLE, false);
 
 const ADMIN_COUNT: usize = {
     let (mut i, mut n) = (0, 0);
@@ -117,7 +120,7 @@ const ADMIN_COUNT: usize = {
 
 /// The admin routes, from [`TABLE`]: with a separate admin listener (`listen.admin`) they are
 /// served there only.
-pub const ADMIN_ROUTES: &[(&str, &str)] = &pairs::<16, ADMIN_COUNT>(&TABLE, true);
+pub const ADMIN_ROUTES: &[(&str, &str)] = &pairs::<17, ADMIN_COUNT>(&TABLE, true);
 
 /// (method, path) of the routes of `table`, or of its admin routes only.
 const fn pairs<const N: usize, const M: usize>(
@@ -314,8 +317,8 @@ mod tests {
             not_found_message(),
             "no such path; the API is POST /v1/check, /v1/peek, /v1/acquire, /v1/release, \
              /v1/refund, /v1/simulate, DELETE \
-             /v1/keys/{policy}/{key}, GET /v1/policies, /v1/top, /v1/stats, /healthz, /readyz, \
-             /metrics, /openapi.json, and the dashboard at /ui"
+             /v1/keys/{policy}/{key}, GET /v1/policies, /v1/top, /v1/stats, /v1/stats/history, \
+             /healthz, /readyz, /metrics, /openapi.json, and the dashboard at /ui"
         );
     }
 
@@ -335,6 +338,7 @@ mod tests {
                 "GET /v1/policies",
                 "GET /v1/top",
                 "GET /v1/stats",
+                "GET /v1/stats/history",
                 "GET /metrics"
             ]
         );

@@ -276,7 +276,7 @@ impl TopKeys {
 
     /// Records a decision of `policy` for `key` at `now_ms`: `used` units admitted, or one
     /// denial. Takes the lock of the key's shard only.
-    pub fn record(&self, policy: &Arc<str>, key: &str, allowed: bool, cost: u64, now_ms: u64) {
+    pub fn record(&self, policy: &str, key: &str, allowed: bool, cost: u64, now_ms: u64) {
         if self.capacity == 0 {
             return;
         }
@@ -294,11 +294,20 @@ impl TopKeys {
             return;
         }
         let capacity = self.capacity;
-        let top = all.entry(policy.clone()).or_insert_with(|| PolicyTop {
-            epoch,
-            current: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
-            previous: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
-        });
+        // The name is allocated only the first time it is seen in this shard.
+        if !all.contains_key(policy) {
+            all.insert(
+                Arc::from(policy),
+                PolicyTop {
+                    epoch,
+                    current: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
+                    previous: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
+                },
+            );
+        }
+        let Some(top) = all.get_mut(policy) else {
+            return;
+        };
         top.roll(epoch, capacity);
         top.current[measure as usize].add(key, weight);
     }

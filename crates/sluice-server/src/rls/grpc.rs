@@ -408,14 +408,31 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                self.shared
-                    .counts()
-                    .count(&rule, Outcome::of(part.degraded.is_some(), !part.limited));
+                let entries: Vec<(&str, &str)> = descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect();
+                let counted = crate::observe::rules::Counted {
+                    domain: &m.rule.domain,
+                    full_key: &m.rule.full_key,
+                    detailed: m.rule.detailed_metric.then_some(m.stats_key.as_str()),
+                    entries: &entries,
+                };
+                self.shared.rules().count(
+                    &counted,
+                    Outcome::of(part.degraded.is_some(), !part.limited),
+                );
                 // What was spent stands only if the request passed; a refused one was refunded.
+                // Heavy hitters are kept per rule, detailed keys included.
                 if part.limited || !refused {
-                    self.shared
-                        .top()
-                        .record(&rule, &m.counter_key, !part.limited, cost, now);
+                    self.shared.top().record(
+                        &m.rule.full_key,
+                        &m.counter_key,
+                        !part.limited,
+                        cost,
+                        now,
+                    );
                 }
             }
         }

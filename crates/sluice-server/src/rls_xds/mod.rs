@@ -212,7 +212,8 @@ impl Client {
             Err(reason) => {
                 let message = format!("version {:?}: {reason}", response.version_info);
                 tracing::error!(error = %message, "rate limit rules from xDS refused (NACK); keeping the last good ones");
-                self.shared.reload_failed(format!("xDS: {message}"));
+                self.shared
+                    .reload_failed(crate::state::ReloadSource::Xds, format!("xDS: {message}"));
                 crate::observe::metrics::reload(false);
                 update(false);
                 self.request(

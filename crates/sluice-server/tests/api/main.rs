@@ -11,4 +11,5 @@ mod http;
 mod listeners;
 mod simulate;
 mod simulate_logs;
+mod stats;
 mod top;

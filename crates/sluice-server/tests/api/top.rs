@@ -213,8 +213,15 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
         stats["policies"]["api"],
         json!({"allowed": 3, "denied": 2, "degraded": 0, "errors": 0})
     );
+    // Envoy rules are no longer among the policies: they are under `rules`.
+    assert!(
+        stats["policies"].get("edge.remote_address").is_none(),
+        "{stats}"
+    );
+    assert_eq!(stats["rules"][0]["domain"], "edge", "{stats}");
+    assert_eq!(stats["rules"][0]["rule"], "remote_address", "{stats}");
     assert_eq!(
-        stats["policies"]["edge.remote_address"],
+        stats["rules"][0]["counts"],
         json!({"allowed": 2, "denied": 1, "degraded": 0, "errors": 0})
     );
     assert_eq!(stats["store"]["kind"], "memory");
