@@ -18,6 +18,7 @@ const state = {
   polling: false,
   timers: [],
   generation: 0, // bumped when the chart's selection changes: late answers are dropped
+  report: null, // the playground's last answer, redrawn at a new width
 };
 
 const zero = () => ({ allowed: 0, denied: 0, degraded: 0, errors: 0 });
@@ -38,7 +39,10 @@ $("chart-policy").addEventListener("change", loadHistory);
 $("chart-window").addEventListener("change", loadHistory);
 $("top-policy").addEventListener("change", refreshTop);
 $("top-by").addEventListener("change", refreshTop);
-window.addEventListener("resize", () => drawChart());
+window.addEventListener("resize", () => {
+  drawChart();
+  if (state.report) drawSimulation(state.report);
+});
 
 async function api(path, options = {}) {
   const headers = { ...(options.headers || {}) };
@@ -745,6 +749,7 @@ function drawLogRead(log) {
 // One panel per policy on one scale, a bar per time bucket: admitted below, denied stacked
 // on it (the CLI's --svg chart, simulate/render.rs).
 function drawSimulation(report) {
+  state.report = report;
   drawLogRead(report.log);
   const svg = $("sim-chart");
   const W = Math.max(300, svg.clientWidth || 900);
