@@ -297,7 +297,7 @@ async function chartChecks(page) {
 }
 
 async function main() {
-  const { server, base, grpc, log } = await startServer();
+  const { server, base, grpc, log, dir } = await startServer();
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM,
     args: ["--no-sandbox", "--disable-gpu"],
@@ -473,6 +473,36 @@ async function main() {
       }
       await page.setViewportSize({ width: 1280, height: 800 });
       if (bad.length) fail(bad.join("\n  "));
+    });
+
+    await check("the latency, reloads and RLQS panels show what /v1/stats gives, and hide without it", async () => {
+      const stats = (await api(base, "GET", "/v1/stats", null, TOKEN)).body;
+      for (const [field, card] of [["latency", "#latency-card"], ["reloads", "#reloads-card"], ["rlqs", "#rlqs-card"]]) {
+        const hidden = await page.locator(card).evaluate((e) => e.hidden);
+        if (hidden !== !(field in stats)) fail(`${card} is ${hidden ? "hidden" : "shown"} and /v1/stats ${field in stats ? "has" : "has no"} ${field}`);
+      }
+      if (stats.latency) {
+        const rows = await page.locator("#latency tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.protocol));
+        for (const protocol of Object.keys(stats.latency.decision)) {
+          if (!rows.includes(protocol)) fail(`no latency row for ${protocol}: ${rows.join(", ")}`);
+        }
+      }
+    });
+
+    await check("the reloads panel lists a failed reload first, with its error", async () => {
+      fs.writeFileSync(
+        path.join(dir, "rules", "broken.yaml"),
+        "domain: broken\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+      );
+      server.kill("SIGHUP");
+      let rows = [];
+      await until("the reloads panel shows the failed reload", 15000, async () => {
+        rows = await page.locator("#reloads tbody tr").evaluateAll((rs) => rs.map((r) => [...r.cells].map((c) => c.textContent)));
+        return rows.length >= 2 && rows[0][3].includes("fortnight");
+      }).catch((e) => fail(`${e.message}: ${JSON.stringify(rows)}`));
+      const last = rows[rows.length - 1];
+      if (last[2] !== "start" || last[3] !== "ok") fail(`the oldest reload is ${JSON.stringify(last)}, expected the start, ok`);
+      if (!(await page.locator("#status").textContent()).includes("last reload FAILED")) fail("the status does not say the reload failed");
     });
 
     await check("the playground reads an uploaded gzip log with the key fields given", async () => {
