@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     followers: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     /// The lanes of coalesced decisions (`RedisConfig::coalesce`).
     lanes: Lanes,
+    /// How long calls took over the last minute.
+    latency: sluice::latency::LatencyWindow,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -105,6 +107,7 @@ impl RedisStore {
                 config,
                 followers: std::sync::Mutex::new(Vec::new()),
                 lanes: Lanes::default(),
+                latency: sluice::latency::LatencyWindow::new(),
             }),
         };
         let inner = &store.inner;
@@ -213,6 +216,32 @@ impl RedisStore {
                 _ => None,
             })
             .collect()
+    }
+
+    /// How long this store's calls took over the last minute ([`sluice::latency`]).
+    pub fn call_latency(&self) -> sluice::latency::Quantiles {
+        self.inner.latency.read(Instant::now())
+    }
+
+    /// Each replica in use (none for a Cluster, whose client routes to its nodes): its
+    /// address (without credentials) and how long a `PING` took, or why it failed, within
+    /// the timeout.
+    pub async fn ping_replicas(&self) -> Vec<(String, Result<std::time::Duration, StoreError>)> {
+        let Some(nodes) = self.inner.backend.nodes() else {
+            return Vec::new();
+        };
+        let timeout = self.inner.config.timeout;
+        let mut out = Vec::with_capacity(nodes.replicas.len());
+        for replica in &nodes.replicas {
+            let started = Instant::now();
+            let result = replica
+                .query(&redis::cmd("PING"), timeout)
+                .await
+                .map(|_| started.elapsed())
+                .map_err(|f| f.into_store_error(&crate::config::redact(&replica.url)));
+            out.push((crate::config::redact(&replica.url), result));
+        }
+        out
     }
 
     /// Answers `PING` from the primary (every primary of a Cluster) within the timeout, for
@@ -654,8 +683,10 @@ impl Store for RedisStore {
         let started = Instant::now();
         let result = self.run(policy, key, op, now_ms).await;
         let label = self.inner.label.clone();
+        let took = started.elapsed();
         metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
-            .record(started.elapsed().as_secs_f64());
+            .record(took.as_secs_f64());
+        self.inner.latency.record(started, took);
         if let Err(e) = &result {
             metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => e.kind().as_str())
                 .increment(1);

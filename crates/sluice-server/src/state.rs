@@ -264,6 +264,10 @@ pub struct Shared {
     rules: crate::observe::rules::RuleCounts,
     /// The last hour of checks per second, per policy and rule.
     history: crate::observe::history::History,
+    /// How long decisions took over the last minute: the HTTP API's, then gRPC's.
+    decision_latency: [sluice::latency::LatencyWindow; 2],
+    /// The open RLQS streams.
+    rlqs_streams: crate::observe::streams::Streams,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
 }
@@ -304,6 +308,8 @@ impl Shared {
             counts: crate::observe::stats::DecisionCounts::default(),
             rules: crate::observe::rules::RuleCounts::default(),
             history: crate::observe::history::History::default(),
+            decision_latency: Default::default(),
+            rlqs_streams: crate::observe::streams::Streams::default(),
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
         }
     }
@@ -321,6 +327,16 @@ impl Shared {
     /// Checks per Envoy rule and detailed key since start.
     pub(crate) fn rules(&self) -> &crate::observe::rules::RuleCounts {
         &self.rules
+    }
+
+    /// How long decisions took over the last minute: `[http, grpc]`.
+    pub fn decision_latency(&self) -> &[sluice::latency::LatencyWindow; 2] {
+        &self.decision_latency
+    }
+
+    /// The open RLQS streams.
+    pub(crate) fn rlqs_streams(&self) -> &crate::observe::streams::Streams {
+        &self.rlqs_streams
     }
 
     /// The last hour of checks per second.

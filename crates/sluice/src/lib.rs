@@ -45,6 +45,7 @@
 pub mod breaker;
 mod clock;
 pub mod headers;
+pub mod latency;
 mod limiter;
 mod memory;
 pub mod reserve;

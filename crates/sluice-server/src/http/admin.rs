@@ -175,7 +175,8 @@ fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Resp
         "unknown_policy",
         format!(
             "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
-             {}; Envoy rules appear under their statistics key once they have seen traffic",
+             {}; Envoy rules appear as `domain.rule` (e.g. `edge.remote_address`) once they \
+             have seen traffic",
             names.join(", ")
         ),
     )
@@ -210,6 +211,37 @@ fn number_query(
     Ok(out)
 }
 
+/// A latency reading as `/v1/stats` shows it: `count`, and `p50_ms`, `p99_ms` when there were
+/// calls.
+fn quantiles(q: sluice::latency::Quantiles) -> Value {
+    let mut v = json!({"count": q.count});
+    if let (Some(p50), Some(p99)) = (q.p50_ms, q.p99_ms) {
+        v["p50_ms"] = json!(p50);
+        v["p99_ms"] = json!(p99);
+    }
+    v
+}
+
+/// A shard's store calls over the last minute (`p50_ms`, `p99_ms` when it answered any) and
+/// its replicas, each pinged.
+async fn store_calls(shard: &mut Value, store: &sluice_redis::RedisStore) {
+    let q = store.call_latency();
+    if let (Some(p50), Some(p99)) = (q.p50_ms, q.p99_ms) {
+        shard["p50_ms"] = json!(p50);
+        shard["p99_ms"] = json!(p99);
+    }
+    let replicas: Vec<Value> = store
+        .ping_replicas()
+        .await
+        .into_iter()
+        .map(|(addr, result)| match result {
+            Ok(took) => json!({"addr": addr, "ok": true, "latency_ms": took.as_secs_f64() * 1e3}),
+            Err(e) => json!({"addr": addr, "ok": false, "error": e.to_string()}),
+        })
+        .collect();
+    shard["replicas"] = json!(replicas);
+}
+
 /// `GET /v1/stats[?keys=N]` (docs/api.md, "Statistics"): checks per configured policy and
 /// per Envoy rule (at most `N` detailed keys each), the store's shards (circuit, a ping's
 /// latency), reservation and reload status: what the dashboard polls.
@@ -233,6 +265,13 @@ pub(super) async fn stats(
         })
         .collect();
     let rules = shared.rules().read(keys);
+    let streams = shared.rlqs_streams().read();
+    let buckets_total: u64 = streams.iter().map(|s| s.buckets).sum();
+    let at = std::time::Instant::now();
+    let [http, grpc] = shared
+        .decision_latency()
+        .each_ref()
+        .map(|w| quantiles(w.read(at)));
     let reloads: Vec<Value> = shared
         .reloads()
         .into_iter()
@@ -260,6 +299,7 @@ pub(super) async fn stats(
                 s["name"] = json!(shard.name());
                 s["circuit"] = json!(shard.state().as_str());
                 s["opened_total"] = json!(shard.opened_total());
+                store_calls(&mut s, shard.inner()).await;
                 shards.push(s);
             }
             json!({"kind": "redis", "shards": shards})
@@ -268,6 +308,7 @@ pub(super) async fn stats(
             let started = std::time::Instant::now();
             let mut s = ping(started, cluster.ping().await);
             s["name"] = json!(cluster.name());
+            store_calls(&mut s, cluster).await;
             json!({"kind": "cluster", "shards": [s]})
         }
     };
@@ -284,10 +325,15 @@ pub(super) async fn stats(
             "now_ms": now,
             "policies": policies,
             "rules": rules,
+            "latency": {
+                "window_s": sluice::latency::WINDOW_S,
+                "decision": {"http": http, "grpc": grpc},
+            },
             "store": store,
             "reservation": reservation,
             "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
             "reloads": reloads,
+            "rlqs": {"streams": streams, "buckets_total": buckets_total},
         }),
     )
 }

@@ -1,9 +1,10 @@
 //! Observation: the Prometheus metrics ([`metrics`]), the decision counts of `/v1/stats`
-//! ([`stats`], and per Envoy rule [`rules`]), their last hour ([`history`]) and the heavy-hitter summaries of `/v1/top` ([`top`]). It imports nothing of the
+//! ([`stats`], and per Envoy rule [`rules`]), their last hour ([`history`]), the open RLQS streams ([`streams`]) and the heavy-hitter summaries of `/v1/top` ([`top`]). It imports nothing of the
 //! runtime or the surfaces above it; they report into it.
 
 pub(crate) mod history;
 pub(crate) mod metrics;
 pub(crate) mod rules;
 pub(crate) mod stats;
+pub(crate) mod streams;
 pub mod top;

@@ -126,8 +126,9 @@ pub(crate) struct Counted<'a> {
     pub full_key: &'a str,
     /// The detailed statistics key, when the rule has `detailed_metric`.
     pub detailed: Option<&'a str>,
-    /// The request descriptor's entries.
-    pub entries: &'a [(&'a str, &'a str)],
+    /// The request descriptor's entries, made only the first time a rule or key is seen (no
+    /// allocation on the decision path otherwise).
+    pub entries: &'a dyn Fn() -> Vec<(String, String)>,
 }
 
 impl RuleCounts {
@@ -164,7 +165,7 @@ impl RuleCounts {
                 let g = Arc::new(Group {
                     domain: Arc::from(m.domain),
                     rule: Arc::from(rule),
-                    keys: m.entries.iter().map(|(k, _)| (*k).to_owned()).collect(),
+                    keys: (m.entries)().into_iter().map(|(k, _)| k).collect(),
                     counts: Counters::default(),
                     detailed: AtomicU64::new(0),
                     capped: AtomicBool::new(false),
@@ -187,11 +188,7 @@ impl RuleCounts {
         }
         let d = Arc::new(Detailed {
             group: group.clone(),
-            entries: m
-                .entries
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
+            entries: (m.entries)().into_boxed_slice(),
             counts: Counters::default(),
         });
         d.counts.add(outcome);
@@ -304,10 +301,17 @@ mod tests {
 
     use super::*;
 
+    fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+        entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
     fn counted<'a>(
         full_key: &'a str,
         detailed: Option<&'a str>,
-        entries: &'a [(&'a str, &'a str)],
+        entries: &'a dyn Fn() -> Vec<(String, String)>,
     ) -> Counted<'a> {
         Counted {
             domain: "edge",
@@ -323,7 +327,7 @@ mod tests {
         for i in 0..5u32 {
             let value = format!("10.0.0.{i}");
             let label = format!("edge.remote_address_{value}");
-            let entries = [("remote_address", value.as_str())];
+            let entries = || owned(&[("remote_address", value.as_str())]);
             for _ in 0..=i {
                 r.count(
                     &counted("edge.remote_address", Some(&label), &entries),
@@ -332,7 +336,7 @@ mod tests {
             }
         }
         r.count(
-            &counted("edge.path", None, &[("path", "/a")]),
+            &counted("edge.path", None, &|| owned(&[("path", "/a")])),
             Outcome::Denied,
         );
         let read = r.read(2);
@@ -356,7 +360,7 @@ mod tests {
             let value = i.to_string();
             let label = format!("edge.k_{value}");
             r.count(
-                &counted("edge.k", Some(&label), &[("k", value.as_str())]),
+                &counted("edge.k", Some(&label), &|| owned(&[("k", value.as_str())])),
                 Outcome::Allowed,
             );
         }
@@ -370,7 +374,7 @@ mod tests {
     #[test]
     fn counter_keys_read_back_into_entries() {
         let r = RuleCounts::default();
-        let entries = [("generic_key", "a_b"), ("path", "/x_y")];
+        let entries = || owned(&[("generic_key", "a_b"), ("path", "/x_y")]);
         r.count(
             &counted("edge.generic_key_a_b.path", None, &entries),
             Outcome::Allowed,
@@ -398,7 +402,7 @@ mod tests {
     fn a_reload_forgets_the_rules_of_removed_domains() {
         let r = RuleCounts::default();
         r.count(
-            &counted("edge.k", Some("edge.k_1"), &[("k", "1")]),
+            &counted("edge.k", Some("edge.k_1"), &|| owned(&[("k", "1")])),
             Outcome::Allowed,
         );
         r.retain_domains(|d| d == "other");

@@ -1,9 +1,9 @@
-//! Decision counts per policy and per Envoy rule, for `GET /v1/stats` and the dashboard: how
-//! many checks were allowed, denied, answered degraded (the store failed and the policy's
-//! `on_store_error` decided) or failed, since start. A reader turns two readings into rates.
+//! Decision counts per policy, for `GET /v1/stats` and the dashboard: how many checks were
+//! allowed, denied, answered degraded (the store failed and the policy's `on_store_error`
+//! decided) or failed, since start. A reader turns two readings into rates. (Envoy rules are
+//! counted per rule and detailed key in [`super::rules`].)
 //!
-//! Names come from the configuration (policies, and Envoy rules' statistics keys, themselves
-//! capped at 1,000), and at most [`MAX_NAMES`] are counted.
+//! Names come from the configuration, and at most [`MAX_NAMES`] are counted.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -94,6 +94,7 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let peer = request.remote_addr().map(|a| a.to_string());
         let mut inbound = request.into_inner();
         // A few answers may wait for a slow reader; beyond that the stream waits too.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -101,6 +102,10 @@ impl RateLimitQuotaService for RlqsService {
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
             let mut stream = StreamState::new();
+            // Listed in /v1/stats while the task lives.
+            let listed = shared
+                .rlqs_streams()
+                .open(peer, sluice::Clock::now_ms(shared.clock()));
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => Some(next),
@@ -124,6 +129,10 @@ impl RateLimitQuotaService for RlqsService {
                     }
                 };
                 let answer = stream.handle(&shared.snapshot(), reports).await;
+                if let Some(domain) = &stream.domain {
+                    listed.set_domain(domain);
+                }
+                listed.set_buckets(stream.buckets.len());
                 let end = answer.is_err();
                 if tx.send(answer).await.is_err() || end {
                     break;

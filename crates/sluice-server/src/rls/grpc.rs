@@ -271,7 +271,9 @@ impl RateLimitService for RlsService {
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
         let answer = self.answer(&snapshot, &label, req).await;
-        metrics::decision_latency("should_rate_limit", started.elapsed());
+        let took = started.elapsed();
+        metrics::decision_latency("should_rate_limit", took);
+        self.shared.decision_latency()[1].record(started, took);
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
             Ok(_) => Outcome::Allowed,
@@ -408,11 +410,13 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                let entries: Vec<(&str, &str)> = descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect();
+                let entries = || {
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.clone(), e.value.clone()))
+                        .collect()
+                };
                 let counted = crate::observe::rules::Counted {
                     domain: &m.rule.domain,
                     full_key: &m.rule.full_key,

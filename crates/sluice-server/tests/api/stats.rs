@@ -82,6 +82,23 @@ async fn rules_are_grouped_with_their_heaviest_detailed_keys_and_bounded_in_size
     // The response stays small whatever the keys: 1,500 detailed keys, under 16 KB.
     assert!(bytes < 16 * 1024, "{bytes} bytes");
     eprintln!("/v1/stats with 1,500 detailed keys: {bytes} bytes");
+    // 34 ShouldRateLimit calls in the last minute, no HTTP decision.
+    let latency = &stats["latency"];
+    assert_eq!(latency["window_s"], 60);
+    assert_eq!(
+        latency["decision"]["http"],
+        json!({"count": 0}),
+        "{latency}"
+    );
+    let grpc = &latency["decision"]["grpc"];
+    assert_eq!(grpc["count"], 34, "{latency}");
+    let (p50, p99) = (
+        grpc["p50_ms"].as_f64().unwrap(),
+        grpc["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{latency}");
+    // The memory store has no shards, so no call latency or replicas.
+    assert_eq!(stats["store"]["shards"], json!([]));
     // Configured policies only, a policy with no check yet included.
     assert_eq!(
         stats["policies"],
@@ -359,5 +376,69 @@ async fn the_history_holds_each_seconds_checks_for_an_hour() {
         api["allowed"].as_array().unwrap().iter().all(|n| n == 0),
         "{api}"
     );
+    s.stop().await;
+}
+
+/// An RLQS stream is listed, with its domain, peer and buckets, while it is open, and is gone
+/// once it ends.
+#[tokio::test]
+async fn open_rlqs_streams_are_listed_with_their_buckets() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    let config = "policies:\n  tenants:\n    limits:\n      - { max: 100, per: 1m }\nrlqs:\n  buckets:\n    - match: { tenant: \"*\" }\n      policy: tenants\n      key: \"tenant:{tenant}\"\n";
+    let s = support::TestServer::start(config, &[]).await;
+    let v = stats(&s).await;
+    assert_eq!(v["rlqs"], json!({"streams": [], "buckets_total": 0}), "{v}");
+
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut client = RateLimitQuotaServiceClient::new(s.channel().await);
+    let mut answers = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let usage = |tenant: &str| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("tenant".to_owned(), tenant.to_owned())].into(),
+        }),
+        num_requests_allowed: 1,
+        ..BucketQuotaUsage::default()
+    };
+    tx.send(RateLimitQuotaUsageReports {
+        domain: "mesh".to_owned(),
+        bucket_quota_usages: vec![usage("a"), usage("b"), usage("c")],
+    })
+    .await
+    .unwrap();
+    // The answer comes after the stream's entry is updated.
+    answers.message().await.unwrap().unwrap();
+    let v = stats(&s).await;
+    let streams = v["rlqs"]["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 1, "{v}");
+    assert_eq!(
+        (&streams[0]["domain"], &streams[0]["buckets"]),
+        (&json!("mesh"), &json!(3)),
+        "{v}"
+    );
+    assert!(
+        streams[0]["peer"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{v}"
+    );
+    assert!(streams[0]["opened_ms"].as_u64().unwrap() > 0);
+    assert_eq!(v["rlqs"]["buckets_total"], 3);
+
+    // The client closes its side: the stream ends and is no longer listed.
+    drop(tx);
+    assert!(answers.message().await.unwrap().is_none());
+    wait_for(&s, "the stream to be gone", |v| {
+        v["rlqs"]["streams"] == json!([])
+    })
+    .await;
     s.stop().await;
 }

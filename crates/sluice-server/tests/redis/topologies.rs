@@ -415,3 +415,50 @@ async fn the_api_over_a_tls_sentinel_with_separate_sentinel_auth() {
     }
     s.stop().await;
 }
+
+/// What the dashboard shows of a shard with replicas: its store calls' latency over the last
+/// minute, and each replica answering a ping or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_a_shards_call_latency_and_its_replicas() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut set = tokio::task::block_in_place(|| sluice_testkit::ReplicaSet::start(2)).unwrap();
+    let config = format!(
+        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n      replicas: [{}, {}]\n  timeout: 1s\n",
+        set.primary.url(),
+        set.replicas[0].url(),
+        set.replicas[1].url()
+    );
+    let s = TestServer::start(&config, &[]).await;
+    let c = Client::new();
+    exactly_three(&c, &s, "k").await;
+    set.replicas[1].kill().unwrap();
+    let (_, stats) = text(&c, format!("{}/v1/stats", s.url)).await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let shard = &stats["store"]["shards"][0];
+    let (p50, p99) = (
+        shard["p50_ms"].as_f64().unwrap(),
+        shard["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{shard}");
+    let replicas = shard["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{shard}");
+    assert_eq!(
+        (&replicas[0]["addr"], &replicas[0]["ok"]),
+        (&json!(set.replicas[0].url()), &json!(true)),
+        "{shard}"
+    );
+    assert!(replicas[0]["latency_ms"].as_f64().unwrap() > 0.0, "{shard}");
+    assert!(replicas[0].get("lag_s").is_none(), "lag is not measured");
+    assert_eq!(
+        (&replicas[1]["addr"], &replicas[1]["ok"]),
+        (&json!(set.replicas[1].url()), &json!(false)),
+        "{shard}"
+    );
+    assert!(
+        !replicas[1]["error"].as_str().unwrap().is_empty(),
+        "{shard}"
+    );
+    s.stop().await;
+}
