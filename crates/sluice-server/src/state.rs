@@ -201,6 +201,15 @@ async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), S
     ))
 }
 
+/// Where a decision was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// The HTTP API.
+    Http = 0,
+    /// The gRPC rate limit service (`ShouldRateLimit`).
+    Grpc = 1,
+}
+
 /// Reloads remembered.
 pub const MAX_RELOADS: usize = 20;
 
@@ -332,6 +341,19 @@ impl Shared {
     /// How long decisions took over the last minute: `[http, grpc]`.
     pub fn decision_latency(&self) -> &[sluice::latency::LatencyWindow; 2] {
         &self.decision_latency
+    }
+
+    /// Records how long a decision that started at `started` took, in the metrics
+    /// (`sluice_decision_latency_seconds{op}`) and in the last minute of its surface.
+    pub(crate) fn decision_took(
+        &self,
+        op: &'static str,
+        surface: Surface,
+        started: std::time::Instant,
+    ) {
+        let took = started.elapsed();
+        crate::observe::metrics::decision_latency(op, took);
+        self.decision_latency[surface as usize].record(started, took);
     }
 
     /// The open RLQS streams.

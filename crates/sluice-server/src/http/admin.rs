@@ -264,7 +264,6 @@ pub(super) async fn stats(
             (p.name().to_owned(), c)
         })
         .collect();
-    let rules = shared.rules().read(keys);
     let streams = shared.rlqs_streams().read();
     let buckets_total: u64 = streams.iter().map(|s| s.buckets).sum();
     let at = std::time::Instant::now();
@@ -272,7 +271,35 @@ pub(super) async fn stats(
         .decision_latency()
         .each_ref()
         .map(|w| quantiles(w.read(at)));
-    let reloads: Vec<Value> = shared
+    let reservation = shared.reserving().map(|r| {
+        let s = r.stats();
+        json!({
+            "local": s.local, "cached_denials": s.cached_denials, "fetches": s.fetches,
+            "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
+        })
+    });
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "now_ms": now,
+            "policies": policies,
+            "rules": shared.rules().read(keys),
+            "latency": {
+                "window_s": sluice::latency::WINDOW_S,
+                "decision": {"http": http, "grpc": grpc},
+            },
+            "store": store_stats(shared.store()).await,
+            "reservation": reservation,
+            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
+            "reloads": reloads(&shared),
+            "rlqs": {"streams": streams, "buckets_total": buckets_total},
+        }),
+    )
+}
+
+/// The reload history as `/v1/stats` shows it, newest first.
+fn reloads(shared: &Shared) -> Vec<Value> {
+    shared
         .reloads()
         .into_iter()
         .map(|r| {
@@ -282,12 +309,17 @@ pub(super) async fn stats(
             }
             v
         })
-        .collect();
+        .collect()
+}
+
+/// The store as `/v1/stats` shows it: the memory store's keys, or each shard's circuit, a
+/// ping, its calls' latency and its replicas.
+async fn store_stats(store: &crate::state::StoreHandle) -> Value {
     let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
         Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
         Err(e) => json!({"ok": false, "error": e.to_string()}),
     };
-    let store = match shared.store() {
+    match store {
         crate::state::StoreHandle::Memory(m) => {
             json!({"kind": "memory", "keys": m.len(), "shards": []})
         }
@@ -311,31 +343,7 @@ pub(super) async fn stats(
             store_calls(&mut s, cluster).await;
             json!({"kind": "cluster", "shards": [s]})
         }
-    };
-    let reservation = shared.reserving().map(|r| {
-        let s = r.stats();
-        json!({
-            "local": s.local, "cached_denials": s.cached_denials, "fetches": s.fetches,
-            "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
-        })
-    });
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "now_ms": now,
-            "policies": policies,
-            "rules": rules,
-            "latency": {
-                "window_s": sluice::latency::WINDOW_S,
-                "decision": {"http": http, "grpc": grpc},
-            },
-            "store": store,
-            "reservation": reservation,
-            "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
-            "reloads": reloads,
-            "rlqs": {"streams": streams, "buckets_total": buckets_total},
-        }),
-    )
+    }
 }
 
 /// `GET /v1/stats/history[?seconds=S]` (docs/api.md, "History"): the last `S` seconds of

@@ -116,9 +116,7 @@ pub(super) async fn answer(
         Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
     };
     let op_name = op.name();
-    let took = started.elapsed();
-    metrics::decision_latency(op_name, took);
-    shared.decision_latency()[0].record(started, took);
+    shared.decision_took(op_name, crate::state::Surface::Http, started);
     match result {
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);

@@ -142,6 +142,25 @@ impl RlsService {
     }
 }
 
+/// Counts one descriptor's check under its rule (and its detailed key) for `/v1/stats`; the
+/// descriptor's entries are copied only the first time the rule or key is seen.
+fn count_rule(shared: &Shared, m: &Match, descriptor: &RateLimitDescriptor, outcome: Outcome) {
+    let entries = || {
+        descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect()
+    };
+    let counted = crate::observe::rules::Counted {
+        domain: &m.rule.domain,
+        full_key: &m.rule.full_key,
+        detailed: m.rule.detailed_metric.then_some(m.stats_key.as_str()),
+        entries: &entries,
+    };
+    shared.rules().count(&counted, outcome);
+}
+
 fn proto_unit(unit: Option<Unit>) -> i32 {
     unit.and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
         .unwrap_or(ProtoUnit::Unknown) as i32
@@ -271,9 +290,8 @@ impl RateLimitService for RlsService {
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
         let answer = self.answer(&snapshot, &label, req).await;
-        let took = started.elapsed();
-        metrics::decision_latency("should_rate_limit", took);
-        self.shared.decision_latency()[1].record(started, took);
+        self.shared
+            .decision_took("should_rate_limit", crate::state::Surface::Grpc, started);
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => Outcome::Denied,
             Ok(_) => Outcome::Allowed,
@@ -410,33 +428,15 @@ impl RlsService {
                 };
                 let rule = self.stats_label(label, m);
                 metrics::rls_hits(label, &rule, result, cost);
-                let entries = || {
-                    descriptor
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.clone(), e.value.clone()))
-                        .collect()
-                };
-                let counted = crate::observe::rules::Counted {
-                    domain: &m.rule.domain,
-                    full_key: &m.rule.full_key,
-                    detailed: m.rule.detailed_metric.then_some(m.stats_key.as_str()),
-                    entries: &entries,
-                };
-                self.shared.rules().count(
-                    &counted,
-                    Outcome::of(part.degraded.is_some(), !part.limited),
-                );
+                let outcome = Outcome::of(part.degraded.is_some(), !part.limited);
+                count_rule(&self.shared, m, descriptor, outcome);
                 // What was spent stands only if the request passed; a refused one was refunded.
-                // Heavy hitters are kept per rule, detailed keys included.
+                // Heavy hitters are kept per rule (`domain.rule`), detailed keys included.
                 if part.limited || !refused {
-                    self.shared.top().record(
-                        &m.rule.full_key,
-                        &m.counter_key,
-                        !part.limited,
-                        cost,
-                        now,
-                    );
+                    let by_rule = &m.rule.full_key;
+                    self.shared
+                        .top()
+                        .record(by_rule, &m.counter_key, !part.limited, cost, now);
                 }
             }
         }
