@@ -14,7 +14,7 @@ use common::{T0, TokioClock, header, limiter, request};
 use http::{Request, Response, StatusCode};
 use sluice::{Clock, LimitSpec, Limiter, MemoryStore, Policy};
 use sluice_tower::{KeyExtractor, RateLimitLayer};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
 const MAX: u64 = 2;
@@ -39,8 +39,10 @@ async fn until_free<C: Clock>(limiter: &Limiter<MemoryStore, C>, remaining: u64)
 
 /// A handler that says when it has started, then waits for a permit of `gate` (or, with
 /// `panics`, panics instead of answering).
+/// A handler that adds a permit to `entered` when it starts (a permit per handler: `Notify`
+/// keeps only one of two notifications given before anyone waits) and waits for `gate`.
 fn gated(
-    entered: Arc<Notify>,
+    entered: Arc<Semaphore>,
     gate: Arc<Semaphore>,
     panics: bool,
 ) -> impl tower::Service<
@@ -55,7 +57,7 @@ fn gated(
     tower::service_fn(move |_req: Request<String>| {
         let (entered, gate) = (entered.clone(), gate.clone());
         async move {
-            entered.notify_one();
+            entered.add_permits(1);
             gate.acquire().await.unwrap().forget();
             assert!(!panics, "the handler failed");
             Ok::<_, Infallible>(Response::new("done".to_owned()))
@@ -66,7 +68,7 @@ fn gated(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_is_held_while_the_handler_runs_and_until_the_body_is_dropped() {
     let limiter = limiter(TokioClock::new(T0), [jobs()]);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Semaphore::new(0)));
+    let (entered, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let service = RateLimitLayer::new(limiter.clone(), jobs(), KeyExtractor::header("x-api-key"))
         .layer(gated(entered.clone(), gate.clone(), false));
 
@@ -76,9 +78,7 @@ async fn a_lease_is_held_while_the_handler_runs_and_until_the_body_is_dropped() 
             tokio::spawn(async move { service.oneshot(request(Some("k"))).await.unwrap() })
         })
         .collect();
-    for _ in 0..MAX {
-        entered.notified().await;
-    }
+    entered.acquire_many(MAX as u32).await.unwrap().forget();
     // Both leases are held by handlers still running: a third request is refused.
     let third = service.clone().oneshot(request(Some("k"))).await.unwrap();
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -110,11 +110,11 @@ async fn a_lease_is_held_while_the_handler_runs_and_until_the_body_is_dropped() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_request_releases_its_lease() {
     let limiter = limiter(TokioClock::new(T0), [jobs()]);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Semaphore::new(0)));
+    let (entered, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let service = RateLimitLayer::new(limiter.clone(), jobs(), KeyExtractor::header("x-api-key"))
         .layer(gated(entered.clone(), gate, false));
     let task = tokio::spawn(service.oneshot(request(Some("k"))));
-    entered.notified().await;
+    entered.acquire().await.unwrap().forget();
     assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 1);
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
@@ -124,11 +124,11 @@ async fn a_cancelled_request_releases_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_releases_its_lease() {
     let limiter = limiter(TokioClock::new(T0), [jobs()]);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Semaphore::new(0)));
+    let (entered, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let service = RateLimitLayer::new(limiter.clone(), jobs(), KeyExtractor::header("x-api-key"))
         .layer(gated(entered.clone(), gate.clone(), true));
     let task = tokio::spawn(service.oneshot(request(Some("k"))));
-    entered.notified().await;
+    entered.acquire().await.unwrap().forget();
     assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 1);
     gate.add_permits(1);
     assert!(task.await.unwrap_err().is_panic());
