@@ -236,14 +236,7 @@ pub async fn run_with_clock(
     let rls = load_rls(&config)?;
     let store = connect_store(&config).await?;
     tracing::info!(store = %store.describe(), "store connected");
-    let traces = match &config.tracing {
-        Some(settings) => {
-            tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
-            crate::observe::traces::Traces::start(settings)
-                .map_err(|e| ServeError::Traces(e.to_string()))?
-        }
-        None => crate::observe::traces::Traces::off(),
-    };
+    let traces = start_traces(&config)?;
     let shared = Arc::new(Shared::traced(
         &config,
         store,
@@ -261,38 +254,7 @@ pub async fn run_with_clock(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let mut background = tokio::task::JoinSet::new();
-    {
-        // Idle keys are dropped even when no traffic reaches their shard: the memory store's
-        // and the insurance store's (`on_store_error: local`).
-        let memory = match shared.store() {
-            StoreHandle::Memory(memory) => Some(memory.clone()),
-            _ => None,
-        };
-        let insurance = shared.insurance().clone();
-        let reserving = shared.reserving().cloned();
-        let clock = clock.clone();
-        let shared = shared.clone();
-        background.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                shared.sample_history();
-                let now = clock.now_ms();
-                if let Some(memory) = &memory {
-                    memory.sweep(now);
-                }
-                insurance.sweep(now);
-                if let Some(reserving) = &reserving {
-                    reserving.sweep(now);
-                }
-                // What `on_store_error: local` admitted while the store was down goes to the
-                // store once it answers (keys no request decided since).
-                if let Err(e) = shared.snapshot().limiter.charge_back().await {
-                    tracing::debug!(error = %e, "charge-back of local admissions: the store cannot take it yet");
-                }
-            }
-        });
-    }
+    background.spawn(housekeeping(shared.clone(), clock.clone()));
     if config.admin.is_none() && listeners.admin.is_none() {
         tracing::warn!("{}", open_admin_warning());
     }
@@ -311,40 +273,17 @@ pub async fn run_with_clock(
         None => (None, None),
     };
     let grpc = match listeners.grpc {
-        Some(listener) => {
-            tracing::info!(grpc = %listener.local_addr()?, tls = grpc_tls.is_some(), "sluice serving Envoy's rate limit API");
-            let (health, health_service) = tonic_health::server::health_reporter();
-            health
-                .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
-                .await;
-            // The name the reference service registers its health under, so that probes
-            // written for it keep working.
-            health
-                .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
-                .await;
-            health
-                .set_serving::<envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<RlqsService>>()
-                .await;
-            let server = tonic::transport::Server::builder()
-                .add_service(health_service)
-                .add_service(RlsService::new(shared.clone()).into_server())
-                .add_service(RlqsService::new(shared.clone(), stop_rx.clone()).into_server())
-                .add_service(crate::reflection::v1()?)
-                .add_service(crate::reflection::v1alpha()?);
-            let stop = stopped(stop_rx.clone());
-            // The connections come through the same accept loop as HTTP's: TLS, the
-            // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).
-            let incoming = conn::Incoming::new(
+        Some(listener) => Some(
+            serve_grpc(
                 listener,
-                conn::Listener::Grpc,
-                config.connections,
-                grpc_tls.clone(),
+                &shared,
+                &config,
+                grpc_tls,
+                stopped(stop_rx.clone()),
+                stop_rx.clone(),
             )
-            .into_stream();
-            Some(tokio::spawn(
-                server.serve_with_incoming_shutdown(incoming, stop),
-            ))
-        }
+            .await?,
+        ),
         None => None,
     };
     let admin = match listeners.admin {
@@ -397,6 +336,86 @@ pub async fn run_with_clock(
     admin_served??;
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// The exporter of decision traces (`tracing`), or none.
+fn start_traces(config: &Config) -> Result<crate::observe::traces::Traces, ServeError> {
+    match &config.tracing {
+        Some(settings) => {
+            tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
+            crate::observe::traces::Traces::start(settings)
+                .map_err(|e| ServeError::Traces(e.to_string()))
+        }
+        None => Ok(crate::observe::traces::Traces::off()),
+    }
+}
+
+/// Once a second: the history of `/v1/stats` sampled, idle keys dropped even when no traffic
+/// reaches their shard (the memory store's and the insurance store's, `on_store_error: local`),
+/// reservations swept, and what `on_store_error: local` admitted charged back to the store.
+async fn housekeeping(shared: Arc<Shared>, clock: ServerClock) {
+    let memory = match shared.store() {
+        StoreHandle::Memory(memory) => Some(memory.clone()),
+        _ => None,
+    };
+    let insurance = shared.insurance().clone();
+    let reserving = shared.reserving().cloned();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        shared.sample_history();
+        let now = clock.now_ms();
+        if let Some(memory) = &memory {
+            memory.sweep(now);
+        }
+        insurance.sweep(now);
+        if let Some(reserving) = &reserving {
+            reserving.sweep(now);
+        }
+        // What `on_store_error: local` admitted while the store was down goes to the
+        // store once it answers (keys no request decided since).
+        if let Err(e) = shared.snapshot().limiter.charge_back().await {
+            tracing::debug!(error = %e, "charge-back of local admissions: the store cannot take it yet");
+        }
+    }
+}
+
+/// Serves the gRPC services (health, Envoy's RLS and RLQS, reflection) on `listener` until
+/// `stop`.
+async fn serve_grpc(
+    listener: tokio::net::TcpListener,
+    shared: &Arc<Shared>,
+    config: &Config,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, ServeError> {
+    tracing::info!(grpc = %listener.local_addr()?, tls = tls.is_some(), "sluice serving Envoy's rate limit API");
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
+        .await;
+    // The name the reference service registers its health under, so that probes
+    // written for it keep working.
+    health
+        .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
+        .await;
+    health
+        .set_serving::<envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<RlqsService>>()
+        .await;
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RlsService::new(shared.clone()).into_server())
+        .add_service(RlqsService::new(shared.clone(), stop_rx).into_server())
+        .add_service(crate::reflection::v1()?)
+        .add_service(crate::reflection::v1alpha()?);
+    // The connections come through the same accept loop as HTTP's: TLS, the
+    // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).
+    let incoming =
+        conn::Incoming::new(listener, conn::Listener::Grpc, config.connections, tls).into_stream();
+    Ok(tokio::spawn(
+        server.serve_with_incoming_shutdown(incoming, stop),
+    ))
 }
 
 /// What the configuration is made of on disk: the file's bytes, and the name and bytes of every

@@ -146,53 +146,14 @@ pub(super) async fn answer(
         ]
     });
     let started = std::time::Instant::now();
-    let mut lease = None;
-    let result = span
-        .around(async {
-            match op {
-                Endpoint::Check => limiter.check_policy(policy, &req.key, req.cost).await,
-                Endpoint::Peek => limiter.peek_policy(policy, &req.key, req.cost).await,
-                Endpoint::Refund => limiter.refund_policy(policy, &req.key, req.cost).await,
-                Endpoint::Acquire if req.lease != 0 => limiter
-                    .renew_policy(policy, &req.key, req.lease, req.cost)
-                    .await
-                    .map(|(d, l)| {
-                        lease = l;
-                        d
-                    }),
-                Endpoint::Acquire => limiter
-                    .acquire_policy(policy, &req.key, req.cost)
-                    .await
-                    .map(|(d, l)| {
-                        lease = l;
-                        d
-                    }),
-                Endpoint::Release => limiter.release_policy(policy, &req.key, req.lease).await,
-            }
-        })
-        .await;
+    let (result, lease) = span.around(ask(limiter, policy, op, &req)).await;
     let op_name = op.name();
     shared.decision_took(op_name, crate::state::Surface::Http, started);
     match result {
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
             span.finish(outcome.as_str(), None);
-            metrics::decision(policy.name_arc(), op_name, outcome);
-            if op.admits() && outcome == Outcome::Allowed && near_limit(&snapshot, &d) {
-                metrics::near_limit(policy.name_arc());
-            }
-            if op.admits() {
-                shared.counts().count(policy.name_arc(), outcome);
-                // On the server's clock, as readings are (a decision's own instant may be
-                // Redis's).
-                shared.top().record(
-                    policy.name_arc(),
-                    &req.key,
-                    d.allowed,
-                    req.cost,
-                    snapshot.now_ms(),
-                );
-            }
+            admitted(shared, &snapshot, policy, op, &req, &d, outcome);
             let status = if op.admits() && !d.allowed {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -222,6 +183,66 @@ pub(super) async fn answer(
             error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
         }
     }
+}
+
+/// Asks the limiter what `op` asks, with the lease `/v1/acquire` took, if any.
+async fn ask(
+    limiter: &crate::state::ServerLimiter,
+    policy: &Policy,
+    op: Endpoint,
+    req: &super::body::Request,
+) -> (Result<Decision, LimitError>, Option<sluice::Lease>) {
+    let leased = |r: Result<(Decision, Option<sluice::Lease>), LimitError>| match r {
+        Ok((d, lease)) => (Ok(d), lease),
+        Err(e) => (Err(e), None),
+    };
+    match op {
+        Endpoint::Check => (limiter.check_policy(policy, &req.key, req.cost).await, None),
+        Endpoint::Peek => (limiter.peek_policy(policy, &req.key, req.cost).await, None),
+        Endpoint::Refund => (
+            limiter.refund_policy(policy, &req.key, req.cost).await,
+            None,
+        ),
+        Endpoint::Acquire if req.lease != 0 => leased(
+            limiter
+                .renew_policy(policy, &req.key, req.lease, req.cost)
+                .await,
+        ),
+        Endpoint::Acquire => leased(limiter.acquire_policy(policy, &req.key, req.cost).await),
+        Endpoint::Release => (
+            limiter.release_policy(policy, &req.key, req.lease).await,
+            None,
+        ),
+    }
+}
+
+/// Reports an answered decision: its metric, the near-limit count, and for the routes that
+/// admit, the `/v1/stats` counts and the heavy hitters.
+fn admitted(
+    shared: &Shared,
+    snapshot: &crate::state::Generation,
+    policy: &Policy,
+    op: Endpoint,
+    req: &super::body::Request,
+    d: &Decision,
+    outcome: Outcome,
+) {
+    metrics::decision(policy.name_arc(), op.name(), outcome);
+    if !op.admits() {
+        return;
+    }
+    if outcome == Outcome::Allowed && near_limit(snapshot, d) {
+        metrics::near_limit(policy.name_arc());
+    }
+    shared.counts().count(policy.name_arc(), outcome);
+    // On the server's clock, as readings are (a decision's own instant may be Redis's).
+    shared.top().record(
+        policy.name_arc(),
+        &req.key,
+        d.allowed,
+        req.cost,
+        snapshot.now_ms(),
+    );
 }
 
 /// Whether a decision left one of its limits at least `metrics.near_limit_ratio` used.
