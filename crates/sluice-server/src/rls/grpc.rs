@@ -172,6 +172,96 @@ fn count_rule(shared: &Shared, m: &Match, descriptor: &RateLimitDescriptor, outc
     shared.rules().count(&counted, outcome);
 }
 
+/// The request's shape: a domain, at least one descriptor, and the bounds (`check_bounds`).
+fn validate(req: &RateLimitRequest) -> Result<(), Status> {
+    if req.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if req.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    check_bounds(req)?;
+    Ok(())
+}
+
+/// The rule each descriptor matches (or none), once every counter key is known to fit: all
+/// or nothing, before anything is charged.
+fn match_descriptors(
+    rls: &crate::rls::RlsConfig,
+    req: &RateLimitRequest,
+) -> Result<Vec<Option<Match>>, Status> {
+    let entries: Vec<Vec<(&str, &str)>> = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect()
+        })
+        .collect();
+    let mut asked = Vec::with_capacity(entries.len());
+    for (i, (d, e)) in req.descriptors.iter().zip(&entries).enumerate() {
+        asked.push((e.as_slice(), carried_limit(i, d)?));
+    }
+    let matches = rls.resolve(&req.domain, &asked);
+    // Every counter key fits before anything is charged: all or nothing.
+    for (i, m) in matches.iter().enumerate() {
+        if let Some(m) = m
+            && sluice::check_key(&m.counter_key).is_err()
+        {
+            return Err(Status::invalid_argument(format!(
+                "descriptors[{i}]: its counter key (domain and entries) is {} bytes, more \
+                 than the {} a key may have; shorten the descriptor's values",
+                m.counter_key.len(),
+                sluice::MAX_KEY_LEN
+            )));
+        }
+    }
+    Ok(matches)
+}
+
+/// All or nothing: gives back what the descriptors of a refused or failed request were
+/// charged, and says so in their statuses.
+async fn give_back(limiter: &ServerLimiter, parts: &mut [Part]) {
+    for part in parts.iter_mut() {
+        if let Some((policy, key, cost)) = part.charge.take() {
+            if let Err(e) = limiter.refund_policy(&policy, &key, cost).await {
+                tracing::warn!(error = %e, "could not refund a descriptor of a refused request");
+            } else {
+                part.status.limit_remaining = part
+                    .status
+                    .limit_remaining
+                    .saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+            }
+        }
+    }
+}
+
+/// The gRPC error of a descriptor that failed: as in the reference service, a store failure
+/// is an error, so that Envoy's `failure_mode_deny` decides whether the request passes.
+fn failed(e: sluice::Error) -> Status {
+    match e {
+        sluice::Error::Store(e) => {
+            if !e.is_transient() {
+                // Logged once per rule's policy and kind by the limiter.
+                return Status::unavailable(format!(
+                    "the rate limit store refused the decision ({e}); retrying will not \
+                     change that"
+                ));
+            }
+            tracing::warn!(error = %e, "store failed during ShouldRateLimit");
+            Status::unavailable(format!("the rate limit store cannot answer now: {e}"))
+        }
+        // The bounds are checked first; this is a backstop, never a store error.
+        e => Status::invalid_argument(e.to_string()),
+    }
+}
+
 fn proto_unit(unit: Option<Unit>) -> i32 {
     unit.and_then(|u| ProtoUnit::from_str_name(u.proto_name()))
         .unwrap_or(ProtoUnit::Unknown) as i32
@@ -340,51 +430,14 @@ impl RlsService {
         label: &Arc<str>,
         req: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
-        if req.domain.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit domain must not be empty",
-            ));
-        }
-        if req.descriptors.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit descriptor list must not be empty",
-            ));
-        }
-        check_bounds(&req)?;
+        validate(&req)?;
         let (Some(rls), Some(settings)) = (&snapshot.rls, &snapshot.rls_settings) else {
             return Err(Status::failed_precondition(
                 "this sluice has no Envoy rate limit configuration: set rls.config_dir or rls.xds \
                  (with rls.xds, no rules have arrived from the control plane yet)",
             ));
         };
-        let entries: Vec<Vec<(&str, &str)>> = req
-            .descriptors
-            .iter()
-            .map(|d| {
-                d.entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect()
-            })
-            .collect();
-        let mut asked = Vec::with_capacity(entries.len());
-        for (i, (d, e)) in req.descriptors.iter().zip(&entries).enumerate() {
-            asked.push((e.as_slice(), carried_limit(i, d)?));
-        }
-        let matches = rls.resolve(&req.domain, &asked);
-        // Every counter key fits before anything is charged: all or nothing.
-        for (i, m) in matches.iter().enumerate() {
-            if let Some(m) = m
-                && sluice::check_key(&m.counter_key).is_err()
-            {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}]: its counter key (domain and entries) is {} bytes, more \
-                     than the {} a key may have; shorten the descriptor's values",
-                    m.counter_key.len(),
-                    sluice::MAX_KEY_LEN
-                )));
-            }
-        }
+        let matches = match_descriptors(rls, &req)?;
         let now = snapshot.now_ms();
         let limiter = &snapshot.limiter;
         let mut parts = Vec::with_capacity(matches.len());
@@ -413,40 +466,41 @@ impl RlsService {
         // Under the global shadow mode the request passes, so its charges stand.
         let refused = over && !settings.shadow_mode;
         if refused || failure.is_some() {
-            // All or nothing: give back what the other descriptors were charged.
-            for part in &mut parts {
-                if let Some((policy, key, cost)) = part.charge.take() {
-                    if let Err(e) = limiter.refund_policy(&policy, &key, cost).await {
-                        tracing::warn!(error = %e, "could not refund a descriptor of a refused request");
-                    } else {
-                        part.status.limit_remaining = part
-                            .status
-                            .limit_remaining
-                            .saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
-                    }
-                }
-            }
+            give_back(limiter, &mut parts).await;
         }
-        match failure {
-            // As in the reference service, a store failure is a gRPC error, so that Envoy's
-            // `failure_mode_deny` decides whether the request passes.
-            Some(sluice::Error::Store(e)) => {
-                if !e.is_transient() {
-                    // Logged once per rule's policy and kind by the limiter.
-                    return Err(Status::unavailable(format!(
-                        "the rate limit store refused the decision ({e}); retrying will not \
-                         change that"
-                    )));
-                }
-                tracing::warn!(error = %e, "store failed during ShouldRateLimit");
-                return Err(Status::unavailable(format!(
-                    "the rate limit store cannot answer now: {e}"
-                )));
-            }
-            // The bounds are checked first; this is a backstop, never a store error.
-            Some(e) => return Err(Status::invalid_argument(e.to_string())),
-            None => {}
+        if let Some(e) = failure {
+            return Err(failed(e));
         }
+        self.report(snapshot, label, &req, &parts, refused, now);
+        let response_headers_to_add = match settings.response_headers {
+            ResponseHeaders::Off => Vec::new(),
+            ResponseHeaders::Ietf => ietf_headers(&parts),
+            ResponseHeaders::Draft03 => draft03_headers(&parts),
+        };
+        Ok(RateLimitResponse {
+            overall_code: if over && !settings.shadow_mode {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32,
+            dynamic_metadata: degraded_metadata(&parts),
+            statuses: parts.into_iter().map(|p| p.status).collect(),
+            response_headers_to_add,
+            ..RateLimitResponse::default()
+        })
+    }
+
+    /// Reports each matched descriptor of an answered request: hits by result, near-limit,
+    /// the `/v1/stats` counts and the heavy hitters.
+    fn report(
+        &self,
+        snapshot: &Generation,
+        label: &Arc<str>,
+        req: &RateLimitRequest,
+        parts: &[Part],
+        refused: bool,
+        now: u64,
+    ) {
         for (part, descriptor) in parts.iter().zip(&req.descriptors) {
             if let Some(m) = &part.found
                 && !descriptor.is_negative_hits
@@ -478,22 +532,6 @@ impl RlsService {
                 }
             }
         }
-        let response_headers_to_add = match settings.response_headers {
-            ResponseHeaders::Off => Vec::new(),
-            ResponseHeaders::Ietf => ietf_headers(&parts),
-            ResponseHeaders::Draft03 => draft03_headers(&parts),
-        };
-        Ok(RateLimitResponse {
-            overall_code: if over && !settings.shadow_mode {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            } as i32,
-            dynamic_metadata: degraded_metadata(&parts),
-            statuses: parts.into_iter().map(|p| p.status).collect(),
-            response_headers_to_add,
-            ..RateLimitResponse::default()
-        })
     }
 
     async fn check_descriptor(
