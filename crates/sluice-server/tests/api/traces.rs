@@ -24,7 +24,7 @@ fn config(endpoint: &str, sample_ratio: &str) -> String {
 
 fn config_over(endpoint: &str, sample_ratio: &str, protocol: &str) -> String {
     format!(
-        "policies:\n  api:\n    limits:\n      - {{ max: 1, per: 1m }}\n\
+        "policies:\n  api:\n    limits:\n      - {{ max: 1, per: 1h }}\n\
          tracing:\n  endpoint: {endpoint}\n  sample_ratio: {sample_ratio}\n  \
          service_name: sluice-under-test\n  protocol: {protocol}\n"
     )
@@ -123,7 +123,7 @@ async fn without_a_tracing_section_nothing_is_exported() {
     let collector = Collector::start().await;
     let traceparent = format!("00-{TRACE}-{CALLER}-01");
     let off = TestServer::start(
-        "policies:\n  api:\n    limits:\n      - { max: 1, per: 1m }\n",
+        "policies:\n  api:\n    limits:\n      - { max: 1, per: 1h }\n",
         &[],
     )
     .await;
