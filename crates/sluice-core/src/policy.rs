@@ -4,7 +4,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::limit::{Algorithm, Limit, LimitError, LimitSpec, MAX_LIMITS_PER_POLICY, MAX_POLICY_NAME_LEN};
+use crate::limit::{
+    Algorithm, Limit, LimitError, LimitSpec, MAX_LIMITS_PER_POLICY, MAX_POLICY_NAME_LEN,
+};
 
 /// What a policy does when its store cannot answer (a timeout, an unreachable shard, an open
 /// circuit). Errors that retrying cannot fix (corrupt state) are reported whatever the mode.
