@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 use sluice_server::app::{self, Listeners};
 mod cli;
+mod simulate;
 
 use cli::{Cli, Command, ConfigCommand, LogFormat};
 
@@ -133,7 +134,7 @@ async fn run(
         }
         Command::Bench(args) => cli::bench(&args).await,
         Command::Simulate(args) => {
-            cli::simulate(&args)?;
+            simulate::simulate(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {

@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::limit::{Algorithm, Limit, MAX_LIMITS_PER_POLICY, Policy};
+use crate::limit::{Algorithm, Limit, MAX_LIMITS_PER_POLICY};
+use crate::policy::Policy;
 
 /// How a decision was made when the store could not answer (see
 /// [`FailureMode`](crate::FailureMode)).

@@ -11,7 +11,8 @@
 
 use crate::algorithms::{self, Record};
 use crate::decision::{Decision, LimitStatus};
-use crate::limit::{Algorithm, Limit, MAX_LIMITS_PER_POLICY, Policy};
+use crate::limit::{Algorithm, Limit, MAX_LIMITS_PER_POLICY};
+use crate::policy::Policy;
 use crate::state::LimitState;
 
 /// Per-limit writes of one decision (`Some(new state)` where the state changes); inline for

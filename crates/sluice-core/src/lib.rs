@@ -36,6 +36,7 @@ mod clock;
 mod decision;
 pub mod evaluate;
 mod limit;
+mod policy;
 mod state;
 
 pub use algorithms::{
@@ -46,10 +47,11 @@ pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, Degraded, LimitStatus};
 pub use evaluate::{Evaluation, Writes};
 pub use limit::{
-    Algorithm, DEFAULT_BUCKETS, FailureMode, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
-    MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS, Policy,
+    Algorithm, DEFAULT_BUCKETS, Limit, LimitError, LimitSpec, MAX_AMOUNT, MAX_BUCKETS,
+    MAX_LIMITS_PER_POLICY, MAX_PER_MS, MAX_POLICY_NAME_LEN, MAX_REFILL_MS, MIN_PER_MS,
     duration_text,
 };
+pub use policy::{FailureMode, Policy};
 pub use state::{
     ConcurrencyState, FixedWindowState, HeldLease, LimitState, SlidingWindowState, TokenBucketState,
 };

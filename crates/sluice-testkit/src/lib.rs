@@ -105,6 +105,7 @@
 pub mod cluster;
 mod error;
 mod info;
+mod options;
 mod presence;
 mod process;
 mod replica;
@@ -119,14 +120,14 @@ pub use cluster::{
 };
 pub use error::Error;
 pub use info::parse_info_field;
+pub use options::ServerOptions;
 pub use presence::{REQUIRE_REDIS_ENV, require_redis};
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
 pub use sentinel::{
     DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
 };
 pub use server::{
-    CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer,
-    ServerOptions, free_port,
+    CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, free_port,
 };
 pub use tls::TlsCerts;
 pub use wait::{POLL_INTERVAL, wait_until};

@@ -1,7 +1,7 @@
 //! One `redis-server` process: [`ServerOptions`] says how to run it, [`RedisServer`] owns it.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::ServerOptions;
 use crate::process::{self, Launch, ManagedChild};
 use crate::{Error, parse_info_field, wait_until};
 
@@ -25,95 +26,6 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long [`RedisServer::pause`] / [`RedisServer::resume`] wait for the process state.
 const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How to run a server: the program, a config file, extra arguments, the readiness deadline.
-///
-/// The kit always passes its base arguments (port, `--bind 127.0.0.1`, no persistence,
-/// diskless replication, a private `--dir` and `--logfile`); [`arg`](Self::arg)s come after
-/// them, so they can override any of them except the port.
-///
-/// ```no_run
-/// use sluice_testkit::ServerOptions;
-/// let server = ServerOptions::new()
-///     .args(["--maxmemory", "10mb"])
-///     .config("maxmemory-policy allkeys-lru\n")
-///     .start()?;
-/// # Ok::<(), sluice_testkit::Error>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    program: OsString,
-    config: Option<String>,
-    args: Vec<OsString>,
-    ready_timeout: Duration,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            program: "redis-server".into(),
-            config: None,
-            args: Vec::new(),
-            ready_timeout: READY_TIMEOUT,
-        }
-    }
-}
-
-impl ServerOptions {
-    /// `redis-server` with only the kit's base arguments.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The program to run instead of `redis-server` (found on `PATH` unless a path).
-    pub fn program(mut self, program: impl Into<OsString>) -> Self {
-        self.program = program.into();
-        self
-    }
-
-    /// Config file text, written to `redis.conf` in the server's directory and passed as the
-    /// first argument (a config file is what `redis-sentinel` and `CONFIG REWRITE` need).
-    pub fn config(mut self, text: impl Into<String>) -> Self {
-        self.config = Some(text.into());
-        self
-    }
-
-    /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
-    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-
-    /// Extra arguments.
-    pub fn args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<OsString>,
-    {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
-    }
-
-    /// Replicate the server on `127.0.0.1:port` (`--replicaof 127.0.0.1 <port>`).
-    pub fn replica_of(self, port: u16) -> Self {
-        self.args([
-            "--replicaof".to_owned(),
-            "127.0.0.1".to_owned(),
-            port.to_string(),
-        ])
-    }
-
-    /// How long to wait for the server to answer `PING` (default [`READY_TIMEOUT`]).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
-    }
-
-    /// Starts a server with these options; see [`RedisServer::start_with_options`].
-    pub fn start(self) -> Result<RedisServer, Error> {
-        RedisServer::start_with_options(self)
-    }
-}
 
 /// One command's line of `INFO commandstats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -650,17 +562,5 @@ mod tests {
     #[test]
     fn this_process_is_not_stopped() {
         assert!(!is_stopped(std::process::id()).unwrap());
-    }
-
-    #[test]
-    fn options_collect_args_in_order() {
-        let o = ServerOptions::new()
-            .arg("--a")
-            .args(["1", "--b"])
-            .replica_of(7);
-        let args: Vec<&OsStr> = o.args.iter().map(OsString::as_os_str).collect();
-        assert_eq!(args, ["--a", "1", "--b", "--replicaof", "127.0.0.1", "7"]);
-        assert_eq!(o.program, "redis-server");
-        assert_eq!(o.ready_timeout, READY_TIMEOUT);
     }
 }

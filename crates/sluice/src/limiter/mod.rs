@@ -1,11 +1,8 @@
 //! The `Limiter`: policies, a clock and a store behind one small API.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 
 use sluice_core::evaluate::Op;
 use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
@@ -13,7 +10,13 @@ use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
 use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
-use crate::store::{Store, StoreError, StoreErrorKind};
+use crate::store::{Store, StoreError};
+
+mod call;
+mod ledger;
+
+use call::Call;
+use ledger::{Charges, Reported};
 
 /// The longest key, in bytes (docs/algorithms.md#words).
 pub const MAX_KEY_LEN: usize = 512;
@@ -452,210 +455,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.policies
             .get(name)
             .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The future of [`Limiter::call`], written out rather than `async`: a decision is a few
-    /// hundred bytes, and an `async fn` moves its answer through its state several times
-    /// where this moves it once.
-    struct Call<'a, S, C, G, F> {
-        limiter: &'a Limiter<S, C>,
-        policy: &'a Policy,
-        key: &'a str,
-        op: Op,
-        now: u64,
-        // Makes the store's future at the first poll, given `now`.
-        start: Option<G>,
-        #[pin]
-        store: Option<F>,
-        // Only after the store answered for a `local` policy while local admissions are owed:
-        // their charge-back (rare, so boxed), then the decision it waits with.
-        charge: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
-        decided: Option<Decision>,
-    }
-}
-
-impl<'a, S, C, G, F> Call<'a, S, C, G, F>
-where
-    G: FnOnce(u64) -> F,
-{
-    fn new(limiter: &'a Limiter<S, C>, policy: &'a Policy, key: &'a str, op: Op, start: G) -> Self {
-        Self {
-            limiter,
-            policy,
-            key,
-            op,
-            now: 0,
-            start: Some(start),
-            store: None,
-            charge: None,
-            decided: None,
-        }
-    }
-}
-
-impl<S, C, G, F> Future for Call<'_, S, C, G, F>
-where
-    S: Store,
-    C: Clock + Sync,
-    G: FnOnce(u64) -> F,
-    F: Future<Output = Result<Decision, StoreError>>,
-{
-    type Output = Result<Decision, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        if let Some(start) = this.start.take() {
-            if let Err(e) = validate(this.key, this.op.cost()) {
-                return Poll::Ready(Err(e));
-            }
-            *this.now = this.limiter.clock.now_ms();
-            this.store.set(Some(start(*this.now)));
-        }
-        if let Some(charge) = this.charge.as_mut() {
-            return match charge.as_mut().poll(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(()) => {
-                    *this.charge = None;
-                    match this.decided.take() {
-                        Some(d) => Poll::Ready(Ok(d)),
-                        None => Poll::Ready(Err(polled_after_completion())),
-                    }
-                }
-            };
-        }
-        let Some(store) = this.store.as_mut().as_pin_mut() else {
-            return Poll::Ready(Err(polled_after_completion()));
-        };
-        match store.poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(d)) => {
-                let limiter = *this.limiter;
-                if this.policy.failure_mode() != FailureMode::Local || !limiter.charges.owed() {
-                    return Poll::Ready(Ok(d));
-                }
-                this.store.set(None);
-                *this.decided = Some(d);
-                let mut charge = Box::pin(limiter.charge_after(this.policy, this.key, *this.now));
-                match charge.as_mut().poll(cx) {
-                    Poll::Ready(()) => match this.decided.take() {
-                        Some(d) => Poll::Ready(Ok(d)),
-                        None => Poll::Ready(Err(polled_after_completion())),
-                    },
-                    Poll::Pending => {
-                        *this.charge = Some(charge);
-                        Poll::Pending
-                    }
-                }
-            }
-            Poll::Ready(Err(e)) => {
-                Poll::Ready(
-                    this.limiter
-                        .failed(this.policy, this.key, *this.op, *this.now, e),
-                )
-            }
-        }
-    }
-}
-
-/// The error of a limiter call's future polled again after it completed.
-fn polled_after_completion() -> Error {
-    Error::Store(StoreError::Backend(
-        "a limiter call was polled after it completed".to_owned(),
-    ))
-}
-
-/// What [`Limiter::charge_back`] keeps, shared by a limiter's clones: whether the insurance
-/// store admitted something since everything was charged back (a decision the store makes
-/// looks for a local debt of its key only then), and the keys being charged now.
-#[derive(Debug, Clone, Default)]
-struct Charges(Arc<(AtomicBool, Mutex<HashSet<PolicyKey>>)>);
-
-/// A policy's name and a key.
-type PolicyKey = (Arc<str>, Box<str>);
-
-/// A key's charge under way; dropping it lets the next one start.
-struct Charging<'a> {
-    charges: &'a Charges,
-    key: Option<PolicyKey>,
-}
-
-impl Drop for Charging<'_> {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.charges.charging().remove(&key);
-        }
-    }
-}
-
-impl Charges {
-    fn owe(&self) {
-        self.0.0.store(true, Ordering::Relaxed);
-    }
-
-    fn owed(&self) -> bool {
-        self.0.0.load(Ordering::Relaxed)
-    }
-
-    fn paid(&self) {
-        self.0.0.store(false, Ordering::Relaxed);
-    }
-
-    fn charging(&self) -> std::sync::MutexGuard<'_, HashSet<PolicyKey>> {
-        self.0.1.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The right to charge `key` of `policy`, unless its charge is under way.
-    fn lock(&self, policy: &Policy, key: &str) -> Option<Charging<'_>> {
-        let id: PolicyKey = (policy.name_arc().clone(), key.into());
-        self.charging().insert(id.clone()).then_some(Charging {
-            charges: self,
-            key: Some(id),
-        })
-    }
-}
-
-/// The (policy, kind) pairs of errors no retry can fix that were logged already: each is
-/// logged once (at ERROR, target `sluice::limiter`), not once per request;
-/// `sluice_store_errors_total{kind}` counts every occurrence. Shared by a limiter's clones.
-#[derive(Debug, Clone, Default)]
-struct Reported(Arc<Mutex<HashSet<PolicyKind>>>);
-
-/// A policy's name and an error kind.
-type PolicyKind = (Arc<str>, StoreErrorKind);
-
-/// Pairs remembered at most; past this many (only policies built per request get there)
-/// every further one is logged.
-const MAX_REPORTED: usize = 4_096;
-
-impl Reported {
-    /// Logs `error` of `policy` if it is the first of its kind for the policy.
-    fn first(&self, policy: &Policy, error: &StoreError) {
-        let kind = error.kind();
-        let new = {
-            let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            let pair = (policy.name_arc().clone(), kind);
-            if seen.contains(&pair) {
-                false
-            } else {
-                if seen.len() < MAX_REPORTED {
-                    seen.insert(pair);
-                }
-                true
-            }
-        };
-        if new {
-            tracing::error!(
-                target: "sluice::limiter",
-                policy = policy.name(),
-                kind = kind.as_str(),
-                error = %error,
-                "the store refused a decision, and retrying will not change that: the caller \
-                 gets the error whatever the policy's on_store_error (logged once per policy \
-                 and kind; sluice_store_errors_total counts each)"
-            );
-        }
     }
 }
 
