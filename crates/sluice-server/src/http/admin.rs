@@ -422,8 +422,7 @@ pub(super) async fn simulate(
     // runtime's threads.
     let work = move || {
         let _slot = slot;
-        let value =
-            crate::unique::json(&bytes).map_err(|e| crate::simulate::SimError::new("", e))?;
+        let value = crate::unique::json(&bytes).map_err(crate::simulate::SimError::whole)?;
         let bounds = crate::simulate::Bounds::default();
         crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
@@ -432,8 +431,7 @@ pub(super) async fn simulate(
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         },
-        // Not JSON, or a key given twice: the message as the other routes word it.
-        Ok(Err(e)) if e.field.is_empty() => bad(e.message),
+        // Not JSON, or a key given twice (no path): the message as the other routes word it.
         Ok(Err(e)) => bad(e.to_string()),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -241,7 +241,7 @@ fn parse_policy(item: &Value, path: &str, configured: &[Policy]) -> Result<Polic
             let mut definition = map.clone();
             definition.remove("name");
             crate::policy_entry::inline_policy(name, &Value::Object(definition))
-                .map_err(|e| bad(path.to_owned(), e))?
+                .map_err(|e| bad(path.to_owned(), e.to_string()))?
         }
     };
     if let Some((i, _)) = policy.concurrency_limit() {
