@@ -245,6 +245,27 @@ mod tests {
         assert_eq!(e.clone().within(""), e);
     }
 
+    /// What `config/mod.rs` writes from [`build_policy`] today is what it will write from
+    /// [`entry_policy`] seen `within` `policies.<name>`.
+    #[test]
+    fn an_entry_error_within_its_policy_reads_as_the_configuration_writes_it() {
+        let bad_mode = "{on_store_error: sometimes, limits: [{max: 1, per: 1s}]}";
+        let no_limit = "{limits: []}";
+        let fine = "{limits: [{max: 1, per: 1s}]}";
+        for (name, yaml) in [
+            ("api", bad_mode),
+            ("api", no_limit),
+            ("", fine),
+            ("a b", fine),
+        ] {
+            let raw = || serde_yaml_ng::from_str::<RawPolicy>(yaml).unwrap();
+            let (field, reason) = build_policy(name, raw()).unwrap_err();
+            let today = format!("policies.{name}{field}: {reason}");
+            let e = entry_policy(name, raw()).unwrap_err();
+            assert_eq!(e.within(&format!("policies.{name}")).to_string(), today);
+        }
+    }
+
     #[test]
     fn an_inline_policy_error_names_the_path_below_the_entry() {
         let value =
