@@ -155,7 +155,9 @@ fn parse_layout(s: &str) -> Result<sluice_redis::Layout, String> {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    PositiveDuration::parse(s).map(|d| d.0)
+    PositiveDuration::parse(s)
+        .map(|d| d.0)
+        .map_err(|e| e.to_string())
 }
 
 /// Failed requests of one kind.

@@ -1,6 +1,11 @@
 //! The one parser of a policy entry (`{limits: [{max, per, …}], on_store_error?}`): the
 //! configuration's `policies.<name>`, the simulator's inline policies and the HTTP body's
 //! inline policy all read an entry here, so they mean and refuse exactly the same things.
+//!
+//! It also holds the one shape of "the value at this path is wrong, and why", [`FieldError`]:
+//! the entry's errors, the simulator's, the HTTP body's and query's, the RLQS rules' and the
+//! xDS settings' are all one, and each surface renders it its own way (`path: message` in the
+//! configuration and the simulator, `` `path` message`` in a `400`).
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
@@ -8,6 +13,54 @@ use sluice::{Algorithm, FailureMode, Limit, LimitSpec, Policy};
 use std::fmt;
 
 use crate::units::PositiveDuration;
+
+/// A value that cannot be used: where it is (`limits[1].per`, `traffic.rate`,
+/// `rlqs.buckets[0].policy`; empty for the value as a whole) and what is wrong with it, in
+/// words a person can act on. Displayed `path: message` (the message alone when the path is
+/// empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{message}", .path, if .path.is_empty() { "" } else { ": " })]
+pub struct FieldError {
+    /// The path of the value at fault.
+    pub path: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl FieldError {
+    /// An error about the value at `path`.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An error about the value as a whole (an empty path).
+    pub fn whole(message: impl Into<String>) -> Self {
+        Self::new(String::new(), message)
+    }
+
+    /// The same error seen from `parent`: `limits[1]` within `policies.api` is
+    /// `policies.api.limits[1]`.
+    #[must_use]
+    pub fn within(mut self, parent: &str) -> Self {
+        self.path = match (parent.is_empty(), self.path.is_empty()) {
+            (true, _) => self.path,
+            (false, true) => parent.to_owned(),
+            (false, false) if self.path.starts_with('[') => format!("{parent}{}", self.path),
+            (false, false) => format!("{parent}.{}", self.path),
+        };
+        self
+    }
+}
+
+/// For the callers that still pass errors on as text (the configuration's `?`).
+impl From<FieldError> for String {
+    fn from(e: FieldError) -> Self {
+        e.to_string()
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,10 +100,10 @@ impl<'de> Deserialize<'de> for ValidLimit {
 }
 
 impl ValidLimit {
-    fn from_raw(raw: RawLimit) -> Result<Self, String> {
+    fn from_raw(raw: RawLimit) -> Result<Self, sluice::LimitError> {
         let algorithm = match raw.algorithm.as_deref() {
             None => Algorithm::FixedWindow,
-            Some(a) => a.parse().map_err(|e: sluice::LimitError| e.to_string())?,
+            Some(a) => a.parse()?,
         };
         let spec = LimitSpec {
             max: raw.max,
@@ -60,7 +113,7 @@ impl ValidLimit {
             burst: raw.burst,
             align: raw.align,
         };
-        Limit::new(spec).map(ValidLimit).map_err(|e| e.to_string())
+        Limit::new(spec).map(ValidLimit)
     }
 }
 
@@ -72,25 +125,39 @@ pub(crate) struct RawPolicy {
     limits: Vec<ValidLimit>,
 }
 
-/// A policy from its raw entry; an error is (the path below `policies.<name>`, e.g.
-/// `.on_store_error`, and the reason).
-pub(crate) fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
+/// A policy from its raw entry; an error names the path below `policies.<name>`
+/// (`on_store_error`, `limits[1]`; empty for the name).
+pub(crate) fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldError> {
     let on_store_error = match raw.on_store_error.as_deref() {
         None => FailureMode::Open,
         Some(mode) => mode
             .parse::<FailureMode>()
-            .map_err(|e| (".on_store_error".to_owned(), e.reason))?,
+            .map_err(|e| FieldError::new("on_store_error", e.reason))?,
     };
     let limits = raw.limits.into_iter().map(|l| l.0).collect();
     let policy = Policy::new(name.to_owned(), limits).map_err(|e| {
-        let field = if e.field == "name" {
+        let path = if e.field == "name" {
             String::new()
         } else {
-            format!(".{}", e.field)
+            e.field
         };
-        (field, e.reason)
+        FieldError::new(path, e.reason)
     })?;
     Ok(policy.with_failure_mode(on_store_error))
+}
+
+/// [`entry_policy`] in the shape `config/mod.rs` reads today: (the path below
+/// `policies.<name>` with its leading `.`, e.g. `.on_store_error`, or empty; the reason).
+/// To go once the configuration reads a [`FieldError`] (`.within(&format!("policies.{name}"))`).
+pub(crate) fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
+    entry_policy(name, raw).map_err(|e| {
+        let path = if e.path.is_empty() {
+            e.path
+        } else {
+            format!(".{}", e.path)
+        };
+        (path, e.message)
+    })
 }
 
 /// A policy defined inline, in the shape of a `policies.<name>` entry of the configuration
@@ -98,43 +165,122 @@ pub(crate) fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String
 /// from any self-describing value (a JSON body, a YAML flag) with the configuration's own
 /// rules, so an inline policy means and refuses exactly what a configured one does. The
 /// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
-pub(crate) fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, String> {
+pub(crate) fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, FieldError> {
     let serde_json::Value::Object(map) = value else {
-        return Err(
-            "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}".to_owned(),
-        );
+        return Err(FieldError::whole(
+            "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}",
+        ));
     };
     for field in map.keys() {
         if !matches!(field.as_str(), "limits" | "on_store_error") {
-            return Err(format!(
+            return Err(FieldError::whole(format!(
                 "unknown field `{field}`; a policy has limits and on_store_error"
-            ));
+            )));
         }
     }
     let on_store_error = match map.get("on_store_error") {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("on_store_error: must be a string: open, closed or local".to_owned()),
+        Some(_) => {
+            return Err(FieldError::new(
+                "on_store_error",
+                "must be a string: open, closed or local",
+            ));
+        }
     };
     let Some(serde_json::Value::Array(items)) = map.get("limits") else {
-        return Err(
-            "limits: must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]".to_owned(),
-        );
+        return Err(FieldError::new(
+            "limits",
+            "must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]",
+        ));
     };
     let mut limits = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let limit = ValidLimit::deserialize(item).map_err(|e| format!("limits[{i}]: {e}"))?;
+        let limit = ValidLimit::deserialize(item)
+            .map_err(|e| FieldError::new(format!("limits[{i}]"), e.to_string()))?;
         limits.push(limit);
     }
-    build_policy(
+    entry_policy(
         name,
         RawPolicy {
             on_store_error,
             limits,
         },
     )
-    .map_err(|(field, reason)| match field.strip_prefix('.') {
-        Some(field) => format!("{field}: {reason}"),
-        None => format!("the name `{name}`: {reason}"),
+    .map_err(|e| match e.path.is_empty() {
+        true => FieldError::whole(format!("the name `{name}`: {}", e.message)),
+        false => e,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_field_error_reads_path_then_message() {
+        assert_eq!(
+            FieldError::new("limits[1].per", "`0s` is not a positive duration").to_string(),
+            "limits[1].per: `0s` is not a positive duration"
+        );
+        assert_eq!(FieldError::whole("not JSON").to_string(), "not JSON");
+    }
+
+    #[test]
+    fn a_field_error_within_a_parent_joins_the_paths() {
+        let e = FieldError::new("limits[1]", "bad");
+        assert_eq!(
+            e.clone().within("policies.api").path,
+            "policies.api.limits[1]"
+        );
+        assert_eq!(
+            FieldError::new("[2]", "bad").within("items").path,
+            "items[2]"
+        );
+        assert_eq!(
+            FieldError::whole("bad").within("policies.api").path,
+            "policies.api"
+        );
+        assert_eq!(e.clone().within(""), e);
+    }
+
+    /// What `config/mod.rs` writes from [`build_policy`] today is what it will write from
+    /// [`entry_policy`] seen `within` `policies.<name>`.
+    #[test]
+    fn an_entry_error_within_its_policy_reads_as_the_configuration_writes_it() {
+        let bad_mode = "{on_store_error: sometimes, limits: [{max: 1, per: 1s}]}";
+        let no_limit = "{limits: []}";
+        let fine = "{limits: [{max: 1, per: 1s}]}";
+        for (name, yaml) in [
+            ("api", bad_mode),
+            ("api", no_limit),
+            ("", fine),
+            ("a b", fine),
+        ] {
+            let raw = || serde_yaml_ng::from_str::<RawPolicy>(yaml).unwrap();
+            let (field, reason) = build_policy(name, raw()).unwrap_err();
+            let today = format!("policies.{name}{field}: {reason}");
+            let e = entry_policy(name, raw()).unwrap_err();
+            assert_eq!(e.within(&format!("policies.{name}")).to_string(), today);
+        }
+    }
+
+    #[test]
+    fn an_inline_policy_error_names_the_path_below_the_entry() {
+        let value =
+            serde_json::json!({"limits": [{"max": 1, "per": "1s"}, {"max": 1, "per": "0s"}]});
+        let e = inline_policy("api", &value).unwrap_err();
+        assert_eq!(e.path, "limits[1]");
+        assert!(e.message.contains("`0s` is not a positive duration"), "{e}");
+        let e = inline_policy(
+            "api",
+            &serde_json::json!({"limits": [], "on_store_error": 1}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "on_store_error: must be a string: open, closed or local"
+        );
+    }
 }

@@ -14,6 +14,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
+use crate::policy_entry::FieldError;
+
 /// `listen.tls` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,6 +41,8 @@ impl ListenTls {
     /// Resolves relative paths against `base` (the configuration file's directory) and checks
     /// that the files are there and hold what they should, so `sluice config check` finds a
     /// wrong path, not the first client.
+    ///
+    /// Its error is text as `config/mod.rs` reads it today (a [`FieldError`] written out).
     pub(crate) fn resolve(raw: RawListenTls, base: Option<&Path>) -> Result<Self, String> {
         let at = |p: PathBuf| match base {
             Some(dir) if p.is_relative() => dir.join(p),
@@ -49,32 +53,38 @@ impl ListenTls {
             key_file: at(raw.key_file),
             client_ca_file: raw.client_ca_file.map(at),
         };
-        tls.server_config(&[])?;
+        tls.rustls_config(&[])?;
         Ok(tls)
+    }
+
+    /// [`ListenTls::rustls_config`] with its error as text, as `app.rs` reads it today
+    /// (`ServeError::Tls`).
+    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
+        Ok(self.rustls_config(alpn)?)
     }
 
     /// A rustls server configuration offering `alpn` (e.g. `h2` for gRPC); every error names
     /// the `listen.tls` field and file at fault.
-    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub fn rustls_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, FieldError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let chain = certificates(&self.cert_file, "cert_file")?;
         let key = PrivateKeyDer::from_pem_file(&self.key_file).map_err(|e| {
-            format!(
-                "listen.tls.key_file: no private key in {}: {e}",
-                self.key_file.display()
+            FieldError::new(
+                "listen.tls.key_file",
+                format!("no private key in {}: {e}", self.key_file.display()),
             )
         })?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("listen.tls: {e}"))?;
+            .map_err(|e| FieldError::new("listen.tls", e.to_string()))?;
         let builder = match &self.client_ca_file {
             Some(file) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in certificates(file, "client_ca_file")? {
                     roots.add(cert).map_err(|e| {
-                        format!(
-                            "listen.tls.client_ca_file: {} holds an unusable CA: {e}",
-                            file.display()
+                        FieldError::new(
+                            "listen.tls.client_ca_file",
+                            format!("{} holds an unusable CA: {e}", file.display()),
                         )
                     })?;
                 }
@@ -83,16 +93,19 @@ impl ListenTls {
                     provider,
                 )
                 .build()
-                .map_err(|e| format!("listen.tls.client_ca_file: {e}"))?;
+                .map_err(|e| FieldError::new("listen.tls.client_ca_file", e.to_string()))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(chain, key).map_err(|e| {
-            format!(
-                "listen.tls: the key in {} does not go with the certificate in {}: {e}",
-                self.key_file.display(),
-                self.cert_file.display()
+            FieldError::new(
+                "listen.tls",
+                format!(
+                    "the key in {} does not go with the certificate in {}: {e}",
+                    self.key_file.display(),
+                    self.cert_file.display()
+                ),
             )
         })?;
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
@@ -101,14 +114,15 @@ impl ListenTls {
 }
 
 /// Every certificate of a PEM file; none is an error naming the field.
-fn certificates(file: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+fn certificates(file: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, FieldError> {
+    let path = || format!("listen.tls.{field}");
     let certs = CertificateDer::pem_file_iter(file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("listen.tls.{field}: cannot read {}: {e}", file.display()))?;
+        .map_err(|e| FieldError::new(path(), format!("cannot read {}: {e}", file.display())))?;
     if certs.is_empty() {
-        return Err(format!(
-            "listen.tls.{field}: {} holds no PEM certificate",
-            file.display()
+        return Err(FieldError::new(
+            path(),
+            format!("{} holds no PEM certificate", file.display()),
         ));
     }
     Ok(certs)

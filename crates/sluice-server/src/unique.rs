@@ -89,24 +89,32 @@ pub(crate) fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Ou
     }
 }
 
-/// Reads a JSON body; the error is the message of a `400`: the body is not JSON, or a key is
-/// given twice (`` `cost` is given twice``).
-pub(crate) fn json(bytes: &[u8]) -> Result<Value, String> {
-    let not_json = |e: serde_json::Error| format!("the body is not valid JSON: {e}");
+/// Why a JSON body cannot be read: its message is the message of a `400`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JsonError {
+    /// Not JSON, or something after the value.
+    #[error("the body is not valid JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// A key given twice (its path: `cost`, `traffic.rate`).
+    #[error(
+        "`{0}` is given twice; give each field once (a JSON object's last value would silently \
+         win)"
+    )]
+    Duplicate(String),
+}
+
+/// Reads a JSON body, refusing a key given twice (`` `cost` is given twice``).
+pub(crate) fn json(bytes: &[u8]) -> Result<Value, JsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = match read(&mut de, None) {
         Outcome::Value(v) => v,
         Outcome::Duplicate { duplicate, .. } => {
-            return Err(format!(
-                "`{}` is given twice; give each field once (a JSON object's last value would \
-                 silently win)",
-                duplicate.full_path()
-            ));
+            return Err(JsonError::Duplicate(duplicate.full_path()));
         }
-        Outcome::Probed(e) | Outcome::Other(e) => return Err(not_json(e)),
+        Outcome::Probed(e) | Outcome::Other(e) => return Err(JsonError::NotJson(e)),
     };
     // Trailing characters after the value, as serde_json::from_slice refuses them.
-    de.end().map_err(not_json)?;
+    de.end().map_err(JsonError::NotJson)?;
     Ok(value)
 }
 
@@ -321,6 +329,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// [`super::json`] with its error as the `400` words it.
+    fn json(bytes: &[u8]) -> Result<Value, String> {
+        super::json(bytes).map_err(|e| e.to_string())
+    }
 
     #[test]
     fn a_json_body_with_a_field_given_twice_is_refused_naming_it() {

@@ -7,13 +7,30 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
+/// Why a text is not a [`PositiveDuration`]; each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// No unit, or one not known.
+    #[error("`{0}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d")]
+    Unit(String),
+    /// No whole number before the unit.
+    #[error("`{0}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d")]
+    Number(String),
+    /// More milliseconds than a `u64` holds.
+    #[error("`{0}` is too long a duration")]
+    TooLong(String),
+    /// Zero.
+    #[error("`{0}` is not a positive duration")]
+    Zero(String),
+}
+
 /// A positive duration written `250ms`, `1s`, `5m`, `1h` or `1d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PositiveDuration(pub Duration);
 
 impl PositiveDuration {
     /// Parses `250ms`, `1s`, `5m`, `1h`, `1d`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, DurationError> {
         let t = text.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (digits, unit) = t.split_at(split);
@@ -23,20 +40,16 @@ impl PositiveDuration {
             "m" => 60_000,
             "h" => 3_600_000,
             "d" => 86_400_000,
-            _ => {
-                return Err(format!(
-                    "`{text}` is not a duration; write a whole number and a unit: 250ms, 1s, 5m, 1h, 1d"
-                ));
-            }
+            _ => return Err(DurationError::Unit(text.to_owned())),
         };
         let n: u64 = digits
             .parse()
-            .map_err(|_| format!("`{text}` is not a duration; write e.g. 250ms, 1s, 5m, 1h, 1d"))?;
+            .map_err(|_| DurationError::Number(text.to_owned()))?;
         let ms = n
             .checked_mul(factor)
-            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
+            .ok_or_else(|| DurationError::TooLong(text.to_owned()))?;
         if ms == 0 {
-            return Err(format!("`{text}` is not a positive duration"));
+            return Err(DurationError::Zero(text.to_owned()));
         }
         Ok(Self(Duration::from_millis(ms)))
     }

@@ -2,37 +2,32 @@
 //! stats the dashboard polls, the simulator and the metrics.
 
 use super::*;
+use crate::policy_entry::FieldError;
 
 // ----- the rest -----------------------------------------------------------------------------
 
 pub(super) async fn forget(
     State(shared): State<Arc<Shared>>,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     // A percent-escape that is not UTF-8 (`%ff`): JSON like every other error, not axum's text.
-    let (policy, key) = match path {
-        Ok(Path(pair)) => pair,
-        Err(rejection) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!("the path could not be read: {}", rejection.body_text()),
-            );
-        }
-    };
+    let Path((policy, key)) = path.map_err(|rejection| {
+        ApiError::invalid(format!(
+            "the path could not be read: {}",
+            rejection.body_text()
+        ))
+    })?;
     let snapshot = shared.snapshot();
     if snapshot.limiter.policy(&policy).is_none() {
-        return unknown_policy(&policy, &snapshot);
+        return Err(unknown_policy(&policy, &snapshot));
     }
     match snapshot.limiter.forget(&policy, &key).await {
         // No body, so no content type.
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(LimitError::Store(e)) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            format!("the store cannot answer: {e}"),
-        ),
-        Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+        Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(LimitError::Store(e)) => Err(ApiError::StoreUnavailable(format!(
+            "the store cannot answer: {e}"
+        ))),
+        Err(e) => Err(ApiError::invalid(e.to_string())),
     }
 }
 
@@ -80,15 +75,18 @@ pub const MAX_TOP_LIMIT: usize = 100;
 
 /// `GET /v1/top?policy=…&by=denied|used&limit=…`: a policy's (or an Envoy rule's) heaviest
 /// keys over the recent window, with what each has left now for configured policies.
-pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Response {
-    let (policy, by, limit) = match top_query(query.as_deref()) {
-        Ok(q) => q,
-        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
-    };
+pub(super) async fn top(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (policy, by, limit) = top_query(query.as_deref())?;
     let snapshot = shared.snapshot();
     let configured = snapshot.limiter.policy(&policy);
     if configured.is_none() && !shared.top().tracks(&policy) && !shared.rules().tracks(&policy) {
-        return unknown_top_policy(&snapshot, &policy);
+        return Err(ApiError::UnknownTopPolicy {
+            configured: configured_names(&snapshot),
+            name: policy,
+        });
     }
     let now = sluice::Clock::now_ms(shared.clock());
     let reading = shared.top().read(&policy, by, limit, now);
@@ -110,7 +108,7 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
         }
         keys.push(entry);
     }
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
         &json!({
             "policy": policy,
@@ -123,63 +121,46 @@ pub(super) async fn top(State(shared): State<Arc<Shared>>, RawQuery(query): RawQ
             "capacity": shared.top().capacity(),
             "keys": keys,
         }),
-    )
+    ))
 }
 
 /// `/v1/top`'s query: the policy (required), the measure and the number of keys; or why it
 /// is refused (a `400`).
-fn top_query(query: Option<&str>) -> Result<(String, crate::observe::top::Measure, usize), String> {
-    let pairs: Vec<(String, String)> = match serde_urlencoded::from_str(query.unwrap_or("")) {
-        Ok(p) => p,
-        Err(e) => return Err(format!("the query string is not form-encoded: {e}")),
-    };
+fn top_query(
+    query: Option<&str>,
+) -> Result<(String, crate::observe::top::Measure, usize), FieldError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|e| FieldError::whole(format!("the query string is not form-encoded: {e}")))?;
     let (mut policy, mut by, mut limit) = (None, crate::observe::top::Measure::Denied, 10usize);
     for (name, value) in pairs {
         match name.as_str() {
             "policy" => policy = Some(value),
-            "by" => match value.parse() {
-                Ok(m) => by = m,
-                Err(e) => return Err(e),
-            },
+            // Measure's own words name the parameter: `` `by` must be `used` or `denied` ``.
+            "by" => by = value.parse().map_err(FieldError::whole)?,
             "limit" => match value.parse::<usize>() {
                 Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
                 _ => {
-                    return Err(format!(
-                        "`limit` must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"
+                    return Err(FieldError::new(
+                        "limit",
+                        format!("must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"),
                     ));
                 }
             },
             other => {
-                return Err(format!(
+                return Err(FieldError::whole(format!(
                     "unknown query parameter `{other}`; expected policy, by, limit"
-                ));
+                )));
             }
         }
     }
     let Some(policy) = policy else {
-        return Err(
-            "`policy` is required: a configured policy, or an Envoy rule's statistics key \
-                    (e.g. `edge.remote_address`)"
-                .to_owned(),
-        );
+        return Err(FieldError::new(
+            "policy",
+            "is required: a configured policy, or an Envoy rule's statistics key (e.g. \
+             `edge.remote_address`)",
+        ));
     };
     Ok((policy, by, limit))
-}
-
-/// The `404` for a name that is neither a configured policy nor a rule `top` has seen.
-fn unknown_top_policy(snapshot: &crate::state::Generation, policy: &str) -> Response {
-    let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
-    names.sort_unstable();
-    error(
-        StatusCode::NOT_FOUND,
-        "unknown_policy",
-        format!(
-            "no policy or Envoy rule named `{policy}` has been seen; configured policies: \
-             {}; Envoy rules appear as `domain.rule` (e.g. `edge.remote_address`) once they \
-             have seen traffic",
-            names.join(", ")
-        ),
-    )
 }
 
 /// The most detailed keys `GET /v1/stats` lists per Envoy rule.
@@ -191,19 +172,22 @@ fn number_query(
     query: Option<&str>,
     name: &str,
     (min, max, default): (usize, usize, usize),
-) -> Result<usize, String> {
+) -> Result<usize, FieldError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
-        .map_err(|e| format!("the query string is not form-encoded: {e}"))?;
+        .map_err(|e| FieldError::whole(format!("the query string is not form-encoded: {e}")))?;
     let mut out = default;
     for (key, value) in pairs {
         if key != name {
-            return Err(format!("unknown query parameter `{key}`; expected {name}"));
+            return Err(FieldError::whole(format!(
+                "unknown query parameter `{key}`; expected {name}"
+            )));
         }
         out = match value.parse::<usize>() {
             Ok(n) if (min..=max).contains(&n) => n,
             _ => {
-                return Err(format!(
-                    "`{name}` must be a whole number from {min} to {max}, got `{value}`"
+                return Err(FieldError::new(
+                    name,
+                    format!("must be a whole number from {min} to {max}, got `{value}`"),
                 ));
             }
         };
@@ -248,11 +232,8 @@ async fn store_calls(shard: &mut Value, store: &sluice_redis::RedisStore) {
 pub(super) async fn stats(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
-) -> Response {
-    let keys = match number_query(query.as_deref(), "keys", (0, MAX_STATS_KEYS, 10)) {
-        Ok(n) => n,
-        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
-    };
+) -> Result<Response, ApiError> {
+    let keys = number_query(query.as_deref(), "keys", (0, MAX_STATS_KEYS, 10))?;
     let now = sluice::Clock::now_ms(shared.clock());
     let snapshot = shared.snapshot();
     let mut counted = shared.counts().read();
@@ -278,7 +259,7 @@ pub(super) async fn stats(
             "waited": s.waited, "direct": s.direct, "refunds": s.refunds,
         })
     });
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
         &json!({
             "now_ms": now,
@@ -294,7 +275,7 @@ pub(super) async fn stats(
             "reloads": reloads(&shared),
             "rlqs": {"streams": streams, "buckets_total": buckets_total},
         }),
-    )
+    ))
 }
 
 /// The reload history as `/v1/stats` shows it, newest first.
@@ -352,8 +333,8 @@ async fn store_stats(store: &crate::state::StoreHandle) -> Value {
 pub(super) async fn stats_history(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
-) -> Response {
-    let seconds = match number_query(
+) -> Result<Response, ApiError> {
+    let seconds = number_query(
         query.as_deref(),
         "seconds",
         (
@@ -361,18 +342,15 @@ pub(super) async fn stats_history(
             crate::observe::history::SECONDS,
             crate::observe::history::SECONDS,
         ),
-    ) {
-        Ok(n) => n,
-        Err(message) => return error(StatusCode::BAD_REQUEST, "invalid_request", message),
-    };
+    )?;
     shared.sample_history();
     let (end_ms, series) = shared.history().read(seconds);
     let series: std::collections::BTreeMap<String, crate::observe::history::Series> =
         series.into_iter().collect();
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
         &json!({"end_ms": end_ms, "step_s": 1, "series": series}),
-    )
+    ))
 }
 
 /// `POST /v1/simulate` (docs/simulate.md): runs a traffic through configured or inline
@@ -385,88 +363,54 @@ pub(super) async fn stats_history(
 pub(super) async fn simulate(
     State(shared): State<Arc<Shared>>,
     request: axum::extract::Request,
-) -> Response {
+) -> Result<Response, ApiError> {
     let Ok(slot) = shared.simulations().clone().try_acquire_owned() else {
-        let mut r = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            format!(
-                "{n} simulations are running, the most this server runs at once \
-                 (max_concurrent {n}); retry in a moment",
-                n = crate::simulate::MAX_CONCURRENT
-            ),
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
+        return Err(ApiError::Busy);
     };
-    let bad = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let bytes = match <Bytes as axum::extract::FromRequest<()>>::from_request(request, &()).await {
-        Ok(b) => b,
-        Err(rejection) => {
+    let bytes = <Bytes as axum::extract::FromRequest<()>>::from_request(request, &())
+        .await
+        .map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    format!(
-                        "the body is larger than {MAX_SIMULATE_BODY} bytes (the simulate body \
-                         cap); simulate a part of the log, or run `sluice simulate` on the file"
-                    ),
-                );
+                ApiError::SimulateBodyTooLarge
+            } else {
+                ApiError::invalid(format!("the body could not be read: {rejection}"))
             }
-            return bad(format!("the body could not be read: {rejection}"));
-        }
-    };
+        })?;
     let configured: Vec<Policy> = shared.snapshot().limiter.policies().cloned().collect();
     // Reading a large log or generating a large traffic is CPU work too: all of it off the
     // runtime's threads.
     let work = move || {
         let _slot = slot;
-        let value =
-            crate::unique::json(&bytes).map_err(|e| crate::simulate::SimError::new("", e))?;
+        // Not JSON, or a key given twice: a `FieldError` without a path, worded as the other
+        // routes word it.
+        let value = crate::unique::json(&bytes).map_err(|e| FieldError::whole(e.to_string()))?;
         let bounds = crate::simulate::Bounds::default();
         crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
-    match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(report)) => match serde_json::to_value(&report) {
-            Ok(body) => json_response(StatusCode::OK, &body),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
-        },
-        // Not JSON, or a key given twice: the message as the other routes word it.
-        Ok(Err(e)) if e.field.is_empty() => bad(e.message),
-        Ok(Err(e)) => bad(e.to_string()),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("the simulation failed: {e}"),
-        ),
-    }
+    let report = tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(format!("the simulation failed: {e}")))?
+        .map_err(ApiError::Simulation)?;
+    let body = serde_json::to_value(&report).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &body))
 }
 
-pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
+pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     shared.store().publish_circuits();
     if let Some(reserving) = shared.reserving() {
         metrics::reservation(reserving.stats());
     }
-    match metrics::render() {
-        Some(mut text) => {
-            let snapshot = shared.snapshot();
-            crate::observe::scrape::limits(&mut text, snapshot.limiter.policies());
-            if let Some(rls) = &snapshot.rls {
-                crate::observe::scrape::rules(&mut text, rls);
-            }
-            crate::observe::scrape::process(&mut text);
-            let mut r = (StatusCode::OK, text).into_response();
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            r
-        }
-        None => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "metrics_unavailable",
-            "another metrics recorder is installed in this process",
-        ),
+    let mut text = metrics::render().ok_or(ApiError::MetricsUnavailable)?;
+    let snapshot = shared.snapshot();
+    crate::observe::scrape::limits(&mut text, snapshot.limiter.policies());
+    if let Some(rls) = &snapshot.rls {
+        crate::observe::scrape::rules(&mut text, rls);
     }
+    crate::observe::scrape::process(&mut text);
+    let mut r = (StatusCode::OK, text).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(r)
 }

@@ -1,7 +1,8 @@
 //! The request body of the decision routes: read as bytes under the cap, validated by hand so
-//! each `400` names its field.
+//! each `400` names its field (a [`FieldError`], worded by [`ApiError::Invalid`]).
 
 use super::*;
+use crate::policy_entry::FieldError;
 use serde_json::Map;
 
 // ----- the request body ---------------------------------------------------------------------
@@ -21,32 +22,18 @@ pub(super) fn lease_text(id: u64) -> String {
     format!("{id:016x}")
 }
 
-/// A refused request, turned into a JSON error answer.
-#[derive(Debug)]
-pub(super) struct Refusal {
-    pub(super) status: StatusCode,
-    pub(super) code: &'static str,
-    pub(super) message: String,
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        error(self.status, self.code, self.message)
-    }
-}
-
 pub(super) fn parse_request(
     body: Result<Bytes, BytesRejection>,
     op: Endpoint,
-) -> Result<Request, Refusal> {
+) -> Result<Request, ApiError> {
     let map = json_object(body)?;
     let policy = string(&map, "policy")?;
     let key = string(&map, "key")?;
     if sluice::check_key(&key).is_err() {
-        return Err(bad(format!(
-            "`key` must be 1 to {MAX_KEY_LEN} bytes, got {} bytes",
-            key.len()
-        )));
+        return Err(ApiError::field(
+            "key",
+            format!("must be 1 to {MAX_KEY_LEN} bytes, got {} bytes", key.len()),
+        ));
     }
     if op == Endpoint::Release {
         let id = lease_id(&string(&map, "lease")?)?;
@@ -54,7 +41,7 @@ pub(super) fn parse_request(
             .keys()
             .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
         {
-            return Err(bad(format!(
+            return Err(ApiError::invalid(format!(
                 "unknown field `{field}`; the fields of a release are policy, key and lease"
             )));
         }
@@ -69,10 +56,10 @@ pub(super) fn parse_request(
     // A lease of nothing holds nothing: an acquire (or a renewal) that asks for 0 units would
     // answer `allowed` with no lease, which a client would read as "go ahead, holding a slot".
     if op == Endpoint::Acquire && cost == 0 {
-        return Err(bad(
-            "`cost` must be at least 1 for an acquire: it is the units the lease holds, and a \
-             lease of 0 holds nothing; to read the state without taking anything, use /v1/peek"
-                .to_owned(),
+        return Err(ApiError::field(
+            "cost",
+            "must be at least 1 for an acquire: it is the units the lease holds, and a lease of \
+             0 holds nothing; to read the state without taking anything, use /v1/peek",
         ));
     }
     // An acquire may name a lease it holds, to renew it.
@@ -90,86 +77,75 @@ pub(super) fn parse_request(
     })
 }
 
-fn bad(message: String) -> Refusal {
-    Refusal {
-        status: StatusCode::BAD_REQUEST,
-        code: "invalid_request",
-        message,
-    }
-}
-
 /// The body, read whole and parsed as a JSON object (a duplicate field refused).
-fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, Refusal> {
+fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Refusal {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                code: "body_too_large",
-                message: format!("the body is larger than {MAX_BODY} bytes"),
-            }
+            ApiError::BodyTooLarge
         } else {
-            bad(format!("the body could not be read: {rejection}"))
+            ApiError::invalid(format!("the body could not be read: {rejection}"))
         }
     })?;
-    let value = crate::unique::json(&bytes).map_err(bad)?;
+    let value = crate::unique::json(&bytes).map_err(|e| ApiError::invalid(e.to_string()))?;
     let Value::Object(map) = value else {
-        return Err(bad(
-            "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}"
-                .to_owned(),
+        return Err(ApiError::invalid(
+            "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}",
         ));
     };
     Ok(map)
 }
 
-fn string(map: &Map<String, Value>, field: &str) -> Result<String, Refusal> {
+fn string(map: &Map<String, Value>, field: &str) -> Result<String, FieldError> {
     match map.get(field) {
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(bad(format!(
-            "`{field}` must be a string, got {}",
-            type_name(other)
-        ))),
-        None => Err(bad(format!("`{field}` is missing"))),
+        Some(other) => Err(FieldError::new(
+            field,
+            format!("must be a string, got {}", type_name(other)),
+        )),
+        None => Err(FieldError::new(field, "is missing")),
     }
 }
 
 /// Exactly 16 hex digits, as /v1/acquire writes them: `1` and `0001` are not ids.
-fn lease_id(lease: &str) -> Result<u64, Refusal> {
+fn lease_id(lease: &str) -> Result<u64, FieldError> {
     (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit()))
         .then(|| u64::from_str_radix(lease, 16).ok())
         .flatten()
         .filter(|&id| id != 0)
         .ok_or_else(|| {
-            bad(format!(
-                "`lease` must be the id /v1/acquire returned: exactly 16 hex digits, not all \
-                 zero (e.g. 9f86d081884c7d65), got `{}`",
-                lease.chars().take(40).collect::<String>()
-            ))
+            FieldError::new(
+                "lease",
+                format!(
+                    "must be the id /v1/acquire returned: exactly 16 hex digits, not all zero \
+                     (e.g. 9f86d081884c7d65), got `{}`",
+                    lease.chars().take(40).collect::<String>()
+                ),
+            )
         })
 }
 
 /// `cost`: a whole number up to 2^53, 1 when absent.
-fn cost(map: &Map<String, Value>) -> Result<u64, Refusal> {
+fn cost(map: &Map<String, Value>) -> Result<u64, FieldError> {
+    let bad = |message: String| FieldError::new("cost", message);
     match map.get("cost") {
         None | Some(Value::Null) => Ok(1),
         Some(Value::Number(n)) => match n.as_u64() {
             Some(c) if c <= sluice::core::MAX_AMOUNT => Ok(c),
             Some(c) => Err(bad(format!(
-                "`cost` {c} is too large; at most 2^53 (9007199254740992)"
+                "{c} is too large; at most 2^53 (9007199254740992)"
             ))),
-            None if n.as_i64().is_some() => {
-                Err(bad(format!("`cost` must not be negative, got {n}")))
-            }
-            None => Err(bad(format!("`cost` must be a whole number, got {n}"))),
+            None if n.as_i64().is_some() => Err(bad(format!("must not be negative, got {n}"))),
+            None => Err(bad(format!("must be a whole number, got {n}"))),
         },
         Some(other) => Err(bad(format!(
-            "`cost` must be a whole number, got {}",
+            "must be a whole number, got {}",
             type_name(other)
         ))),
     }
 }
 
 /// Refuses the first field `op` does not take.
-fn only_known_fields(map: &Map<String, Value>, op: Endpoint) -> Result<(), Refusal> {
+fn only_known_fields(map: &Map<String, Value>, op: Endpoint) -> Result<(), ApiError> {
     for field in map.keys() {
         let known = match op {
             Endpoint::Acquire => matches!(field.as_str(), "policy" | "key" | "cost" | "lease"),
@@ -180,7 +156,7 @@ fn only_known_fields(map: &Map<String, Value>, op: Endpoint) -> Result<(), Refus
                 Endpoint::Acquire => "policy, key, cost and lease",
                 _ => "policy, key and cost",
             };
-            return Err(bad(format!(
+            return Err(ApiError::invalid(format!(
                 "unknown field `{field}`; the fields are {fields}"
             )));
         }

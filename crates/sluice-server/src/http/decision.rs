@@ -47,7 +47,7 @@ pub(super) async fn check(
     State(s): State<Arc<Shared>>,
     TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     answer(&s, Endpoint::Check, &headers, body).await
 }
 
@@ -55,7 +55,7 @@ pub(super) async fn peek(
     State(s): State<Arc<Shared>>,
     TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     answer(&s, Endpoint::Peek, &headers, body).await
 }
 
@@ -63,7 +63,7 @@ pub(super) async fn acquire(
     State(s): State<Arc<Shared>>,
     TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     answer(&s, Endpoint::Acquire, &headers, body).await
 }
 
@@ -71,7 +71,7 @@ pub(super) async fn release(
     State(s): State<Arc<Shared>>,
     TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     answer(&s, Endpoint::Release, &headers, body).await
 }
 
@@ -79,7 +79,7 @@ pub(super) async fn refund(
     State(s): State<Arc<Shared>>,
     TraceHeaders(headers): TraceHeaders,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+) -> Result<Response, ApiError> {
     answer(&s, Endpoint::Refund, &headers, body).await
 }
 
@@ -106,14 +106,23 @@ impl axum::extract::FromRequestParts<Arc<Shared>> for TraceHeaders {
     }
 }
 
-pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> Response {
-    let mut names: Vec<&str> = snapshot.limiter.policies().map(Policy::name).collect();
+/// The `404` for `name`, listing the configured policies.
+pub(super) fn unknown_policy(name: &str, snapshot: &crate::state::Generation) -> ApiError {
+    ApiError::UnknownPolicy {
+        name: name.to_owned(),
+        configured: configured_names(snapshot),
+    }
+}
+
+/// The configured policies' names, sorted.
+pub(super) fn configured_names(snapshot: &crate::state::Generation) -> Vec<String> {
+    let mut names: Vec<String> = snapshot
+        .limiter
+        .policies()
+        .map(|p| p.name().to_owned())
+        .collect();
     names.sort_unstable();
-    error(
-        StatusCode::NOT_FOUND,
-        "unknown_policy",
-        format!("no policy named `{name}`; configured: {}", names.join(", ")),
-    )
+    names
 }
 
 /// Check, peek, refund, acquire or release: reads the body, asks the limiter, answers the
@@ -123,15 +132,12 @@ pub(super) async fn answer(
     op: Endpoint,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let req = match parse_request(body, op) {
-        Ok(r) => r,
-        Err(refusal) => return refusal.into_response(),
-    };
+) -> Result<Response, ApiError> {
+    let req = parse_request(body, op)?;
     let snapshot = shared.snapshot();
     let limiter = &snapshot.limiter;
     let Some(policy) = limiter.policy(&req.policy) else {
-        return unknown_policy(&req.policy, &snapshot);
+        return Err(unknown_policy(&req.policy, &snapshot));
     };
     let span = shared
         .traces()
@@ -164,7 +170,7 @@ pub(super) async fn answer(
                 Endpoint::Release => Extra::Released,
                 _ => Extra::None,
             };
-            decision_response_with(status, policy, &req.key, &d, extra)
+            Ok(decision_response_with(status, policy, &req.key, &d, extra))
         }
         Err(LimitError::Store(e)) => {
             span.finish(Outcome::Error.as_str(), Some(e.to_string()));
@@ -172,15 +178,13 @@ pub(super) async fn answer(
             if op.admits() {
                 shared.counts().count(policy.name_arc(), Outcome::Error);
             }
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                store_failure(policy, &req.key, &e),
-            )
+            Err(ApiError::StoreUnavailable(store_failure(
+                policy, &req.key, &e,
+            )))
         }
         Err(e) => {
             span.finish("invalid", Some(e.to_string()));
-            error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
+            Err(ApiError::invalid(e.to_string()))
         }
     }
 }
@@ -375,7 +379,7 @@ pub(super) fn decision_response_with(
     };
     let mut response = match serde_json::to_vec(&body) {
         Ok(bytes) => (status, bytes).into_response(),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        Err(e) => return ApiError::Internal(e.to_string()).into_response(),
     };
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -4,7 +4,9 @@
 //! body, so no content type):
 //! `{"error": {"code": "…", "message": "…"}}` with a message a person can act on. Bodies are
 //! read as bytes under a 64 KiB cap (refused with 413 before any parsing) and validated by hand,
-//! so each 400 names the field at fault.
+//! so each 400 names the field at fault. Every refusal is an [`ApiError`] (`error.rs`): a
+//! handler returns `Result<Response, ApiError>`, and the status, code and message are chosen in
+//! its one `IntoResponse`.
 
 use std::sync::Arc;
 
@@ -20,13 +22,14 @@ use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
 
 use crate::observe::metrics;
-use crate::reply::{error, json_response};
+use crate::reply::json_response;
 use crate::state::Shared;
 
 mod admin;
 mod assets;
 mod body;
 mod decision;
+mod error;
 
 pub use self::admin::MAX_TOP_LIMIT;
 use self::admin::*;
@@ -35,6 +38,7 @@ use self::assets::*;
 use self::body::*;
 use self::decision::*;
 pub use self::decision::{add_headers, decision_response};
+pub(crate) use self::error::ApiError;
 
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -216,7 +220,7 @@ async fn admin_guard(
         Some(admin)
             if (!guard.metrics || admin.protect_metrics) && !admin.allows(request.headers()) =>
         {
-            unauthorized(&guard.route)
+            ApiError::Unauthorized { route: guard.route }.into_response()
         }
         _ => next.run(request).await,
     }
@@ -228,21 +232,17 @@ fn axum_path(path: &str) -> String {
 }
 
 /// An admin route asked of the public listener when there is an admin listener.
-async fn on_admin_listener(method: Method, matched: MatchedPath) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "admin_listener",
-        format!(
-            "{method} {} is served on the admin listener only (listen.admin), not on this port",
-            matched.as_str().replace("{*key}", "{key}")
-        ),
-    )
+async fn on_admin_listener(method: Method, matched: MatchedPath) -> ApiError {
+    ApiError::AdminListener {
+        method,
+        path: matched.as_str().replace("{*key}", "{key}"),
+    }
 }
 
 // ----- errors -------------------------------------------------------------------------------
 
-async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "not_found", not_found_message())
+async fn not_found() -> ApiError {
+    ApiError::NotFound
 }
 
 /// The `404`'s list of routes, from [`TABLE`]: each method once before its paths, and the
@@ -266,12 +266,8 @@ fn not_found_message() -> String {
     text
 }
 
-async fn method_not_allowed(method: Method) -> Response {
-    error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{method} is not allowed on this path; see /openapi.json for the methods"),
-    )
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method)
 }
 
 async fn healthz() -> Response {
@@ -287,23 +283,6 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
             &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": down}}),
         ),
     }
-}
-
-/// `401 unauthorized` for an admin route without a valid token, with the challenge.
-pub(crate) fn unauthorized(route: &str) -> Response {
-    let mut r = error(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        format!(
-            "{route} is an admin route: send `Authorization: Bearer <token>` with a token from \
-             the server's admin.tokens_file or admin.tokens_env"
-        ),
-    );
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
-    );
-    r
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::policy_entry::FieldError;
 use crate::units::PositiveDuration;
 
 /// The most entries of a bucket id.
@@ -190,12 +191,14 @@ pub(crate) struct RawRlqs {
 }
 
 /// Envoy reads these durations in whole seconds (`fill_interval`, `assignment_time_to_live`).
-fn whole_seconds(field: &str, d: Duration) -> Result<Duration, String> {
+fn whole_seconds(field: &str, d: Duration) -> Result<Duration, FieldError> {
     if d.subsec_nanos() != 0 {
-        return Err(format!(
-            "rlqs.{field}: {} is not a whole number of seconds; Envoy reads this duration in \
-             whole seconds",
-            sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        return Err(FieldError::new(
+            format!("rlqs.{field}"),
+            format!(
+                "{} is not a whole number of seconds; Envoy reads this duration in whole seconds",
+                sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            ),
         ));
     }
     Ok(d)
@@ -205,30 +208,39 @@ fn parse_template(
     field: &str,
     text: &str,
     matched: &BTreeMap<String, String>,
-) -> Result<Vec<Piece>, String> {
+) -> Result<Vec<Piece>, FieldError> {
     let mut pieces = Vec::new();
     let mut rest = text;
     while let Some(open) = rest.find(['{', '}']) {
         if rest[open..].starts_with('}') {
-            return Err(format!("{field}: `}}` without `{{` in `{text}`"));
+            return Err(FieldError::new(
+                field,
+                format!("`}}` without `{{` in `{text}`"),
+            ));
         }
         if open > 0 {
             pieces.push(Piece::Text(rest[..open].to_owned()));
         }
         let after = &rest[open + 1..];
         let Some(close) = after.find('}') else {
-            return Err(format!("{field}: `{{` is never closed in `{text}`"));
+            return Err(FieldError::new(
+                field,
+                format!("`{{` is never closed in `{text}`"),
+            ));
         };
         let name = &after[..close];
         if !matched.contains_key(name) {
-            return Err(format!(
-                "{field}: `{{{name}}}` is not an entry of this rule's match; a key may only use \
-                 entries every matched bucket has ({})",
-                if matched.is_empty() {
-                    "this rule matches none".to_owned()
-                } else {
-                    matched.keys().cloned().collect::<Vec<_>>().join(", ")
-                }
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "`{{{name}}}` is not an entry of this rule's match; a key may only use \
+                     entries every matched bucket has ({})",
+                    if matched.is_empty() {
+                        "this rule matches none".to_owned()
+                    } else {
+                        matched.keys().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ),
             ));
         }
         pieces.push(Piece::Entry(name.to_owned()));
@@ -238,26 +250,35 @@ fn parse_template(
         pieces.push(Piece::Text(rest.to_owned()));
     }
     if pieces.is_empty() {
-        return Err(format!("{field}: must not be empty"));
+        return Err(FieldError::new(field, "must not be empty"));
     }
     Ok(pieces)
+}
+
+/// [`rlqs_rules`] with its error as text, as `config/mod.rs` reads it today; to go once the
+/// configuration reads a [`FieldError`].
+pub(crate) fn rlqs_config(
+    raw: RawRlqs,
+    shortest_window: impl Fn(&str) -> Option<u64>,
+) -> Result<RlqsConfig, String> {
+    rlqs_rules(raw, shortest_window).map_err(String::from)
 }
 
 /// Validates `rlqs:`; `shortest_window` gives the shortest `per` (ms) of a policy of
 /// `policies:`, `None` if there is no such policy. An error names the field:
 /// `rlqs.buckets[1].policy: no policy named `apii` in policies`.
-pub(crate) fn rlqs_config(
+pub(crate) fn rlqs_rules(
     raw: RawRlqs,
     shortest_window: impl Fn(&str) -> Option<u64>,
-) -> Result<RlqsConfig, String> {
+) -> Result<RlqsConfig, FieldError> {
     let (reporting_interval, assignment_ttl, abandon_after) = intervals(&raw)?;
     let mut buckets = Vec::with_capacity(raw.buckets.len());
     for (i, r) in raw.buckets.into_iter().enumerate() {
         let rule = bucket_rule(i, r, reporting_interval, &shortest_window)?;
         if buckets.iter().any(|b: &BucketRule| b.name == rule.name) {
-            return Err(format!(
-                "rlqs.buckets[{i}].name: `{}` names two rules",
-                rule.name
+            return Err(FieldError::new(
+                format!("rlqs.buckets[{i}].name"),
+                format!("`{}` names two rules", rule.name),
             ));
         }
         buckets.push(rule);
@@ -272,7 +293,7 @@ pub(crate) fn rlqs_config(
 }
 
 /// `reporting_interval`, `assignment_ttl` and `abandon_after`, each at least the interval.
-fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), String> {
+fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), FieldError> {
     let reporting_interval = whole_seconds(
         "reporting_interval",
         raw.reporting_interval
@@ -284,24 +305,30 @@ fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), String> {
             .map_or(reporting_interval.saturating_mul(3), |d| d.0),
     )?;
     if assignment_ttl < reporting_interval {
-        return Err(format!(
-            "rlqs.assignment_ttl: {}s is shorter than reporting_interval {}s; an assignment \
-             would expire before the next report renews it",
-            assignment_ttl.as_secs(),
-            reporting_interval.as_secs()
+        return Err(FieldError::new(
+            "rlqs.assignment_ttl",
+            format!(
+                "{}s is shorter than reporting_interval {}s; an assignment would expire before \
+                 the next report renews it",
+                assignment_ttl.as_secs(),
+                reporting_interval.as_secs()
+            ),
         ));
     }
     let abandon_after = raw.abandon_after.map_or(DEFAULT_ABANDON_AFTER, |d| d.0);
     if abandon_after < reporting_interval {
-        return Err(format!(
-            "rlqs.abandon_after: {} is shorter than reporting_interval ({}); every bucket \
-             would be abandoned between two reports",
-            sluice::core::duration_text(
-                u64::try_from(abandon_after.as_millis()).unwrap_or(u64::MAX)
+        return Err(FieldError::new(
+            "rlqs.abandon_after",
+            format!(
+                "{} is shorter than reporting_interval ({}); every bucket would be abandoned \
+                 between two reports",
+                sluice::core::duration_text(
+                    u64::try_from(abandon_after.as_millis()).unwrap_or(u64::MAX)
+                ),
+                sluice::core::duration_text(
+                    u64::try_from(reporting_interval.as_millis()).unwrap_or(u64::MAX)
+                )
             ),
-            sluice::core::duration_text(
-                u64::try_from(reporting_interval.as_millis()).unwrap_or(u64::MAX)
-            )
         ));
     }
     Ok((reporting_interval, assignment_ttl, abandon_after))
@@ -314,36 +341,43 @@ fn bucket_rule(
     r: RawRule,
     reporting_interval: Duration,
     shortest_window: impl Fn(&str) -> Option<u64>,
-) -> Result<BucketRule, String> {
+) -> Result<BucketRule, FieldError> {
     let at = format!("rlqs.buckets[{i}]");
+    let here = |field: &str, message: String| FieldError::new(format!("{at}.{field}"), message);
     let Some(window) = shortest_window(&r.policy) else {
-        return Err(format!(
-            "{at}.policy: no policy named `{}` in policies",
-            r.policy
+        return Err(here(
+            "policy",
+            format!("no policy named `{}` in policies", r.policy),
         ));
     };
     // The store counts a stream as a holder for the policy's shortest window after its
     // last report: a window no longer than the interval forgets Envoys between reports,
     // and periodic reports cannot enforce it anyway.
     if u128::from(window) <= reporting_interval.as_millis() {
-        return Err(format!(
-            "{at}.policy: `{}` has a window of {}, not longer than \
-             reporting_interval {}s; reports every interval cannot enforce it (use a \
-             longer window, or Envoy's rate limit service for per-request limits)",
-            r.policy,
-            sluice::core::duration_text(window),
-            reporting_interval.as_secs()
+        return Err(here(
+            "policy",
+            format!(
+                "`{}` has a window of {}, not longer than reporting_interval {}s; reports \
+                 every interval cannot enforce it (use a longer window, or Envoy's rate limit \
+                 service for per-request limits)",
+                r.policy,
+                sluice::core::duration_text(window),
+                reporting_interval.as_secs()
+            ),
         ));
     }
     if r.matches.len() > MAX_BUCKET_ENTRIES {
-        return Err(format!(
-            "{at}.match: {} entries; a bucket id has at most {MAX_BUCKET_ENTRIES}",
-            r.matches.len()
+        return Err(here(
+            "match",
+            format!(
+                "{} entries; a bucket id has at most {MAX_BUCKET_ENTRIES}",
+                r.matches.len()
+            ),
         ));
     }
     for k in r.matches.keys() {
         if k.is_empty() {
-            return Err(format!("{at}.match: an entry name must not be empty"));
+            return Err(here("match", "an entry name must not be empty".to_owned()));
         }
     }
     let template = r
@@ -352,7 +386,7 @@ fn bucket_rule(
         .map(|t| parse_template(&format!("{at}.key"), t, &r.matches))
         .transpose()?;
     let name = match r.name {
-        Some(n) if n.is_empty() => return Err(format!("{at}.name: must not be empty")),
+        Some(n) if n.is_empty() => return Err(here("name", "must not be empty".to_owned())),
         Some(n) => n,
         None => format!("buckets[{i}]"),
     };

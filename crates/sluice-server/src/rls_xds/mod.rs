@@ -41,9 +41,58 @@ use prost::Message;
 
 pub use settings::XdsSettings;
 
+use crate::policy_entry::FieldError;
 use crate::rls::xds::{RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig};
-use crate::rls::{LoadOptions, RlsConfig};
+use crate::rls::{LoadOptions, RlsConfig, RlsConfigError};
 use crate::state::Shared;
+
+/// Why a stream to the control plane ended in error (logged, then connected again).
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// The settings cannot make a channel (the address, the TLS files).
+    #[error(transparent)]
+    Settings(#[from] FieldError),
+    /// No connection, with the transport error's whole chain.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The control plane refused the stream.
+    #[error("StreamAggregatedResources: {0}")]
+    Open(String),
+    /// The stream broke.
+    #[error("the stream failed: {code:?}: {message}")]
+    Failed { code: tonic::Code, message: String },
+    /// The stream closed before an answer could be sent on it.
+    #[error("the stream closed before the answer was sent")]
+    Closed,
+}
+
+/// Why a response's rules are refused (the message of its NACK).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum XdsLoadError {
+    /// The response is not of the rate limit configuration's type.
+    #[error("the response is of type {0:?}; this client asked for {RATE_LIMIT_CONFIG_TYPE_URL}")]
+    ResponseType(String),
+    /// A resource is not of the rate limit configuration's type.
+    #[error("resources[{index}]: of type {type_url:?}, expected {RATE_LIMIT_CONFIG_TYPE_URL}")]
+    ResourceType {
+        /// Its place in the response.
+        index: usize,
+        /// Its type.
+        type_url: String,
+    },
+    /// A resource that does not decode.
+    #[error("resources[{index}]: not a RateLimitConfig: {source}")]
+    Decode {
+        /// Its place in the response.
+        index: usize,
+        /// The decoder's error.
+        source: prost::DecodeError,
+    },
+    /// The rules, decoded, cannot be loaded.
+    #[error(transparent)]
+    Rules(#[from] RlsConfigError),
+}
 
 /// The first wait before connecting again.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -139,21 +188,21 @@ struct Client {
 
 impl Client {
     /// One stream: until it fails (`Err`) or the control plane ends it (`Ok`).
-    async fn session(&mut self, backoff: &mut Backoff) -> Result<(), String> {
+    async fn session(&mut self, backoff: &mut Backoff) -> Result<(), StreamError> {
         let mut endpoint = tonic::transport::Endpoint::from_shared(self.settings.address.clone())
-            .map_err(|e| format!("rls.xds.address: {e}"))?
+            .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE)
             .keep_alive_timeout(CONNECT_TIMEOUT);
         if let Some(tls) = self.settings.client_tls()? {
             endpoint = endpoint
                 .tls_config(tls)
-                .map_err(|e| format!("rls.xds: TLS: {e}"))?;
+                .map_err(|e| FieldError::new("rls.xds", format!("TLS: {e}")))?;
         }
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
+            .map_err(|e| StreamError::Connect(error_chain(&e)))?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // The first request: the node, the type, the version already held.
@@ -161,7 +210,7 @@ impl Client {
         let mut responses = client
             .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await
-            .map_err(|s| format!("StreamAggregatedResources: {}", s.message()))?
+            .map_err(|s| StreamError::Open(s.message().to_owned()))?
             .into_inner();
         connected(true);
         tracing::info!(control_plane = %self.settings.address, node_id = %self.node.id, "xDS stream open; waiting for rate limit rules");
@@ -170,17 +219,15 @@ impl Client {
                 Ok(Some(response)) => response,
                 Ok(None) => return Ok(()),
                 Err(status) => {
-                    return Err(format!(
-                        "the stream failed: {:?}: {}",
-                        status.code(),
-                        status.message()
-                    ));
+                    return Err(StreamError::Failed {
+                        code: status.code(),
+                        message: status.message().to_owned(),
+                    });
                 }
             };
             backoff.reset();
             let reply = self.answer(&response);
-            tx.send(reply)
-                .map_err(|_| "the stream closed before the answer was sent".to_owned())?;
+            tx.send(reply).map_err(|_| StreamError::Closed)?;
         }
     }
 
@@ -248,26 +295,26 @@ impl Client {
 
 /// Decodes and loads every resource of a response; the error names the resource and what is
 /// wrong.
-pub fn load(response: &DiscoveryResponse, options: &LoadOptions) -> Result<RlsConfig, String> {
+pub fn load(
+    response: &DiscoveryResponse,
+    options: &LoadOptions,
+) -> Result<RlsConfig, XdsLoadError> {
     if response.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
-        return Err(format!(
-            "the response is of type {:?}; this client asked for {RATE_LIMIT_CONFIG_TYPE_URL}",
-            response.type_url
-        ));
+        return Err(XdsLoadError::ResponseType(response.type_url.clone()));
     }
     let mut resources = Vec::with_capacity(response.resources.len());
-    for (i, any) in response.resources.iter().enumerate() {
+    for (index, any) in response.resources.iter().enumerate() {
         if any.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
-            return Err(format!(
-                "resources[{i}]: of type {:?}, expected {RATE_LIMIT_CONFIG_TYPE_URL}",
-                any.type_url
-            ));
+            return Err(XdsLoadError::ResourceType {
+                index,
+                type_url: any.type_url.clone(),
+            });
         }
         let resource = RateLimitConfig::decode(any.value.as_slice())
-            .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))?;
+            .map_err(|source| XdsLoadError::Decode { index, source })?;
         resources.push(resource);
     }
-    RlsConfig::from_xds(&resources, options).map_err(|e| e.to_string())
+    Ok(RlsConfig::from_xds(&resources, options)?)
 }
 
 /// The message of an error and of its sources: tonic's transport errors say little alone.
@@ -324,14 +371,18 @@ mod tests {
             type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
             ..Default::default()
         };
-        let err = load(&response, &LoadOptions::default()).unwrap_err();
+        let err = load(&response, &LoadOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("envoy.config.cluster.v3.Cluster"), "{err}");
         response.type_url = RATE_LIMIT_CONFIG_TYPE_URL.into();
         response.resources = vec![Any {
             type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
             value: vec![0xff, 0xff],
         }];
-        let err = load(&response, &LoadOptions::default()).unwrap_err();
+        let err = load(&response, &LoadOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("resources[0]: not a RateLimitConfig"),
             "{err}"

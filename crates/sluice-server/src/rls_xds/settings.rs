@@ -6,6 +6,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
+use crate::policy_entry::FieldError;
+
 /// `rls.xds` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,38 +54,46 @@ impl XdsSettings {
 
     /// Checks `raw` and resolves relative files against `base` (the configuration file's
     /// directory). Each error names the `rls.xds` field at fault.
-    pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, String> {
+    pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, FieldError> {
         let at = |p: PathBuf| match base {
             Some(dir) if p.is_relative() => dir.join(p),
             _ => p,
         };
         let uri: tonic::codegen::http::Uri = raw.address.parse().map_err(|e| {
-            format!(
-                "rls.xds.address: {:?} is not a URL ({e}); expected http://host:port or \
-                 https://host:port",
-                raw.address
+            FieldError::new(
+                "rls.xds.address",
+                format!(
+                    "{:?} is not a URL ({e}); expected http://host:port or https://host:port",
+                    raw.address
+                ),
             )
         })?;
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
             _ => {
-                return Err(format!(
-                    "rls.xds.address: {:?} must start with http:// or https:// (the control \
-                     plane's gRPC address, e.g. https://envoy-gateway:18001)",
-                    raw.address
+                return Err(FieldError::new(
+                    "rls.xds.address",
+                    format!(
+                        "{:?} must start with http:// or https:// (the control plane's gRPC \
+                         address, e.g. https://envoy-gateway:18001)",
+                        raw.address
+                    ),
                 ));
             }
         };
         if uri.host().is_none_or(str::is_empty) {
-            return Err(format!("rls.xds.address: {:?} has no host", raw.address));
+            return Err(FieldError::new(
+                "rls.xds.address",
+                format!("{:?} has no host", raw.address),
+            ));
         }
         if raw.node_id.trim().is_empty() {
-            return Err(
-                "rls.xds.node_id: must not be empty; the control plane keeps the rules under \
-                 a node id (Envoy Gateway: envoy-ratelimit)"
-                    .to_owned(),
-            );
+            return Err(FieldError::new(
+                "rls.xds.node_id",
+                "must not be empty; the control plane keeps the rules under a node id (Envoy \
+                 Gateway: envoy-ratelimit)",
+            ));
         }
         let settings = Self {
             address: raw.address,
@@ -100,10 +110,13 @@ impl XdsSettings {
                 ("key_file", settings.key_file.is_some()),
             ] {
                 if given {
-                    return Err(format!(
-                        "rls.xds.{field}: given, but the address {} is plain http://; use \
-                         https:// to reach the control plane over TLS",
-                        settings.address
+                    return Err(FieldError::new(
+                        format!("rls.xds.{field}"),
+                        format!(
+                            "given, but the address {} is plain http://; use https:// to reach \
+                             the control plane over TLS",
+                            settings.address
+                        ),
                     ));
                 }
             }
@@ -114,7 +127,7 @@ impl XdsSettings {
 
     /// Reads the TLS files, so that `sluice config check` finds a wrong path, not the first
     /// connection.
-    fn check_files(&self) -> Result<(), String> {
+    fn check_files(&self) -> Result<(), FieldError> {
         if let Some(ca) = &self.ca_file {
             certificates(ca, "ca_file")?;
         }
@@ -123,28 +136,37 @@ impl XdsSettings {
             (Some(cert), Some(key)) => {
                 certificates(cert, "cert_file")?;
                 PrivateKeyDer::from_pem_file(key).map(drop).map_err(|e| {
-                    format!("rls.xds.key_file: no private key in {}: {e}", key.display())
+                    FieldError::new(
+                        "rls.xds.key_file",
+                        format!("no private key in {}: {e}", key.display()),
+                    )
                 })
             }
-            (Some(_), None) => Err(
-                "rls.xds.cert_file: given without key_file; a client certificate needs its key"
-                    .to_owned(),
-            ),
-            (None, Some(_)) => Err(
-                "rls.xds.key_file: given without cert_file; a client key needs its certificate"
-                    .to_owned(),
-            ),
+            (Some(_), None) => Err(FieldError::new(
+                "rls.xds.cert_file",
+                "given without key_file; a client certificate needs its key",
+            )),
+            (None, Some(_)) => Err(FieldError::new(
+                "rls.xds.key_file",
+                "given without cert_file; a client key needs its certificate",
+            )),
         }
     }
 
     /// The channel's TLS settings, `None` for `http://`.
-    pub(super) fn client_tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>, String> {
+    pub(super) fn client_tls(
+        &self,
+    ) -> Result<Option<tonic::transport::ClientTlsConfig>, FieldError> {
         if !self.tls() {
             return Ok(None);
         }
         let read = |p: &Path, field: &str| {
-            std::fs::read(p)
-                .map_err(|e| format!("rls.xds.{field}: cannot read {}: {e}", p.display()))
+            std::fs::read(p).map_err(|e| {
+                FieldError::new(
+                    format!("rls.xds.{field}"),
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })
         };
         let mut config = tonic::transport::ClientTlsConfig::new();
         config = match &self.ca_file {
@@ -164,14 +186,15 @@ impl XdsSettings {
 }
 
 /// Every certificate of a PEM file; none is an error naming the field.
-fn certificates(file: &Path, field: &str) -> Result<(), String> {
+fn certificates(file: &Path, field: &str) -> Result<(), FieldError> {
+    let path = || format!("rls.xds.{field}");
     let certs = CertificateDer::pem_file_iter(file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("rls.xds.{field}: cannot read {}: {e}", file.display()))?;
+        .map_err(|e| FieldError::new(path(), format!("cannot read {}: {e}", file.display())))?;
     if certs.is_empty() {
-        return Err(format!(
-            "rls.xds.{field}: {} holds no PEM certificate",
-            file.display()
+        return Err(FieldError::new(
+            path(),
+            format!("{} holds no PEM certificate", file.display()),
         ));
     }
     Ok(())
@@ -202,19 +225,25 @@ mod tests {
                 .unwrap()
                 .tls()
         );
-        let err = XdsSettings::resolve(raw("envoy-gateway:18001", "n"), None).unwrap_err();
+        let err = XdsSettings::resolve(raw("envoy-gateway:18001", "n"), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("rls.xds.address:"), "{err}");
-        let err = XdsSettings::resolve(raw("grpc://envoy-gateway:18001", "n"), None).unwrap_err();
+        let err = XdsSettings::resolve(raw("grpc://envoy-gateway:18001", "n"), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("http:// or https://"), "{err}");
-        let err = XdsSettings::resolve(raw("http://h:1", " "), None).unwrap_err();
+        let err = XdsSettings::resolve(raw("http://h:1", " "), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("rls.xds.node_id:"), "{err}");
         let mut with_ca = raw("http://h:1", "n");
         with_ca.ca_file = Some("ca.pem".into());
-        let err = XdsSettings::resolve(with_ca, None).unwrap_err();
+        let err = XdsSettings::resolve(with_ca, None).unwrap_err().to_string();
         assert!(err.starts_with("rls.xds.ca_file: given, but"), "{err}");
         let mut half = raw("https://h:1", "n");
         half.cert_file = Some("/nonexistent/cert.pem".into());
-        let err = XdsSettings::resolve(half, None).unwrap_err();
+        let err = XdsSettings::resolve(half, None).unwrap_err().to_string();
         assert!(
             err.starts_with("rls.xds.cert_file: given without key_file"),
             "{err}"
@@ -222,7 +251,7 @@ mod tests {
         let mut missing = raw("https://h:1", "n");
         missing.cert_file = Some("/nonexistent/cert.pem".into());
         missing.key_file = Some("/nonexistent/key.pem".into());
-        let err = XdsSettings::resolve(missing, None).unwrap_err();
+        let err = XdsSettings::resolve(missing, None).unwrap_err().to_string();
         assert!(err.starts_with("rls.xds.cert_file: cannot read"), "{err}");
     }
 }

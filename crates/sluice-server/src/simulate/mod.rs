@@ -37,25 +37,11 @@ pub use traffic::{Generated, KeyChoice, Pattern};
 /// so sliding-window buckets line up with the traffic's own seconds.
 pub const GENERATED_START_MS: u64 = 1_767_225_600_000;
 
-/// Why a simulation cannot run: the field at fault and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct SimError {
-    /// The field (a path in the request: `traffic.rate`, `policies[1].limits[0].per`).
-    pub field: String,
-    /// What is wrong, in words a person can act on.
-    pub message: String,
-}
+/// Why a simulation cannot run: the field at fault (a path in the request: `traffic.rate`,
+/// `policies[1].limits[0].per`) and what is wrong with it, the crate's one [`FieldError`].
+pub type SimError = FieldError;
 
-impl SimError {
-    /// An error about `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
+pub use crate::policy_entry::FieldError;
 
 /// The bounds of one simulation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -139,7 +139,7 @@ fn duration(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<
         None => Ok(None),
         Some(s) => PositiveDuration::parse(s)
             .map(|d| Some(u64::try_from(d.0.as_millis()).unwrap_or(u64::MAX)))
-            .map_err(|e| bad(path, e)),
+            .map_err(|e| bad(path, e.to_string())),
     }
 }
 
@@ -241,7 +241,7 @@ fn parse_policy(item: &Value, path: &str, configured: &[Policy]) -> Result<Polic
             let mut definition = map.clone();
             definition.remove("name");
             crate::policy_entry::inline_policy(name, &Value::Object(definition))
-                .map_err(|e| bad(path.to_owned(), e))?
+                .map_err(|e| bad(path.to_owned(), e.to_string()))?
         }
     };
     if let Some((i, _)) = policy.concurrency_limit() {
@@ -302,7 +302,7 @@ fn parse_log(
     )?;
     let text = string(map, "log", "traffic.log")?.unwrap_or("");
     let format = match string(map, "format", "traffic.format")? {
-        Some(f) => LogFormat::parse(f).map_err(|e| bad("traffic.format", e))?,
+        Some(f) => LogFormat::parse(f).map_err(|e| bad("traffic.format", e.to_string()))?,
         None => None,
     };
     let (key, key_path) = match (
@@ -326,7 +326,9 @@ fn parse_log(
         key_path: key_path.to_owned(),
         time_field: string(map, "time_field", "traffic.time_field")?.map(str::to_owned),
         time_unit: match string(map, "time_unit", "traffic.time_unit")? {
-            Some(u) => Some(TimeUnit::parse(u).map_err(|e| bad("traffic.time_unit", e))?),
+            Some(u) => {
+                Some(TimeUnit::parse(u).map_err(|e| bad("traffic.time_unit", e.to_string()))?)
+            }
             None => None,
         },
     };

@@ -288,7 +288,7 @@ fn an_nginx_combined_log_is_keyed_by_client_address_or_a_chosen_field() {
     assert_eq!(keys, vec![("curl/8.5", 2, 1), ("Mozilla/5.0 (X11)", 1, 0)]);
 
     let e = simulate(request(Some("cookie"))).unwrap_err();
-    assert_eq!(e.field, "traffic.log.key_field");
+    assert_eq!(e.path, "traffic.log.key_field");
     assert!(e.message.contains("remote_addr"), "{e}");
 }
 
@@ -474,7 +474,7 @@ fn every_bound_and_malformed_input_is_refused_naming_it() {
     let policy = json!([{"name": "p", "limits": [{"max": 10, "per": "1s"}]}]);
     for (request, field, words) in bad_requests() {
         let e = simulate(request.clone()).expect_err(&request.to_string());
-        assert_eq!(e.field, field, "{request}: {e}");
+        assert_eq!(e.path, field, "{request}: {e}");
         assert!(
             e.to_string().contains(words),
             "{request}: `{e}` lacks `{words}`"
@@ -709,7 +709,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
     let Err(e) = Simulation::from_request(&corner, &configured, &Bounds::default()) else {
         panic!("a simulation over max_memory was accepted");
     };
-    assert_eq!(e.field, "traffic");
+    assert_eq!(e.path, "traffic");
     assert!(
         e.message.starts_with(
             "this pattern's 1000000 events over 100000 keys would hold about 65 MiB, more than \
@@ -749,7 +749,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
         },
     )
     .unwrap_err();
-    assert_eq!(e.field, "traffic.log");
+    assert_eq!(e.path, "traffic.log");
     assert!(
         e.message
             .starts_with("20 events over 20 keys would hold about")

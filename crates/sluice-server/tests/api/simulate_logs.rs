@@ -123,7 +123,7 @@ fn istio_is_read_as_istio_and_never_keyed_by_bytes_sent() {
     }
     // Named as Envoy's format, its lines are counted as of another layout.
     let e = run(json!({"format": "envoy", "log": ISTIO})).unwrap_err();
-    assert_eq!(e.field, "traffic.log");
+    assert_eq!(e.path, "traffic.log");
     assert!(e.message.contains("3 × not the 13 fields of envoy"), "{e}");
     assert!(
         e.message
@@ -190,7 +190,7 @@ fn csv_epoch_milliseconds_and_microseconds_are_read_as_such() {
             .contains("first time was in ms")
     );
     let e = run(json!({"format": "csv", "log": "1,a\n", "time_unit": "hours"})).unwrap_err();
-    assert_eq!(e.field, "traffic.time_unit");
+    assert_eq!(e.path, "traffic.time_unit");
 }
 
 #[test]
@@ -209,7 +209,7 @@ fn a_csv_first_line_with_an_offset_is_data_not_a_header() {
     assert_eq!(keys(&r), vec![k("u1|/a", 1, 1), k("u1|/b", 1, 0)]);
     let e = run(json!({"format": "csv", "log": log, "time_field": "when", "key": "cookie"}))
         .unwrap_err();
-    assert_eq!(e.field, "traffic.key");
+    assert_eq!(e.path, "traffic.key");
     assert!(
         e.message
             .contains("its header names when, user, route, cost"),
@@ -336,7 +336,7 @@ fn json_lines_take_a_key_field_and_a_time_field() {
 #[test]
 fn the_format_is_detected_or_refused_naming_the_formats() {
     let e = run(json!({"log": "hello world\nthis is not a log\n"})).unwrap_err();
-    assert_eq!(e.field, "traffic.format");
+    assert_eq!(e.path, "traffic.format");
     assert!(e.message.contains("its first line: `hello world`"), "{e}");
     let r = run(json!({"log": ENVOY_EDGE})).unwrap();
     assert_eq!(log_format(&r), "envoy");
@@ -345,5 +345,5 @@ fn the_format_is_detected_or_refused_naming_the_formats() {
     assert_eq!(log_format(&r), "nginx");
     // A time field for a fixed layout is refused.
     let e = run(json!({"format": "nginx", "log": NGINX, "time_field": "x"})).unwrap_err();
-    assert_eq!(e.field, "traffic.time_field");
+    assert_eq!(e.path, "traffic.time_field");
 }

@@ -9,7 +9,8 @@ use super::time;
 /// Reads one line of a fixed-layout access log.
 pub(super) fn access_line(format: LogFormat, line: &str, parts: &[Part]) -> Result<Row, Skip> {
     let layout = format.layout().unwrap_or_default();
-    let fields = text::split(line).map_err(|e| Skip::new("a quote or bracket not closed", e))?;
+    let fields =
+        text::split(line).map_err(|e| Skip::new("a quote or bracket not closed", e.to_string()))?;
     let count_ok = if format.trailing_fields() {
         fields.len() >= layout.len()
     } else {

@@ -33,6 +33,11 @@ pub enum LogFormat {
     Istio,
 }
 
+/// A `format` that names no log format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a log format; expected auto, {names}", names = NAMES)]
+pub struct UnknownFormat(pub String);
+
 impl LogFormat {
     /// Every format, in the order detection prefers them when several read a log equally
     /// well (the more specific first). Apache `combined` has the layout of Nginx `combined`
@@ -67,7 +72,7 @@ impl LogFormat {
     }
 
     /// Reads a format's name (`-` and `_` alike); `None` for `auto`, detection.
-    pub fn parse(text: &str) -> Result<Option<Self>, String> {
+    pub fn parse(text: &str) -> Result<Option<Self>, UnknownFormat> {
         let name = text.replace('-', "_");
         match name.as_str() {
             "auto" => return Ok(None),
@@ -79,7 +84,7 @@ impl LogFormat {
             .into_iter()
             .find(|f| f.name() == name)
             .map(Some)
-            .ok_or_else(|| format!("`{text}` is not a log format; expected auto, {NAMES}"))
+            .ok_or_else(|| UnknownFormat(text.to_owned()))
     }
 
     /// The fields of a fixed-layout access log line, in order; `None` for CSV and JSON.

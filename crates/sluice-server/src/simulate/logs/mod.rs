@@ -16,9 +16,9 @@ mod sink;
 mod text;
 mod time;
 
-pub use format::{LogFormat, LogOptions};
+pub use format::{LogFormat, LogOptions, UnknownFormat};
 pub use sink::{LogReport, SHOWN_SKIPS, SkipCount, SkippedLine, skip_summary};
-pub use time::TimeUnit;
+pub use time::{TimeError, TimeUnit};
 
 use access::access_line;
 use format::NAMES;

@@ -231,8 +231,8 @@ pub(crate) fn json_line(
         return Err(Skip::new("not a JSON object", "not a JSON object"));
     };
     let t_ms = match map.get(time_field) {
-        Some(Value::String(s)) => clock.read(s),
-        Some(Value::Number(n)) => clock.read(&n.to_string()),
+        Some(Value::String(s)) => clock.read(s).map_err(|e| e.to_string()),
+        Some(Value::Number(n)) => clock.read(&n.to_string()).map_err(|e| e.to_string()),
         Some(_) => Err("must be Unix time or an RFC 3339 string".to_owned()),
         None => Err("is missing".to_owned()),
     }

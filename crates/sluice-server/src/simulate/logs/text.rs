@@ -118,9 +118,20 @@ pub(crate) const ISTIO: Fields = &[
     ("route_name", Kind::Text),
 ];
 
+/// A line that ends inside a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unclosed {
+    /// `[` without its `]`.
+    #[error("a `[` is not closed (a truncated line?)")]
+    Bracket,
+    /// `"` without its closing quote.
+    #[error("a quote is not closed (a truncated line?)")]
+    Quote,
+}
+
 /// Splits an access log line into fields: `[…]`, `"…"` (with `\"` escapes) or a run of
 /// non-blanks.
-pub(crate) fn split(line: &str) -> Result<Vec<String>, String> {
+pub(crate) fn split(line: &str) -> Result<Vec<String>, Unclosed> {
     let mut fields = Vec::new();
     let mut chars = line.chars().peekable();
     loop {
@@ -136,7 +147,7 @@ pub(crate) fn split(line: &str) -> Result<Vec<String>, String> {
                     match chars.next() {
                         Some(']') => break,
                         Some(c) => field.push(c),
-                        None => return Err("a `[` is not closed (a truncated line?)".to_owned()),
+                        None => return Err(Unclosed::Bracket),
                     }
                 }
             }
@@ -146,13 +157,11 @@ pub(crate) fn split(line: &str) -> Result<Vec<String>, String> {
                     match chars.next() {
                         Some('\\') => match chars.next() {
                             Some(c) => field.push(c),
-                            None => {
-                                return Err("a quote is not closed (a truncated line?)".to_owned());
-                            }
+                            None => return Err(Unclosed::Quote),
                         },
                         Some('"') => break,
                         Some(c) => field.push(c),
-                        None => return Err("a quote is not closed (a truncated line?)".to_owned()),
+                        None => return Err(Unclosed::Quote),
                     }
                 }
             }

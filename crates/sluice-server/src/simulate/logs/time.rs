@@ -5,6 +5,39 @@
 
 use std::fmt;
 
+/// Why a log's time cannot be read; each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    /// `time_unit` is not one of `s`, `ms`, `us`, `ns`.
+    #[error("`{0}` is not a unit of Unix time; expected s, ms, us or ns")]
+    Unit(String),
+    /// Neither an epoch number nor an RFC 3339 time.
+    #[error("`{0}` is not Unix time or RFC 3339")]
+    NotATime(String),
+    /// An epoch number of another magnitude than the log's first.
+    #[error(
+        "`{text}` looks like Unix {unit} but the log's first time was in {first}; name the \
+         unit (time_unit)"
+    )]
+    MixedUnits {
+        text: String,
+        unit: TimeUnit,
+        first: TimeUnit,
+    },
+    /// Past the largest instant a decision takes (2^53 ms).
+    #[error("`{0}` is too far in the future")]
+    TooLate(String),
+    /// Not an RFC 3339 time.
+    #[error("`{0}` is not Unix time or an RFC 3339 time such as 2026-01-01T00:00:00.250Z")]
+    NotRfc3339(String),
+    /// Not a `$time_local`.
+    #[error("`{0}` is not a time such as 10/Oct/2000:13:55:36 -0700")]
+    NotCommonLog(String),
+    /// Before the Unix epoch.
+    #[error("`{0}` is before 1970")]
+    BeforeEpoch(String),
+}
+
 /// The unit of a Unix epoch number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeUnit {
@@ -20,15 +53,13 @@ pub enum TimeUnit {
 
 impl TimeUnit {
     /// Reads `s`, `ms`, `us` (or `µs`) or `ns`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, TimeError> {
         match text {
             "s" => Ok(Self::Seconds),
             "ms" => Ok(Self::Millis),
             "us" | "µs" => Ok(Self::Micros),
             "ns" => Ok(Self::Nanos),
-            other => Err(format!(
-                "`{other}` is not a unit of Unix time; expected s, ms, us or ns"
-            )),
+            other => Err(TimeError::Unit(other.to_owned())),
         }
     }
 
@@ -76,7 +107,7 @@ pub(crate) struct Clock {
 
 impl Clock {
     /// A Unix epoch number or an RFC 3339 time, to ms since the epoch.
-    pub(crate) fn read(&mut self, text: &str) -> Result<u64, String> {
+    pub(crate) fn read(&mut self, text: &str) -> Result<u64, TimeError> {
         let text = text.trim();
         if text.starts_with(|c: char| c.is_ascii_digit())
             && text.chars().all(|c| c.is_ascii_digit() || c == '.')
@@ -86,8 +117,8 @@ impl Clock {
         rfc3339(text)
     }
 
-    fn epoch(&mut self, text: &str) -> Result<u64, String> {
-        let not = || format!("`{text}` is not Unix time or RFC 3339");
+    fn epoch(&mut self, text: &str) -> Result<u64, TimeError> {
+        let not = || TimeError::NotATime(text.to_owned());
         let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
         if frac.contains('.') {
             return Err(not());
@@ -99,10 +130,11 @@ impl Clock {
                 let unit = TimeUnit::by_magnitude(whole);
                 match seen {
                     Some(first) if first != unit => {
-                        return Err(format!(
-                            "`{text}` looks like Unix {unit} but the log's first time was in \
-                             {first}; name the unit (time_unit)"
-                        ));
+                        return Err(TimeError::MixedUnits {
+                            text: text.to_owned(),
+                            unit,
+                            first,
+                        });
                     }
                     Some(_) => {}
                     None => self.seen = Some(unit),
@@ -121,29 +153,30 @@ impl Clock {
             .map(|ms| ms / div)
             .and_then(|ms| ms.checked_add(frac_ms))
             .filter(|&t| t <= sluice::core::MAX_AMOUNT)
-            .ok_or_else(|| format!("`{text}` is too far in the future"))
+            .ok_or_else(|| TimeError::TooLate(text.to_owned()))
     }
 }
 
 /// An RFC 3339 (ISO 8601) instant with any offset: `2026-01-01T00:00:00.250Z`,
 /// `2026-01-01 01:00:00+01:00`, `2026-01-01T01:00:00+0100`.
-pub(crate) fn rfc3339(text: &str) -> Result<u64, String> {
-    let t: jiff::Timestamp = text.trim().parse().map_err(|_| {
-        format!("`{text}` is not Unix time or an RFC 3339 time such as 2026-01-01T00:00:00.250Z")
-    })?;
+pub(crate) fn rfc3339(text: &str) -> Result<u64, TimeError> {
+    let t: jiff::Timestamp = text
+        .trim()
+        .parse()
+        .map_err(|_| TimeError::NotRfc3339(text.to_owned()))?;
     after_epoch(text, t)
 }
 
 /// Nginx's and Apache's `$time_local` / `%t`: `10/Oct/2000:13:55:36 -0700`.
-pub(crate) fn common_log(text: &str) -> Result<u64, String> {
+pub(crate) fn common_log(text: &str) -> Result<u64, TimeError> {
     let t = jiff::fmt::strtime::parse("%d/%b/%Y:%H:%M:%S %z", text)
         .and_then(|t| t.to_timestamp())
-        .map_err(|_| format!("`{text}` is not a time such as 10/Oct/2000:13:55:36 -0700"))?;
+        .map_err(|_| TimeError::NotCommonLog(text.to_owned()))?;
     after_epoch(text, t)
 }
 
-fn after_epoch(text: &str, t: jiff::Timestamp) -> Result<u64, String> {
-    u64::try_from(t.as_millisecond()).map_err(|_| format!("`{text}` is before 1970"))
+fn after_epoch(text: &str, t: jiff::Timestamp) -> Result<u64, TimeError> {
+    u64::try_from(t.as_millisecond()).map_err(|_| TimeError::BeforeEpoch(text.to_owned()))
 }
 
 #[cfg(test)]
@@ -191,7 +224,7 @@ mod tests {
         let mut c = Clock::default();
         assert_eq!(c.read("1767225600250").unwrap(), 1_767_225_600_250);
         // Seconds after milliseconds: refused, not read as 1970.
-        let e = c.read("1767225601").unwrap_err();
+        let e = c.read("1767225601").unwrap_err().to_string();
         assert!(e.contains("first time was in ms"), "{e}");
         let mut c = Clock::default();
         assert_eq!(c.read("1767225600250000").unwrap(), 1_767_225_600_250);

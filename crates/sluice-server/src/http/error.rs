@@ -1,0 +1,206 @@
+//! The one error of the HTTP API. A handler returns `Result<Response, ApiError>`; the status,
+//! the code and the message of every refusal are chosen here, in one `IntoResponse` (axum's
+//! `examples/error-handling`), and rendered as docs/api.md's
+//! `{"error": {"code": "…", "message": "…"}}` by [`crate::reply::error`].
+
+use std::sync::Arc;
+
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::{MAX_BODY, MAX_SIMULATE_BODY, not_found_message};
+use crate::policy_entry::FieldError;
+use crate::reply::error;
+
+/// Why a request gets no answer but an error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    /// A body, a path or a query that cannot be used (`400 invalid_request`), worded as the
+    /// API words it: `` `cost` must not be negative, got -1``, or the message alone when it is
+    /// about the request as a whole.
+    #[error("{}", request_words(.0))]
+    Invalid(FieldError),
+    /// A simulation the simulator refuses (`400 invalid_request`), worded as the simulator
+    /// and `sluice simulate` word it: `traffic.rate: must be positive`.
+    #[error("{0}")]
+    Simulation(FieldError),
+    /// A body over [`MAX_BODY`] (`413 body_too_large`).
+    #[error("the body is larger than {} bytes", MAX_BODY)]
+    BodyTooLarge,
+    /// A simulate body over [`MAX_SIMULATE_BODY`] (`413 body_too_large`).
+    #[error(
+        "the body is larger than {} bytes (the simulate body cap); simulate a part of the \
+         log, or run `sluice simulate` on the file",
+        MAX_SIMULATE_BODY
+    )]
+    SimulateBodyTooLarge,
+    /// No configured policy of that name (`404 unknown_policy`); `configured` sorted.
+    #[error("no policy named `{name}`; configured: {}", .configured.join(", "))]
+    UnknownPolicy {
+        name: String,
+        configured: Vec<String>,
+    },
+    /// `/v1/top` for a name that is neither a configured policy nor a rule it has seen
+    /// (`404 unknown_policy`).
+    #[error(
+        "no policy or Envoy rule named `{name}` has been seen; configured policies: {}; Envoy \
+         rules appear as `domain.rule` (e.g. `edge.remote_address`) once they have seen \
+         traffic",
+        .configured.join(", ")
+    )]
+    UnknownTopPolicy {
+        name: String,
+        configured: Vec<String>,
+    },
+    /// The store could not answer (`503 store_unavailable`), with what a client should do.
+    #[error("{0}")]
+    StoreUnavailable(String),
+    /// As many simulations run as the server allows (`503 busy`, `Retry-After: 1`).
+    #[error(
+        "{n} simulations are running, the most this server runs at once (max_concurrent {n}); \
+         retry in a moment",
+        n = crate::simulate::MAX_CONCURRENT
+    )]
+    Busy,
+    /// `/metrics` while another recorder is installed (`503 metrics_unavailable`).
+    #[error("another metrics recorder is installed in this process")]
+    MetricsUnavailable,
+    /// A failure of the server itself (`500 internal`).
+    #[error("{0}")]
+    Internal(String),
+    /// An admin route without one of the `admin` tokens (`401 unauthorized`, with the
+    /// challenge); the route named as `DELETE /v1/keys`.
+    #[error(
+        "{route} is an admin route: send `Authorization: Bearer <token>` with a token from the \
+         server's admin.tokens_file or admin.tokens_env"
+    )]
+    Unauthorized { route: Arc<str> },
+    /// An admin route asked of the public listener of a server with an admin listener
+    /// (`404 admin_listener`); the path as the OpenAPI document writes it.
+    #[error(
+        "{method} {path} is served on the admin listener only (listen.admin), not on this port"
+    )]
+    AdminListener { method: Method, path: String },
+    /// No such path (`404 not_found`), with the list of routes.
+    #[error("{}", not_found_message())]
+    NotFound,
+    /// A path that does not take this method (`405 method_not_allowed`).
+    #[error("{0} is not allowed on this path; see /openapi.json for the methods")]
+    MethodNotAllowed(Method),
+}
+
+impl ApiError {
+    /// A `400` about the request as a whole.
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::Invalid(FieldError::whole(message))
+    }
+
+    /// A `400` about the field at `path`.
+    pub(crate) fn field(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid(FieldError::new(path, message))
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Invalid(_) | Self::Simulation(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge | Self::SimulateBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnknownPolicy { .. }
+            | Self::UnknownTopPolicy { .. }
+            | Self::AdminListener { .. }
+            | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::StoreUnavailable(_) | Self::Busy | Self::MetricsUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// The `code` of the body (docs/api.md#errors).
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) | Self::Simulation(_) => "invalid_request",
+            Self::BodyTooLarge | Self::SimulateBodyTooLarge => "body_too_large",
+            Self::UnknownPolicy { .. } | Self::UnknownTopPolicy { .. } => "unknown_policy",
+            Self::StoreUnavailable(_) => "store_unavailable",
+            Self::Busy => "busy",
+            Self::MetricsUnavailable => "metrics_unavailable",
+            Self::Internal(_) => "internal",
+            Self::Unauthorized { .. } => "unauthorized",
+            Self::AdminListener { .. } => "admin_listener",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+        }
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        Self::Invalid(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = error(self.status(), self.code(), self.to_string());
+        match self {
+            Self::Busy => {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Unauthorized { .. } => {
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
+                );
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+/// A field error as a `400` of the API words it: the field in backquotes, then what is wrong.
+fn request_words(e: &FieldError) -> String {
+    if e.path.is_empty() {
+        e.message.clone()
+    } else {
+        format!("`{}` {}", e.path, e.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_is_named_in_backquotes_and_a_simulation_path_before_a_colon() {
+        let e = FieldError::new("cost", "must not be negative, got -1");
+        assert_eq!(
+            ApiError::from(e.clone()).to_string(),
+            "`cost` must not be negative, got -1"
+        );
+        assert_eq!(
+            ApiError::Simulation(e).to_string(),
+            "cost: must not be negative, got -1"
+        );
+        assert_eq!(ApiError::invalid("not JSON").to_string(), "not JSON");
+    }
+
+    #[test]
+    fn the_busy_answer_says_when_to_retry_and_the_401_challenges() {
+        let r = ApiError::Busy.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = ApiError::Unauthorized {
+            route: "GET /v1/stats".into(),
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            r.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"sluice-admin\""
+        );
+    }
+}
