@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{Clock, MemoryStore, StoreError};
-use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
+use sluice_redis::{RedisStore, ShardedStore, Topology};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, ConfigSource, NoFile, RedisLayout, StoreConfig};
+use crate::config::{Config, ConfigSource, NoFile, StoreConfig};
 use crate::conn;
 use crate::http;
 use crate::rlqs::RlqsService;
@@ -139,72 +139,23 @@ pub fn load_rls(config: &Config) -> Result<Option<Arc<RlsConfig>>, crate::rls::R
     Ok(Some(Arc::new(rls)))
 }
 
-/// Connects the configured store.
+/// Connects the configured store: a Cluster as one store, any other Redis topology as
+/// client-side shards (Sentinel: one shard), each shard behind its circuit breaker.
 pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
-    match &config.store {
-        StoreConfig::Memory => Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
-        StoreConfig::Redis {
-            layout,
-            read_from,
-            timeout,
-            clock,
-            key_prefix,
-            tls,
-            credentials,
-            sentinel_credentials,
-            wait_for_replicas,
-            coalesce,
-            state_layout,
-        } => {
-            let settings = |rc: RedisConfig| {
-                let rc = rc
-                    .read_from(*read_from)
-                    .coalesce(*coalesce)
-                    .layout(*state_layout)
-                    .timeout(*timeout)
-                    .clock(*clock)
-                    .key_prefix(key_prefix.clone());
-                let rc = match tls {
-                    Some(files) => rc.tls(files.clone()),
-                    None => rc,
-                };
-                let rc = match credentials {
-                    Some(c) => rc.credentials(c.clone()),
-                    None => rc,
-                };
-                match wait_for_replicas {
-                    Some(w) => rc.wait_for_replicas(*w),
-                    None => rc,
-                }
-            };
-            match layout {
-                RedisLayout::Shards(shards) => {
-                    let mut stores = Vec::with_capacity(shards.len());
-                    for shard in shards {
-                        let rc = RedisConfig::new(shard.primary.clone())
-                            .replicas(shard.replicas.clone());
-                        stores.push(RedisStore::connect(settings(rc)).await?);
-                    }
-                    Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
-                }
-                RedisLayout::Sentinel(s) => {
-                    let rc = settings(RedisConfig::sentinel(s.master.clone(), s.nodes.clone()));
-                    let rc = match sentinel_credentials {
-                        Some(c) => rc.sentinel_credentials(c.clone()),
-                        None => rc,
-                    };
-                    let store = RedisStore::connect(rc).await?;
-                    Ok(StoreHandle::Redis(ShardedStore::new(vec![store])?))
-                }
-                RedisLayout::Cluster(nodes) => {
-                    let rc = RedisConfig::cluster(nodes.clone());
-                    Ok(StoreHandle::Cluster(
-                        RedisStore::connect(settings(rc)).await?,
-                    ))
-                }
-            }
-        }
+    let redis = match &config.store {
+        StoreConfig::Memory => return Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
+        StoreConfig::Redis(redis) => redis,
+    };
+    if let Topology::Cluster { .. } = redis.topology {
+        return Ok(StoreHandle::Cluster(
+            RedisStore::connect(redis.clone()).await?,
+        ));
     }
+    let mut stores = Vec::new();
+    for shard in redis.per_shard() {
+        stores.push(RedisStore::connect(shard).await?);
+    }
+    Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
 }
 
 /// Runs the servers until `shutdown` completes, then stops accepting and lets in-flight

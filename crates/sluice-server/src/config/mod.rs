@@ -74,72 +74,19 @@ impl PolicyConfig {
 /// YAML through its `serde` feature, so both speak the same words.
 pub use sluice_redis::{ClockSource, ReadFrom};
 
-/// One primary and its replicas.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardConfig {
-    /// The primary's URL.
-    pub primary: String,
-    /// Replica URLs.
-    #[serde(default)]
-    pub replicas: Vec<String>,
-}
-
-/// A Sentinel-monitored primary.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SentinelConfig {
-    /// The master's name in the sentinels' configuration.
-    pub master: String,
-    /// Sentinel URLs.
-    pub nodes: Vec<String>,
-}
-
-/// How the Redis data is laid out: exactly one of `store.shards`, `store.cluster`,
-/// `store.sentinel`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisLayout {
-    /// Client-side shards, each a primary with replicas, in configuration order (at least one).
-    Shards(Vec<ShardConfig>),
-    /// A Redis Cluster, by seed node URLs.
-    Cluster(Vec<String>),
-    /// One primary with replicas, found through Sentinel.
-    Sentinel(SentinelConfig),
-}
-
-/// The store.
+/// The store: in this process, or Redis as the Redis library's own [`RedisConfig`] (client-side
+/// shards, a Cluster, or a Sentinel-monitored primary, with every setting of `store`), built by
+/// the store section while it is read.
+///
+/// [`RedisConfig`]: sluice_redis::RedisConfig
 #[derive(Debug, Clone, PartialEq, Eq)]
 // Built once per (re)load and matched a few times: its size does not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum StoreConfig {
     /// In this process.
     Memory,
-    /// Redis: client-side shards, a Cluster, or a Sentinel-monitored primary.
-    Redis {
-        /// Where the data lives.
-        layout: RedisLayout,
-        /// Where peeks read.
-        read_from: ReadFrom,
-        /// Per-call timeout.
-        timeout: Duration,
-        /// Where "now" comes from.
-        clock: ClockSource,
-        /// Key prefix.
-        key_prefix: String,
-        /// Certificates for `rediss://` URLs (paths resolved against the configuration's
-        /// directory).
-        tls: Option<sluice_redis::TlsFiles>,
-        /// The user for data nodes whose URLs name none (`store.auth`).
-        credentials: Option<sluice_redis::Credentials>,
-        /// The user for sentinels whose URLs name none (`store.sentinel_auth`).
-        sentinel_credentials: Option<sluice_redis::Credentials>,
-        /// `WAIT` behind every write (`store.wait_for_replicas`).
-        wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
-        /// The most concurrent decisions sent to one Redis as one call (`store.coalesce`).
-        coalesce: usize,
-        /// Where fixed windows are opened (`store.layout`).
-        state_layout: sluice_redis::Layout,
-    },
+    /// Redis.
+    Redis(sluice_redis::RedisConfig),
 }
 
 /// A whole, valid configuration.
