@@ -178,6 +178,45 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> 
     }))
 }
 
+/// `policies`: each entry built into a [`Policy`], in name order.
+fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>, String> {
+    let mut policies = Vec::with_capacity(raw.len());
+    for (name, p) in raw {
+        let policy = build_policy(&name, p)
+            .map_err(|(field, reason)| format!("policies.{name}{field}: {reason}"))?;
+        policies.push(PolicyConfig { policy });
+    }
+    Ok(policies)
+}
+
+/// `rlqs`: its rules, each naming a policy of `policies` whose limits are all rates.
+fn rlqs_section(
+    raw: crate::rlqs::rules::RawRlqs,
+    policies: &[PolicyConfig],
+) -> Result<crate::rlqs::rules::RlqsConfig, String> {
+    let rlqs = crate::rlqs::rules::rlqs_config(raw, |name| {
+        policies
+            .iter()
+            .find(|p| p.policy.name() == name)
+            .map(|p| p.policy.shortest_per_ms())
+    })?;
+    // Usage reports are counts of requests already admitted: nothing is held, so a
+    // concurrency limit could never be enforced by them.
+    for (i, rule) in rlqs.buckets.iter().enumerate() {
+        let concurrent = policies
+            .iter()
+            .any(|p| p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some());
+        if concurrent {
+            return Err(format!(
+                "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage reports \
+                 cannot enforce (they count requests, they hold nothing); use a policy of rates",
+                rule.policy
+            ));
+        }
+    }
+    Ok(rlqs)
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -229,7 +268,8 @@ impl Config {
         Self::parse_in(file, text, None)
     }
 
-    /// [`Config::parse`] with relative files relative to `base`.
+    /// [`Config::parse`] with relative files relative to `base`: the YAML read whole, then
+    /// each section in the order of docs/configuration.md, the first error returned.
     fn parse_in(file: &str, text: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
         let raw: RawConfig = read_raw(file, text)?;
         let err = |message: String| ConfigError {
@@ -237,41 +277,12 @@ impl Config {
             line: locate::path_of(&message).and_then(|path| locate::locate(text, path)),
             message,
         };
-        let mut policies = Vec::with_capacity(raw.policies.len());
-        for (name, p) in raw.policies {
-            let policy = build_policy(&name, p)
-                .map_err(|(field, reason)| err(format!("policies.{name}{field}: {reason}")))?;
-            policies.push(PolicyConfig { policy });
-        }
+        let policies = build_policies(raw.policies).map_err(err)?;
         let rlqs = raw
             .rlqs
-            .map(|r| {
-                crate::rlqs::rules::rlqs_config(r, |name| {
-                    policies
-                        .iter()
-                        .find(|p| p.policy.name() == name)
-                        .map(|p| p.policy.shortest_per_ms())
-                })
-            })
+            .map(|r| rlqs_section(r, &policies))
             .transpose()
             .map_err(err)?;
-        // Usage reports are counts of requests already admitted: nothing is held, so a
-        // concurrency limit could never be enforced by them.
-        if let Some(rlqs) = &rlqs {
-            for (i, rule) in rlqs.buckets.iter().enumerate() {
-                let concurrent = policies.iter().any(|p| {
-                    p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some()
-                });
-                if concurrent {
-                    return Err(err(format!(
-                        "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage \
-                         reports cannot enforce (they count requests, they hold nothing); \
-                         use a policy of rates",
-                        rule.policy
-                    )));
-                }
-            }
-        }
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
@@ -283,31 +294,18 @@ impl Config {
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
             .transpose()
             .map_err(err)?;
-        let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
-        let connections =
-            conn_limits(&raw.listen, rlqs.as_ref().map(|r| r.reporting_interval)).map_err(err)?;
-        let http = match raw.listen.http {
-            Some(a) => a.0,
-            None => default_addr(DEFAULT_HTTP)?,
-        };
-        let grpc = match raw.listen.grpc {
-            Some(a) => a.0,
-            None => default_addr(DEFAULT_GRPC)?,
-        };
-        let admin_http = raw.listen.admin.as_ref().map(|a| a.0);
-        check_listen(http, grpc, admin_http).map_err(err)?;
-        let tls = raw
-            .listen
-            .tls
-            .map(|t| crate::tls::ListenTls::resolve(t, base))
-            .transpose()
-            .map_err(err)?;
+        let listen = listen_config(
+            raw.listen,
+            rlqs.as_ref().map(|r| r.reporting_interval),
+            base,
+        )
+        .map_err(err)?;
         Ok(Self {
-            http,
-            grpc,
-            admin_http,
-            tls,
-            connections,
+            http: listen.http,
+            grpc: listen.grpc,
+            admin_http: listen.admin,
+            tls: listen.tls,
+            connections: listen.connections,
             policies,
             rls: raw
                 .rls
@@ -360,29 +358,6 @@ impl Config {
             Err(e) => unreachable!("the built-in demo configuration is invalid: {e}"),
         }
     }
-}
-
-/// Each listener needs its own port (port 0 asks for a free one, so it never clashes).
-fn check_listen(
-    http: SocketAddr,
-    grpc: SocketAddr,
-    admin_http: Option<SocketAddr>,
-) -> Result<(), String> {
-    let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
-    if clash(http, grpc) {
-        return Err(format!(
-            "listen: http and grpc are both {http}; give each its own port"
-        ));
-    }
-    if let Some(admin) = admin_http
-        && (clash(admin, http) || clash(admin, grpc))
-    {
-        return Err(format!(
-            "listen.admin: {admin} is also the http or grpc address; the admin listener \
-             needs its own port"
-        ));
-    }
-    Ok(())
 }
 
 /// The demo configuration served when no file is given (printed at start).
