@@ -182,39 +182,9 @@ pub async fn run_with_clock(
     clock: ServerClock,
 ) -> Result<(), ServeError> {
     let source = source.into();
-    // Install the recorder before the first request so that no early metric is lost.
-    let _ = crate::observe::metrics::handle();
-    let rls = load_rls(&config)?;
-    let store = connect_store(&config).await?;
-    tracing::info!(store = %store.describe(), "store connected");
-    let traces = start_traces(&config)?;
-    let shared = Arc::new(Shared::traced(
-        &config,
-        store,
-        rls,
-        clock.clone(),
-        traces.clone(),
-    ));
-    // One shutdown signal for both servers.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let mut background = tokio::task::JoinSet::new();
-    background.spawn(housekeeping(shared.clone(), clock.clone()));
-    if config.admin.is_none() && listeners.admin.is_none() {
-        tracing::warn!("{}", open_admin_warning());
-    }
-    if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
-        background.spawn(watch_config(source, shared.clone()));
-    }
-    if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
-        background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
-    }
+    let (shared, traces) = start_state(&config, &clock).await?;
+    let stop_rx = stop_signal(shutdown);
+    let background = spawn_background(&config, source, &shared, &clock, listeners.admin.is_some());
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
         Some(tls) => (
@@ -238,18 +208,13 @@ pub async fn run_with_clock(
         None => None,
     };
     let admin = match listeners.admin {
-        Some(listener) => {
-            tracing::info!(admin = %listener.local_addr()?, tls = http_tls.is_some(), "sluice serving the admin routes");
-            let app = http::router_for(shared.clone(), http::Surface::All);
-            Some(serve_http(
-                listener,
-                conn::Listener::Admin,
-                &config,
-                http_tls.as_ref(),
-                app,
-                stopped(stop_rx.clone()),
-            ))
-        }
+        Some(listener) => Some(serve_admin(
+            listener,
+            &shared,
+            &config,
+            http_tls.as_ref(),
+            stopped(stop_rx.clone()),
+        )?),
         None => None,
     };
     let surface = if admin.is_some() {
@@ -275,18 +240,110 @@ pub async fn run_with_clock(
         Some(admin) => admin.await,
         None => Ok(Ok(())),
     };
-    background.shutdown().await;
-    if let Some(reserving) = shared.reserving() {
-        // Leased units nobody used go back to the store, so other processes can use them.
-        let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
-        reserving.release(&policies, clock.now_ms()).await;
-    }
-    // The spans of the last decisions reach the collector before the process ends.
-    traces.shutdown().await;
+    stop_background(background, &shared, &clock, traces).await;
     served??;
     admin_served??;
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// The state the servers share, over the connected store, with the Envoy rules read and the
+/// trace exporter started.
+async fn start_state(
+    config: &Config,
+    clock: &ServerClock,
+) -> Result<(Arc<Shared>, crate::observe::traces::Traces), ServeError> {
+    // Install the recorder before the first request so that no early metric is lost.
+    let _ = crate::observe::metrics::handle();
+    let rls = load_rls(config)?;
+    let store = connect_store(config).await?;
+    tracing::info!(store = %store.describe(), "store connected");
+    let traces = start_traces(config)?;
+    let shared = Arc::new(Shared::traced(
+        config,
+        store,
+        rls,
+        clock.clone(),
+        traces.clone(),
+    ));
+    Ok((shared, traces))
+}
+
+/// One shutdown signal for every server: `true` once `shutdown` completes.
+fn stop_signal(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// Completes when the shutdown signal of `rx` is given.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// The tasks beside the servers: housekeeping, the reload watcher (with a file, or rules
+/// given without one) and the xDS client (`rls.xds`); and the warning of an open admin.
+fn spawn_background(
+    config: &Config,
+    source: ConfigSource,
+    shared: &Arc<Shared>,
+    clock: &ServerClock,
+    admin_listener: bool,
+) -> tokio::task::JoinSet<()> {
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(housekeeping(shared.clone(), clock.clone()));
+    if config.admin.is_none() && !admin_listener {
+        tracing::warn!("{}", open_admin_warning());
+    }
+    if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
+        background.spawn(watch_config(source, shared.clone()));
+    }
+    if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
+        background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
+    }
+    background
+}
+
+/// Serves every route on the admin listener (`listen.admin`).
+fn serve_admin(
+    listener: TcpListener,
+    shared: &Arc<Shared>,
+    config: &Config,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
+    tracing::info!(admin = %listener.local_addr()?, tls = tls.is_some(), "sluice serving the admin routes");
+    let app = http::router_for(shared.clone(), http::Surface::All);
+    Ok(serve_http(
+        listener,
+        conn::Listener::Admin,
+        config,
+        tls,
+        app,
+        stopped,
+    ))
+}
+
+/// Once the servers stopped: the background tasks end, leased units nobody used go back to
+/// the store (so other processes can use them), and the spans of the last decisions reach the
+/// collector before the process ends.
+async fn stop_background(
+    mut background: tokio::task::JoinSet<()>,
+    shared: &Shared,
+    clock: &ServerClock,
+    traces: crate::observe::traces::Traces,
+) {
+    background.shutdown().await;
+    if let Some(reserving) = shared.reserving() {
+        let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
+        reserving.release(&policies, clock.now_ms()).await;
+    }
+    traces.shutdown().await;
 }
 
 /// The exporter of decision traces (`tracing`), or none.
@@ -457,18 +514,35 @@ fn from_xds(shared: &Shared) -> bool {
     started.is_some_and(|r| r.xds().is_some())
 }
 
+/// Why a reload is refused; the last good configuration stays.
+#[derive(Debug, thiserror::Error)]
+enum ReloadRefused {
+    /// The file (with the flags and variables) is not a valid configuration.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The Envoy rate limit files cannot be read.
+    #[error(transparent)]
+    Rls(#[from] crate::rls::RlsConfigError),
+    /// The rules would come from the other source (`rls.config_dir` or `rls.xds`).
+    #[error(
+        "rls: the source of the Envoy rules (config_dir or xds) changed; it is chosen at \
+         start, restart the server to switch"
+    )]
+    RulesSource,
+    /// The reload would leave nothing to limit ([`refuse_emptying`]).
+    #[error("{0}")]
+    Emptying(String),
+}
+
 /// The Envoy rules a reload of the configuration file applies: read from the rules directory,
 /// or, when they come from xDS, the ones in force (the control plane replaces them, not the
 /// file). Switching between a directory and xDS takes a restart.
-fn reload_rls(shared: &Shared, next: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
+fn reload_rls(shared: &Shared, next: &Config) -> Result<Option<Arc<RlsConfig>>, ReloadRefused> {
     let next_xds = next.rls.as_ref().is_some_and(|r| r.xds().is_some());
     match (from_xds(shared), next_xds) {
         (true, true) => Ok(shared.snapshot().rls.clone()),
         (false, false) => Ok(load_rls(next)?),
-        _ => anyhow::bail!(
-            "rls: the source of the Envoy rules (config_dir or xds) changed; it is chosen at \
-             start, restart the server to switch"
-        ),
+        _ => Err(ReloadRefused::RulesSource),
     }
 }
 
@@ -511,10 +585,10 @@ async fn watch_config(source: ConfigSource, shared: Arc<Shared>) {
         }
         dir = rls_dir().or(dir);
         last = fingerprint(path, dir.as_deref());
-        match source.load().map_err(anyhow::Error::from).and_then(|c| {
+        match source.load().map_err(ReloadRefused::from).and_then(|c| {
             let rls = reload_rls(&shared, &c)?;
             refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
-                .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
+                .map_or(Ok((c, rls)), |reason| Err(ReloadRefused::Emptying(reason)))
         }) {
             Ok((config, rls)) => {
                 for section in shared.started_with().restart_only_changes(&config) {
