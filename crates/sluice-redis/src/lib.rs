@@ -49,7 +49,7 @@ mod topology;
 
 pub use config::{
     ClockSource, Credentials, DEFAULT_COALESCE, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig,
-    Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
+    Shard, Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use script::ScriptMode;

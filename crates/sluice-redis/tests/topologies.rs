@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use sluice::{Error, FailureMode, LimitSpec, Limiter, Policy, Store};
-use sluice_redis::{ReadFrom, RedisConfig, RedisStore, ShardedStore};
+use sluice_redis::{ReadFrom, RedisConfig, RedisStore, Shard, ShardedStore};
 use sluice_testkit::{RedisCluster, RedisServer, SentinelGroup};
 
 /// Polls until every replica's replication offset reached the primary's (the writes so far
@@ -234,4 +234,38 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
          checks succeeded {took:?} after that ({failures} failed checks meanwhile)"
     );
     assert_eq!(d.remaining(), 989, "the count survived the failover");
+}
+
+/// Client-side shards as one configuration (`Topology::Shards`, what the server's `store.shards`
+/// reads into): one store per shard through `RedisConfig::per_shard`, with the configuration's
+/// other settings, keys on both; a lone `RedisStore` refuses more than one shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_as_one_configuration_connect_a_store_per_shard() {
+    let a = RedisServer::start().unwrap();
+    let b = RedisServer::start().unwrap();
+    let config = RedisConfig::shards([Shard::new(a.url()), Shard::new(b.url())]).key_prefix("t:");
+    let Err(e) = RedisStore::connect(config.clone()).await else {
+        panic!("one store connected two shards");
+    };
+    assert!(e.to_string().contains("RedisConfig::per_shard"), "{e}");
+    let mut stores = Vec::new();
+    for shard in config.per_shard() {
+        stores.push(RedisStore::connect(shard).await.unwrap());
+    }
+    let sharded = ShardedStore::new(stores).unwrap();
+    assert_eq!(sharded.names(), [a.url(), b.url()]);
+    let limiter = Limiter::new(sharded).with_policy(policy(1));
+    for i in 0..32 {
+        let key = format!("user-{i}");
+        assert!(limiter.check("api", &key, 1).await.unwrap().allowed);
+        assert!(!limiter.check("api", &key, 1).await.unwrap().allowed);
+    }
+    for node in [&a, &b] {
+        let keys: i64 =
+            redis::FromRedisValue::from_redis_value(node.cmd(&["DBSIZE"]).unwrap()).unwrap();
+        assert!(keys > 0, "{} holds no key", node.url());
+    }
+    let one = RedisConfig::shards([Shard::new(a.url())]);
+    let store = RedisStore::connect(one).await.unwrap();
+    assert_eq!(store.name(), a.url());
 }

@@ -2,21 +2,22 @@
 //! port-0 listeners.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{Clock, MemoryStore, StoreError};
-use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
+use sluice_redis::{RedisStore, ShardedStore, Topology};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, ConfigSource, NoFile, RedisLayout, StoreConfig};
+use crate::config::{Config, ConfigSource, NoFile, StoreConfig};
 use crate::conn;
 use crate::http;
 use crate::rlqs::RlqsService;
-use crate::rls::RlsConfig;
 use crate::rls::grpc::RlsService;
 use crate::state::{ServerClock, Shared, StoreHandle};
+
+use crate::reload::watch_config;
+pub use crate::reload::{RELOAD_POLL, load_rls};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +58,6 @@ pub enum ServeError {
     #[error("a server task ended abnormally: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
-
-/// How often the configuration file is checked for changes.
-pub const RELOAD_POLL: Duration = Duration::from_millis(500);
 
 /// The sockets the server answers on (bound by the caller, so tests can use port 0).
 #[derive(Debug)]
@@ -119,92 +117,23 @@ pub fn open_admin_warning() -> String {
     )
 }
 
-/// Reads the Envoy rate limit service files, if configured.
-pub fn load_rls(config: &Config) -> Result<Option<Arc<RlsConfig>>, crate::rls::RlsConfigError> {
-    let Some(settings) = &config.rls else {
-        return Ok(None);
-    };
-    let options = crate::rls::LoadOptions {
-        merge_domains: settings.merge_domains,
-        ignore_dot_files: settings.ignore_dot_files,
-    };
-    let Some(dir) = settings.config_dir() else {
-        // `rls.xds`: the rules arrive from the control plane (crate::rls_xds).
-        return Ok(None);
-    };
-    let rls = RlsConfig::load_dir_with(dir, &options)?;
-    for w in rls.warnings() {
-        tracing::warn!(warning = %w, "rate limit configuration");
-    }
-    Ok(Some(Arc::new(rls)))
-}
-
-/// Connects the configured store.
+/// Connects the configured store: a Cluster as one store, any other Redis topology as
+/// client-side shards (Sentinel: one shard), each shard behind its circuit breaker.
 pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
-    match &config.store {
-        StoreConfig::Memory => Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
-        StoreConfig::Redis {
-            layout,
-            read_from,
-            timeout,
-            clock,
-            key_prefix,
-            tls,
-            credentials,
-            sentinel_credentials,
-            wait_for_replicas,
-            coalesce,
-            state_layout,
-        } => {
-            let settings = |rc: RedisConfig| {
-                let rc = rc
-                    .read_from(*read_from)
-                    .coalesce(*coalesce)
-                    .layout(*state_layout)
-                    .timeout(*timeout)
-                    .clock(*clock)
-                    .key_prefix(key_prefix.clone());
-                let rc = match tls {
-                    Some(files) => rc.tls(files.clone()),
-                    None => rc,
-                };
-                let rc = match credentials {
-                    Some(c) => rc.credentials(c.clone()),
-                    None => rc,
-                };
-                match wait_for_replicas {
-                    Some(w) => rc.wait_for_replicas(*w),
-                    None => rc,
-                }
-            };
-            match layout {
-                RedisLayout::Shards(shards) => {
-                    let mut stores = Vec::with_capacity(shards.len());
-                    for shard in shards {
-                        let rc = RedisConfig::new(shard.primary.clone())
-                            .replicas(shard.replicas.clone());
-                        stores.push(RedisStore::connect(settings(rc)).await?);
-                    }
-                    Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
-                }
-                RedisLayout::Sentinel(s) => {
-                    let rc = settings(RedisConfig::sentinel(s.master.clone(), s.nodes.clone()));
-                    let rc = match sentinel_credentials {
-                        Some(c) => rc.sentinel_credentials(c.clone()),
-                        None => rc,
-                    };
-                    let store = RedisStore::connect(rc).await?;
-                    Ok(StoreHandle::Redis(ShardedStore::new(vec![store])?))
-                }
-                RedisLayout::Cluster(nodes) => {
-                    let rc = RedisConfig::cluster(nodes.clone());
-                    Ok(StoreHandle::Cluster(
-                        RedisStore::connect(settings(rc)).await?,
-                    ))
-                }
-            }
-        }
+    let redis = match &config.store {
+        StoreConfig::Memory => return Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
+        StoreConfig::Redis(redis) => redis,
+    };
+    if let Topology::Cluster { .. } = redis.topology {
+        return Ok(StoreHandle::Cluster(
+            RedisStore::connect(redis.clone()).await?,
+        ));
     }
+    let mut stores = Vec::new();
+    for shard in redis.per_shard() {
+        stores.push(RedisStore::connect(shard).await?);
+    }
+    Ok(StoreHandle::Redis(ShardedStore::new(stores)?))
 }
 
 /// Runs the servers until `shutdown` completes, then stops accepting and lets in-flight
@@ -231,39 +160,9 @@ pub async fn run_with_clock(
     clock: ServerClock,
 ) -> Result<(), ServeError> {
     let source = source.into();
-    // Install the recorder before the first request so that no early metric is lost.
-    let _ = crate::observe::metrics::handle();
-    let rls = load_rls(&config)?;
-    let store = connect_store(&config).await?;
-    tracing::info!(store = %store.describe(), "store connected");
-    let traces = start_traces(&config)?;
-    let shared = Arc::new(Shared::traced(
-        &config,
-        store,
-        rls,
-        clock.clone(),
-        traces.clone(),
-    ));
-    // One shutdown signal for both servers.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let mut background = tokio::task::JoinSet::new();
-    background.spawn(housekeeping(shared.clone(), clock.clone()));
-    if config.admin.is_none() && listeners.admin.is_none() {
-        tracing::warn!("{}", open_admin_warning());
-    }
-    if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
-        background.spawn(watch_config(source, shared.clone()));
-    }
-    if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
-        background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
-    }
+    let (shared, traces) = start_state(&config, &clock).await?;
+    let stop_rx = stop_signal(shutdown);
+    let background = spawn_background(&config, source, &shared, &clock, listeners.admin.is_some());
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
         Some(tls) => (
@@ -287,18 +186,13 @@ pub async fn run_with_clock(
         None => None,
     };
     let admin = match listeners.admin {
-        Some(listener) => {
-            tracing::info!(admin = %listener.local_addr()?, tls = http_tls.is_some(), "sluice serving the admin routes");
-            let app = http::router_for(shared.clone(), http::Surface::All);
-            Some(serve_http(
-                listener,
-                conn::Listener::Admin,
-                &config,
-                http_tls.as_ref(),
-                app,
-                stopped(stop_rx.clone()),
-            ))
-        }
+        Some(listener) => Some(serve_admin(
+            listener,
+            &shared,
+            &config,
+            http_tls.as_ref(),
+            stopped(stop_rx.clone()),
+        )?),
         None => None,
     };
     let surface = if admin.is_some() {
@@ -324,18 +218,110 @@ pub async fn run_with_clock(
         Some(admin) => admin.await,
         None => Ok(Ok(())),
     };
-    background.shutdown().await;
-    if let Some(reserving) = shared.reserving() {
-        // Leased units nobody used go back to the store, so other processes can use them.
-        let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
-        reserving.release(&policies, clock.now_ms()).await;
-    }
-    // The spans of the last decisions reach the collector before the process ends.
-    traces.shutdown().await;
+    stop_background(background, &shared, &clock, traces).await;
     served??;
     admin_served??;
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// The state the servers share, over the connected store, with the Envoy rules read and the
+/// trace exporter started.
+async fn start_state(
+    config: &Config,
+    clock: &ServerClock,
+) -> Result<(Arc<Shared>, crate::observe::traces::Traces), ServeError> {
+    // Install the recorder before the first request so that no early metric is lost.
+    let _ = crate::observe::metrics::handle();
+    let rls = load_rls(config)?;
+    let store = connect_store(config).await?;
+    tracing::info!(store = %store.describe(), "store connected");
+    let traces = start_traces(config)?;
+    let shared = Arc::new(Shared::traced(
+        config,
+        store,
+        rls,
+        clock.clone(),
+        traces.clone(),
+    ));
+    Ok((shared, traces))
+}
+
+/// One shutdown signal for every server: `true` once `shutdown` completes.
+fn stop_signal(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// Completes when the shutdown signal of `rx` is given.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// The tasks beside the servers: housekeeping, the reload watcher (with a file, or rules
+/// given without one) and the xDS client (`rls.xds`); and the warning of an open admin.
+fn spawn_background(
+    config: &Config,
+    source: ConfigSource,
+    shared: &Arc<Shared>,
+    clock: &ServerClock,
+    admin_listener: bool,
+) -> tokio::task::JoinSet<()> {
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(housekeeping(shared.clone(), clock.clone()));
+    if config.admin.is_none() && !admin_listener {
+        tracing::warn!("{}", open_admin_warning());
+    }
+    if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
+        background.spawn(watch_config(source, shared.clone()));
+    }
+    if let Some(xds) = config.rls.as_ref().and_then(|r| r.xds()) {
+        background.spawn(crate::rls_xds::run(xds.clone(), shared.clone()));
+    }
+    background
+}
+
+/// Serves every route on the admin listener (`listen.admin`).
+fn serve_admin(
+    listener: TcpListener,
+    shared: &Arc<Shared>,
+    config: &Config,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
+    tracing::info!(admin = %listener.local_addr()?, tls = tls.is_some(), "sluice serving the admin routes");
+    let app = http::router_for(shared.clone(), http::Surface::All);
+    Ok(serve_http(
+        listener,
+        conn::Listener::Admin,
+        config,
+        tls,
+        app,
+        stopped,
+    ))
+}
+
+/// Once the servers stopped: the background tasks end, leased units nobody used go back to
+/// the store (so other processes can use them), and the spans of the last decisions reach the
+/// collector before the process ends.
+async fn stop_background(
+    mut background: tokio::task::JoinSet<()>,
+    shared: &Shared,
+    clock: &ServerClock,
+    traces: crate::observe::traces::Traces,
+) {
+    background.shutdown().await;
+    if let Some(reserving) = shared.reserving() {
+        let policies: Vec<_> = shared.snapshot().limiter.policies().cloned().collect();
+        reserving.release(&policies, clock.now_ms()).await;
+    }
+    traces.shutdown().await;
 }
 
 /// The exporter of decision traces (`tracing`), or none.
@@ -416,176 +402,4 @@ async fn serve_grpc(
     Ok(tokio::spawn(
         server.serve_with_incoming_shutdown(incoming, stop),
     ))
-}
-
-/// What the configuration is made of on disk: the file's bytes, and the name and bytes of every
-/// file under its `rls.config_dir`, so that editing an Envoy rate limit file reloads too (as
-/// the reference service does). Contents, not modification times: two edits within one tick of
-/// a coarse file system clock must not look the same. The files are small.
-fn fingerprint(path: Option<&std::path::Path>, rls_dir: Option<&std::path::Path>) -> Vec<u8> {
-    let mut out = path.and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
-    let mut stack: Vec<PathBuf> = rls_dir
-        .map(std::path::Path::to_path_buf)
-        .into_iter()
-        .collect();
-    let mut files = Vec::new();
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            // What the loader reads: not kubelet's `..data` and `..<timestamp>` (their files
-            // are read through the mount's top-level links), nor a linked directory.
-            if crate::rls::is_kubelet_entry(&entry.file_name()) {
-                continue;
-            }
-            let Ok(file_type) = entry.file_type() else {
-                continue;
-            };
-            if file_type.is_dir() {
-                stack.push(entry.path());
-            } else if file_type.is_symlink() && entry.path().is_dir() {
-                continue;
-            } else {
-                let mut f = entry.path().display().to_string().into_bytes();
-                f.push(0);
-                f.extend(std::fs::read(entry.path()).unwrap_or_default());
-                files.push(f);
-            }
-        }
-    }
-    files.sort();
-    for f in files {
-        out.extend_from_slice(&f);
-    }
-    out
-}
-
-/// Why a reload that would leave nothing to limit is refused: the running configuration has
-/// policies (or Envoy rules) and the new one has none. An editor's truncating write, or a file
-/// caught half-written, reads as a configuration of nothing; applying it would answer every
-/// check `404 unknown_policy`. Running without any is done by a restart.
-fn refuse_emptying(
-    running: &crate::state::Generation,
-    next: &Config,
-    next_rls: Option<&RlsConfig>,
-) -> Option<String> {
-    let mut names: Vec<&str> = running
-        .limiter
-        .policies()
-        .map(sluice::Policy::name)
-        .collect();
-    if !names.is_empty() && next.policies.is_empty() {
-        names.sort_unstable();
-        return Some(format!(
-            "the new configuration has no policies where the running one has {} ({}); a reload \
-             never removes every policy at once (a file truncated by an editor or caught \
-             half-written reads as none): restart the server to run without policies",
-            names.len(),
-            names.join(", ")
-        ));
-    }
-    let running_domains: Vec<&str> = running
-        .rls
-        .as_deref()
-        .map_or_else(Vec::new, |r| r.domains().collect());
-    if !running_domains.is_empty() && next_rls.is_none_or(RlsConfig::is_empty) {
-        return Some(format!(
-            "the new configuration has no Envoy rate limit rules where the running one has the \
-             domains {}; a reload never removes every rule at once (a rule file truncated by an \
-             editor reads as none): restart the server to run without them",
-            running_domains.join(", ")
-        ));
-    }
-    None
-}
-
-/// Whether the server's Envoy rules come from xDS (`rls.xds` at start).
-fn from_xds(shared: &Shared) -> bool {
-    let started = shared.started_with().rls.as_ref();
-    started.is_some_and(|r| r.xds().is_some())
-}
-
-/// The Envoy rules a reload of the configuration file applies: read from the rules directory,
-/// or, when they come from xDS, the ones in force (the control plane replaces them, not the
-/// file). Switching between a directory and xDS takes a restart.
-fn reload_rls(shared: &Shared, next: &Config) -> anyhow::Result<Option<Arc<RlsConfig>>> {
-    let next_xds = next.rls.as_ref().is_some_and(|r| r.xds().is_some());
-    match (from_xds(shared), next_xds) {
-        (true, true) => Ok(shared.snapshot().rls.clone()),
-        (false, false) => Ok(load_rls(next)?),
-        _ => anyhow::bail!(
-            "rls: the source of the Envoy rules (config_dir or xds) changed; it is chosen at \
-             start, restart the server to switch"
-        ),
-    }
-}
-
-/// Reloads the configuration on SIGHUP and when the file, or a file of its Envoy rate limit
-/// directory, changes; the flags and variables of `source` are applied again each time.
-async fn watch_config(source: ConfigSource, shared: Arc<Shared>) {
-    let path = source.file.as_deref();
-    let file = path.map_or_else(|| "<no file>".to_owned(), |p| p.display().to_string());
-    let rls_dir = || {
-        source
-            .load()
-            .ok()
-            .and_then(|c| c.rls.and_then(|r| r.config_dir().map(PathBuf::from)))
-    };
-    let mut dir = rls_dir();
-    let mut last = fingerprint(path, dir.as_deref());
-    let mut tick = tokio::time::interval(RELOAD_POLL);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let forced = match hup.as_mut() {
-            Some(h) => tokio::select! {
-                _ = tick.tick() => false,
-                _ = h.recv() => true,
-            },
-            None => {
-                tick.tick().await;
-                false
-            }
-        };
-        #[cfg(not(unix))]
-        let forced = {
-            tick.tick().await;
-            false
-        };
-        let now = fingerprint(path, dir.as_deref());
-        if !forced && now == last {
-            continue;
-        }
-        dir = rls_dir().or(dir);
-        last = fingerprint(path, dir.as_deref());
-        match source.load().map_err(anyhow::Error::from).and_then(|c| {
-            let rls = reload_rls(&shared, &c)?;
-            refuse_emptying(&shared.snapshot(), &c, rls.as_deref())
-                .map_or(Ok((c, rls)), |reason| Err(anyhow::anyhow!(reason)))
-        }) {
-            Ok((config, rls)) => {
-                for section in shared.started_with().restart_only_changes(&config) {
-                    tracing::warn!(
-                        file = %file,
-                        "the {section} section changed: it is read at start only, so the change \
-                         applies after a restart"
-                    );
-                }
-                if from_xds(&shared) {
-                    shared.apply_keeping_rls(&config);
-                } else {
-                    shared.apply(&config, rls);
-                }
-                crate::observe::metrics::reload(true);
-                tracing::info!(file = %file, policies = config.policies.len(), "configuration reloaded");
-            }
-            Err(e) => {
-                tracing::error!(file = %file, error = %e, "configuration reload refused; keeping the last good one");
-                shared.reload_failed(crate::state::ReloadSource::File, e.to_string());
-                crate::observe::metrics::reload(false);
-            }
-        }
-    }
 }

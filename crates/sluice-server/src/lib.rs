@@ -18,7 +18,7 @@
 //! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
-//! | 3 runtime | `state` |
+//! | 3 runtime | `state`, `reload` |
 //! | 4 surfaces | `http`, `rls::grpc`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
@@ -32,7 +32,8 @@
 //!   module.
 //! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
 //!   scrape), the decision counts, the top keys and the OTLP traces of decisions.
-//! * **Runtime** ([`state`]) is what requests read: the current policies over the store.
+//! * **Runtime** ([`state`]) is what requests read: the current policies over the store;
+//!   `reload` watches the configuration and swaps them.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a
 //!   control plane ([`rls_xds`]; its settings, [`rls_xds::settings`], are a leaf the
@@ -46,6 +47,7 @@ pub mod http;
 pub(crate) mod observe;
 pub(crate) mod policy_entry;
 pub mod reflection;
+pub(crate) mod reload;
 pub(crate) mod reply;
 pub(crate) mod rlqs;
 pub mod rls;

@@ -155,6 +155,49 @@ pub enum Shortfall {
     Fail,
 }
 
+/// One client-side shard of [`Topology::Shards`]: a primary (decisions) and its replicas
+/// (peeks). Its `Debug` shows URLs without their credentials ([`redact`]).
+#[derive(Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct Shard {
+    /// The primary's URL; it names the shard (rendezvous hashing scores it).
+    pub primary: String,
+    /// Replica URLs, for peeks.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub replicas: Vec<String>,
+}
+
+impl Shard {
+    /// A shard of `primary` without replicas.
+    pub fn new(primary: impl Into<String>) -> Self {
+        Self {
+            primary: primary.into(),
+            replicas: Vec::new(),
+        }
+    }
+
+    /// Sets the shard's replicas.
+    pub fn replicas(mut self, urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.replicas = urls.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let replicas: Vec<String> = self.replicas.iter().map(|u| redact(u)).collect();
+        f.debug_struct("Shard")
+            .field("primary", &redact(&self.primary))
+            .field("replicas", &replicas)
+            .finish()
+    }
+}
+
 /// Which Redis deployment a store talks to. Its `Debug` shows URLs without their
 /// credentials ([`redact`]).
 #[derive(Clone, PartialEq, Eq)]
@@ -187,6 +230,14 @@ pub enum Topology {
         /// Seed node URLs.
         nodes: Vec<String>,
     },
+    /// Client-side shards, each a primary with replicas, in configuration order: a
+    /// [`ShardedStore`](crate::ShardedStore) of one [`RedisStore`](crate::RedisStore) per
+    /// shard, each built from [`RedisConfig::per_shard`]. A [`RedisStore`](crate::RedisStore)
+    /// connects to one shard only (as [`Topology::Standalone`]).
+    Shards {
+        /// The shards (at least one, [distinct primaries](crate::validate_shard_names)).
+        shards: Vec<Shard>,
+    },
 }
 
 impl std::fmt::Debug for Topology {
@@ -207,6 +258,9 @@ impl std::fmt::Debug for Topology {
                 .debug_struct("Cluster")
                 .field("nodes", &redacted(nodes))
                 .finish(),
+            Topology::Shards { shards } => {
+                f.debug_struct("Shards").field("shards", shards).finish()
+            }
         }
     }
 }
@@ -214,7 +268,8 @@ impl std::fmt::Debug for Topology {
 impl Topology {
     /// The name of a store on this topology ([`RedisStore::name`](crate::RedisStore::name)),
     /// known before connecting: the primary's URL, `sentinel:<master>` or
-    /// `cluster:<first node>`. It names a shard of a [`ShardedStore`](crate::ShardedStore), so
+    /// `cluster:<first node>` (for [`Topology::Shards`], its first shard's primary: the store a
+    /// [`RedisStore`](crate::RedisStore) would connect). It names a shard of a [`ShardedStore`](crate::ShardedStore), so
     /// a configuration can check shards with
     /// [`validate_shard_names`](crate::validate_shard_names) before connecting.
     ///
@@ -230,12 +285,15 @@ impl Topology {
                     redact(nodes.first().map_or("", String::as_str))
                 )
             }
+            Topology::Shards { shards } => {
+                redact(shards.first().map_or("", |s| s.primary.as_str()))
+            }
         }
     }
 }
 
 /// How to reach and use Redis: where (the [`Topology`]) and how (timeouts, clock, keys).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// Where the data lives.
@@ -303,6 +361,32 @@ impl RedisConfig {
         Self::with_topology(Topology::Cluster {
             nodes: nodes.into_iter().map(Into::into).collect(),
         })
+    }
+
+    /// Client-side shards, each a primary with replicas, with the defaults.
+    pub fn shards(shards: impl IntoIterator<Item = Shard>) -> Self {
+        Self::with_topology(Topology::Shards {
+            shards: shards.into_iter().collect(),
+        })
+    }
+
+    /// One configuration per store to connect: for [`Topology::Shards`], each shard as
+    /// [`Topology::Standalone`] with every other setting of this one; for any other topology,
+    /// this one.
+    pub fn per_shard(&self) -> Vec<RedisConfig> {
+        match &self.topology {
+            Topology::Shards { shards } => shards
+                .iter()
+                .map(|shard| RedisConfig {
+                    topology: Topology::Standalone {
+                        primary: shard.primary.clone(),
+                        replicas: shard.replicas.clone(),
+                    },
+                    ..self.clone()
+                })
+                .collect(),
+            _ => vec![self.clone()],
+        }
     }
 
     /// A configuration for `topology` with the defaults.
@@ -419,6 +503,33 @@ mod tests {
         assert_eq!(sentinel.topology.name(), "sentinel:main");
         let cluster = RedisConfig::cluster(["redis://c1:7000", "redis://c2:7000"]);
         assert_eq!(cluster.topology.name(), "cluster:redis://c1:7000");
+    }
+
+    #[test]
+    fn shards_connect_one_standalone_store_each_with_the_same_settings() {
+        let config = RedisConfig::shards([
+            Shard::new("redis://a:6379").replicas(["redis://a2:6379"]),
+            Shard::new("redis://alice:s3cret@b:6379"),
+        ])
+        .key_prefix("app:")
+        .coalesce(8);
+        assert_eq!(config.topology.name(), "redis://a:6379");
+        let stores = config.per_shard();
+        assert_eq!(stores.len(), 2);
+        assert_eq!(stores[0].topology.name(), "redis://a:6379");
+        assert_eq!(stores[1].topology.name(), "redis://b:6379");
+        assert!(matches!(
+            &stores[0].topology,
+            Topology::Standalone { replicas, .. } if replicas == &["redis://a2:6379"]
+        ));
+        assert!(
+            stores
+                .iter()
+                .all(|s| s.key_prefix == "app:" && s.coalesce == 8)
+        );
+        assert!(!format!("{config:?}").contains("s3cret"));
+        let cluster = RedisConfig::cluster(["redis://c1:7000"]);
+        assert_eq!(cluster.per_shard(), vec![cluster.clone()]);
     }
 
     #[test]

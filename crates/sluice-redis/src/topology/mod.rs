@@ -26,6 +26,27 @@ use crate::config::{RedisConfig, Topology};
 use crate::error::Failure;
 use crate::script::{Code, ScriptMode};
 
+/// A primary and replicas at fixed addresses, logged in as `config.credentials` where their
+/// URLs name no user.
+fn direct(config: &RedisConfig, primary: &str, replicas: &[String]) -> Result<Backend, StoreError> {
+    let certs = certificates(config)?;
+    let url = |u: &str| match &config.credentials {
+        Some(c) => c.apply(u),
+        None => u.to_owned(),
+    };
+    let nodes = Nodes {
+        primary: node(&url(primary), certs.as_ref(), config.timeout)?,
+        replicas: replicas
+            .iter()
+            .map(|u| node(&url(u), certs.as_ref(), config.timeout))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(Backend::Direct {
+        nodes: Current::new(nodes),
+        sentinel: None,
+    })
+}
+
 /// The connections of a store.
 pub(crate) enum Backend {
     /// A primary and replicas; with `sentinel`, they are replaced after a failover.
@@ -42,25 +63,15 @@ impl Backend {
     /// and a Cluster for its slots now). `code` is what a new primary gets after a failover.
     pub(crate) async fn connect(config: &RedisConfig, code: &Code) -> Result<Backend, StoreError> {
         match &config.topology {
-            Topology::Standalone { primary, replicas } => {
-                let certs = certificates(config)?;
-                let url = |u: &String| match &config.credentials {
-                    Some(c) => c.apply(u),
-                    None => u.clone(),
-                };
-                let nodes = Nodes {
-                    primary: node(&url(primary), certs.as_ref(), config.timeout)?,
-                    replicas: replicas
-                        .iter()
-                        .map(|u| node(&url(u), certs.as_ref(), config.timeout))
-                        .collect::<Result<Vec<_>, _>>()?,
-                };
-                let backend = Backend::Direct {
-                    nodes: Current::new(nodes),
-                    sentinel: None,
-                };
-                Ok(backend)
-            }
+            Topology::Standalone { primary, replicas } => direct(config, primary, replicas),
+            Topology::Shards { shards } => match shards.as_slice() {
+                [shard] => direct(config, &shard.primary, &shard.replicas),
+                _ => Err(StoreError::Backend(format!(
+                    "one store connects one shard, and {} are configured: connect a \
+                     ShardedStore of one store per RedisConfig::per_shard",
+                    shards.len()
+                ))),
+            },
             Topology::Sentinel { master, sentinels } => {
                 let (nodes, watch) =
                     SentinelWatch::connect(config, code, master, sentinels).await?;

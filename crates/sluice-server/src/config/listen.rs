@@ -76,6 +76,70 @@ pub(super) struct RawListen {
     pub(super) max_connections: Option<usize>,
 }
 
+/// The `listen` section, checked.
+pub(super) struct Listen {
+    pub(super) http: SocketAddr,
+    pub(super) grpc: SocketAddr,
+    pub(super) admin: Option<SocketAddr>,
+    pub(super) tls: Option<crate::tls::ListenTls>,
+    pub(super) connections: crate::conn::ConnLimits,
+}
+
+/// The addresses (the defaults where none is given, each its own port), the bounds of a
+/// connection and the certificates (paths relative to `base`).
+pub(super) fn listen_config(
+    raw: RawListen,
+    reporting_interval: Option<Duration>,
+    base: Option<&Path>,
+) -> Result<Listen, String> {
+    let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
+    let connections = conn_limits(&raw, reporting_interval)?;
+    let http = match raw.http {
+        Some(a) => a.0,
+        None => default_addr(DEFAULT_HTTP)?,
+    };
+    let grpc = match raw.grpc {
+        Some(a) => a.0,
+        None => default_addr(DEFAULT_GRPC)?,
+    };
+    let admin = raw.admin.as_ref().map(|a| a.0);
+    check_listen(http, grpc, admin)?;
+    let tls = raw
+        .tls
+        .map(|t| crate::tls::ListenTls::resolve(t, base))
+        .transpose()?;
+    Ok(Listen {
+        http,
+        grpc,
+        admin,
+        tls,
+        connections,
+    })
+}
+
+/// Each listener needs its own port (port 0 asks for a free one, so it never clashes).
+pub(super) fn check_listen(
+    http: SocketAddr,
+    grpc: SocketAddr,
+    admin_http: Option<SocketAddr>,
+) -> Result<(), String> {
+    let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
+    if clash(http, grpc) {
+        return Err(format!(
+            "listen: http and grpc are both {http}; give each its own port"
+        ));
+    }
+    if let Some(admin) = admin_http
+        && (clash(admin, http) || clash(admin, grpc))
+    {
+        return Err(format!(
+            "listen.admin: {admin} is also the http or grpc address; the admin listener \
+             needs its own port"
+        ));
+    }
+    Ok(())
+}
+
 /// `listen.header_timeout` and the other bounds of a connection. An Envoy's RLQS stream is
 /// silent between two reports, so with `rlqs` the idle timeout defaults to at least three
 /// reporting intervals, and one given must be longer than an interval.

@@ -47,6 +47,7 @@ mod rls;
 mod store;
 mod top;
 mod traces;
+mod yaml;
 use self::listen::*;
 pub use self::metrics::{MetricsSettings, NearLimit};
 use self::metrics::{RawMetrics, metrics_config};
@@ -55,6 +56,7 @@ pub use self::rls::*;
 pub use self::top::*;
 pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
 use store::{RawStore, store_config};
+use yaml::read_raw;
 
 /// A configured policy (its failure mode is part of the [`Policy`]).
 #[derive(Debug, Clone)]
@@ -74,72 +76,19 @@ impl PolicyConfig {
 /// YAML through its `serde` feature, so both speak the same words.
 pub use sluice_redis::{ClockSource, ReadFrom};
 
-/// One primary and its replicas.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardConfig {
-    /// The primary's URL.
-    pub primary: String,
-    /// Replica URLs.
-    #[serde(default)]
-    pub replicas: Vec<String>,
-}
-
-/// A Sentinel-monitored primary.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SentinelConfig {
-    /// The master's name in the sentinels' configuration.
-    pub master: String,
-    /// Sentinel URLs.
-    pub nodes: Vec<String>,
-}
-
-/// How the Redis data is laid out: exactly one of `store.shards`, `store.cluster`,
-/// `store.sentinel`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisLayout {
-    /// Client-side shards, each a primary with replicas, in configuration order (at least one).
-    Shards(Vec<ShardConfig>),
-    /// A Redis Cluster, by seed node URLs.
-    Cluster(Vec<String>),
-    /// One primary with replicas, found through Sentinel.
-    Sentinel(SentinelConfig),
-}
-
-/// The store.
+/// The store: in this process, or Redis as the Redis library's own [`RedisConfig`] (client-side
+/// shards, a Cluster, or a Sentinel-monitored primary, with every setting of `store`), built by
+/// the store section while it is read.
+///
+/// [`RedisConfig`]: sluice_redis::RedisConfig
 #[derive(Debug, Clone, PartialEq, Eq)]
 // Built once per (re)load and matched a few times: its size does not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum StoreConfig {
     /// In this process.
     Memory,
-    /// Redis: client-side shards, a Cluster, or a Sentinel-monitored primary.
-    Redis {
-        /// Where the data lives.
-        layout: RedisLayout,
-        /// Where peeks read.
-        read_from: ReadFrom,
-        /// Per-call timeout.
-        timeout: Duration,
-        /// Where "now" comes from.
-        clock: ClockSource,
-        /// Key prefix.
-        key_prefix: String,
-        /// Certificates for `rediss://` URLs (paths resolved against the configuration's
-        /// directory).
-        tls: Option<sluice_redis::TlsFiles>,
-        /// The user for data nodes whose URLs name none (`store.auth`).
-        credentials: Option<sluice_redis::Credentials>,
-        /// The user for sentinels whose URLs name none (`store.sentinel_auth`).
-        sentinel_credentials: Option<sluice_redis::Credentials>,
-        /// `WAIT` behind every write (`store.wait_for_replicas`).
-        wait_for_replicas: Option<sluice_redis::WaitForReplicas>,
-        /// The most concurrent decisions sent to one Redis as one call (`store.coalesce`).
-        coalesce: usize,
-        /// Where fixed windows are opened (`store.layout`).
-        state_layout: sluice_redis::Layout,
-    },
+    /// Redis.
+    Redis(sluice_redis::RedisConfig),
 }
 
 /// A whole, valid configuration.
@@ -229,6 +178,45 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> 
     }))
 }
 
+/// `policies`: each entry built into a [`Policy`], in name order.
+fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>, String> {
+    let mut policies = Vec::with_capacity(raw.len());
+    for (name, p) in raw {
+        let policy = build_policy(&name, p)
+            .map_err(|(field, reason)| format!("policies.{name}{field}: {reason}"))?;
+        policies.push(PolicyConfig { policy });
+    }
+    Ok(policies)
+}
+
+/// `rlqs`: its rules, each naming a policy of `policies` whose limits are all rates.
+fn rlqs_section(
+    raw: crate::rlqs::rules::RawRlqs,
+    policies: &[PolicyConfig],
+) -> Result<crate::rlqs::rules::RlqsConfig, String> {
+    let rlqs = crate::rlqs::rules::rlqs_config(raw, |name| {
+        policies
+            .iter()
+            .find(|p| p.policy.name() == name)
+            .map(|p| p.policy.shortest_per_ms())
+    })?;
+    // Usage reports are counts of requests already admitted: nothing is held, so a
+    // concurrency limit could never be enforced by them.
+    for (i, rule) in rlqs.buckets.iter().enumerate() {
+        let concurrent = policies
+            .iter()
+            .any(|p| p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some());
+        if concurrent {
+            return Err(format!(
+                "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage reports \
+                 cannot enforce (they count requests, they hold nothing); use a policy of rates",
+                rule.policy
+            ));
+        }
+    }
+    Ok(rlqs)
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -280,49 +268,21 @@ impl Config {
         Self::parse_in(file, text, None)
     }
 
-    /// [`Config::parse`] with relative files relative to `base`.
+    /// [`Config::parse`] with relative files relative to `base`: the YAML read whole, then
+    /// each section in the order of docs/configuration.md, the first error returned.
     fn parse_in(file: &str, text: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
-        let raw = read_raw(file, text)?;
+        let raw: RawConfig = read_raw(file, text)?;
         let err = |message: String| ConfigError {
             file: file.to_owned(),
             line: locate::path_of(&message).and_then(|path| locate::locate(text, path)),
             message,
         };
-        let mut policies = Vec::with_capacity(raw.policies.len());
-        for (name, p) in raw.policies {
-            let policy = build_policy(&name, p)
-                .map_err(|(field, reason)| err(format!("policies.{name}{field}: {reason}")))?;
-            policies.push(PolicyConfig { policy });
-        }
+        let policies = build_policies(raw.policies).map_err(err)?;
         let rlqs = raw
             .rlqs
-            .map(|r| {
-                crate::rlqs::rules::rlqs_config(r, |name| {
-                    policies
-                        .iter()
-                        .find(|p| p.policy.name() == name)
-                        .map(|p| p.policy.shortest_per_ms())
-                })
-            })
+            .map(|r| rlqs_section(r, &policies))
             .transpose()
             .map_err(err)?;
-        // Usage reports are counts of requests already admitted: nothing is held, so a
-        // concurrency limit could never be enforced by them.
-        if let Some(rlqs) = &rlqs {
-            for (i, rule) in rlqs.buckets.iter().enumerate() {
-                let concurrent = policies.iter().any(|p| {
-                    p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some()
-                });
-                if concurrent {
-                    return Err(err(format!(
-                        "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage \
-                         reports cannot enforce (they count requests, they hold nothing); \
-                         use a policy of rates",
-                        rule.policy
-                    )));
-                }
-            }
-        }
         let store = store_config(raw.store, base).map_err(err)?;
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
@@ -334,31 +294,18 @@ impl Config {
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
             .transpose()
             .map_err(err)?;
-        let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| err(e.to_string()));
-        let connections =
-            conn_limits(&raw.listen, rlqs.as_ref().map(|r| r.reporting_interval)).map_err(err)?;
-        let http = match raw.listen.http {
-            Some(a) => a.0,
-            None => default_addr(DEFAULT_HTTP)?,
-        };
-        let grpc = match raw.listen.grpc {
-            Some(a) => a.0,
-            None => default_addr(DEFAULT_GRPC)?,
-        };
-        let admin_http = raw.listen.admin.as_ref().map(|a| a.0);
-        check_listen(http, grpc, admin_http).map_err(err)?;
-        let tls = raw
-            .listen
-            .tls
-            .map(|t| crate::tls::ListenTls::resolve(t, base))
-            .transpose()
-            .map_err(err)?;
+        let listen = listen_config(
+            raw.listen,
+            rlqs.as_ref().map(|r| r.reporting_interval),
+            base,
+        )
+        .map_err(err)?;
         Ok(Self {
-            http,
-            grpc,
-            admin_http,
-            tls,
-            connections,
+            http: listen.http,
+            grpc: listen.grpc,
+            admin_http: listen.admin,
+            tls: listen.tls,
+            connections: listen.connections,
             policies,
             rls: raw
                 .rls
@@ -413,29 +360,6 @@ impl Config {
     }
 }
 
-/// Each listener needs its own port (port 0 asks for a free one, so it never clashes).
-fn check_listen(
-    http: SocketAddr,
-    grpc: SocketAddr,
-    admin_http: Option<SocketAddr>,
-) -> Result<(), String> {
-    let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
-    if clash(http, grpc) {
-        return Err(format!(
-            "listen: http and grpc are both {http}; give each its own port"
-        ));
-    }
-    if let Some(admin) = admin_http
-        && (clash(admin, http) || clash(admin, grpc))
-    {
-        return Err(format!(
-            "listen.admin: {admin} is also the http or grpc address; the admin listener \
-             needs its own port"
-        ));
-    }
-    Ok(())
-}
-
 /// The demo configuration served when no file is given (printed at start).
 pub const DEMO: &str = "\
 policies:
@@ -444,174 +368,3 @@ policies:
       - { max: 5, per: 10s }
       - { max: 100, per: 1h }
 ";
-
-/// The file as written: refused when it is empty, when its YAML is not well-formed (reported
-/// before any value is interpreted, so an unclosed `{` is reported as such and not as the odd
-/// value it swallowed), or when a mapping names a key twice.
-fn read_raw(file: &str, text: &str) -> Result<RawConfig, ConfigError> {
-    let document: Option<de::IgnoredAny> =
-        serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))?;
-    if document.is_none() {
-        return Err(ConfigError {
-            file: file.to_owned(),
-            line: None,
-            message: "the file is empty (or holds only comments): an empty file is refused, so \
-                      that a file caught half-written never replaces a configuration; write `{}` \
-                      for every default and no policy"
-                .to_owned(),
-        });
-    }
-    duplicate_keys(file, text)?;
-    serde_yaml_ng::from_str(text).map_err(|e| yaml_error(file, text, &e))
-}
-
-/// A key given twice in one mapping (serde would keep the last one silently), named with the
-/// lines of both.
-fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
-    use crate::unique::{Outcome, Probe, read};
-    let Outcome::Duplicate { duplicate, error } =
-        read(serde_yaml_ng::Deserializer::from_str(text), None)
-    else {
-        return Ok(());
-    };
-    let second = error.location().map(|l| (l.line(), l.column()));
-    let first = match read(
-        serde_yaml_ng::Deserializer::from_str(text),
-        Some(Probe(duplicate.clone())),
-    ) {
-        Outcome::Probed(e) => e.location().map(|l| l.line()),
-        _ => None,
-    };
-    let lines = match (first, second) {
-        (Some(a), Some((b, _))) if a == b => format!(" on line {a}"),
-        (Some(a), Some((b, _))) => format!(", at lines {a} and {b}"),
-        _ => String::new(),
-    };
-    let at = if duplicate.path.is_empty() {
-        String::new()
-    } else {
-        format!("{}: ", duplicate.path)
-    };
-    let why = if duplicate.path == "policies" {
-        "each policy needs its own name"
-    } else {
-        "a key may appear once in a mapping (the second would silently replace the first)"
-    };
-    Err(ConfigError {
-        file: file.to_owned(),
-        line: second,
-        message: format!("{at}`{}` is given twice{lines}; {why}", duplicate.key),
-    })
-}
-
-/// serde's messages name Rust types (`expected u64`, `expected struct RawConfig`); this says
-/// what to write instead.
-pub(crate) fn plain_words(message: &str) -> String {
-    const WORDS: &[(&str, &str)] = &[
-        ("u8", "a whole number"),
-        ("u16", "a whole number"),
-        ("u32", "a whole number"),
-        ("u64", "a whole number"),
-        ("u128", "a whole number"),
-        ("usize", "a whole number"),
-        ("i8", "a whole number"),
-        ("i16", "a whole number"),
-        ("i32", "a whole number"),
-        ("i64", "a whole number"),
-        ("i128", "a whole number"),
-        ("isize", "a whole number"),
-        ("f32", "a number"),
-        ("f64", "a number"),
-        ("a map", "a mapping (key: value)"),
-        ("a sequence", "a list"),
-        ("path string", "a file path"),
-        ("a borrowed string", "a string"),
-    ];
-    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    while let Some(at) = rest.find("expected ") {
-        let (before, after) = rest.split_at(at + "expected ".len());
-        out.push_str(before);
-        rest = after;
-        if let Some(name) = rest.strip_prefix("struct ") {
-            // `struct RawConfig`, `struct RawLimit`: a mapping of the section's keys.
-            let end = name.find(|c: char| !is_word(c)).unwrap_or(name.len());
-            out.push_str("a mapping (key: value)");
-            rest = &name[end..];
-            continue;
-        }
-        for (rust, words) in WORDS {
-            if let Some(tail) = rest.strip_prefix(rust)
-                && !tail.starts_with(is_word)
-            {
-                out.push_str(words);
-                rest = tail;
-                break;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// A YAML error with its line. The parser knows no line for a second document (`---`), so it
-/// is found here: a configuration is one document, and the error points at the second. An
-/// error that has no line says it is about the whole file.
-fn yaml_error(file: &str, text: &str, e: &serde_yaml_ng::Error) -> ConfigError {
-    let mut line = e.location().map(|l| (l.line(), l.column()));
-    let mut message = plain_words(&strip_location(&e.to_string()));
-    if line.is_none() && message.contains("more than one document") {
-        let mut content = false;
-        let mut markers = 0;
-        for (i, l) in text.lines().enumerate() {
-            if l.starts_with("---") {
-                markers += 1;
-                if content || markers == 2 {
-                    line = Some((i + 1, 1));
-                    break;
-                }
-            } else if !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with('%') {
-                content = true;
-            }
-        }
-        message = "the file holds more than one YAML document (a second `---`); a \
-                   configuration is one document"
-            .to_owned();
-    } else if line.is_none() {
-        // The few errors the parser cannot place (e.g. a merge key `<<` of a scalar).
-        message = format!("the file as a whole: {message}");
-    }
-    ConfigError {
-        file: file.to_owned(),
-        line,
-        message,
-    }
-}
-
-/// serde_yaml_ng appends " at line L column C"; the error already carries the location.
-/// libyaml's own messages carry one inside (`did not find expected ',' or '}' at line 5 column
-/// 8, while parsing a flow mapping`): every ` at line L column C` goes, and an unclosed flow
-/// collection says so in words.
-fn strip_location(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    while let Some(i) = rest.find(" at line ") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + " at line ".len()..];
-        let digits = |t: &str| t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let after = &after[digits(after)..];
-        rest = match after.strip_prefix(" column ") {
-            Some(column) => &column[digits(column)..],
-            None => after,
-        };
-    }
-    out.push_str(rest);
-    if out.contains("while parsing a flow mapping") {
-        return "a `{` opened above is never closed: expected `,` or `}` here".to_owned();
-    }
-    if out.contains("while parsing a flow sequence") {
-        return "a `[` opened above is never closed: expected `,` or `]` here".to_owned();
-    }
-    out
-}

@@ -6,6 +6,8 @@
 //! path from a file and these values to a [`Config`]: `serve`, `config check` and a reload
 //! all take it, so a reload re-reads the file and re-applies the same values.
 
+use sluice_redis::{Shard, Topology};
+
 use super::*;
 
 /// A setting an operator may give as a flag or a variable instead of in the file.
@@ -209,56 +211,26 @@ fn listen_addr(o: &Override) -> Result<SocketAddr, ConfigError> {
 fn redis_store(o: &Override, store: StoreConfig, file: &str) -> Result<StoreConfig, ConfigError> {
     redis_url(o)?;
     let url = o.value.trim();
-    match store {
-        StoreConfig::Memory => store::single_redis(url).map_err(|e| o.error(e)),
-        StoreConfig::Redis {
-            layout: RedisLayout::Shards(shards),
-            ..
-        } if !(shards.len() == 1 && shards[0].replicas.is_empty()) => {
-            let what = if shards.len() > 1 {
-                format!("{} shards (store.shards)", shards.len())
-            } else {
-                "a primary with replicas (store.shards[0].replicas)".to_owned()
+    let mut redis = match store {
+        StoreConfig::Memory => return store::single_redis(url).map_err(|e| o.error(e)),
+        StoreConfig::Redis(redis) => redis,
+    };
+    let what = match &redis.topology {
+        Topology::Shards { shards } if shards.len() == 1 && shards[0].replicas.is_empty() => {
+            redis.topology = Topology::Shards {
+                shards: vec![Shard::new(url)],
             };
-            Err(topology_error(o, file, &what))
+            return Ok(StoreConfig::Redis(redis));
         }
-        StoreConfig::Redis {
-            layout: RedisLayout::Shards(_),
-            read_from,
-            timeout,
-            clock,
-            key_prefix,
-            tls,
-            credentials,
-            sentinel_credentials,
-            wait_for_replicas,
-            coalesce,
-            state_layout,
-        } => Ok(StoreConfig::Redis {
-            layout: RedisLayout::Shards(vec![ShardConfig {
-                primary: url.to_owned(),
-                replicas: Vec::new(),
-            }]),
-            read_from,
-            timeout,
-            clock,
-            key_prefix,
-            tls,
-            credentials,
-            sentinel_credentials,
-            wait_for_replicas,
-            coalesce,
-            state_layout,
-        }),
-        StoreConfig::Redis {
-            layout: RedisLayout::Cluster(_),
-            ..
-        } => Err(topology_error(o, file, "a Redis Cluster (store.cluster)")),
-        StoreConfig::Redis {
-            layout: RedisLayout::Sentinel(_),
-            ..
-        } => Err(topology_error(o, file, "Sentinel (store.sentinel)")),
-    }
+        Topology::Shards { shards } if shards.len() > 1 => {
+            format!("{} shards (store.shards)", shards.len())
+        }
+        Topology::Shards { .. } => "a primary with replicas (store.shards[0].replicas)".to_owned(),
+        Topology::Cluster { .. } => "a Redis Cluster (store.cluster)".to_owned(),
+        Topology::Sentinel { .. } => "Sentinel (store.sentinel)".to_owned(),
+        other => format!("a Redis topology ({other:?})"),
+    };
+    Err(topology_error(o, file, &what))
 }
 
 fn redis_url(o: &Override) -> Result<(), ConfigError> {
@@ -303,9 +275,9 @@ fn key_prefix(o: &Override, store: &mut StoreConfig) -> Result<(), ConfigError> 
              (SLUICE_REDIS_URL, or store.backend: redis in the file)",
             o.value
         ))),
-        StoreConfig::Redis { key_prefix, .. } => {
+        StoreConfig::Redis(redis) => {
             prefix(o)?;
-            o.value.clone_into(key_prefix);
+            o.value.clone_into(&mut redis.key_prefix);
             Ok(())
         }
     }
@@ -435,10 +407,10 @@ impl ConfigSource {
                 ),
             ),
         ];
-        if let StoreConfig::Redis { key_prefix, .. } = &config.store {
+        if let StoreConfig::Redis(redis) = &config.store {
             out.push(Explained::new(
                 "store.key_prefix",
-                key_prefix.clone(),
+                redis.key_prefix.clone(),
                 origin(Setting::KeyPrefix, &["store.key_prefix"]),
             ));
         }
@@ -528,28 +500,30 @@ pub fn describe_store(store: &StoreConfig) -> String {
         let shown: Vec<String> = list.iter().map(|u| sluice_redis::redact(u)).collect();
         shown.join(", ")
     };
-    match store {
-        StoreConfig::Memory => "memory".to_owned(),
-        StoreConfig::Redis { layout, .. } => match layout {
-            RedisLayout::Shards(shards) => {
-                let shown: Vec<String> = shards
-                    .iter()
-                    .map(|s| {
-                        let primary = sluice_redis::redact(&s.primary);
-                        if s.replicas.is_empty() {
-                            primary
-                        } else {
-                            format!("{primary} (replicas {})", urls(&s.replicas))
-                        }
-                    })
-                    .collect();
-                format!("redis {}", shown.join("; "))
-            }
-            RedisLayout::Cluster(nodes) => format!("redis cluster {}", urls(nodes)),
-            RedisLayout::Sentinel(s) => {
-                format!("redis sentinel {} at {}", s.master, urls(&s.nodes))
-            }
-        },
+    let redis = match store {
+        StoreConfig::Memory => return "memory".to_owned(),
+        StoreConfig::Redis(redis) => redis,
+    };
+    match &redis.topology {
+        Topology::Shards { shards } => {
+            let shown: Vec<String> = shards
+                .iter()
+                .map(|s| {
+                    let primary = sluice_redis::redact(&s.primary);
+                    if s.replicas.is_empty() {
+                        primary
+                    } else {
+                        format!("{primary} (replicas {})", urls(&s.replicas))
+                    }
+                })
+                .collect();
+            format!("redis {}", shown.join("; "))
+        }
+        Topology::Cluster { nodes } => format!("redis cluster {}", urls(nodes)),
+        Topology::Sentinel { master, sentinels } => {
+            format!("redis sentinel {master} at {}", urls(sentinels))
+        }
+        other => format!("redis {other:?}"),
     }
 }
 
@@ -666,12 +640,12 @@ mod tests {
         let c = given(&[(Setting::RedisUrl, "redis://u:pw@10.0.0.1:6379", Given::Env)])
             .apply(config(FILE), "sluice.yaml")
             .unwrap();
-        let StoreConfig::Redis {
-            layout: RedisLayout::Shards(shards),
+        let StoreConfig::Redis(sluice_redis::RedisConfig {
+            topology: Topology::Shards { shards },
             key_prefix,
             timeout,
             ..
-        } = &c.store
+        }) = &c.store
         else {
             panic!("{:?}", c.store);
         };
@@ -690,12 +664,12 @@ mod tests {
         let c = given(&[(Setting::RedisUrl, "redis://new:6379", Given::Flag)])
             .apply(file, "sluice.yaml")
             .unwrap();
-        let StoreConfig::Redis {
-            layout: RedisLayout::Shards(shards),
+        let StoreConfig::Redis(sluice_redis::RedisConfig {
+            topology: Topology::Shards { shards },
             key_prefix,
             timeout,
             ..
-        } = &c.store
+        }) = &c.store
         else {
             panic!("{:?}", c.store);
         };
@@ -766,7 +740,9 @@ mod tests {
             (Setting::KeyPrefix, "app:", Given::Flag),
         ]);
         let c = o.apply(config(FILE), "sluice.yaml").unwrap();
-        assert!(matches!(&c.store, StoreConfig::Redis { key_prefix, .. } if key_prefix == "app:"));
+        assert!(
+            matches!(&c.store, StoreConfig::Redis(sluice_redis::RedisConfig { key_prefix, .. }) if key_prefix == "app:")
+        );
         let e = given(&[(Setting::KeyPrefix, "{app}", Given::Flag)])
             .check()
             .unwrap_err()

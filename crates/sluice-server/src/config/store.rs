@@ -1,11 +1,14 @@
-//! `store`: the raw section as written, and the validated [`StoreConfig`].
+//! `store`: the raw section as written, and the validated [`StoreConfig`]: the memory store,
+//! or the Redis library's own [`RedisConfig`], built here while the section is read (the
+//! server keeps no copy of the Redis settings).
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_redis::{RedisConfig, Shard, Topology};
 
 use super::{ClockSource, ReadFrom};
-use super::{PositiveDuration, RedisLayout, SentinelConfig, ShardConfig, StoreConfig};
+use super::{PositiveDuration, StoreConfig};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -13,11 +16,11 @@ pub(super) struct RawStore {
     #[serde(default)]
     backend: Option<String>,
     #[serde(default)]
-    shards: Vec<ShardConfig>,
+    shards: Vec<Shard>,
     #[serde(default)]
     cluster: Option<Vec<String>>,
     #[serde(default)]
-    sentinel: Option<SentinelConfig>,
+    sentinel: Option<RawSentinel>,
     #[serde(default)]
     read_from: ReadFrom,
     #[serde(default)]
@@ -39,6 +42,14 @@ pub(super) struct RawStore {
     /// `store.layout`: where fixed windows are opened (`v1` hashes, `v2` counters).
     #[serde(default)]
     layout: sluice_redis::Layout,
+}
+
+/// `store.sentinel` as written: the master's name and the sentinels (`nodes`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSentinel {
+    master: String,
+    nodes: Vec<String>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -116,10 +127,7 @@ pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
     store_config(
         RawStore {
             backend: Some("redis".to_owned()),
-            shards: vec![ShardConfig {
-                primary: url.to_owned(),
-                replicas: Vec::new(),
-            }],
+            shards: vec![Shard::new(url)],
             ..RawStore::default()
         },
         None,
@@ -127,127 +135,144 @@ pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
 }
 
 pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
-    let backend = raw.backend.as_deref().unwrap_or("memory");
-    match backend {
+    match raw.backend.as_deref().unwrap_or("memory") {
         "memory" => Ok(StoreConfig::Memory),
-        "redis" => {
-            let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
-                (false, None, None) => {
-                    // A shard is named by its primary (what rendezvous hashing scores).
-                    let names: Vec<&str> = raw.shards.iter().map(|s| s.primary.as_str()).collect();
-                    sluice_redis::validate_shard_names(&names).map_err(|e| {
-                        format!(
-                            "store.shards[{}].primary: `{}` is listed twice; a shard is \
-                             identified by its primary",
-                            e.index,
-                            sluice_redis::redact(&e.name)
-                        )
-                    })?;
-                    RedisLayout::Shards(raw.shards)
-                }
-                (true, Some(nodes), None) => {
-                    if nodes.is_empty() {
-                        return Err("store.cluster: list at least one node URL".to_owned());
-                    }
-                    RedisLayout::Cluster(nodes)
-                }
-                (true, None, Some(sentinel)) => {
-                    if sentinel.nodes.is_empty() {
-                        return Err(
-                            "store.sentinel.nodes: list at least one sentinel URL".to_owned()
-                        );
-                    }
-                    if sentinel.master.is_empty() {
-                        return Err("store.sentinel.master: name the monitored master".to_owned());
-                    }
-                    RedisLayout::Sentinel(sentinel)
-                }
-                (true, None, None) => {
-                    return Err("store: the redis backend needs one of store.shards \
-                                (- primary: redis://host:port), store.cluster or store.sentinel"
-                        .to_owned());
-                }
-                _ => {
-                    return Err("store: give only one of store.shards, store.cluster and \
-                                store.sentinel"
-                        .to_owned());
-                }
-            };
-            let key_prefix = raw
-                .key_prefix
-                .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
-            sluice_redis::keys::validate_prefix(&key_prefix)
-                .map_err(|e| format!("store.key_prefix: {e}"))?;
-            // Certificate paths are relative to the configuration file.
-            let tls = raw.tls.map(|mut t| {
-                for path in [&mut t.ca_file, &mut t.cert_file, &mut t.key_file]
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(dir) = base
-                        && path.is_relative()
-                    {
-                        *path = dir.join(&*path);
-                    }
-                }
-                t
-            });
-            let credentials = raw
-                .auth
-                .map(|a| read_credentials("store.auth", a, base))
-                .transpose()?;
-            // The sentinels' own user: sentinels often have a password of their own, or none
-            // while the data nodes have one, so store.auth never applies to them.
-            let sentinel_credentials = match (raw.sentinel_auth, &layout) {
-                (None, _) => None,
-                (Some(a), RedisLayout::Sentinel(_)) => {
-                    Some(read_credentials("store.sentinel_auth", a, base)?)
-                }
-                (Some(_), _) => {
-                    return Err(
-                        "store.sentinel_auth: only for store.sentinel (the data nodes' \
-                                user is store.auth)"
-                            .to_owned(),
-                    );
-                }
-            };
-            let timeout = raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0);
-            let wait_for_replicas = raw
-                .wait_for_replicas
-                .map(|w| {
-                    let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
-                        .on_shortfall(w.on_shortfall);
-                    wait.validate(timeout)
-                        .map(|()| wait)
-                        .map_err(|e| format!("store.{e}"))
-                })
-                .transpose()?;
-            let coalesce = match raw.coalesce {
-                None => sluice_redis::DEFAULT_COALESCE,
-                Some(n @ 1..=MAX_COALESCE) => usize::try_from(n).unwrap_or(1),
-                Some(n) => {
-                    return Err(format!(
-                        "store.coalesce: {n} is not a batch size; give 1 (every decision \
-                         alone) to {MAX_COALESCE}"
-                    ));
-                }
-            };
-            Ok(StoreConfig::Redis {
-                wait_for_replicas,
-                coalesce,
-                state_layout: raw.layout,
-                tls,
-                credentials,
-                sentinel_credentials,
-                layout,
-                read_from: raw.read_from,
-                timeout,
-                clock: raw.clock,
-                key_prefix,
-            })
-        }
+        "redis" => redis_config(raw, base).map(StoreConfig::Redis),
         other => Err(format!(
             "store.backend: `{other}` is not a store; expected memory or redis"
+        )),
+    }
+}
+
+/// `store.backend: redis`: each setting checked in the order of the section, onto one
+/// [`RedisConfig`].
+fn redis_config(raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, String> {
+    let topology = topology(raw.shards, raw.cluster, raw.sentinel)?;
+    let key_prefix = raw
+        .key_prefix
+        .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
+    sluice_redis::keys::validate_prefix(&key_prefix)
+        .map_err(|e| format!("store.key_prefix: {e}"))?;
+    let credentials = raw
+        .auth
+        .map(|a| read_credentials("store.auth", a, base))
+        .transpose()?;
+    let sentinel_credentials = sentinel_credentials(raw.sentinel_auth, &topology, base)?;
+    let timeout = raw.timeout.map_or(sluice_redis::DEFAULT_TIMEOUT, |t| t.0);
+    let wait_for_replicas = raw
+        .wait_for_replicas
+        .map(|w| {
+            let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
+                .on_shortfall(w.on_shortfall);
+            wait.validate(timeout)
+                .map(|()| wait)
+                .map_err(|e| format!("store.{e}"))
+        })
+        .transpose()?;
+    let mut config = RedisConfig::with_topology(topology)
+        .read_from(raw.read_from)
+        .timeout(timeout)
+        .clock(raw.clock)
+        .key_prefix(key_prefix)
+        .coalesce(coalesce(raw.coalesce)?)
+        .layout(raw.layout);
+    config.tls = raw.tls.map(|t| tls_files(t, base));
+    config.credentials = credentials;
+    config.sentinel_credentials = sentinel_credentials;
+    config.wait_for_replicas = wait_for_replicas;
+    Ok(config)
+}
+
+/// Exactly one of `store.shards`, `store.cluster` and `store.sentinel`.
+fn topology(
+    shards: Vec<Shard>,
+    cluster: Option<Vec<String>>,
+    sentinel: Option<RawSentinel>,
+) -> Result<Topology, String> {
+    match (shards.is_empty(), cluster, sentinel) {
+        (false, None, None) => {
+            // A shard is named by its primary (what rendezvous hashing scores).
+            let names: Vec<&str> = shards.iter().map(|s| s.primary.as_str()).collect();
+            sluice_redis::validate_shard_names(&names).map_err(|e| {
+                format!(
+                    "store.shards[{}].primary: `{}` is listed twice; a shard is identified by \
+                     its primary",
+                    e.index,
+                    sluice_redis::redact(&e.name)
+                )
+            })?;
+            Ok(Topology::Shards { shards })
+        }
+        (true, Some(nodes), None) => {
+            if nodes.is_empty() {
+                return Err("store.cluster: list at least one node URL".to_owned());
+            }
+            Ok(Topology::Cluster { nodes })
+        }
+        (true, None, Some(sentinel)) => {
+            if sentinel.nodes.is_empty() {
+                return Err("store.sentinel.nodes: list at least one sentinel URL".to_owned());
+            }
+            if sentinel.master.is_empty() {
+                return Err("store.sentinel.master: name the monitored master".to_owned());
+            }
+            Ok(Topology::Sentinel {
+                master: sentinel.master,
+                sentinels: sentinel.nodes,
+            })
+        }
+        (true, None, None) => Err("store: the redis backend needs one of store.shards \
+                                   (- primary: redis://host:port), store.cluster or store.sentinel"
+            .to_owned()),
+        _ => {
+            Err("store: give only one of store.shards, store.cluster and store.sentinel".to_owned())
+        }
+    }
+}
+
+/// Certificate paths are relative to the configuration file.
+fn tls_files(mut tls: sluice_redis::TlsFiles, base: Option<&Path>) -> sluice_redis::TlsFiles {
+    for path in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(dir) = base
+            && path.is_relative()
+        {
+            *path = dir.join(&*path);
+        }
+    }
+    tls
+}
+
+/// The sentinels' own user: sentinels often have a password of their own, or none while the
+/// data nodes have one, so store.auth never applies to them.
+fn sentinel_credentials(
+    raw: Option<RawAuth>,
+    topology: &Topology,
+    base: Option<&Path>,
+) -> Result<Option<sluice_redis::Credentials>, String> {
+    match (raw, topology) {
+        (None, _) => Ok(None),
+        (Some(a), Topology::Sentinel { .. }) => {
+            read_credentials("store.sentinel_auth", a, base).map(Some)
+        }
+        (Some(_), _) => Err(
+            "store.sentinel_auth: only for store.sentinel (the data nodes' \
+                             user is store.auth)"
+                .to_owned(),
+        ),
+    }
+}
+
+/// `store.coalesce`: 1 (every decision alone) to [`MAX_COALESCE`].
+fn coalesce(raw: Option<u64>) -> Result<usize, String> {
+    match raw {
+        None => Ok(sluice_redis::DEFAULT_COALESCE),
+        Some(n @ 1..=MAX_COALESCE) => Ok(usize::try_from(n).unwrap_or(1)),
+        Some(n) => Err(format!(
+            "store.coalesce: {n} is not a batch size; give 1 (every decision alone) to \
+             {MAX_COALESCE}"
         )),
     }
 }

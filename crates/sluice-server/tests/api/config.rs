@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use sluice_server::config::{Config, FailureMode, RedisLayout, StoreConfig};
+use sluice_redis::{RedisConfig, Topology};
+use sluice_server::config::{Config, FailureMode, StoreConfig};
 
 fn error(text: &str) -> String {
     Config::parse("sluice.yaml", text).unwrap_err().to_string()
@@ -57,11 +58,11 @@ local:
     assert_eq!(uploads.on_store_error(), FailureMode::Closed);
     assert_eq!(uploads.policy.limits()[0].burst(), 20);
     match c.store {
-        StoreConfig::Redis {
+        StoreConfig::Redis(RedisConfig {
             timeout,
-            layout: RedisLayout::Shards(shards),
+            topology: Topology::Shards { shards },
             ..
-        } => {
+        }) => {
             assert_eq!(timeout, Duration::from_millis(50));
             assert_eq!(shards.len(), 1);
             assert_eq!(shards[0].replicas.len(), 1);
@@ -129,7 +130,7 @@ fn cluster_and_sentinel_layouts() {
     .unwrap();
     assert!(matches!(
         c.store,
-        StoreConfig::Redis { layout: RedisLayout::Cluster(ref nodes), .. } if nodes.len() == 2
+        StoreConfig::Redis(RedisConfig { topology: Topology::Cluster { ref nodes }, .. }) if nodes.len() == 2
     ));
     let c = Config::parse(
         "sluice.yaml",
@@ -137,12 +138,12 @@ fn cluster_and_sentinel_layouts() {
     )
     .unwrap();
     match c.store {
-        StoreConfig::Redis {
-            layout: RedisLayout::Sentinel(s),
+        StoreConfig::Redis(RedisConfig {
+            topology: Topology::Sentinel { master, sentinels },
             ..
-        } => {
-            assert_eq!(s.master, "mymaster");
-            assert_eq!(s.nodes, ["redis://127.0.0.1:26379"]);
+        }) => {
+            assert_eq!(master, "mymaster");
+            assert_eq!(sentinels, ["redis://127.0.0.1:26379"]);
         }
         other => panic!("{other:?}"),
     }
@@ -152,7 +153,7 @@ fn cluster_and_sentinel_layouts() {
 fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
     let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";
     let coalesce = |c: Config| match c.store {
-        StoreConfig::Redis { coalesce, .. } => coalesce,
+        StoreConfig::Redis(RedisConfig { coalesce, .. }) => coalesce,
         other => panic!("{other:?}"),
     };
     let c = Config::parse("sluice.yaml", redis).unwrap();
@@ -176,7 +177,7 @@ fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
 fn layout_says_where_fixed_windows_open_and_names_a_bad_one() {
     let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";
     let layout = |c: Config| match c.store {
-        StoreConfig::Redis { state_layout, .. } => state_layout,
+        StoreConfig::Redis(RedisConfig { layout, .. }) => layout,
         other => panic!("{other:?}"),
     };
     let c = Config::parse("sluice.yaml", redis).unwrap();
@@ -478,7 +479,7 @@ fn redis_tls_files() {
         "store:\n  backend: redis\n  shards: [{primary: rediss://r:6380}]\n  tls: {ca_file: ca.crt, cert_file: c.crt, key_file: c.key}\n",
     )
     .unwrap();
-    let StoreConfig::Redis { tls: Some(tls), .. } = c.store else {
+    let StoreConfig::Redis(RedisConfig { tls: Some(tls), .. }) = c.store else {
         panic!("{:?}", c.store)
     };
     assert_eq!(tls.ca_file.as_deref(), Some(std::path::Path::new("ca.crt")));
@@ -526,11 +527,11 @@ fn sentinel_auth_is_for_the_sentinels_only() {
         "store:\n  backend: redis\n  sentinel: {{master: m, nodes: [rediss://s1:26379]}}\n  sentinel_auth:\n    username: watcher\n    password_file: {pw}\n"
     );
     let c = Config::parse("sluice.yaml", &sentinel).unwrap();
-    let StoreConfig::Redis {
+    let StoreConfig::Redis(RedisConfig {
         sentinel_credentials: Some(creds),
         credentials: None,
         ..
-    } = &c.store
+    }) = &c.store
     else {
         panic!("{:?}", c.store)
     };
@@ -563,9 +564,9 @@ fn sentinel_auth_is_for_the_sentinels_only() {
 fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
     let base = "store:\n  backend: redis\n  shards: [{primary: redis://r:6379}]\n  timeout: 50ms\n";
     let c = Config::parse("sluice.yaml", base).unwrap();
-    let StoreConfig::Redis {
+    let StoreConfig::Redis(RedisConfig {
         wait_for_replicas, ..
-    } = c.store
+    }) = c.store
     else {
         panic!("{:?}", c.store)
     };
@@ -575,10 +576,10 @@ fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
         &format!("{base}  wait_for_replicas: {{timeout: 10ms, on_shortfall: fail}}\n"),
     )
     .unwrap();
-    let StoreConfig::Redis {
+    let StoreConfig::Redis(RedisConfig {
         wait_for_replicas: Some(w),
         ..
-    } = c.store
+    }) = c.store
     else {
         panic!("{:?}", c.store)
     };
