@@ -1,0 +1,199 @@
+//! The store behind the limiter: which one the configuration chose ([`StoreHandle`]), kept
+//! concrete for readiness checks, and the span around each call when traces are on.
+
+use std::sync::Arc;
+
+use sluice::breaker::{BreakerState, CircuitBreaker};
+use sluice::{Clock, Decision, MemoryStore, Op, Policy, SharedStore, Store, StoreError, StoreExt};
+use sluice_redis::{RedisStore, ShardedStore};
+
+use super::ServerClock;
+use crate::observe::traces::Traces;
+
+/// The store behind the limiter, kept concrete for readiness checks.
+#[derive(Debug, Clone)]
+pub enum StoreHandle {
+    /// In this process.
+    Memory(Arc<MemoryStore>),
+    /// Redis shards (one or more; a Sentinel-monitored primary is one shard), each behind a
+    /// circuit breaker.
+    Redis(ShardedStore),
+    /// A Redis Cluster (its client routes around failed nodes; each call is bounded by the
+    /// timeout).
+    Cluster(RedisStore),
+}
+
+impl StoreHandle {
+    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
+    pub fn publish_circuits(&self) {
+        if let Self::Redis(sharded) = self {
+            crate::observe::metrics::circuits(sharded);
+        }
+    }
+
+    /// What the store is, for the start-up log: `memory`, or the shards' names (never with
+    /// credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            StoreHandle::Memory(_) => "memory".to_owned(),
+            StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
+            StoreHandle::Cluster(c) => format!("redis {}", c.name()),
+        }
+    }
+
+    /// Whether the store can decide: every store shard answers `PING`, and with Redis shards
+    /// at least one shard's circuit is closed. The error names the shards that do not answer,
+    /// or every shard and the error that keeps its circuit open.
+    pub async fn ping(&self, clock: &ServerClock) -> Result<(), String> {
+        match self {
+            StoreHandle::Memory(_) => Ok(()),
+            StoreHandle::Redis(sharded) => {
+                let mut down = Vec::new();
+                for (i, shard) in sharded.shards().iter().enumerate() {
+                    if let Err(e) = shard.inner().ping().await {
+                        down.push(format!("shard {i} {} ({e})", shard.name()));
+                    }
+                }
+                if down.is_empty() {
+                    any_circuit_closed(sharded, clock.now_ms()).await
+                } else {
+                    Err(format!("shards not answering: {}", down.join(", ")))
+                }
+            }
+            StoreHandle::Cluster(cluster) => cluster
+                .ping()
+                .await
+                .map_err(|e| format!("shards not answering: {} ({e})", cluster.name())),
+        }
+    }
+
+    fn shared(&self) -> SharedStore {
+        match self {
+            StoreHandle::Memory(m) => SharedStore::new(m.clone()),
+            StoreHandle::Redis(r) => SharedStore::new(r.clone()),
+            StoreHandle::Cluster(c) => SharedStore::new(c.clone()),
+        }
+    }
+
+    /// The store as decisions call it: with traces on, each call is a span naming its shard.
+    pub(super) fn traced(&self, traces: &Traces) -> SharedStore {
+        if traces.is_on() {
+            SharedStore::new(TracedStore {
+                inner: self.shared(),
+                handle: self.clone(),
+                traces: traces.clone(),
+            })
+        } else {
+            self.shared()
+        }
+    }
+
+    /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
+    /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
+    fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
+        match self {
+            StoreHandle::Memory(_) => ("memory".to_owned(), None),
+            StoreHandle::Redis(sharded) => {
+                let i = sharded.shard_for(policy, key);
+                let name = sharded.names().get(i).cloned().unwrap_or_default();
+                (name, Some(i))
+            }
+            StoreHandle::Cluster(c) => (c.name().to_owned(), None),
+        }
+    }
+}
+
+/// The store with a span around each call (`sluice.store`, a child of the decision being
+/// made), carrying the shard the store chose and what it answered.
+struct TracedStore {
+    inner: SharedStore,
+    handle: StoreHandle,
+    traces: Traces,
+}
+
+impl Store for TracedStore {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        let span = self.traces.store_call();
+        span.set(|| {
+            let (shard, index) = self.handle.shard_of(policy, key);
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("sluice.shard", shard),
+                opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
+                opentelemetry::KeyValue::new("sluice.op", op.name()),
+            ];
+            if let Some(i) = index {
+                let i = i64::try_from(i).unwrap_or(i64::MAX);
+                attributes.push(opentelemetry::KeyValue::new("sluice.shard.index", i));
+            }
+            attributes
+        });
+        let result = self.inner.call(policy, key, op, now_ms).await;
+        match &result {
+            Ok(d) if d.allowed => span.finish("allowed", None),
+            Ok(_) => span.finish("denied", None),
+            Err(e) => {
+                span.set(|| {
+                    vec![opentelemetry::KeyValue::new(
+                        "error.type",
+                        e.kind().as_str(),
+                    )]
+                });
+                span.finish("error", Some(e.to_string()));
+            }
+        }
+        result
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        self.inner.forget(policy, key).await
+    }
+}
+
+/// The policy of readiness probes: a decision of cost 0 on its own key records nothing.
+static PROBE: std::sync::LazyLock<Option<Policy>> = std::sync::LazyLock::new(|| {
+    Policy::from_specs(
+        "sluice:ready",
+        vec![sluice::LimitSpec::fixed_window(1, 1_000)],
+    )
+    .ok()
+});
+
+/// `Ok` while at least one shard's circuit is closed. When none is, each shard is probed
+/// first, through its breaker, as a request would be (a check of cost 0 on a key of its own,
+/// which fails as decisions fail: a `PING` passes where a decision meets `OOM` or `NOPERM`):
+/// a server that is not ready gets no traffic to probe with, and must still find out that
+/// the store is back.
+async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), String> {
+    let closed = |s: &CircuitBreaker<RedisStore>| s.state() == BreakerState::Closed;
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    if let Some(probe) = PROBE.as_ref() {
+        for shard in sharded.shards().iter() {
+            // The outcome shows in the circuit's state.
+            let _ = shard.check(probe, "probe", 0, now_ms).await;
+        }
+    }
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    let open: Vec<String> = sharded
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let last = shard.last_error().unwrap_or_default();
+            format!("shard {i} {} (last: {last})", shard.name())
+        })
+        .collect();
+    Err(format!(
+        "every shard's circuit is open: {}",
+        open.join(", ")
+    ))
+}
