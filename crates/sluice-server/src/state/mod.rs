@@ -12,7 +12,7 @@ mod reload;
 mod store;
 
 pub use reload::{MAX_RELOADS, Reload, ReloadSource};
-pub use store::StoreHandle;
+pub use store::{StoreDown, StoreHandle};
 
 /// The server's clock: the system clock, or a test's manual clock.
 #[derive(Clone)]
@@ -100,7 +100,7 @@ impl Generation {
     }
 
     /// Whether the store can decide ([`StoreHandle::ping`]).
-    pub async fn ping(&self) -> Result<(), String> {
+    pub async fn ping(&self) -> Result<(), StoreDown> {
         self.store.ping(self.limiter.clock()).await
     }
 }

@@ -10,6 +10,18 @@ use sluice_redis::{RedisStore, ShardedStore};
 use super::ServerClock;
 use crate::observe::traces::Traces;
 
+/// Why the store cannot decide (`/readyz`'s `503`), naming the shards at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreDown {
+    /// These shards (index, name and error) do not answer `PING`.
+    #[error("shards not answering: {}", .0.join(", "))]
+    NotAnswering(Vec<String>),
+    /// Every shard answers, but every shard's circuit is open (each shard with the last
+    /// error that keeps it open).
+    #[error("every shard's circuit is open: {}", .0.join(", "))]
+    CircuitsOpen(Vec<String>),
+}
+
 /// The store behind the limiter, kept concrete for readiness checks.
 #[derive(Debug, Clone)]
 pub enum StoreHandle {
@@ -44,7 +56,7 @@ impl StoreHandle {
     /// Whether the store can decide: every store shard answers `PING`, and with Redis shards
     /// at least one shard's circuit is closed. The error names the shards that do not answer,
     /// or every shard and the error that keeps its circuit open.
-    pub async fn ping(&self, clock: &ServerClock) -> Result<(), String> {
+    pub async fn ping(&self, clock: &ServerClock) -> Result<(), StoreDown> {
         match self {
             StoreHandle::Memory(_) => Ok(()),
             StoreHandle::Redis(sharded) => {
@@ -57,13 +69,13 @@ impl StoreHandle {
                 if down.is_empty() {
                     any_circuit_closed(sharded, clock.now_ms()).await
                 } else {
-                    Err(format!("shards not answering: {}", down.join(", ")))
+                    Err(StoreDown::NotAnswering(down))
                 }
             }
             StoreHandle::Cluster(cluster) => cluster
                 .ping()
                 .await
-                .map_err(|e| format!("shards not answering: {} ({e})", cluster.name())),
+                .map_err(|e| StoreDown::NotAnswering(vec![format!("{} ({e})", cluster.name())])),
         }
     }
 
@@ -169,7 +181,7 @@ static PROBE: std::sync::LazyLock<Option<Policy>> = std::sync::LazyLock::new(|| 
 /// which fails as decisions fail: a `PING` passes where a decision meets `OOM` or `NOPERM`):
 /// a server that is not ready gets no traffic to probe with, and must still find out that
 /// the store is back.
-async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), String> {
+async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), StoreDown> {
     let closed = |s: &CircuitBreaker<RedisStore>| s.state() == BreakerState::Closed;
     if sharded.shards().iter().any(closed) {
         return Ok(());
@@ -192,8 +204,5 @@ async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), S
             format!("shard {i} {} (last: {last})", shard.name())
         })
         .collect();
-    Err(format!(
-        "every shard's circuit is open: {}",
-        open.join(", ")
-    ))
+    Err(StoreDown::CircuitsOpen(open))
 }
