@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use sluice::{Clock, Limiter, MemoryStore, Reserving, SharedStore};
+use sluice::{Clock, Limiter, MemoryStore, Reserving};
 
 use crate::config::Config;
 use crate::observe::traces::Traces;
@@ -10,9 +10,12 @@ use crate::rls::RlsConfig;
 
 mod reload;
 mod store;
+#[cfg(test)]
+mod tests;
 
 pub use reload::{MAX_RELOADS, Reload, ReloadSource};
-pub use store::{StoreDown, StoreHandle};
+use store::TracedStore;
+pub use store::{DecidingStore, StoreDown, StoreHandle};
 
 /// The server's clock: the system clock, or a test's manual clock.
 #[derive(Clone)]
@@ -43,7 +46,7 @@ impl std::fmt::Debug for ServerClock {
 }
 
 /// The limiter every request goes through.
-pub type ServerLimiter = Limiter<SharedStore, ServerClock>;
+pub type ServerLimiter = Limiter<DecidingStore, ServerClock>;
 
 /// One configuration generation: its number, the policies (with their failure modes) over the
 /// store, the Envoy rules and who may use the admin routes. A reload swaps it whole, so the
@@ -73,7 +76,7 @@ impl Generation {
         number: u64,
         config: &Config,
         store: &StoreHandle,
-        deciding: &SharedStore,
+        deciding: &DecidingStore,
         insurance: &Arc<MemoryStore>,
         rls: Option<Arc<RlsConfig>>,
         clock: &ServerClock,
@@ -120,9 +123,9 @@ pub struct Shared {
     current: RwLock<Arc<Generation>>,
     store: StoreHandle,
     /// What limiters decide with: the store, or the reservation layer over it.
-    deciding: SharedStore,
+    deciding: DecidingStore,
     /// The reservation layer (`local.enabled`), kept across reloads with its leases.
-    reserving: Option<Arc<Reserving<SharedStore>>>,
+    reserving: Option<Arc<Reserving<TracedStore>>>,
     /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
     insurance: Arc<MemoryStore>,
     /// The configuration the server started with: its `listen`, `store`, `local` and `top`
@@ -171,13 +174,11 @@ impl Shared {
         traces: Traces,
     ) -> Self {
         let insurance = Arc::new(MemoryStore::new());
+        let traced = TracedStore::new(store.clone(), traces.clone());
         let reserving = config
             .local
-            .map(|local| Arc::new(Reserving::new(store.traced(&traces), local)));
-        let deciding = match &reserving {
-            Some(r) => SharedStore::new(r.clone()),
-            None => store.traced(&traces),
-        };
+            .map(|local| Arc::new(Reserving::new(traced.clone(), local)));
+        let deciding = DecidingStore::new(traced, reserving.clone());
         let first = Generation::new(1, config, &store, &deciding, &insurance, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
@@ -296,7 +297,7 @@ impl Shared {
     }
 
     /// The reservation layer, when `local.enabled`.
-    pub fn reserving(&self) -> Option<&Arc<Reserving<SharedStore>>> {
+    pub(crate) fn reserving(&self) -> Option<&Arc<Reserving<TracedStore>>> {
         self.reserving.as_ref()
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use sluice::breaker::{BreakerState, CircuitBreaker};
-use sluice::{Clock, Decision, MemoryStore, Op, Policy, SharedStore, Store, StoreError, StoreExt};
+use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
 use sluice_redis::{RedisStore, ShardedStore};
 
 use super::ServerClock;
@@ -79,27 +79,6 @@ impl StoreHandle {
         }
     }
 
-    fn shared(&self) -> SharedStore {
-        match self {
-            StoreHandle::Memory(m) => SharedStore::new(m.clone()),
-            StoreHandle::Redis(r) => SharedStore::new(r.clone()),
-            StoreHandle::Cluster(c) => SharedStore::new(c.clone()),
-        }
-    }
-
-    /// The store as decisions call it: with traces on, each call is a span naming its shard.
-    pub(super) fn traced(&self, traces: &Traces) -> SharedStore {
-        if traces.is_on() {
-            SharedStore::new(TracedStore {
-                inner: self.shared(),
-                handle: self.clone(),
-                traces: traces.clone(),
-            })
-        } else {
-            self.shared()
-        }
-    }
-
     /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
     /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
     fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
@@ -115,12 +94,90 @@ impl StoreHandle {
     }
 }
 
-/// The store with a span around each call (`sluice.store`, a child of the decision being
-/// made), carrying the shard the store chose and what it answered.
-struct TracedStore {
-    inner: SharedStore,
+/// The configured store, called without a boxed future: each arm awaits its own store's
+/// `call`, so the future is an enum of theirs (a store added to the handle is an arm here).
+impl Store for StoreHandle {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            StoreHandle::Memory(m) => m.call(policy, key, op, now_ms).await,
+            StoreHandle::Redis(r) => r.call(policy, key, op, now_ms).await,
+            StoreHandle::Cluster(c) => c.call(policy, key, op, now_ms).await,
+        }
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        match self {
+            StoreHandle::Memory(m) => m.forget(policy, key).await,
+            StoreHandle::Redis(r) => r.forget(policy, key).await,
+            StoreHandle::Cluster(c) => c.forget(policy, key).await,
+        }
+    }
+}
+
+/// What the limiter decides with: the store, or the reservation layer over it (kept across
+/// reloads with its leases). An enum rather than a [`sluice::SharedStore`], so a decision
+/// allocates no boxed future on its way to the store.
+#[derive(Debug, Clone)]
+pub struct DecidingStore(Deciding);
+
+#[derive(Debug, Clone)]
+enum Deciding {
+    Direct(TracedStore),
+    Reserving(Arc<Reserving<TracedStore>>),
+}
+
+impl DecidingStore {
+    /// Decides with `store`, through `reserving` when `local.enabled`.
+    pub(super) fn new(store: TracedStore, reserving: Option<Arc<Reserving<TracedStore>>>) -> Self {
+        match reserving {
+            Some(r) => Self(Deciding::Reserving(r)),
+            None => Self(Deciding::Direct(store)),
+        }
+    }
+}
+
+impl Store for DecidingStore {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        match &self.0 {
+            Deciding::Direct(s) => s.call(policy, key, op, now_ms).await,
+            Deciding::Reserving(r) => r.call(policy, key, op, now_ms).await,
+        }
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        match &self.0 {
+            Deciding::Direct(s) => s.forget(policy, key).await,
+            Deciding::Reserving(r) => r.forget(policy, key).await,
+        }
+    }
+}
+
+/// The store as decisions call it: with traces on, a span around each call
+/// (`sluice.store`, a child of the decision being made), carrying the shard the store chose and
+/// what it answered; with traces off, the store's call alone.
+#[derive(Debug, Clone)]
+pub(crate) struct TracedStore {
     handle: StoreHandle,
     traces: Traces,
+}
+
+impl TracedStore {
+    /// `handle`'s calls, traced by `traces` when they are on.
+    pub(super) fn new(handle: StoreHandle, traces: Traces) -> Self {
+        Self { handle, traces }
+    }
 }
 
 impl Store for TracedStore {
@@ -131,6 +188,9 @@ impl Store for TracedStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
+        if !self.traces.is_on() {
+            return self.handle.call(policy, key, op, now_ms).await;
+        }
         let span = self.traces.store_call();
         span.set(|| {
             let (shard, index) = self.handle.shard_of(policy, key);
@@ -145,7 +205,7 @@ impl Store for TracedStore {
             }
             attributes
         });
-        let result = self.inner.call(policy, key, op, now_ms).await;
+        let result = self.handle.call(policy, key, op, now_ms).await;
         match &result {
             Ok(d) if d.allowed => span.finish("allowed", None),
             Ok(_) => span.finish("denied", None),
@@ -163,7 +223,7 @@ impl Store for TracedStore {
     }
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.inner.forget(policy, key).await
+        self.handle.forget(policy, key).await
     }
 }
 
