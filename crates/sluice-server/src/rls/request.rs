@@ -145,3 +145,91 @@ fn carried_limit(i: usize, d: &Descriptor<'_>) -> Result<Option<(u32, Unit)>, Rl
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    const RULES: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+
+    fn descriptor(entries: Vec<(&'static str, &'static str)>) -> Descriptor<'static> {
+        Descriptor {
+            entries,
+            limit: None,
+            hits_addend: None,
+            is_negative_hits: false,
+        }
+    }
+
+    fn request(descriptors: Vec<Descriptor<'static>>) -> RlsRequest<'static> {
+        RlsRequest {
+            domain: "edge",
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn invalid(result: Result<impl std::fmt::Debug, RlsError>) -> String {
+        match result {
+            Err(RlsError::Invalid(why)) => why,
+            other => panic!("expected an invalid request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_hits_zero_means_one_and_a_descriptor_s_own_hits_win() {
+        let mut req = request(vec![descriptor(vec![("remote_address", "1.2.3.4")])]);
+        assert_eq!(req.hits(&req.descriptors[0]), 1);
+        req.hits_addend = 3;
+        assert_eq!(req.hits(&req.descriptors[0]), 3);
+        req.descriptors[0].hits_addend = Some(0);
+        assert_eq!(req.hits(&req.descriptors[0]), 0);
+    }
+
+    #[test]
+    fn the_shape_and_bounds_are_refused_naming_what_is_wrong() {
+        let mut req = request(Vec::new());
+        assert_eq!(
+            invalid(req.validate()),
+            "rate limit descriptor list must not be empty"
+        );
+        req.domain = "";
+        assert_eq!(
+            invalid(req.validate()),
+            "rate limit domain must not be empty"
+        );
+        let req = request(vec![descriptor(vec![("k", "v")]); MAX_DESCRIPTORS + 1]);
+        assert_eq!(
+            invalid(req.validate()),
+            format!("65 descriptors in one request; at most {MAX_DESCRIPTORS}")
+        );
+        let mut req = request(vec![descriptor(vec![("k", "v")])]);
+        req.descriptors[0].hits_addend = Some(u64::MAX);
+        assert!(invalid(req.validate()).starts_with("descriptors[0].hits_addend"));
+    }
+
+    #[test]
+    fn a_carried_limit_without_a_unit_is_refused_before_anything_matches() {
+        let rls = RlsConfig::from_files(&[("edge.yaml", RULES)]).unwrap();
+        let mut req = request(vec![
+            descriptor(vec![("remote_address", "1.2.3.4")]),
+            descriptor(vec![("remote_address", "1.2.3.4")]),
+        ]);
+        req.descriptors[1].limit = Some(CarriedLimit {
+            requests_per_unit: 10,
+            unit: Err(0),
+        });
+        assert_eq!(
+            invalid(req.match_descriptors(&rls)),
+            "descriptors[1].limit.unit is 0: expected one of SECOND, MINUTE, HOUR, DAY, WEEK, \
+             MONTH, YEAR"
+        );
+        req.descriptors[1].limit = None;
+        let matches = req.match_descriptors(&rls).unwrap();
+        let m = matches[0].as_ref().expect("the rule matches");
+        assert_eq!(m.counter_key, "edge_remote_address_1.2.3.4_");
+        assert_eq!(m.rule.requests_per_unit, 5);
+    }
+}
