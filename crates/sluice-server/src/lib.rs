@@ -9,9 +9,9 @@
 //! The crate is layered: a module imports (through `crate::`/`super::` paths) only from its
 //! own layer or the layers below it, never from above, so it reads top-down and no two files
 //! name each other. A module in a folder belongs to the row of its longest listed path
-//! (`rls::grpc` is an adapter, the rest of `rls` a leaf). The table is the rule: a unit test
-//! (`layer_rule`) reads it from this file and fails when a source file imports from a layer
-//! above its own.
+//! (`rls::service` and `rls::grpc` are surfaces, the rest of `rls`, the request and answer
+//! types included, a leaf). The table is the rule: a unit test (`layer_rule`) reads it from
+//! this file and fails when a source file imports from a layer above its own.
 //!
 //! | layer | modules |
 //! |-------|---------|
@@ -19,7 +19,7 @@
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
-//! | 4 surfaces | `http`, `rls::grpc`, `rlqs`, `rls_xds` |
+//! | 4 surfaces | `http`, `rls::grpc`, `rls::service`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
 //! * **Leaves** know nothing of the server: durations ([`units`]), the one parser of a policy
@@ -35,9 +35,9 @@
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store;
 //!   `reload` watches the configuration and swaps them.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
-//!   ([`rls::grpc`]), RLQS ([`rlqs`]), and the xDS client that brings Envoy rules from a
-//!   control plane ([`rls_xds`]; its settings, [`rls_xds::settings`], are a leaf the
-//!   configuration reads).
+//!   (the semantics in [`rls::service`], the protobuf in [`rls::grpc`]), RLQS ([`rlqs`]),
+//!   and the xDS client that brings Envoy rules from a control plane ([`rls_xds`]; its
+//!   settings, [`rls_xds::settings`], are a leaf the configuration reads).
 //! * **Composition** ([`app`]) binds it together and spawns the servers.
 
 pub mod app;

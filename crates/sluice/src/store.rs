@@ -173,7 +173,9 @@ impl std::fmt::Display for StoreErrorKind {
 /// [`StoreExt`] (`store.check(policy, key, cost, now)`).
 ///
 /// Implementations: [`crate::MemoryStore`] here; the Redis stores in `sluice-redis`. For a
-/// store chosen at run time, erase the type with [`SharedStore`].
+/// store chosen at run time, erase the type with [`SharedStore`] (one boxed future per call),
+/// or write an enum of the stores whose `call` matches and awaits the chosen one's (no
+/// allocation: the server's store handle does this).
 pub trait Store: Send + Sync {
     /// Runs `op` on `key`'s state under `policy`, atomically, at `now_ms`.
     fn call(
@@ -316,6 +318,9 @@ impl<S: Store> DynStore for S {
 }
 
 /// A store whose type is chosen at run time (from configuration), shared by reference count.
+///
+/// Each call allocates its future on the heap ([`DynStore`]); where the set of stores is
+/// known, an enum that dispatches to them (see [`Store`]) decides without that allocation.
 #[derive(Clone)]
 pub struct SharedStore(Arc<dyn DynStore>);
 

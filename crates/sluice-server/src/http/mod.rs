@@ -280,7 +280,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready"})),
         Err(down) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": down}}),
+            &json!({"status": "not ready", "error": {"code": "store_unavailable", "message": down.to_string()}}),
         ),
     }
 }

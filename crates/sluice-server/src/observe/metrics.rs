@@ -7,7 +7,7 @@
 //! | metric | labels |
 //! |---|---|
 //! | `sluice_decisions_total` | policy (or configured Envoy domain, else `unknown`), op (check/peek/refund/should_rate_limit), outcome (allowed/denied/degraded/error) |
-//! | `sluice_rls_hits_total` | domain, key (a rule's statistics key, at most `grpc::MAX_STATS_KEYS`), result (within_limit/over_limit/shadow_mode) |
+//! | `sluice_rls_hits_total` | domain, key (a rule's statistics key, at most `rls::service::MAX_STATS_KEYS`), result (within_limit/over_limit/shadow_mode) |
 //! | `sluice_decision_latency_seconds` (histogram) | op: the whole decision, any store, failure mode included |
 //! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `sluice-redis`) |
 //! | `sluice_store_errors_total` | store, kind (`sluice::StoreErrorKind::as_str`: timeout, unavailable, oom, readonly, busy, denied, …, corrupt, rejected): failed Redis calls |

@@ -46,12 +46,16 @@
 //! * **The limit a request descriptor carries** (`descriptor.limit`, checked first in
 //!   `GetLimit`): see [`RlsConfig::override_limit`].
 //!
-//! Not here: the service-level handling of the response codes ([`grpc`]).
+//! Not here: the service-level handling of the response codes ([`service`]), and its gRPC
+//! adapter ([`grpc`]).
 
+mod answer;
 mod decode;
 mod error;
 pub(crate) mod grpc;
 mod matcher;
+mod request;
+pub(crate) mod service;
 mod tree;
 pub mod xds;
 mod yaml;

@@ -1,0 +1,268 @@
+//! The store behind the limiter: which one the configuration chose ([`StoreHandle`]), kept
+//! concrete for readiness checks, and the span around each call when traces are on.
+
+use std::sync::Arc;
+
+use sluice::breaker::{BreakerState, CircuitBreaker};
+use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
+use sluice_redis::{RedisStore, ShardedStore};
+
+use super::ServerClock;
+use crate::observe::traces::Traces;
+
+/// Why the store cannot decide (`/readyz`'s `503`), naming the shards at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreDown {
+    /// These shards (index, name and error) do not answer `PING`.
+    #[error("shards not answering: {}", .0.join(", "))]
+    NotAnswering(Vec<String>),
+    /// Every shard answers, but every shard's circuit is open (each shard with the last
+    /// error that keeps it open).
+    #[error("every shard's circuit is open: {}", .0.join(", "))]
+    CircuitsOpen(Vec<String>),
+}
+
+/// The store behind the limiter, kept concrete for readiness checks.
+#[derive(Debug, Clone)]
+pub enum StoreHandle {
+    /// In this process.
+    Memory(Arc<MemoryStore>),
+    /// Redis shards (one or more; a Sentinel-monitored primary is one shard), each behind a
+    /// circuit breaker.
+    Redis(ShardedStore),
+    /// A Redis Cluster (its client routes around failed nodes; each call is bounded by the
+    /// timeout).
+    Cluster(RedisStore),
+}
+
+impl StoreHandle {
+    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
+    pub fn publish_circuits(&self) {
+        if let Self::Redis(sharded) = self {
+            crate::observe::metrics::circuits(sharded);
+        }
+    }
+
+    /// What the store is, for the start-up log: `memory`, or the shards' names (never with
+    /// credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            StoreHandle::Memory(_) => "memory".to_owned(),
+            StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
+            StoreHandle::Cluster(c) => format!("redis {}", c.name()),
+        }
+    }
+
+    /// Whether the store can decide: every store shard answers `PING`, and with Redis shards
+    /// at least one shard's circuit is closed. The error names the shards that do not answer,
+    /// or every shard and the error that keeps its circuit open.
+    pub async fn ping(&self, clock: &ServerClock) -> Result<(), StoreDown> {
+        match self {
+            StoreHandle::Memory(_) => Ok(()),
+            StoreHandle::Redis(sharded) => {
+                let mut down = Vec::new();
+                for (i, shard) in sharded.shards().iter().enumerate() {
+                    if let Err(e) = shard.inner().ping().await {
+                        down.push(format!("shard {i} {} ({e})", shard.name()));
+                    }
+                }
+                if down.is_empty() {
+                    any_circuit_closed(sharded, clock.now_ms()).await
+                } else {
+                    Err(StoreDown::NotAnswering(down))
+                }
+            }
+            StoreHandle::Cluster(cluster) => cluster
+                .ping()
+                .await
+                .map_err(|e| StoreDown::NotAnswering(vec![format!("{} ({e})", cluster.name())])),
+        }
+    }
+
+    /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
+    /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
+    fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
+        match self {
+            StoreHandle::Memory(_) => ("memory".to_owned(), None),
+            StoreHandle::Redis(sharded) => {
+                let i = sharded.shard_for(policy, key);
+                let name = sharded.names().get(i).cloned().unwrap_or_default();
+                (name, Some(i))
+            }
+            StoreHandle::Cluster(c) => (c.name().to_owned(), None),
+        }
+    }
+}
+
+/// The configured store, called without a boxed future: each arm awaits its own store's
+/// `call`, so the future is an enum of theirs (a store added to the handle is an arm here).
+impl Store for StoreHandle {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            StoreHandle::Memory(m) => m.call(policy, key, op, now_ms).await,
+            StoreHandle::Redis(r) => r.call(policy, key, op, now_ms).await,
+            StoreHandle::Cluster(c) => c.call(policy, key, op, now_ms).await,
+        }
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        match self {
+            StoreHandle::Memory(m) => m.forget(policy, key).await,
+            StoreHandle::Redis(r) => r.forget(policy, key).await,
+            StoreHandle::Cluster(c) => c.forget(policy, key).await,
+        }
+    }
+}
+
+/// What the limiter decides with: the store, or the reservation layer over it (kept across
+/// reloads with its leases). An enum rather than a [`sluice::SharedStore`], so a decision
+/// allocates no boxed future on its way to the store.
+#[derive(Debug, Clone)]
+pub struct DecidingStore(Deciding);
+
+#[derive(Debug, Clone)]
+enum Deciding {
+    Direct(TracedStore),
+    Reserving(Arc<Reserving<TracedStore>>),
+}
+
+impl DecidingStore {
+    /// Decides with `store`, through `reserving` when `local.enabled`.
+    pub(super) fn new(store: TracedStore, reserving: Option<Arc<Reserving<TracedStore>>>) -> Self {
+        match reserving {
+            Some(r) => Self(Deciding::Reserving(r)),
+            None => Self(Deciding::Direct(store)),
+        }
+    }
+}
+
+impl Store for DecidingStore {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        match &self.0 {
+            Deciding::Direct(s) => s.call(policy, key, op, now_ms).await,
+            Deciding::Reserving(r) => r.call(policy, key, op, now_ms).await,
+        }
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        match &self.0 {
+            Deciding::Direct(s) => s.forget(policy, key).await,
+            Deciding::Reserving(r) => r.forget(policy, key).await,
+        }
+    }
+}
+
+/// The store as decisions call it: with traces on, a span around each call
+/// (`sluice.store`, a child of the decision being made), carrying the shard the store chose and
+/// what it answered; with traces off, the store's call alone.
+#[derive(Debug, Clone)]
+pub(crate) struct TracedStore {
+    handle: StoreHandle,
+    traces: Traces,
+}
+
+impl TracedStore {
+    /// `handle`'s calls, traced by `traces` when they are on.
+    pub(super) fn new(handle: StoreHandle, traces: Traces) -> Self {
+        Self { handle, traces }
+    }
+}
+
+impl Store for TracedStore {
+    async fn call(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
+        if !self.traces.is_on() {
+            return self.handle.call(policy, key, op, now_ms).await;
+        }
+        let span = self.traces.store_call();
+        span.set(|| {
+            let (shard, index) = self.handle.shard_of(policy, key);
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("sluice.shard", shard),
+                opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
+                opentelemetry::KeyValue::new("sluice.op", op.name()),
+            ];
+            if let Some(i) = index {
+                let i = i64::try_from(i).unwrap_or(i64::MAX);
+                attributes.push(opentelemetry::KeyValue::new("sluice.shard.index", i));
+            }
+            attributes
+        });
+        let result = self.handle.call(policy, key, op, now_ms).await;
+        match &result {
+            Ok(d) if d.allowed => span.finish("allowed", None),
+            Ok(_) => span.finish("denied", None),
+            Err(e) => {
+                span.set(|| {
+                    vec![opentelemetry::KeyValue::new(
+                        "error.type",
+                        e.kind().as_str(),
+                    )]
+                });
+                span.finish("error", Some(e.to_string()));
+            }
+        }
+        result
+    }
+
+    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+        self.handle.forget(policy, key).await
+    }
+}
+
+/// The policy of readiness probes: a decision of cost 0 on its own key records nothing.
+static PROBE: std::sync::LazyLock<Option<Policy>> = std::sync::LazyLock::new(|| {
+    Policy::from_specs(
+        "sluice:ready",
+        vec![sluice::LimitSpec::fixed_window(1, 1_000)],
+    )
+    .ok()
+});
+
+/// `Ok` while at least one shard's circuit is closed. When none is, each shard is probed
+/// first, through its breaker, as a request would be (a check of cost 0 on a key of its own,
+/// which fails as decisions fail: a `PING` passes where a decision meets `OOM` or `NOPERM`):
+/// a server that is not ready gets no traffic to probe with, and must still find out that
+/// the store is back.
+async fn any_circuit_closed(sharded: &ShardedStore, now_ms: u64) -> Result<(), StoreDown> {
+    let closed = |s: &CircuitBreaker<RedisStore>| s.state() == BreakerState::Closed;
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    if let Some(probe) = PROBE.as_ref() {
+        for shard in sharded.shards().iter() {
+            // The outcome shows in the circuit's state.
+            let _ = shard.check(probe, "probe", 0, now_ms).await;
+        }
+    }
+    if sharded.shards().iter().any(closed) {
+        return Ok(());
+    }
+    let open: Vec<String> = sharded
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let last = shard.last_error().unwrap_or_default();
+            format!("shard {i} {} (last: {last})", shard.name())
+        })
+        .collect();
+    Err(StoreDown::CircuitsOpen(open))
+}
