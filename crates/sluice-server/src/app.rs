@@ -202,6 +202,12 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                         RedisStore::connect(settings(rc)).await?,
                     ))
                 }
+                RedisLayout::Regions(regions) => {
+                    let rc = regions.redis_config(&settings, sentinel_credentials.as_ref());
+                    Ok(StoreHandle::Regions(
+                        sluice_redis::RegionsStore::connect(rc).await?,
+                    ))
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use sluice::{
     Clock, Decision, Limiter, MemoryStore, Op, Policy, Reserving, SharedStore, Store, StoreError,
     StoreExt,
 };
-use sluice_redis::{RedisStore, ShardedStore};
+use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
 
 use crate::config::Config;
 use crate::observe::traces::Traces;
@@ -24,6 +24,9 @@ pub enum StoreHandle {
     /// A Redis Cluster (its client routes around failed nodes; each call is bounded by the
     /// timeout).
     Cluster(RedisStore),
+    /// One limit across regions (`store.regions`): decided on this region's own Redis, the
+    /// other regions' usage read from local replicas of theirs.
+    Regions(RegionsStore),
 }
 
 impl StoreHandle {
@@ -41,6 +44,15 @@ impl StoreHandle {
             StoreHandle::Memory(_) => "memory".to_owned(),
             StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
             StoreHandle::Cluster(c) => format!("redis {}", c.name()),
+            StoreHandle::Regions(r) => crate::observe::regions::describe(r),
+        }
+    }
+
+    /// The regions store, when the store is one (for its metrics and `/v1/stats`).
+    pub fn regions(&self) -> Option<&RegionsStore> {
+        match self {
+            StoreHandle::Regions(r) => Some(r),
+            _ => None,
         }
     }
 
@@ -49,6 +61,7 @@ impl StoreHandle {
             StoreHandle::Memory(m) => SharedStore::new(m.clone()),
             StoreHandle::Redis(r) => SharedStore::new(r.clone()),
             StoreHandle::Cluster(c) => SharedStore::new(c.clone()),
+            StoreHandle::Regions(r) => SharedStore::new(r.clone()),
         }
     }
 
@@ -76,6 +89,7 @@ impl StoreHandle {
                 (name, Some(i))
             }
             StoreHandle::Cluster(c) => (c.name().to_owned(), None),
+            StoreHandle::Regions(r) => (r.local().name().to_owned(), None),
         }
     }
 }
@@ -240,6 +254,14 @@ impl Generation {
                 .ping()
                 .await
                 .map_err(|e| format!("shards not answering: {} ({e})", cluster.name())),
+            // Ready when this region's own Redis answers: the other regions are read in the
+            // background, and a region cut off from them decides by its fallback.
+            StoreHandle::Regions(regions) => {
+                let local = regions.local();
+                local.ping().await.map_err(|e| {
+                    format!("shards not answering: {} ({e})", local.name())
+                })
+            }
         }
     }
 }

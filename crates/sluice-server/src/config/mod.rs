@@ -43,6 +43,7 @@ mod listen;
 mod locate;
 mod metrics;
 mod overrides;
+pub mod regions;
 mod rls;
 mod store;
 mod top;
@@ -105,6 +106,9 @@ pub enum RedisLayout {
     Cluster(Vec<String>),
     /// One primary with replicas, found through Sentinel.
     Sentinel(SentinelConfig),
+    /// One limit across regions: this region's own Redis and local replicas of the others'
+    /// (`store.regions`, docs/regions.md).
+    Regions(regions::RegionsLayout),
 }
 
 /// The store.
@@ -324,6 +328,14 @@ impl Config {
             }
         }
         let store = store_config(raw.store, base).map_err(err)?;
+        if let StoreConfig::Redis {
+            layout: RedisLayout::Regions(r),
+            clock,
+            ..
+        } = &store
+        {
+            regions::check(r, *clock, &policies).map_err(err)?;
+        }
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
         let metrics = metrics_config(raw.metrics).map_err(err)?;

@@ -258,6 +258,10 @@ fn redis_store(o: &Override, store: StoreConfig, file: &str) -> Result<StoreConf
             layout: RedisLayout::Sentinel(_),
             ..
         } => Err(topology_error(o, file, "Sentinel (store.sentinel)")),
+        StoreConfig::Redis {
+            layout: RedisLayout::Regions(_),
+            ..
+        } => Err(topology_error(o, file, "regions (store.regions)")),
     }
 }
 
@@ -431,6 +435,7 @@ impl ConfigSource {
                         "store.shards",
                         "store.cluster",
                         "store.sentinel",
+                        "store.regions",
                     ],
                 ),
             ),
@@ -549,6 +554,7 @@ pub fn describe_store(store: &StoreConfig) -> String {
             RedisLayout::Sentinel(s) => {
                 format!("redis sentinel {} at {}", s.master, urls(&s.nodes))
             }
+            RedisLayout::Regions(r) => r.describe(),
         },
     }
 }

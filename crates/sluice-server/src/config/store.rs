@@ -39,6 +39,9 @@ pub(super) struct RawStore {
     /// `store.layout`: where fixed windows are opened (`v1` hashes, `v2` counters).
     #[serde(default)]
     layout: sluice_redis::Layout,
+    /// `store.regions`: one limit across regions (docs/regions.md).
+    #[serde(default)]
+    regions: Option<super::regions::RawRegions>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -126,12 +129,25 @@ pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
     )
 }
 
-pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
+pub(super) fn store_config(mut raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
     let backend = raw.backend.as_deref().unwrap_or("memory");
     match backend {
+        "memory" if raw.regions.is_some() => Err(
+            "store.regions: a regions store keeps its counts in Redis; add `backend: redis`"
+                .to_owned(),
+        ),
         "memory" => Ok(StoreConfig::Memory),
         "redis" => {
             let layout = match (raw.shards.is_empty(), raw.cluster, raw.sentinel) {
+                (true, None, None) if let Some(regions) = raw.regions.take() => {
+                    RedisLayout::Regions(super::regions::regions_layout(regions)?)
+                }
+                _ if raw.regions.is_some() => {
+                    return Err("store: give only one of store.shards, store.cluster, \
+                                store.sentinel and store.regions (whose primary is this \
+                                region's own Redis)"
+                        .to_owned());
+                }
                 (false, None, None) => {
                     // A shard is named by its primary (what rendezvous hashing scores).
                     let names: Vec<&str> = raw.shards.iter().map(|s| s.primary.as_str()).collect();
@@ -164,7 +180,8 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
                 }
                 (true, None, None) => {
                     return Err("store: the redis backend needs one of store.shards \
-                                (- primary: redis://host:port), store.cluster or store.sentinel"
+                                (- primary: redis://host:port), store.cluster, store.sentinel \
+                                or store.regions"
                         .to_owned());
                 }
                 _ => {
