@@ -42,6 +42,7 @@ mod codec;
 mod config;
 mod error;
 pub mod keys;
+pub mod regions;
 mod script;
 mod sharded;
 mod store;
@@ -52,6 +53,9 @@ pub use config::{
     Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
+pub use regions::{
+    Fallback, RegionStatus, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
+};
 pub use script::ScriptMode;
 pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};
 pub use store::RedisStore;
