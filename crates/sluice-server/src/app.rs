@@ -203,7 +203,7 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
                     ))
                 }
                 RedisLayout::Regions(regions) => {
-                    let rc = regions.redis_config(&settings, sentinel_credentials.as_ref());
+                    let rc = regions.redis_config(settings, sentinel_credentials.as_ref());
                     Ok(StoreHandle::Regions(
                         sluice_redis::RegionsStore::connect(rc).await?,
                     ))

@@ -258,9 +258,10 @@ impl Generation {
             // background, and a region cut off from them decides by its fallback.
             StoreHandle::Regions(regions) => {
                 let local = regions.local();
-                local.ping().await.map_err(|e| {
-                    format!("shards not answering: {} ({e})", local.name())
-                })
+                local
+                    .ping()
+                    .await
+                    .map_err(|e| format!("shards not answering: {} ({e})", local.name()))
             }
         }
     }

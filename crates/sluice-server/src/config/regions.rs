@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
-use sluice_redis::{ClockSource, DEFAULT_MAX_LAG, DEFAULT_REFRESH, Fallback, RedisConfig};
+use sluice_redis::regions::{DEFAULT_MAX_LAG, DEFAULT_REFRESH};
+use sluice_redis::{ClockSource, Fallback, RedisConfig};
 
 use super::{PolicyConfig, PositiveDuration, RedisLayout, SentinelConfig, ShardConfig};
 
@@ -126,25 +127,32 @@ pub(super) fn regions_layout(raw: RawRegions) -> Result<RegionsLayout, String> {
             RedisLayout::Cluster(nodes)
         }
         (None, None, None) => {
-            return Err("store.regions.primary: this region's own Redis needs one of url \
+            return Err(
+                "store.regions.primary: this region's own Redis needs one of url \
                         (with replicas), sentinel or cluster"
-                .to_owned());
+                    .to_owned(),
+            );
         }
-        (None, _, _) => {
-            return Err("store.regions.primary.replicas: only with url (Sentinel and a \
+        (None, Some(_), None) | (None, None, Some(_)) => {
+            return Err(
+                "store.regions.primary.replicas: only with url (Sentinel and a \
                         Cluster find their replicas themselves)"
-                .to_owned());
+                    .to_owned(),
+            );
         }
         _ => {
-            return Err("store.regions.primary: give only one of url, sentinel and cluster"
-                .to_owned());
+            return Err(
+                "store.regions.primary: give only one of url, sentinel and cluster".to_owned(),
+            );
         }
     };
     if raw.remotes.is_empty() {
-        return Err("store.regions.remotes: list every other region, each with the URL of \
+        return Err(
+            "store.regions.remotes: list every other region, each with the URL of \
                     the replica of its primary that runs in this region \
                     (us: {url: redis://…}); a regions store of one region is a plain store"
-            .to_owned());
+                .to_owned(),
+        );
     }
     let mut remotes = Vec::with_capacity(raw.remotes.len());
     for (name, remote) in raw.remotes {
@@ -203,14 +211,29 @@ pub(super) fn check(
     policies: &[PolicyConfig],
 ) -> Result<(), String> {
     if clock != ClockSource::App {
-        return Err("store.clock: a regions store needs `app` (the default): windows line up \
+        return Err(
+            "store.clock: a regions store needs `app` (the default): windows line up \
                     across regions and lag is measured on the limiters' clocks, not on each \
                     region's Redis"
-            .to_owned());
+                .to_owned(),
+        );
     }
     for p in policies {
-        sluice_redis::RegionsStore::admits_policy(&p.policy)
-            .map_err(|e| format!("policies.{}: {e}", p.policy.name()))?;
+        let name = p.policy.name();
+        match sluice_redis::RegionsStore::admits_policy(&p.policy) {
+            Ok(()) => {}
+            Err(sluice_redis::RegionsError::Unsupported {
+                index, algorithm, ..
+            }) => {
+                return Err(format!(
+                    "policies.{name}.limits[{index}]: a {algorithm} limit cannot be shared \
+                     across regions (store.regions): only fixed_window and sliding_window \
+                     counts add up; use one of those, or serve this policy from a store of \
+                     its own"
+                ));
+            }
+            Err(e) => return Err(format!("policies.{name}: {e}")),
+        }
     }
     for name in regions.policy_fallback.keys() {
         if !policies.iter().any(|p| p.policy.name() == name) {
@@ -280,7 +303,10 @@ impl RegionsLayout {
             RedisLayout::Sentinel(s) => format!("sentinel {}", s.master),
             RedisLayout::Cluster(nodes) => format!(
                 "cluster {}",
-                nodes.first().map(|n| sluice_redis::redact(n)).unwrap_or_default()
+                nodes
+                    .first()
+                    .map(|n| sluice_redis::redact(n))
+                    .unwrap_or_default()
             ),
             RedisLayout::Regions(_) => String::new(),
         };
@@ -379,8 +405,8 @@ store:
         else {
             panic!("{:?}", c.store);
         };
-        assert_eq!(r.refresh, sluice_redis::DEFAULT_REFRESH);
-        assert_eq!(r.max_lag, sluice_redis::DEFAULT_MAX_LAG);
+        assert_eq!(r.refresh, sluice_redis::regions::DEFAULT_REFRESH);
+        assert_eq!(r.max_lag, sluice_redis::regions::DEFAULT_MAX_LAG);
         assert_eq!(r.fallback, Fallback::LocalShare);
     }
 
@@ -391,14 +417,19 @@ store:
             "      - { max: 100, per: 1m }\n      - { max: 10, per: 1s, algorithm: token_bucket, burst: 5 }",
         );
         let e = error(&text);
-        assert!(e.starts_with("sluice.yaml:2:3: policies.api: "), "{e}");
-        assert!(e.contains("limits[1]") && e.contains("token"), "{e}");
+        assert!(
+            e.starts_with("sluice.yaml:5:9: policies.api.limits[1]: a token_bucket limit"),
+            "{e}"
+        );
         let text = EU.replace(
             "      - { max: 100, per: 1m }",
-            "      - { max: 4, algorithm: concurrency, lease: 30s }",
+            "      - { max: 4, per: 30s, algorithm: concurrency }",
         );
         let e = error(&text);
-        assert!(e.contains("policies.api: ") && e.contains("limits[0]"), "{e}");
+        assert!(
+            e.starts_with("sluice.yaml:4:9: policies.api.limits[0]: a concurrency limit"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -461,7 +492,7 @@ store:
             (
                 "  backend: redis\n",
                 "  backend: memory\n",
-                "sluice.yaml:10:",
+                "sluice.yaml:11:",
                 "store.regions: a regions store keeps its counts in Redis; add `backend: redis`",
             ),
         ] {
@@ -476,6 +507,9 @@ store:
             "    remotes:\n      us: { url: redis://us-replica:6380 }\n      ap: { url: redis://ap-replica:6381 }\n",
             "",
         ));
-        assert!(e.contains("store.regions.remotes: list every other region"), "{e}");
+        assert!(
+            e.contains("store.regions.remotes: list every other region"),
+            "{e}"
+        );
     }
 }

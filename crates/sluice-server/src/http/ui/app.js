@@ -574,7 +574,7 @@ function drawRegions(stats) {
     cell(row, r.reachable ? "reachable" : "unreachable", r.reachable ? "allowed" : "denied");
     cell(row, r.lag_s === undefined ? "—" : ms(r.lag_s * 1000), "n");
     cell(row, r.view_age_s === undefined ? "—" : ms(r.view_age_s * 1000), "n");
-    cell(row, r.fallback ? "fallback" : "summed", r.fallback ? "degraded" : "allowed");
+    cell(row, r.fallback ? "stale: fallback" : "summed", r.fallback ? "degraded" : "allowed");
   }
 }
 
