@@ -296,6 +296,74 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answers() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let p = policy(
+        "share",
+        vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
+    );
+    world.stores[0]
+        .peek(&p, "k", 0, now_ms())
+        .await
+        .expect("peek");
+
+    // Region 0's replica of region 1 stops.
+    world.links[0][1]
+        .as_mut()
+        .expect("a link")
+        .0
+        .kill()
+        .expect("kill");
+    world
+        .wait_statuses(
+            "region 0 sees region 1 unreachable",
+            Duration::from_secs(10),
+            |all| {
+                all[0]
+                    .iter()
+                    .any(|s| s.name == "region-1" && !s.reachable && s.fallback_active)
+            },
+        )
+        .await;
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = world.stores[0]
+            .check(&p, "k", 1, now_ms())
+            .await
+            .expect("answers");
+        assert!(!d.is_degraded());
+        admitted += u64::from(d.allowed);
+    }
+    assert_eq!(admitted, 10, "local_share: 30 / 3 regions");
+    assert!(
+        world.stores[0]
+            .fallback_counts()
+            .contains(&("share".to_owned(), Fallback::LocalShare, 20)),
+        "{:?}",
+        world.stores[0].fallback_counts()
+    );
+
+    // It answers again: the views are trusted and the decisions count every region.
+    world.links[0][1]
+        .as_mut()
+        .expect("a link")
+        .0
+        .restart()
+        .expect("restart");
+    world.wait_links_up();
+    world.wait_fallback(false, Duration::from_secs(20)).await;
+    let d = world.stores[0]
+        .peek(&p, "k", 0, now_ms())
+        .await
+        .expect("peek");
+    assert_eq!(d.remaining(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_decides_as_a_model_summing_every_region_does() {
     if !sluice_testkit::require_redis() {
         return;

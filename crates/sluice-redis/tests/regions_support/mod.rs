@@ -247,9 +247,12 @@ impl Run {
     }
 
     /// The stated bound of over-admission per window: (regions − 1) × per-region rate ×
-    /// (lag + refresh).
+    /// (lag + refresh), with the lag seen, and `refresh` the views' age: the configured one,
+    /// or the age seen if a loaded machine let views grow older.
     pub fn bound(&self, regions: usize, refresh: Duration) -> f64 {
-        (regions as f64 - 1.0) * self.rate_per_region * (self.max_lag + refresh).as_secs_f64()
+        (regions as f64 - 1.0)
+            * self.rate_per_region
+            * (self.max_lag + refresh.max(self.max_view_age)).as_secs_f64()
     }
 }
 
