@@ -107,6 +107,7 @@ mod error;
 mod info;
 mod presence;
 mod process;
+mod proxy;
 mod replica;
 pub mod sentinel;
 mod server;
@@ -120,6 +121,7 @@ pub use cluster::{
 pub use error::Error;
 pub use info::parse_info_field;
 pub use presence::{REQUIRE_REDIS_ENV, require_redis};
+pub use proxy::DelayProxy;
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
 pub use sentinel::{
     DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,

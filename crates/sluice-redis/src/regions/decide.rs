@@ -106,7 +106,17 @@ fn restate(policy: &Policy, local: &Decision, offsets: &Offsets, refused_here: b
             .zip(local.limits())
             .zip(offsets)
             .map(|((limit, s), &offset)| {
-                let used_here = s.capacity.saturating_sub(s.remaining);
+                // A peek sent for a check refused here reported what would be left after the
+                // cost: the state as it stands has the cost back.
+                let pending = if local.allowed && refused_here {
+                    cost
+                } else {
+                    0
+                };
+                let used_here = s
+                    .capacity
+                    .saturating_sub(s.remaining)
+                    .saturating_sub(pending);
                 let max = limit.max();
                 let remaining = max.saturating_sub(used_here.saturating_add(offset));
                 let mut status = LimitStatus {

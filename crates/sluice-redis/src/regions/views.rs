@@ -28,6 +28,8 @@ struct Entry {
     key: String,
     /// The last request that named the key (ms).
     seen_ms: u64,
+    /// The first (ms).
+    first_ms: u64,
     /// One read per other region.
     reads: Vec<Option<Read>>,
 }
@@ -66,6 +68,7 @@ impl Views {
                 policy: policy.clone(),
                 key: key.to_owned(),
                 seen_ms: now_ms,
+                first_ms: now_ms,
                 reads: vec![None; self.remotes],
             }
         });
@@ -137,12 +140,13 @@ impl Views {
         }
     }
 
-    /// When the oldest view of region `remote` was read (`None` if no key has one).
+    /// When the oldest view of region `remote` in use was read; a key not read yet counts
+    /// from when it was first seen (`None` without keys).
     pub(super) fn oldest(&self, remote: usize) -> Option<u64> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .values()
-            .filter_map(|e| e.reads[remote].map(|r| r.at_ms))
+            .map(|e| e.reads[remote].map_or(e.first_ms, |r| r.at_ms))
             .min()
     }
 }
