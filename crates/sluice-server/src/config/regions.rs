@@ -34,7 +34,8 @@ pub(super) struct RawRegions {
     policy_fallback: BTreeMap<String, Fallback>,
 }
 
-/// `store.regions.primary`: exactly one of `url` (with `replicas`), `sentinel`, `cluster`.
+/// `store.regions.primary`: exactly one of `url` (with `replicas`) and `sentinel`; `cluster`
+/// is read to be refused with the reason.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPrimary {
@@ -69,7 +70,7 @@ pub struct RemoteLayout {
 pub struct RegionsLayout {
     /// This region's name.
     pub local: String,
-    /// This region's own Redis: one shard (a primary with replicas, or Sentinel) or a Cluster.
+    /// This region's own Redis: one shard (a primary with replicas, or Sentinel).
     pub primary: Box<RedisLayout>,
     /// Every other region, by name.
     pub remotes: Vec<RemoteLayout>,
@@ -120,23 +121,25 @@ pub(super) fn regions_layout(raw: RawRegions) -> Result<RegionsLayout, String> {
             }
             RedisLayout::Sentinel(sentinel)
         }
-        (None, None, Some(nodes)) if p.replicas.is_empty() => {
-            if nodes.is_empty() {
-                return Err("store.regions.primary.cluster: list at least one node URL".to_owned());
-            }
-            RedisLayout::Cluster(nodes)
-        }
-        (None, None, None) => {
+        (None, None, Some(_)) => {
             return Err(
-                "store.regions.primary: this region's own Redis needs one of url \
-                        (with replicas), sentinel or cluster"
+                "store.regions.primary.cluster: a region's own Redis must be one \
+                        primary (url, with replicas, or sentinel): the other regions read \
+                        its usage through one replica of it, which a Cluster does not have"
                     .to_owned(),
             );
         }
-        (None, Some(_), None) | (None, None, Some(_)) => {
+        (None, None, None) => {
             return Err(
-                "store.regions.primary.replicas: only with url (Sentinel and a \
-                        Cluster find their replicas themselves)"
+                "store.regions.primary: this region's own Redis needs url (with \
+                        replicas) or sentinel"
+                    .to_owned(),
+            );
+        }
+        (None, Some(_), None) => {
+            return Err(
+                "store.regions.primary.replicas: only with url (Sentinel finds the \
+                        replicas itself)"
                     .to_owned(),
             );
         }
@@ -270,8 +273,9 @@ impl RegionsLayout {
                     None => rc,
                 }
             }
+            // Refused while read (no replica of a Cluster can be read by the other regions),
+            // and a region's own Redis is not itself a set of regions; kept whole here.
             RedisLayout::Cluster(nodes) => settings(RedisConfig::cluster(nodes.clone())),
-            // Refused while read: a region's own Redis is not itself a set of regions.
             RedisLayout::Regions(r) => return r.redis_config(settings, sentinel_credentials),
         };
         sluice_redis::RegionsConfig {
@@ -476,6 +480,12 @@ store:
                 "    primary: { cluster: [redis://c:7000], sentinel: {master: m, nodes: [redis://s:26379]} }\n",
                 "sluice.yaml:12:14: ",
                 "store.regions.primary: give only one of url, sentinel and cluster",
+            ),
+            (
+                "    primary: { url: redis://redis-eu:6379, replicas: [redis://redis-eu-2:6379] }\n",
+                "    primary: { cluster: [redis://c:7000] }\n",
+                "sluice.yaml:12:",
+                "store.regions.primary.cluster: a region's own Redis must be one primary",
             ),
             (
                 "  backend: redis\n",
