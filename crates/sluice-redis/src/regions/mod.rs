@@ -278,8 +278,8 @@ pub struct RegionStatus {
 
 /// A [`Store`] sharing each limit across regions: see the [module docs](self).
 ///
-/// A clone is a handle of the same store (an `Arc` inside); the background task that
-/// refreshes the views and writes the heartbeat stops when the last handle is dropped.
+/// A clone is a handle of the same store (an `Arc` inside); the background tasks that
+/// refresh the views and write the heartbeat stop when the last handle is dropped.
 #[derive(Clone)]
 pub struct RegionsStore {
     inner: Arc<Inner>,
@@ -294,7 +294,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Decisions taken under a fallback, per (policy, mode).
     fallbacks: Mutex<BTreeMap<(String, Fallback), u64>>,
-    task: Mutex<Option<tokio::task::AbortHandle>>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 /// One other region: its name and the store reading its replica, made once the replica first
@@ -320,11 +320,11 @@ impl Remote {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .task
+        for task in self
+            .tasks
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
+            .drain(..)
         {
             task.abort();
         }
@@ -352,7 +352,8 @@ impl std::fmt::Debug for RegionsStore {
 impl RegionsStore {
     /// Connects to the local primary (which must answer, as [`RedisStore::connect`]) and to
     /// every remote replica (which need not: a remote that does not answer is under its
-    /// fallback until it does), writes the first heartbeat and starts the background task.
+    /// fallback until it does), writes the first heartbeat and starts the background tasks (one per other region,
+    /// and this region's heartbeat).
     pub async fn connect(config: RegionsConfig) -> Result<Self, StoreError> {
         Self::connect_with_clock(config, Arc::new(SystemClock)).await
     }
@@ -374,7 +375,7 @@ impl RegionsStore {
                 config: reader_config(&remote.replica),
                 store: Mutex::new(None),
             };
-            // A replica that does not answer now is connected to by the background task.
+            // A replica that does not answer now is connected to by its region's task.
             if let Err(e) = reader.store().await {
                 if !e.is_transient() {
                     return Err(StoreError::Backend(format!(
@@ -394,13 +395,12 @@ impl RegionsStore {
             remotes,
             clock,
             fallbacks: Mutex::new(BTreeMap::new()),
-            task: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
             config,
         });
         health::beat(&inner).await?;
         health::check(&inner).await;
-        let task = tokio::spawn(health::run(Arc::downgrade(&inner)));
-        *inner.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        *inner.tasks.lock().unwrap_or_else(|p| p.into_inner()) = health::spawn(&inner);
         Ok(Self { inner })
     }
 
