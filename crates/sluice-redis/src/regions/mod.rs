@@ -17,8 +17,23 @@
 //! ([`RegionsStore::admits_policy`]).
 //!
 //! **The bound.** A region's view of another lags by at most the replication lag plus the
-//! view's age (≤ `refresh`), so per window the regions together admit at most
-//! `max + (regions − 1) × (per-region admission rate) × (lag + refresh)`.
+//! view's age (≤ `refresh`): what another region admitted in that span is what this region
+//! does not see. So per window the regions together admit at most
+//! `max + (regions − 1) × (per-region admission rate) × (lag + refresh)`. The
+//! `regions_bench` example measures it (`regions-bench.txt` at the repository root). The
+//! other side: a fixed window's view counts only in the window it was read in and never more
+//! than the region used there, so (asked for as much) the regions admit at least `max` per
+//! window; a sliding window's view may still count buckets that left the window since it was
+//! read, which costs admissions for at most the view's age, never adds any.
+//!
+//! **Clocks.** Windows are aligned on each region's clock and lag is measured across two
+//! clocks, so regions need clocks that agree (NTP): a skew of δ shifts a region's windows by
+//! δ and adds to (or hides up to δ of) the lag measured. `clock: redis` is refused.
+//!
+//! **What falls back.** A region whose limiters all stop writes no heartbeat, so the others
+//! see its lag grow and fall back too: a heartbeat that stops is indistinguishable from
+//! replication that stops. While any other region is under the fallback, every decision of
+//! this region is (its policy's mode, on the local count only).
 //!
 //! **Lag and fallback.** Each region writes a heartbeat (its clock, ms) into its own primary
 //! every `refresh / 2` (`health`); a region reads the others' from their replicas:
