@@ -483,6 +483,20 @@ async fn coalescing_and_reservation_work_inside_a_region() {
     println!("64 concurrent checks: {admitted} admitted in {calls} script calls");
     assert_eq!(admitted, 40);
     assert!(calls < 64, "coalesced: {calls} calls for 64 decisions");
+    // Used up by the other two: region 2 refuses a peek or a check of 1 and reports 0 left.
+    wait_views_fresh(&world).await;
+    for op in [
+        Op::Peek { cost: 1 },
+        Op::Check { cost: 1 },
+        Op::Peek { cost: 0 },
+    ] {
+        let d = world.stores[2]
+            .call(&p, "burst", op, now_ms())
+            .await
+            .expect("decides");
+        assert_eq!(d.allowed, op.cost() == 0, "{op:?}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{op:?}: {d:?}");
+    }
 
     // Reservation (`local:`) over the regions store: leases come from the region's share.
     let q = policy("leased", vec![LimitSpec::fixed_window(200, DAY)]);

@@ -186,3 +186,76 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>) {
         let _ = to.shutdown(Shutdown::Write);
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on a free port.
+    fn echo() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                thread::spawn(move || {
+                    let mut stream = stream;
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn round_trip(port: u16) -> std::io::Result<Vec<u8>> {
+        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"ping")?;
+        let mut got = vec![0u8; 4];
+        s.read_exact(&mut got)?;
+        Ok(got)
+    }
+
+    #[test]
+    fn bytes_are_held_for_the_delay_and_a_cut_link_closes_until_healed() {
+        let proxy = DelayProxy::start(echo()).unwrap();
+        assert_eq!(round_trip(proxy.port()).unwrap(), b"ping");
+
+        // Held both ways: a round trip takes at least twice the delay.
+        proxy.set_delay(Duration::from_millis(100));
+        let started = Instant::now();
+        assert_eq!(round_trip(proxy.port()).unwrap(), b"ping");
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            started.elapsed()
+        );
+        proxy.set_delay(Duration::ZERO);
+
+        // Cut: an open connection is closed, and so is a new one.
+        let mut open = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        open.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        open.read_exact(&mut got).unwrap();
+        proxy.cut();
+        assert!(proxy.is_cut());
+        open.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = open.write_all(b"ping");
+        assert!(
+            matches!(open.read(&mut got), Ok(0) | Err(_)),
+            "the open connection is closed"
+        );
+        assert!(
+            round_trip(proxy.port()).is_err(),
+            "a new connection is closed"
+        );
+
+        proxy.heal();
+        assert_eq!(round_trip(proxy.port()).unwrap(), b"ping");
+        assert!(proxy.forwarded() >= 24);
+    }
+}

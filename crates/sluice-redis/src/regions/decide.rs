@@ -77,10 +77,10 @@ pub(super) async fn decide(
         .iter()
         .zip(offsets)
         .any(|(l, &o)| o >= l.max());
-    // A saturated limit admits no unit: a check or an acquire that asks for one is refused
+    // A saturated limit admits no unit: a check, peek or acquire that asks for one is refused
     // here, and only the state is read (nothing may be written).
     let asked = match op {
-        Op::Check { cost } => cost,
+        Op::Check { cost } | Op::Peek { cost } => cost,
         Op::Acquire { min, .. } => min,
         _ => 0,
     };

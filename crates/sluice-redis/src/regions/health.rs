@@ -1,13 +1,16 @@
-//! The background task of a regions store: this region's heartbeat, the other regions'
+//! The background tasks of a regions store: this region's heartbeat, the other regions'
 //! heartbeats (their replication lag), the views' refresh, and the switch to and from the
 //! fallback.
 //!
-//! Every `refresh / 4` the task writes this region's heartbeat if the last is `refresh / 2`
+//! Every `refresh / 4` one task writes this region's heartbeat if the last is `refresh / 2`
 //! old (`SET <prefix>{sluice-regions}:heartbeat:<region> <now ms>` on the local primary,
-//! kept for a minute past `max_lag`), reads every other region's from its replica (lag =
-//! read time − heartbeat: replication lag plus up to `refresh / 2` of heartbeat age), and
-//! reads every key whose view is `refresh / 2` old. A view is thus at most about
-//! `3/4 refresh` plus a read old.
+//! kept for a minute past `max_lag`) and decides the fallbacks again; and a task per other
+//! region reads that region's heartbeat from its replica (lag = read time − heartbeat:
+//! replication lag plus up to `refresh / 2` of heartbeat age) and every key whose view is
+//! `refresh / 2` old, at once when a key is first seen. A view is thus at most about
+//! `3/4 refresh` plus a read old. A region is under the fallback while its replica does not
+//! answer, its lag exceeds `max_lag`, or its heartbeat was last read more than `max_lag` ago
+//! (a read that hangs); a region never read is under it too.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -120,33 +123,39 @@ pub(super) async fn beat(inner: &Inner) -> Result<(), StoreError> {
     inner.local.query_primary(&set).await.map(drop)
 }
 
-/// Reads every other region's heartbeat from its replica and decides the fallbacks.
+/// Reads every other region's heartbeat from its replica (all at once) and decides the
+/// fallbacks.
 pub(super) async fn check(inner: &Inner) {
-    for (r, remote) in inner.health.regions.iter().zip(&inner.remotes) {
-        let key = heartbeat_key(&inner.config.primary.key_prefix, &remote.name);
-        let read = async {
-            let store = remote.store().await?;
-            store.query_primary(redis::cmd("GET").arg(&key)).await
-        };
-        let now = inner.clock.now_ms();
-        match read.await {
-            Ok(value) => {
-                r.reachable.store(true, Ordering::Relaxed);
-                if let Ok(Some(beat)) = redis::from_redis_value::<Option<u64>>(value) {
-                    r.heartbeat_ms.fetch_max(beat, Ordering::Relaxed);
-                    r.read_ms.store(now, Ordering::Relaxed);
-                }
-            }
-            Err(e) => {
-                tracing::debug!(region = %remote.name, error = %e, "heartbeat not read");
-                r.reachable.store(false, Ordering::Relaxed);
+    join_all((0..inner.remotes.len()).map(|r| check_one(inner, r))).await;
+    inner.health.evaluate(names(inner), inner.clock.now_ms());
+}
+
+fn names(inner: &Inner) -> impl Iterator<Item = String> + '_ {
+    inner.remotes.iter().map(|r| r.name.clone())
+}
+
+/// Reads region `r`'s heartbeat from its replica.
+async fn check_one(inner: &Inner, r: usize) {
+    let (health, remote) = (&inner.health.regions[r], &inner.remotes[r]);
+    let key = heartbeat_key(&inner.config.primary.key_prefix, &remote.name);
+    let read = async {
+        let store = remote.store().await?;
+        store.query_primary(redis::cmd("GET").arg(&key)).await
+    };
+    let now = inner.clock.now_ms();
+    match read.await {
+        Ok(value) => {
+            health.reachable.store(true, Ordering::Relaxed);
+            if let Ok(Some(beat)) = redis::from_redis_value::<Option<u64>>(value) {
+                health.heartbeat_ms.fetch_max(beat, Ordering::Relaxed);
+                health.read_ms.store(now, Ordering::Relaxed);
             }
         }
+        Err(e) => {
+            tracing::debug!(region = %remote.name, error = %e, "heartbeat not read");
+            health.reachable.store(false, Ordering::Relaxed);
+        }
     }
-    let now = inner.clock.now_ms();
-    inner
-        .health
-        .evaluate(inner.remotes.iter().map(|r| r.name.clone()), now);
 }
 
 /// Reads region `r`'s usage of every key due.
@@ -207,33 +216,61 @@ async fn read(
         .await
 }
 
-/// The task: every `refresh / 4` (or when a key is first seen), heartbeats and views. Ends
-/// when the store is dropped.
-pub(super) async fn run(inner: Weak<Inner>) {
-    let (tick, wake) = match inner.upgrade() {
-        Some(i) => (i.config.refresh / 4, i.views.wake.clone()),
-        None => return,
+/// The tasks of a store: [`run`], and a [`watch`] per other region (so that a replica that
+/// hangs delays only its own region's reads).
+pub(super) fn spawn(inner: &Arc<Inner>) -> Vec<tokio::task::AbortHandle> {
+    let mut tasks = vec![tokio::spawn(run(Arc::downgrade(inner))).abort_handle()];
+    for r in 0..inner.remotes.len() {
+        tasks.push(tokio::spawn(watch(Arc::downgrade(inner), r)).abort_handle());
+    }
+    tasks
+}
+
+/// Every `refresh / 4`: this region's heartbeat when the last is `refresh / 2` old, and the
+/// fallbacks decided again (a region whose reads hang falls back once its last heartbeat
+/// read is `max_lag` old). Ends when the store is dropped.
+async fn run(inner: Weak<Inner>) {
+    let Some(tick) = inner.upgrade().map(|i| i.config.refresh / 4) else {
+        return;
     };
     let mut ticks = tokio::time::interval(tick.max(Duration::from_millis(1)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beaten = 0u64;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = wake.notified() => {}
-        }
+        ticks.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         let now = inner.clock.now_ms();
         if now.saturating_sub(beaten) >= millis(inner.config.refresh) / 2 {
             match beat(&inner).await {
                 Ok(()) => beaten = now,
                 Err(e) => {
-                    tracing::warn!(region = %inner.config.local, error = %e, "heartbeat not written")
+                    tracing::warn!(region = %inner.config.local, error = %e, "heartbeat not written");
                 }
             }
         }
-        let refreshes = (0..inner.remotes.len()).map(|r| refresh(&inner, r));
-        let ((), _) = tokio::join!(check(&inner), join_all(refreshes));
+        inner.health.evaluate(names(&inner), inner.clock.now_ms());
+    }
+}
+
+/// Every `refresh / 4`, or when a key is first seen: region `r`'s heartbeat and the views
+/// due. Ends when the store is dropped.
+async fn watch(inner: Weak<Inner>, r: usize) {
+    let Some((tick, wake)) = inner
+        .upgrade()
+        .map(|i| (i.config.refresh / 4, i.views.wake.clone()))
+    else {
+        return;
+    };
+    let mut ticks = tokio::time::interval(tick.max(Duration::from_millis(1)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = wake.notified() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        tokio::join!(check_one(&inner, r), refresh(&inner, r));
+        inner.health.evaluate(names(&inner), inner.clock.now_ms());
     }
 }
 

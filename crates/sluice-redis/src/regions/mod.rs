@@ -17,8 +17,23 @@
 //! ([`RegionsStore::admits_policy`]).
 //!
 //! **The bound.** A region's view of another lags by at most the replication lag plus the
-//! view's age (≤ `refresh`), so per window the regions together admit at most
-//! `max + (regions − 1) × (per-region admission rate) × (lag + refresh)`.
+//! view's age (≤ `refresh`): what another region admitted in that span is what this region
+//! does not see. So per window the regions together admit at most
+//! `max + (regions − 1) × (per-region admission rate) × (lag + refresh)`. The
+//! `regions_bench` example measures it (`regions-bench.txt` at the repository root). The
+//! other side: a fixed window's view counts only in the window it was read in and never more
+//! than the region used there, so (asked for as much) the regions admit at least `max` per
+//! window; a sliding window's view may still count buckets that left the window since it was
+//! read, which costs admissions for at most the view's age, never adds any.
+//!
+//! **Clocks.** Windows are aligned on each region's clock and lag is measured across two
+//! clocks, so regions need clocks that agree (NTP): a skew of δ shifts a region's windows by
+//! δ and adds to (or hides up to δ of) the lag measured. `clock: redis` is refused.
+//!
+//! **What falls back.** A region whose limiters all stop writes no heartbeat, so the others
+//! see its lag grow and fall back too: a heartbeat that stops is indistinguishable from
+//! replication that stops. While any other region is under the fallback, every decision of
+//! this region is (its policy's mode, on the local count only).
 //!
 //! **Lag and fallback.** Each region writes a heartbeat (its clock, ms) into its own primary
 //! every `refresh / 2` (`health`); a region reads the others' from their replicas:
@@ -278,8 +293,8 @@ pub struct RegionStatus {
 
 /// A [`Store`] sharing each limit across regions: see the [module docs](self).
 ///
-/// A clone is a handle of the same store (an `Arc` inside); the background task that
-/// refreshes the views and writes the heartbeat stops when the last handle is dropped.
+/// A clone is a handle of the same store (an `Arc` inside); the background tasks that
+/// refresh the views and write the heartbeat stop when the last handle is dropped.
 #[derive(Clone)]
 pub struct RegionsStore {
     inner: Arc<Inner>,
@@ -294,7 +309,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Decisions taken under a fallback, per (policy, mode).
     fallbacks: Mutex<BTreeMap<(String, Fallback), u64>>,
-    task: Mutex<Option<tokio::task::AbortHandle>>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 /// One other region: its name and the store reading its replica, made once the replica first
@@ -320,11 +335,11 @@ impl Remote {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .task
+        for task in self
+            .tasks
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
+            .drain(..)
         {
             task.abort();
         }
@@ -352,7 +367,8 @@ impl std::fmt::Debug for RegionsStore {
 impl RegionsStore {
     /// Connects to the local primary (which must answer, as [`RedisStore::connect`]) and to
     /// every remote replica (which need not: a remote that does not answer is under its
-    /// fallback until it does), writes the first heartbeat and starts the background task.
+    /// fallback until it does), writes the first heartbeat and starts the background tasks (one per other region,
+    /// and this region's heartbeat).
     pub async fn connect(config: RegionsConfig) -> Result<Self, StoreError> {
         Self::connect_with_clock(config, Arc::new(SystemClock)).await
     }
@@ -374,7 +390,7 @@ impl RegionsStore {
                 config: reader_config(&remote.replica),
                 store: Mutex::new(None),
             };
-            // A replica that does not answer now is connected to by the background task.
+            // A replica that does not answer now is connected to by its region's task.
             if let Err(e) = reader.store().await {
                 if !e.is_transient() {
                     return Err(StoreError::Backend(format!(
@@ -394,13 +410,12 @@ impl RegionsStore {
             remotes,
             clock,
             fallbacks: Mutex::new(BTreeMap::new()),
-            task: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
             config,
         });
         health::beat(&inner).await?;
         health::check(&inner).await;
-        let task = tokio::spawn(health::run(Arc::downgrade(&inner)));
-        *inner.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        *inner.tasks.lock().unwrap_or_else(|p| p.into_inner()) = health::spawn(&inner);
         Ok(Self { inner })
     }
 

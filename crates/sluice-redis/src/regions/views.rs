@@ -18,7 +18,8 @@ use super::decide::Offsets;
 pub(super) struct Views {
     remotes: usize,
     entries: Mutex<HashMap<String, Entry>>,
-    /// Told when a key is first seen, so that its first read does not wait for a tick.
+    /// Told when a key is first seen, so that its first read does not wait for a tick (the
+    /// watchers waiting then read at once; one busy reading reads it at its next tick).
     pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
@@ -63,7 +64,7 @@ impl Views {
         let id = id(policy, key);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let entry = entries.entry(id).or_insert_with(|| {
-            self.wake.notify_one();
+            self.wake.notify_waiters();
             Entry {
                 policy: policy.clone(),
                 key: key.to_owned(),
@@ -76,7 +77,7 @@ impl Views {
             // A reload changed the policy: what was read counted other limits.
             entry.policy = policy.clone();
             entry.reads.iter_mut().for_each(|r| *r = None);
-            self.wake.notify_one();
+            self.wake.notify_waiters();
         }
         entry.seen_ms = entry.seen_ms.max(now_ms);
         let mut total = [0u64; MAX_LIMITS_PER_POLICY];
