@@ -489,6 +489,42 @@ async function main() {
       }
     });
 
+    await check("the regions panel is hidden without a regions store and lists each region's lag and view age with one", async () => {
+      const card = page.locator("#regions-card");
+      if (!(await card.evaluate((e) => e.hidden))) fail("#regions-card is shown on the memory store");
+      // What a regions store's /v1/stats adds (docs/api.md), over the live answer.
+      const regions = [
+        { name: "ap", reachable: true, lag_s: 0.012, view_age_s: 0.18, fallback: false },
+        { name: "us", reachable: false, lag_s: 4.1, view_age_s: 4.2, fallback: true },
+      ];
+      const stats = /\/v1\/stats(\?.*)?$/;
+      const add = async (route) => {
+        const response = await route.fetch();
+        const json = await response.json();
+        json.regions = regions;
+        json.store.region = "eu";
+        await route.fulfill({ response, json });
+      };
+      await page.route(stats, add);
+      let rows = [];
+      try {
+        await until("the regions panel lists ap and us", 10000, async () => {
+          rows = await page.locator("#regions tbody tr").evaluateAll((rs) => rs.map((r) => [...r.cells].map((c) => c.textContent)));
+          return rows.length === 2;
+        });
+      } finally {
+        await page.unroute(stats, add);
+      }
+      const want = [
+        ["ap", "reachable", "12.0", "180.0", "summed"],
+        ["us", "unreachable", "4100.0", "4200.0", "stale: fallback"],
+      ];
+      if (JSON.stringify(rows) !== JSON.stringify(want)) fail(`regions rows ${JSON.stringify(rows)}, expected ${JSON.stringify(want)}`);
+      const local = await page.locator("#regions-local").textContent();
+      if (local !== "seen from eu") fail(`regions heading says "${local}"`);
+      await until("the regions panel hides again", 10000, async () => card.evaluate((e) => e.hidden));
+    });
+
     await check("the reloads panel lists a failed reload first, with its error", async () => {
       fs.writeFileSync(
         path.join(dir, "rules", "broken.yaml"),

@@ -6,7 +6,9 @@
 //! sequences through both and requires identical decisions. Key naming, and why it works on
 //! Redis Cluster, is in [`keys`]. [`ShardedStore`] spreads keys over several stores.
 //!
-//! Inside, each module importing only those listed after it: `sharded` (client-side
+//! Inside, each module importing only those listed after it: `regions` (one limit shared
+//! by several regions, each with its own Redis and replicas of the others': [`RegionsStore`]),
+//! `sharded` (client-side
 //! sharding over stores), `store` (the [`sluice::Store`]), `coalesce` (concurrent checks bound
 //! for one Redis sent as one call), `topology` (standalone with replicas, Sentinel and its
 //! `+switch-master` announcements, Cluster), `codec` (a call's arguments and reply, the wire
@@ -42,6 +44,7 @@ mod codec;
 mod config;
 mod error;
 pub mod keys;
+pub mod regions;
 mod script;
 mod sharded;
 mod store;
@@ -52,6 +55,9 @@ pub use config::{
     Shard, Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
+pub use regions::{
+    Fallback, RegionStatus, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
+};
 pub use script::ScriptMode;
 pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};
 pub use store::RedisStore;

@@ -123,6 +123,11 @@ pub async fn connect_store(config: &Config) -> Result<StoreHandle, StoreError> {
     let redis = match &config.store {
         StoreConfig::Memory => return Ok(StoreHandle::Memory(Arc::new(MemoryStore::new()))),
         StoreConfig::Redis(redis) => redis,
+        StoreConfig::Regions(regions) => {
+            return Ok(StoreHandle::Regions(
+                sluice_redis::RegionsStore::connect(regions.clone()).await?,
+            ));
+        }
     };
     if let Topology::Cluster { .. } = redis.topology {
         return Ok(StoreHandle::Cluster(

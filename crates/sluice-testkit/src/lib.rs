@@ -108,6 +108,7 @@ mod info;
 mod options;
 mod presence;
 mod process;
+mod proxy;
 mod replica;
 pub mod sentinel;
 mod server;
@@ -122,6 +123,7 @@ pub use error::Error;
 pub use info::parse_info_field;
 pub use options::ServerOptions;
 pub use presence::{REQUIRE_REDIS_ENV, require_redis};
+pub use proxy::DelayProxy;
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
 pub use sentinel::{
     DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,

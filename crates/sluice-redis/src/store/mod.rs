@@ -265,6 +265,25 @@ impl RedisStore {
         }
     }
 
+    /// Sends `cmd`, a plain command on at most one key, to the primary (on a Cluster, the
+    /// node of its key's slot) within the timeout: the regions store's heartbeats.
+    pub(crate) async fn query_primary(&self, cmd: &redis::Cmd) -> Result<redis::Value, StoreError> {
+        let timeout = self.inner.config.timeout;
+        match &self.inner.backend {
+            Backend::Direct { nodes, .. } => {
+                let nodes = nodes.get();
+                let primary = &nodes.primary;
+                primary
+                    .query(cmd, timeout)
+                    .await
+                    .map_err(|f| f.into_store_error(&primary.url))
+            }
+            Backend::Cluster { conn } => query(&mut conn.get(), cmd, timeout)
+                .await
+                .map_err(|f| f.into_store_error(&self.inner.name)),
+        }
+    }
+
     /// The command that runs `call` (`FCALL_RO`/`EVALSHA_RO` on a replica).
     fn command(&self, call: &Call<'_>, on_replica: bool) -> redis::Cmd {
         let mut cmd = self.inner.code.invocation(call.entry, on_replica);

@@ -43,6 +43,7 @@ mod listen;
 mod locate;
 mod metrics;
 mod overrides;
+pub mod regions;
 mod rls;
 mod store;
 mod top;
@@ -89,6 +90,10 @@ pub enum StoreConfig {
     Memory,
     /// Redis.
     Redis(sluice_redis::RedisConfig),
+    /// One limit across regions (`store.regions`, docs/regions.md): this region's own Redis
+    /// and local replicas of the other regions', each a [`RedisConfig`](sluice_redis::RedisConfig)
+    /// with every setting of `store`.
+    Regions(sluice_redis::RegionsConfig),
 }
 
 /// A whole, valid configuration.
@@ -284,6 +289,9 @@ impl Config {
             .transpose()
             .map_err(err)?;
         let store = store_config(raw.store, base).map_err(err)?;
+        if let StoreConfig::Regions(r) = &store {
+            regions::check(r, &policies).map_err(err)?;
+        }
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
         let metrics = metrics_config(raw.metrics).map_err(err)?;

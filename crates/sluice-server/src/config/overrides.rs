@@ -214,6 +214,7 @@ fn redis_store(o: &Override, store: StoreConfig, file: &str) -> Result<StoreConf
     let mut redis = match store {
         StoreConfig::Memory => return store::single_redis(url).map_err(|e| o.error(e)),
         StoreConfig::Redis(redis) => redis,
+        StoreConfig::Regions(_) => return Err(topology_error(o, file, "regions (store.regions)")),
     };
     let what = match &redis.topology {
         Topology::Shards { shards } if shards.len() == 1 && shards[0].replicas.is_empty() => {
@@ -278,6 +279,15 @@ fn key_prefix(o: &Override, store: &mut StoreConfig) -> Result<(), ConfigError> 
         StoreConfig::Redis(redis) => {
             prefix(o)?;
             o.value.clone_into(&mut redis.key_prefix);
+            Ok(())
+        }
+        // Every region reads the others' keys under its own names: one prefix for all.
+        StoreConfig::Regions(regions) => {
+            prefix(o)?;
+            o.value.clone_into(&mut regions.primary.key_prefix);
+            for remote in &mut regions.remotes {
+                o.value.clone_into(&mut remote.replica.key_prefix);
+            }
             Ok(())
         }
     }
@@ -403,14 +413,20 @@ impl ConfigSource {
                         "store.shards",
                         "store.cluster",
                         "store.sentinel",
+                        "store.regions",
                     ],
                 ),
             ),
         ];
-        if let StoreConfig::Redis(redis) = &config.store {
+        let prefix = match &config.store {
+            StoreConfig::Memory => None,
+            StoreConfig::Redis(redis) => Some(&redis.key_prefix),
+            StoreConfig::Regions(regions) => Some(&regions.primary.key_prefix),
+        };
+        if let Some(prefix) = prefix {
             out.push(Explained::new(
                 "store.key_prefix",
-                redis.key_prefix.clone(),
+                prefix.clone(),
                 origin(Setting::KeyPrefix, &["store.key_prefix"]),
             ));
         }
@@ -503,6 +519,7 @@ pub fn describe_store(store: &StoreConfig) -> String {
     let redis = match store {
         StoreConfig::Memory => return "memory".to_owned(),
         StoreConfig::Redis(redis) => redis,
+        StoreConfig::Regions(regions) => return super::regions::describe(regions),
     };
     match &redis.topology {
         Topology::Shards { shards } => {

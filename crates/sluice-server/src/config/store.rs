@@ -42,14 +42,18 @@ pub(super) struct RawStore {
     /// `store.layout`: where fixed windows are opened (`v1` hashes, `v2` counters).
     #[serde(default)]
     layout: sluice_redis::Layout,
+    /// `store.regions`: one limit across regions (docs/regions.md).
+    #[serde(default)]
+    regions: Option<super::regions::RawRegions>,
 }
 
-/// `store.sentinel` as written: the master's name and the sentinels (`nodes`).
+/// `store.sentinel` (and `store.regions.primary.sentinel`) as written: the master's name and
+/// the sentinels (`nodes`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSentinel {
-    master: String,
-    nodes: Vec<String>,
+pub(super) struct RawSentinel {
+    pub(super) master: String,
+    pub(super) nodes: Vec<String>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -134,10 +138,17 @@ pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
     )
 }
 
-pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
+pub(super) fn store_config(mut raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
     match raw.backend.as_deref().unwrap_or("memory") {
+        "memory" if raw.regions.is_some() => Err(
+            "store.regions: a regions store keeps its counts in Redis; add `backend: redis`"
+                .to_owned(),
+        ),
         "memory" => Ok(StoreConfig::Memory),
-        "redis" => redis_config(raw, base).map(StoreConfig::Redis),
+        "redis" => match raw.regions.take() {
+            Some(regions) => regions_config(regions, raw, base).map(StoreConfig::Regions),
+            None => redis_config(raw, base).map(StoreConfig::Redis),
+        },
         other => Err(format!(
             "store.backend: `{other}` is not a store; expected memory or redis"
         )),
@@ -146,8 +157,41 @@ pub(super) fn store_config(raw: RawStore, base: Option<&Path>) -> Result<StoreCo
 
 /// `store.backend: redis`: each setting checked in the order of the section, onto one
 /// [`RedisConfig`].
-fn redis_config(raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, String> {
-    let topology = topology(raw.shards, raw.cluster, raw.sentinel)?;
+fn redis_config(mut raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, String> {
+    let topology = topology(
+        std::mem::take(&mut raw.shards),
+        raw.cluster.take(),
+        raw.sentinel.take(),
+    )?;
+    with_settings(topology, raw, base)
+}
+
+/// `store.regions`: this region's primary and the local replica of every other region's, each
+/// with the section's other settings (timeout, prefix, TLS, user, …).
+fn regions_config(
+    regions: super::regions::RawRegions,
+    raw: RawStore,
+    base: Option<&Path>,
+) -> Result<sluice_redis::RegionsConfig, String> {
+    if !raw.shards.is_empty() || raw.cluster.is_some() || raw.sentinel.is_some() {
+        return Err(
+            "store: give only one of store.shards, store.cluster, store.sentinel and \
+                    store.regions (whose primary is this region's own Redis)"
+                .to_owned(),
+        );
+    }
+    let (topology, regions) = super::regions::primary_topology(regions)?;
+    let template = with_settings(topology, raw, base)?;
+    super::regions::regions_config(regions, template)
+}
+
+/// The settings of `store` besides the topology, checked in the order of the section, onto
+/// one [`RedisConfig`] of `topology`.
+fn with_settings(
+    topology: Topology,
+    raw: RawStore,
+    base: Option<&Path>,
+) -> Result<RedisConfig, String> {
     let key_prefix = raw
         .key_prefix
         .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());

@@ -270,6 +270,7 @@ pub(super) async fn stats(
                 "decision": {"http": http, "grpc": grpc},
             },
             "store": store_stats(shared.store()).await,
+            "regions": crate::observe::regions::stats(shared.store().regions()),
             "reservation": reservation,
             "config": {"generation": snapshot.number, "last_reload_error": shared.last_reload_error()},
             "reloads": reloads(&shared),
@@ -323,6 +324,14 @@ async fn store_stats(store: &crate::state::StoreHandle) -> Value {
             s["name"] = json!(cluster.name());
             store_calls(&mut s, cluster).await;
             json!({"kind": "cluster", "shards": [s]})
+        }
+        crate::state::StoreHandle::Regions(regions) => {
+            let local = regions.local();
+            let started = std::time::Instant::now();
+            let mut s = ping(started, local.ping().await);
+            s["name"] = json!(local.name());
+            store_calls(&mut s, local).await;
+            json!({"kind": "regions", "region": regions.name(), "shards": [s]})
         }
     }
 }
@@ -405,6 +414,9 @@ pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Re
     crate::observe::scrape::limits(&mut text, snapshot.limiter.policies());
     if let Some(rls) = &snapshot.rls {
         crate::observe::scrape::rules(&mut text, rls);
+    }
+    if let Some(regions) = shared.store().regions() {
+        crate::observe::scrape::regions(&mut text, regions);
     }
     crate::observe::scrape::process(&mut text);
     let mut r = (StatusCode::OK, text).into_response();

@@ -24,6 +24,8 @@
 //! | `sluice_xds_connected` (gauge) | 1 while the `rls.xds` stream is open (recorded by `rls_xds`) |
 //! | `sluice_decisions_near_limit_total` | policy (or an Envoy rule's statistics key): admitted decisions that left a limit at least `metrics.near_limit_ratio` used |
 //! | `sluice_limit_max`, `sluice_rule_limit` (gauges) | the limits in force, computed at each scrape ([`super::scrape`]) |
+//! | `sluice_region_lag_seconds`, `sluice_region_view_age_seconds`, `sluice_region_reachable` (gauges) | region: the regions store's view of each other region (`store.regions`, [`super::scrape`]) |
+//! | `sluice_region_fallbacks_total` | policy, mode (local_share/local_only/closed): decisions taken in a fallback mode ([`super::scrape`]) |
 //! | `process_*` | the process' CPU, memory, descriptors, threads, start time (Linux; [`super::scrape`]) |
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
@@ -256,6 +258,26 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "process_resident_memory_bytes",
         Kind::Scraped,
         "Resident memory size in bytes.",
+    ),
+    (
+        "sluice_region_lag_seconds",
+        Kind::Scraped,
+        "Replication lag of each other region's replica in this region (now - its last heartbeat), in seconds (store.regions).",
+    ),
+    (
+        "sluice_region_view_age_seconds",
+        Kind::Scraped,
+        "Age of the oldest cached view of each other region's usage, in seconds (store.regions).",
+    ),
+    (
+        "sluice_region_reachable",
+        Kind::Scraped,
+        "1 when the other region's replica answered its last read, else 0 (store.regions).",
+    ),
+    (
+        "sluice_region_fallbacks_total",
+        Kind::Scraped,
+        "Decisions taken in a fallback mode while a region's view was stale, per policy and mode (store.regions).",
     ),
     ("process_open_fds", Kind::Scraped, "Open file descriptors."),
     (

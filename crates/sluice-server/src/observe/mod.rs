@@ -1,11 +1,12 @@
 //! Observation: the Prometheus metrics ([`metrics`]), the decision counts of `/v1/stats`
 //! ([`stats`], and per Envoy rule [`rules`]), their last hour ([`history`]), the open RLQS
-//! streams ([`streams`]), the heavy-hitter summaries of `/v1/top` ([`top`]) and the OTLP traces
+//! streams ([`streams`]), the regions store's view of the other regions ([`regions`]), the heavy-hitter summaries of `/v1/top` ([`top`]) and the OTLP traces
 //! of decisions ([`traces`]). It imports nothing of the
 //! runtime or the surfaces above it; they report into it.
 
 pub(crate) mod history;
 pub(crate) mod metrics;
+pub(crate) mod regions;
 pub(crate) mod rules;
 pub(crate) mod scrape;
 pub(crate) mod stats;

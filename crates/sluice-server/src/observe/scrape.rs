@@ -94,6 +94,50 @@ pub(crate) fn rules(text: &mut String, rls: &RlsConfig) {
     }
 }
 
+/// The regions store's view of the other regions (docs/regions.md), read from the store at
+/// each scrape: `sluice_region_lag_seconds`, `sluice_region_view_age_seconds` (absent for a
+/// region not read yet), `sluice_region_reachable`, and `sluice_region_fallbacks_total` per
+/// policy and fallback mode. Computed per server from its own store, so several servers in one
+/// process (tests) never mix their regions.
+pub(crate) fn regions(text: &mut String, store: &sluice_redis::RegionsStore) {
+    let regions = store.regions();
+    let seconds = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+    for (name, value) in [
+        ("sluice_region_lag_seconds", 0),
+        ("sluice_region_view_age_seconds", 1),
+    ] {
+        let values: Vec<(&str, f64)> = regions
+            .iter()
+            .filter_map(|r| {
+                let v = if value == 0 { r.lag } else { r.view_age };
+                seconds(v).map(|v| (r.name.as_str(), v))
+            })
+            .collect();
+        if values.is_empty() {
+            continue;
+        }
+        header(text, name, "gauge");
+        for (region, v) in values {
+            sample(text, name, &[("region", region)], v);
+        }
+    }
+    if !regions.is_empty() {
+        header(text, "sluice_region_reachable", "gauge");
+        for r in &regions {
+            let up = u8::from(r.reachable);
+            sample(text, "sluice_region_reachable", &[("region", &r.name)], up);
+        }
+    }
+    let fallbacks = store.fallback_counts();
+    if !fallbacks.is_empty() {
+        header(text, "sluice_region_fallbacks_total", "counter");
+        for (policy, mode, n) in &fallbacks {
+            let labels = [("policy", policy.as_str()), ("mode", mode.as_str())];
+            sample(text, "sluice_region_fallbacks_total", &labels, n);
+        }
+    }
+}
+
 /// The process metrics under the names every Prometheus client library uses
 /// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`,
 /// `process_max_fds`, `process_start_time_seconds`, `process_threads`), read from `/proc`.

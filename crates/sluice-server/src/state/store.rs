@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sluice::breaker::{BreakerState, CircuitBreaker};
 use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
-use sluice_redis::{RedisStore, ShardedStore};
+use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
 
 use super::ServerClock;
 use crate::observe::traces::Traces;
@@ -33,9 +33,20 @@ pub enum StoreHandle {
     /// A Redis Cluster (its client routes around failed nodes; each call is bounded by the
     /// timeout).
     Cluster(RedisStore),
+    /// One limit across regions (`store.regions`): decided on this region's own Redis, the
+    /// other regions' usage read from local replicas of theirs.
+    Regions(RegionsStore),
 }
 
 impl StoreHandle {
+    /// The regions store, when the store is one (for its metrics and `/v1/stats`).
+    pub fn regions(&self) -> Option<&RegionsStore> {
+        match self {
+            StoreHandle::Regions(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
     pub fn publish_circuits(&self) {
         if let Self::Redis(sharded) = self {
@@ -50,6 +61,7 @@ impl StoreHandle {
             StoreHandle::Memory(_) => "memory".to_owned(),
             StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
             StoreHandle::Cluster(c) => format!("redis {}", c.name()),
+            StoreHandle::Regions(r) => crate::observe::regions::describe(r),
         }
     }
 
@@ -76,6 +88,15 @@ impl StoreHandle {
                 .ping()
                 .await
                 .map_err(|e| StoreDown::NotAnswering(vec![format!("{} ({e})", cluster.name())])),
+            // Ready when this region's own Redis answers: the other regions are read in the
+            // background, and a region cut off from them decides by its fallback.
+            StoreHandle::Regions(regions) => {
+                let local = regions.local();
+                local
+                    .ping()
+                    .await
+                    .map_err(|e| StoreDown::NotAnswering(vec![format!("{} ({e})", local.name())]))
+            }
         }
     }
 
@@ -90,6 +111,7 @@ impl StoreHandle {
                 (name, Some(i))
             }
             StoreHandle::Cluster(c) => (c.name().to_owned(), None),
+            StoreHandle::Regions(r) => (r.local().name().to_owned(), None),
         }
     }
 }
@@ -108,6 +130,7 @@ impl Store for StoreHandle {
             StoreHandle::Memory(m) => m.call(policy, key, op, now_ms).await,
             StoreHandle::Redis(r) => r.call(policy, key, op, now_ms).await,
             StoreHandle::Cluster(c) => c.call(policy, key, op, now_ms).await,
+            StoreHandle::Regions(r) => r.call(policy, key, op, now_ms).await,
         }
     }
 
@@ -116,6 +139,7 @@ impl Store for StoreHandle {
             StoreHandle::Memory(m) => m.forget(policy, key).await,
             StoreHandle::Redis(r) => r.forget(policy, key).await,
             StoreHandle::Cluster(c) => c.forget(policy, key).await,
+            StoreHandle::Regions(r) => r.forget(policy, key).await,
         }
     }
 }

@@ -100,6 +100,8 @@ async fn rules_are_grouped_with_their_heaviest_detailed_keys_and_bounded_in_size
     assert!(p50 > 0.0 && p99 >= p50, "{latency}");
     // The memory store has no shards, so no call latency or replicas.
     assert_eq!(stats["store"]["shards"], json!([]));
+    // Not a regions store: no other region to show.
+    assert_eq!(stats["regions"], json!([]), "{stats}");
     // Configured policies only, a policy with no check yet included.
     assert_eq!(
         stats["policies"],

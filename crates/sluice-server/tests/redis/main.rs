@@ -3,5 +3,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod regions;
 mod store_errors;
 mod topologies;

@@ -247,6 +247,7 @@ async function refreshStats() {
   drawChart();
   drawLatency(stats);
   drawStore(stats);
+  drawRegions(stats);
   drawReloads(stats);
   drawRlqs(stats);
   $("status").textContent =
@@ -554,6 +555,26 @@ function drawStore(stats) {
     e.className = "error";
     e.textContent = "last reload failed: " + stats.config.last_reload_error;
     c.append(e);
+  }
+}
+
+// The regions store (store.regions): each other region's replica in this region, its
+// replication lag and the age of this region's view of its usage; only with a regions store.
+function drawRegions(stats) {
+  const regions = Array.isArray(stats.regions) ? stats.regions : [];
+  $("regions-card").hidden = regions.length === 0;
+  if (!regions.length) return;
+  $("regions-local").textContent = stats.store.region ? `seen from ${stats.store.region}` : "";
+  const body = $("regions").tBodies[0];
+  body.replaceChildren();
+  for (const r of regions) {
+    const row = body.insertRow();
+    row.dataset.region = r.name;
+    cell(row, r.name, "name");
+    cell(row, r.reachable ? "reachable" : "unreachable", r.reachable ? "allowed" : "denied");
+    cell(row, r.lag_s === undefined ? "—" : ms(r.lag_s * 1000), "n");
+    cell(row, r.view_age_s === undefined ? "—" : ms(r.view_age_s * 1000), "n");
+    cell(row, r.fallback ? "stale: fallback" : "summed", r.fallback ? "degraded" : "allowed");
   }
 }
 

@@ -1,0 +1,610 @@
+//! The regions store with three real regions on loopback: a primary each, and in each region a
+//! replica of the other two primaries behind a delaying proxy (`regions_support`).
+//!
+//! - healthy replication: the global admitted count per window stays within `max` plus the
+//!   stated bound, for three refresh intervals;
+//! - delayed replication: over-admission stays within the bound for the lag seen; past
+//!   `max_lag` each fallback mode takes over;
+//! - a partitioned region keeps answering in every mode, and the counts converge after healing;
+//! - a differential test of a region's decisions against a model that sums every region's count;
+//! - coalescing and reservation inside a region.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod regions_support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use regions_support::{Settings, World, now_ms, steady};
+use sluice::{LimitSpec, Limiter, Op, Policy, ReserveConfig, Reserving, Store, StoreExt};
+use sluice_redis::{
+    Fallback, RedisConfig, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
+};
+
+const DAY: u64 = 86_400_000;
+
+fn policy(name: &str, specs: Vec<LimitSpec>) -> Policy {
+    Policy::from_specs(name, specs).expect("valid policy")
+}
+
+/// Polls (a few ms apart) until every region's view of every other region was read after
+/// every primary's writes so far reached its replicas.
+async fn wait_views_fresh(world: &World) {
+    for p in &world.primaries {
+        let acked = p
+            .cmd(&["WAIT", &(world.settings.regions - 1).to_string(), "5000"])
+            .expect("WAIT");
+        assert_eq!(
+            acked,
+            sluice_testkit::redis::Value::Int(
+                i64::try_from(world.settings.regions - 1).unwrap_or(0)
+            ),
+            "every replica acknowledged"
+        );
+    }
+    let synced = now_ms();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = now_ms();
+        let fresh = world.stores.iter().all(|s| {
+            s.regions().iter().all(|st| {
+                st.view_age.is_some_and(|a| {
+                    u64::try_from(a.as_millis()).unwrap_or(u64::MAX) <= now - synced
+                })
+            })
+        });
+        if fresh {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "views never refreshed: {:?}",
+            world.statuses()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_regions_admit_within_the_stated_bound_for_three_refresh_intervals() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let max = 100;
+    let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
+    for refresh in [50, 100, 200] {
+        let world = World::start(Settings::new(refresh, 3_000, Fallback::LocalShare)).await;
+        world.wait_fallback(false, Duration::from_secs(10)).await;
+        // 100 requests a second in each region: 300 a second against 100 per window.
+        let run = steady(
+            &world,
+            &p,
+            "user:1",
+            Duration::from_millis(10),
+            Duration::from_millis(4_200),
+        )
+        .await;
+        let bound = run.bound(3, world.settings.refresh);
+        let windows = run.whole_windows();
+        println!(
+            "refresh {refresh} ms: rate {:.0}/s per region, lag ≤ {:?}, view age ≤ {:?}, admitted per window {windows:?}, bound {bound:.1}",
+            run.rate_per_region, run.max_lag, run.max_view_age
+        );
+        assert_eq!(
+            (run.errors, run.degraded),
+            (0, 0),
+            "every decision by the store"
+        );
+        assert!(
+            windows.len() >= 2,
+            "at least two whole windows: {windows:?}"
+        );
+        for (w, admitted) in windows {
+            assert!(
+                admitted as f64 <= max as f64 + bound,
+                "refresh {refresh} ms, window {w}: {admitted} admitted, above {max} + {bound:.1}"
+            );
+            // The views never count more than the other regions used, so the limit is used.
+            assert!(
+                admitted >= max,
+                "window {w}: only {admitted} of {max} admitted"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_over() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let max = 100;
+    let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
+    let world = World::start(Settings::new(50, 1_500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+
+    let mut over = Vec::new();
+    for delay in [0, 300] {
+        world.set_delay(Duration::from_millis(delay));
+        let run = steady(
+            &world,
+            &p,
+            &format!("delay:{delay}"),
+            Duration::from_millis(10),
+            Duration::from_millis(4_200),
+        )
+        .await;
+        let bound = run.bound(3, world.settings.refresh);
+        let windows = run.whole_windows();
+        println!(
+            "delay {delay} ms: lag ≤ {:?}, admitted per window {windows:?}, bound {bound:.1}",
+            run.max_lag
+        );
+        assert_eq!((run.errors, run.degraded), (0, 0));
+        assert!(windows.len() >= 2, "{windows:?}");
+        if delay > 0 {
+            assert!(
+                run.max_lag >= Duration::from_millis(delay),
+                "the lag seen ({:?}) includes the delay",
+                run.max_lag
+            );
+        }
+        for &(w, admitted) in &windows {
+            assert!(
+                admitted as f64 <= max as f64 + bound,
+                "delay {delay} ms, window {w}: {admitted} admitted, above {max} + {bound:.1}"
+            );
+        }
+        over.push(
+            windows
+                .iter()
+                .map(|&(_, a)| a.saturating_sub(max))
+                .max()
+                .unwrap_or(0),
+        );
+    }
+    println!(
+        "worst over-admission per window: no delay {}, 300 ms {}",
+        over[0], over[1]
+    );
+
+    // Past max_lag: every region falls back, each policy in its own mode.
+    world.set_delay(Duration::from_millis(2_500));
+    world.wait_fallback(true, Duration::from_secs(15)).await;
+    let long = |name: &str| {
+        policy(
+            name,
+            vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
+        )
+    };
+    let store = &world.stores[0];
+    for (name, mode, expected) in [
+        ("share", Fallback::LocalShare, 10),
+        ("only", Fallback::LocalOnly, 30),
+        ("closed", Fallback::Closed, 0),
+    ] {
+        let p = long(name);
+        let mut admitted = 0;
+        for _ in 0..40 {
+            let d = store
+                .check(&p, "lagging", 1, now_ms())
+                .await
+                .expect("answers");
+            assert!(!d.is_degraded());
+            admitted += u64::from(d.allowed);
+        }
+        assert_eq!(
+            admitted, expected,
+            "{mode} admits {expected} of 30 in region 0"
+        );
+        let counted = store
+            .fallback_counts()
+            .into_iter()
+            .find(|(p, m, _)| p == name && *m == mode)
+            .map(|(_, _, n)| n);
+        assert_eq!(counted, Some(40), "{mode}: every decision counted");
+    }
+    // Healed: the views are trusted again.
+    world.set_delay(Duration::ZERO);
+    world.wait_fallback(false, Duration::from_secs(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_after_healing() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let max = 30;
+    let policies: Vec<Policy> = ["share", "only", "closed"]
+        .iter()
+        .map(|n| {
+            policy(
+                n,
+                vec![LimitSpec::sliding_window(max, DAY).precision_ms(3_600_000)],
+            )
+        })
+        .collect();
+    // Before: regions 1 and 2 use 4 units each of every policy, region 0 none.
+    let mut used: HashMap<String, u64> = HashMap::new();
+    for p in &policies {
+        for s in &world.stores {
+            s.peek(p, "k", 0, now_ms()).await.expect("peek");
+        }
+        for r in [1, 2] {
+            let d = world.stores[r]
+                .check(p, "k", 4, now_ms())
+                .await
+                .expect("answers");
+            assert!(d.allowed);
+        }
+        used.insert(p.name().to_owned(), 8);
+    }
+    wait_views_fresh(&world).await;
+
+    world.partition(0, true);
+    world.wait_cut_off(0, Duration::from_secs(10)).await;
+    let store = &world.stores[0];
+    for (p, expected) in policies.iter().zip([10, 30, 0]) {
+        let mut admitted = 0;
+        let started = Instant::now();
+        for _ in 0..40 {
+            let d = store
+                .check(p, "k", 1, now_ms())
+                .await
+                .expect("a partitioned region answers");
+            assert!(!d.is_degraded(), "decided by the local store");
+            admitted += u64::from(d.allowed);
+        }
+        println!(
+            "{}: 40 decisions in {:?} while partitioned",
+            p.name(),
+            started.elapsed()
+        );
+        assert_eq!(admitted, expected, "policy {} while partitioned", p.name());
+        *used.entry(p.name().to_owned()).or_insert(0) += admitted;
+    }
+
+    world.partition(0, false);
+    world.wait_links_up();
+    world.wait_fallback(false, Duration::from_secs(20)).await;
+    // Converged: every region sees every region's count.
+    for p in &policies {
+        let total = used[p.name()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut remaining = Vec::new();
+            for s in &world.stores {
+                remaining.push(s.peek(p, "k", 0, now_ms()).await.expect("peek").remaining());
+            }
+            if remaining.iter().all(|&r| r == max.saturating_sub(total)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "policy {}: remaining {remaining:?}, expected {} everywhere",
+                p.name(),
+                max.saturating_sub(total)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answers() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let mut world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let p = policy(
+        "share",
+        vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
+    );
+    world.stores[0]
+        .peek(&p, "k", 0, now_ms())
+        .await
+        .expect("peek");
+
+    // Region 0's replica of region 1 stops.
+    world.links[0][1]
+        .as_mut()
+        .expect("a link")
+        .0
+        .kill()
+        .expect("kill");
+    world
+        .wait_statuses(
+            "region 0 sees region 1 unreachable",
+            Duration::from_secs(10),
+            |all| {
+                all[0]
+                    .iter()
+                    .any(|s| s.name == "region-1" && !s.reachable && s.fallback_active)
+            },
+        )
+        .await;
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = world.stores[0]
+            .check(&p, "k", 1, now_ms())
+            .await
+            .expect("answers");
+        assert!(!d.is_degraded());
+        admitted += u64::from(d.allowed);
+    }
+    assert_eq!(admitted, 10, "local_share: 30 / 3 regions");
+    assert!(
+        world.stores[0]
+            .fallback_counts()
+            .contains(&("share".to_owned(), Fallback::LocalShare, 20)),
+        "{:?}",
+        world.stores[0].fallback_counts()
+    );
+
+    // It answers again: the views are trusted and the decisions count every region.
+    world.links[0][1]
+        .as_mut()
+        .expect("a link")
+        .0
+        .restart()
+        .expect("restart");
+    world.wait_links_up();
+    world.wait_fallback(false, Duration::from_secs(20)).await;
+    let d = world.stores[0]
+        .peek(&p, "k", 0, now_ms())
+        .await
+        .expect("peek");
+    assert_eq!(d.remaining(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_decides_as_a_model_summing_every_region_does() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let policies = [
+        policy("fixed", vec![LimitSpec::fixed_window(12, DAY)]),
+        policy(
+            "sliding",
+            vec![LimitSpec::sliding_window(12, DAY).precision_ms(3_600_000)],
+        ),
+        policy(
+            "both",
+            vec![
+                LimitSpec::fixed_window(8, DAY),
+                LimitSpec::sliding_window(15, DAY).precision_ms(3_600_000),
+            ],
+        ),
+    ];
+    let keys = ["a", "b"];
+    // Every region sees every key once, so that its views are read.
+    for s in &world.stores {
+        for p in &policies {
+            for k in keys {
+                s.peek(p, k, 0, now_ms()).await.expect("peek");
+            }
+        }
+    }
+    let mut rng = SmallRng::seed_from_u64(0x05ee_d28a);
+    // (policy, key) -> units admitted in every region together.
+    let mut total: HashMap<(usize, &str), u64> = HashMap::new();
+    let ops = 120;
+    for step in 0..ops {
+        wait_views_fresh(&world).await;
+        let (r, pi, key) = (
+            rng.random_range(0..3),
+            rng.random_range(0..policies.len()),
+            keys[rng.random_range(0..2)],
+        );
+        let cost = rng.random_range(0..=4u64);
+        let op = if rng.random_bool(0.8) {
+            Op::Check { cost }
+        } else {
+            Op::Peek { cost }
+        };
+        let p = &policies[pi];
+        let used = total.get(&(pi, key)).copied().unwrap_or(0);
+        let fits = p.limits().iter().all(|l| used + cost <= l.max());
+        let d = world.stores[r]
+            .call(p, key, op, now_ms())
+            .await
+            .expect("decides");
+        assert_eq!(
+            d.allowed,
+            fits,
+            "step {step}: {op:?} of {}/{key} in region {r}, {used} used: {d:?}",
+            p.name()
+        );
+        for (l, s) in p.limits().iter().zip(d.limits()) {
+            let left = l.max().saturating_sub(used);
+            let expected = if fits { left - cost } else { left };
+            assert_eq!(
+                s.remaining, expected,
+                "step {step}: remaining of {l:?} in {d:?}"
+            );
+            assert_eq!(s.max, l.max());
+        }
+        if fits && matches!(op, Op::Check { .. }) {
+            *total.entry((pi, key)).or_insert(0) += cost;
+        }
+    }
+    println!("{ops} decisions agreed with the model; totals {total:?}");
+    assert!(
+        total.values().any(|&t| t >= 8),
+        "some key got near its limit: {total:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_and_reservation_work_inside_a_region() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let p = policy("api", vec![LimitSpec::fixed_window(50, DAY)]);
+    for s in &world.stores {
+        s.peek(&p, "burst", 0, now_ms()).await.expect("peek");
+    }
+    assert!(
+        world.stores[1]
+            .check(&p, "burst", 10, now_ms())
+            .await
+            .expect("check")
+            .allowed
+    );
+    wait_views_fresh(&world).await;
+
+    // 64 concurrent checks in region 0: exactly the 40 the others left, in fewer calls.
+    let calls_before = world.primaries[0].command_calls("evalsha").unwrap_or(0)
+        + world.primaries[0].command_calls("fcall").unwrap_or(0);
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (s, p) = (world.stores[0].clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            s.check(&p, "burst", 1, now_ms()).await
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += u64::from(t.await.expect("task").expect("decides").allowed);
+    }
+    let calls = world.primaries[0].command_calls("evalsha").unwrap_or(0)
+        + world.primaries[0].command_calls("fcall").unwrap_or(0)
+        - calls_before;
+    println!("64 concurrent checks: {admitted} admitted in {calls} script calls");
+    assert_eq!(admitted, 40);
+    assert!(calls < 64, "coalesced: {calls} calls for 64 decisions");
+    // Used up by the other two: region 2 refuses a peek or a check of 1 and reports 0 left.
+    wait_views_fresh(&world).await;
+    for op in [
+        Op::Peek { cost: 1 },
+        Op::Check { cost: 1 },
+        Op::Peek { cost: 0 },
+    ] {
+        let d = world.stores[2]
+            .call(&p, "burst", op, now_ms())
+            .await
+            .expect("decides");
+        assert_eq!(d.allowed, op.cost() == 0, "{op:?}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{op:?}: {d:?}");
+    }
+
+    // Reservation (`local:`) over the regions store: leases come from the region's share.
+    let q = policy("leased", vec![LimitSpec::fixed_window(200, DAY)]);
+    for s in &world.stores {
+        s.peek(&q, "r", 0, now_ms()).await.expect("peek");
+    }
+    assert!(
+        world.stores[1]
+            .check(&q, "r", 50, now_ms())
+            .await
+            .expect("check")
+            .allowed
+    );
+    wait_views_fresh(&world).await;
+    let reserving = Reserving::new(
+        world.stores[2].clone(),
+        ReserveConfig::default().max_error(0.1),
+    );
+    let limiter = Limiter::new(reserving).with_policy(q.clone());
+    let mut admitted = 0;
+    for _ in 0..300 {
+        admitted += u64::from(
+            limiter
+                .check("leased", "r", 1)
+                .await
+                .expect("decides")
+                .allowed,
+        );
+    }
+    let stats = limiter.store().stats();
+    println!("reservation: {admitted} admitted, {stats:?}");
+    assert!(
+        admitted <= 150,
+        "never past what the other region left: {admitted}"
+    );
+    assert!(
+        admitted >= 150 - 20,
+        "under-admission within the error budget: {admitted}"
+    );
+    assert!(stats.local > 0, "checks were served from leases: {stats:?}");
+}
+
+#[test]
+fn a_token_bucket_or_a_concurrency_limit_is_refused_naming_the_policy_and_the_limit() {
+    let p = policy(
+        "mixed",
+        vec![
+            LimitSpec::fixed_window(10, 1_000),
+            LimitSpec::token_bucket(5, 1_000),
+        ],
+    );
+    let e = RegionsStore::admits_policy(&p).expect_err("a token bucket");
+    assert!(
+        matches!(e, RegionsError::Unsupported { index: 1, .. }),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("`mixed`") && text.contains("limits[1]") && text.contains("token_bucket"),
+        "{text}"
+    );
+    let c = policy("leases", vec![LimitSpec::concurrency(4, 60_000)]);
+    assert!(
+        RegionsStore::admits_policy(&c)
+            .expect_err("a concurrency limit")
+            .to_string()
+            .contains("concurrency")
+    );
+    let ok = policy(
+        "ok",
+        vec![
+            LimitSpec::fixed_window(10, 1_000),
+            LimitSpec::sliding_window(100, 60_000),
+        ],
+    );
+    assert_eq!(RegionsStore::admits_policy(&ok), Ok(()));
+}
+
+#[test]
+fn an_invalid_regions_configuration_names_what_is_wrong() {
+    let remote = |name: &str| RemoteRegion::new(name, RedisConfig::new("redis://127.0.0.1:1"));
+    let base = |remotes| RegionsConfig::new("eu", RedisConfig::new("redis://127.0.0.1:2"), remotes);
+    assert_eq!(base(vec![remote("us")]).validate(), Ok(()));
+    let cases = [
+        (base(vec![]), "at least one remote"),
+        (base(vec![remote("eu")]), "`eu` is named twice"),
+        (base(vec![remote("")]), "remotes[0] needs a name"),
+        (
+            base(vec![remote("us")]).max_lag(Duration::from_millis(100)),
+            "max_lag (100 ms) must be above refresh (250 ms)",
+        ),
+        (
+            base(vec![RemoteRegion::new(
+                "us",
+                RedisConfig::cluster(["redis://127.0.0.1:3"]),
+            )]),
+            "region `us`: the replica must be a standalone node",
+        ),
+        (
+            base(vec![RemoteRegion::new(
+                "us",
+                RedisConfig::new("redis://127.0.0.1:3").key_prefix("x:"),
+            )]),
+            "key prefix `x:` differs",
+        ),
+    ];
+    for (config, expected) in cases {
+        let e = config.validate().expect_err(expected).to_string();
+        assert!(e.contains(expected), "{e} does not say {expected}");
+    }
+}

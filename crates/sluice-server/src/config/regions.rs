@@ -1,0 +1,343 @@
+//! `store.regions`: one limit across regions (docs/regions.md). This region's own Redis
+//! (`primary`, where it writes), a local replica of every other region's Redis (`remotes`,
+//! read in the background), how fresh the remote views must be (`refresh`, `max_lag`) and what
+//! a region does when they are not (`fallback`, `policy_fallback`).
+//!
+//! Read here into the library's own [`RegionsConfig`] (the primary and every replica a
+//! [`RedisConfig`] with the other settings of `store`: no server copy of the Redis types), and
+//! checked against the policies once they are read ([`check`]: a token bucket or a
+//! concurrency limit cannot be shared this way).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sluice_redis::regions::{DEFAULT_MAX_LAG, DEFAULT_REFRESH};
+use sluice_redis::{ClockSource, Fallback, RedisConfig, RegionsConfig, RemoteRegion, Topology};
+
+use super::store::RawSentinel;
+use super::{PolicyConfig, PositiveDuration};
+
+/// `store.regions` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRegions {
+    local: String,
+    primary: RawPrimary,
+    #[serde(default)]
+    remotes: BTreeMap<String, RawRemote>,
+    #[serde(default)]
+    refresh: Option<PositiveDuration>,
+    #[serde(default)]
+    max_lag: Option<PositiveDuration>,
+    #[serde(default)]
+    fallback: Option<Fallback>,
+    #[serde(default)]
+    policy_fallback: BTreeMap<String, Fallback>,
+}
+
+/// `store.regions.primary`: exactly one of `url` (with `replicas`) and `sentinel`; `cluster`
+/// is read to be refused with the reason.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrimary {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    replicas: Vec<String>,
+    #[serde(default)]
+    sentinel: Option<RawSentinel>,
+    #[serde(default)]
+    cluster: Option<Vec<String>>,
+}
+
+/// `store.regions.remotes.<region>`: the local replica of that region's primary.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRemote {
+    url: String,
+}
+
+/// A region's name: it is a metric label and a log field, so it is kept short and plain.
+fn check_name(path: &str, name: &str) -> Result<(), String> {
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if name.is_empty() || name.len() > 32 || !plain {
+        return Err(format!(
+            "{path}: `{name}` is not a region name; use 1 to 32 lowercase letters, digits, `-` \
+             or `_` (e.g. eu, us-east)"
+        ));
+    }
+    Ok(())
+}
+
+/// This region's own Redis (`store.regions.primary`): one primary with replicas (`url`), or
+/// found through Sentinel; returned with the rest of the section.
+pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegions), String> {
+    check_name("store.regions.local", &raw.local)?;
+    let p = &mut raw.primary;
+    let topology = match (p.url.take(), p.sentinel.take(), p.cluster.take()) {
+        (Some(url), None, None) => Topology::Standalone {
+            primary: url,
+            replicas: std::mem::take(&mut p.replicas),
+        },
+        (None, Some(sentinel), None) if p.replicas.is_empty() => {
+            if sentinel.nodes.is_empty() {
+                return Err(
+                    "store.regions.primary.sentinel.nodes: list at least one sentinel URL"
+                        .to_owned(),
+                );
+            }
+            if sentinel.master.is_empty() {
+                return Err(
+                    "store.regions.primary.sentinel.master: name the monitored master".to_owned(),
+                );
+            }
+            Topology::Sentinel {
+                master: sentinel.master,
+                sentinels: sentinel.nodes,
+            }
+        }
+        (None, None, Some(_)) => {
+            return Err(
+                "store.regions.primary.cluster: a region's own Redis must be one \
+                        primary (url, with replicas, or sentinel): the other regions read \
+                        its usage through one replica of it, which a Cluster does not have"
+                    .to_owned(),
+            );
+        }
+        (None, None, None) => {
+            return Err(
+                "store.regions.primary: this region's own Redis needs url (with \
+                        replicas) or sentinel"
+                    .to_owned(),
+            );
+        }
+        (None, Some(_), None) => {
+            return Err(
+                "store.regions.primary.replicas: only with url (Sentinel finds the \
+                        replicas itself)"
+                    .to_owned(),
+            );
+        }
+        _ => {
+            return Err(
+                "store.regions.primary: give only one of url, sentinel and cluster".to_owned(),
+            );
+        }
+    };
+    Ok((topology, raw))
+}
+
+/// The rest of `store.regions`, over `primary` (this region's own Redis with every setting of
+/// `store`): each remote region's local replica is read with the same settings, but for the
+/// sentinels' user and `WAIT` (a replica is only read).
+pub(super) fn regions_config(
+    raw: RawRegions,
+    primary: RedisConfig,
+) -> Result<RegionsConfig, String> {
+    if raw.remotes.is_empty() {
+        return Err(
+            "store.regions.remotes: list every other region, each with the URL of \
+                    the replica of its primary that runs in this region \
+                    (us: {url: redis://…}); a regions store of one region is a plain store"
+                .to_owned(),
+        );
+    }
+    let mut remotes = Vec::with_capacity(raw.remotes.len());
+    for (name, remote) in raw.remotes {
+        let path = format!("store.regions.remotes.{name}");
+        check_name(&path, &name)?;
+        if name == raw.local {
+            return Err(format!(
+                "{path}: `{name}` is this region (store.regions.local); remotes are the \
+                 other regions"
+            ));
+        }
+        redis::IntoConnectionInfo::into_connection_info(remote.url.as_str()).map_err(|e| {
+            format!(
+                "{path}.url: `{}` is not a Redis URL ({e})",
+                sluice_redis::redact(&remote.url)
+            )
+        })?;
+        let mut replica = primary.clone();
+        replica.topology = Topology::Standalone {
+            primary: remote.url,
+            replicas: Vec::new(),
+        };
+        replica.sentinel_credentials = None;
+        replica.wait_for_replicas = None;
+        remotes.push(RemoteRegion::new(name, replica));
+    }
+    let refresh = raw.refresh.map_or(DEFAULT_REFRESH, |d| d.0);
+    let max_lag = raw.max_lag.map_or(DEFAULT_MAX_LAG, |d| d.0);
+    if max_lag <= refresh {
+        return Err(format!(
+            "store.regions.max_lag: {} is not longer than refresh ({}): a remote view is up \
+             to refresh old by design, so every region would fall back all the time; give \
+             max_lag at least twice refresh",
+            sluice::core::duration_text(millis(max_lag)),
+            sluice::core::duration_text(millis(refresh)),
+        ));
+    }
+    Ok(RegionsConfig {
+        local: raw.local,
+        primary,
+        remotes,
+        refresh,
+        max_lag,
+        fallback: raw.fallback.unwrap_or(Fallback::LocalShare),
+        policy_fallback: raw.policy_fallback,
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The checks that need the rest of the file: windows and lag are measured on the limiters'
+/// clocks (`store.clock: app`), every policy can be shared across regions (fixed and sliding
+/// windows; a token bucket or a concurrency limit is refused, naming it), and
+/// `policy_fallback` names configured policies.
+pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Result<(), String> {
+    if regions.primary.clock != ClockSource::App {
+        return Err(
+            "store.clock: a regions store needs `app` (the default): windows line up \
+                    across regions and lag is measured on the limiters' clocks, not on each \
+                    region's Redis"
+                .to_owned(),
+        );
+    }
+    for p in policies {
+        let name = p.policy.name();
+        match sluice_redis::RegionsStore::admits_policy(&p.policy) {
+            Ok(()) => {}
+            Err(sluice_redis::RegionsError::Unsupported {
+                index, algorithm, ..
+            }) => {
+                return Err(format!(
+                    "policies.{name}.limits[{index}]: a {algorithm} limit cannot be shared \
+                     across regions (store.regions): only fixed_window and sliding_window \
+                     counts add up; use one of those, or serve this policy from a store of \
+                     its own"
+                ));
+            }
+            Err(e) => return Err(format!("policies.{name}: {e}")),
+        }
+    }
+    for name in regions.policy_fallback.keys() {
+        if !policies.iter().any(|p| p.policy.name() == name) {
+            return Err(format!(
+                "store.regions.policy_fallback.{name}: no policy is named `{name}`; name a \
+                 policy of `policies` (every other decision takes store.regions.fallback)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What `sluice config check --explain` and the start-up log show (no credentials).
+pub(super) fn describe(regions: &RegionsConfig) -> String {
+    let primary = match &regions.primary.topology {
+        Topology::Standalone { primary, .. } => sluice_redis::redact(primary),
+        Topology::Sentinel { master, .. } => format!("sentinel {master}"),
+        other => format!("{other:?}"),
+    };
+    let remotes: Vec<String> = regions
+        .remotes
+        .iter()
+        .map(|r| match &r.replica.topology {
+            Topology::Standalone { primary, .. } => {
+                format!("{} at {}", r.name, sluice_redis::redact(primary))
+            }
+            other => format!("{} at {other:?}", r.name),
+        })
+        .collect();
+    format!(
+        "redis regions: {} (primary {primary}), remotes {}; refresh {}, max_lag {}",
+        regions.local,
+        remotes.join(", "),
+        sluice::core::duration_text(millis(regions.refresh)),
+        sluice::core::duration_text(millis(regions.max_lag)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_redis::{Fallback, Topology};
+
+    use crate::config::{Config, StoreConfig};
+
+    const FILE: &str = "policies:\n  orders:\n    limits:\n      - { max: 6000, per: 1m }\n\
+        store:\n  backend: redis\n  timeout: 50ms\n  key_prefix: \"r:\"\n  coalesce: 8\n  regions:\n    \
+        local: eu\n    primary: { url: redis://127.0.0.1:6379, replicas: [redis://127.0.0.1:6390] }\n    \
+        remotes:\n      us: { url: redis://127.0.0.1:6380 }\n    refresh: 100ms\n    \
+        policy_fallback: { orders: closed }\n";
+
+    #[test]
+    fn the_primary_and_every_replica_take_the_store_settings() {
+        let config = Config::parse("sluice.yaml", FILE).unwrap();
+        let StoreConfig::Regions(regions) = config.store else {
+            panic!("not a regions store: {:?}", config.store);
+        };
+        assert_eq!(regions.local, "eu");
+        assert_eq!(
+            regions.primary.topology,
+            Topology::Standalone {
+                primary: "redis://127.0.0.1:6379".to_owned(),
+                replicas: vec!["redis://127.0.0.1:6390".to_owned()],
+            }
+        );
+        let [us] = regions.remotes.as_slice() else {
+            panic!("{:?}", regions.remotes);
+        };
+        assert_eq!(us.name, "us");
+        assert_eq!(
+            us.replica.topology,
+            Topology::Standalone {
+                primary: "redis://127.0.0.1:6380".to_owned(),
+                replicas: Vec::new(),
+            }
+        );
+        for rc in [&regions.primary, &us.replica] {
+            assert_eq!(rc.key_prefix, "r:");
+            assert_eq!(rc.timeout, Duration::from_millis(50));
+            assert_eq!(rc.coalesce, 8);
+        }
+        assert_eq!(regions.refresh, Duration::from_millis(100));
+        assert_eq!(regions.max_lag, sluice_redis::regions::DEFAULT_MAX_LAG);
+        assert_eq!(regions.fallback, Fallback::LocalShare);
+        assert_eq!(
+            regions.policy_fallback.get("orders"),
+            Some(&Fallback::Closed)
+        );
+    }
+
+    #[test]
+    fn a_regions_store_beside_another_topology_or_on_memory_is_refused() {
+        let beside = FILE.replace(
+            "  regions:\n",
+            "  shards: [{primary: redis://127.0.0.1:6379}]\n  regions:\n",
+        );
+        let e = Config::parse("sluice.yaml", &beside)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give only one of store.shards"), "{e}");
+        let memory = FILE.replace("  backend: redis\n", "  backend: memory\n");
+        let e = Config::parse("sluice.yaml", &memory)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("add `backend: redis`"), "{e}");
+        let cluster = FILE.replace(
+            "primary: { url: redis://127.0.0.1:6379, replicas: [redis://127.0.0.1:6390] }",
+            "primary: { cluster: [redis://127.0.0.1:7000] }",
+        );
+        let e = Config::parse("sluice.yaml", &cluster)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("store.regions.primary.cluster"), "{e}");
+    }
+}
