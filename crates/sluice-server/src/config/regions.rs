@@ -265,11 +265,193 @@ pub(super) fn describe(regions: &RegionsConfig) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use std::time::Duration;
 
     use sluice_redis::{Fallback, Topology};
 
+    use super::describe;
     use crate::config::{Config, StoreConfig};
+
+    const EU: &str = "\
+policies:
+  api:
+    limits:
+      - { max: 100, per: 1m }
+  login:
+    limits:
+      - { max: 5, per: 1m, algorithm: sliding_window, precision: 1s }
+store:
+  backend: redis
+  regions:
+    local: eu
+    primary: { url: redis://redis-eu:6379, replicas: [redis://redis-eu-2:6379] }
+    remotes:
+      us: { url: redis://us-replica:6380 }
+      ap: { url: redis://ap-replica:6381 }
+    refresh: 100ms
+    max_lag: 1s
+    fallback: local_only
+    policy_fallback: { login: closed }
+";
+
+    fn error(text: &str) -> String {
+        Config::parse("sluice.yaml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_regions_store_is_read_whole() {
+        let c = Config::parse("sluice.yaml", EU).unwrap();
+        let StoreConfig::Regions(r) = &c.store else {
+            panic!("{:?}", c.store);
+        };
+        assert_eq!(r.local, "eu");
+        let names: Vec<&str> = r.remotes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["ap", "us"]);
+        assert_eq!(r.refresh.as_millis(), 100);
+        assert_eq!(r.max_lag.as_millis(), 1_000);
+        assert_eq!(r.fallback, Fallback::LocalOnly);
+        assert_eq!(r.policy_fallback["login"], Fallback::Closed);
+        let Topology::Standalone { replicas, .. } = &r.primary.topology else {
+            panic!("{:?}", r.primary);
+        };
+        assert_eq!(replicas, &["redis://redis-eu-2:6379"]);
+        // Every node with the store's settings: the replicas read under the primary's prefix.
+        assert!(
+            r.remotes
+                .iter()
+                .all(|remote| remote.replica.key_prefix == r.primary.key_prefix)
+        );
+        assert_eq!(r.fallback_of("login"), Fallback::Closed);
+        assert_eq!(r.fallback_of("api"), Fallback::LocalOnly);
+        let shown = describe(r);
+        assert!(shown.contains("eu") && shown.contains("us at redis://us-replica:6380"));
+    }
+
+    #[test]
+    fn defaults_are_the_librarys() {
+        let text = EU
+            .replace("    refresh: 100ms\n", "")
+            .replace("    max_lag: 1s\n", "")
+            .replace("    fallback: local_only\n", "");
+        let c = Config::parse("sluice.yaml", &text).unwrap();
+        let StoreConfig::Regions(r) = &c.store else {
+            panic!("{:?}", c.store);
+        };
+        assert_eq!(r.refresh, sluice_redis::regions::DEFAULT_REFRESH);
+        assert_eq!(r.max_lag, sluice_redis::regions::DEFAULT_MAX_LAG);
+        assert_eq!(r.fallback, Fallback::LocalShare);
+    }
+
+    #[test]
+    fn a_policy_that_cannot_be_shared_is_refused_naming_it_and_its_limit() {
+        let text = EU.replace(
+            "      - { max: 100, per: 1m }",
+            "      - { max: 100, per: 1m }\n      - { max: 10, per: 1s, algorithm: token_bucket, burst: 5 }",
+        );
+        let e = error(&text);
+        assert!(
+            e.starts_with("sluice.yaml:5:9: policies.api.limits[1]: a token_bucket limit"),
+            "{e}"
+        );
+        let text = EU.replace(
+            "      - { max: 100, per: 1m }",
+            "      - { max: 4, per: 30s, algorithm: concurrency }",
+        );
+        let e = error(&text);
+        assert!(
+            e.starts_with("sluice.yaml:4:9: policies.api.limits[0]: a concurrency limit"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_the_value_and_its_line() {
+        for (from, to, at, wanted) in [
+            (
+                "    local: eu\n",
+                "    local: EU West\n",
+                "sluice.yaml:11:12: ",
+                "store.regions.local: `EU West` is not a region name",
+            ),
+            (
+                "      ap: { url: redis://ap-replica:6381 }\n",
+                "      eu: { url: redis://ap-replica:6381 }\n",
+                "sluice.yaml:15:",
+                "store.regions.remotes.eu: `eu` is this region",
+            ),
+            (
+                "      ap: { url: redis://ap-replica:6381 }\n",
+                "      ap: { url: \"http://x\" }\n",
+                "sluice.yaml:15:",
+                "store.regions.remotes.ap.url: `http://x` is not a Redis URL",
+            ),
+            (
+                "    max_lag: 1s\n",
+                "    max_lag: 100ms\n",
+                "sluice.yaml:17:14: ",
+                "store.regions.max_lag: 100ms is not longer than refresh (100ms)",
+            ),
+            (
+                "    fallback: local_only\n",
+                "    fallback: open\n",
+                "sluice.yaml:18:",
+                "unknown variant `open`, expected one of `local_share`, `local_only`, `closed`",
+            ),
+            (
+                "{ login: closed }",
+                "{ logins: closed }",
+                "sluice.yaml:19:",
+                "store.regions.policy_fallback.logins: no policy is named `logins`",
+            ),
+            (
+                "    primary: { url: redis://redis-eu:6379, replicas: [redis://redis-eu-2:6379] }\n",
+                "    primary: { cluster: [redis://c:7000], sentinel: {master: m, nodes: [redis://s:26379]} }\n",
+                "sluice.yaml:12:14: ",
+                "store.regions.primary: give only one of url, sentinel and cluster",
+            ),
+            (
+                "    primary: { url: redis://redis-eu:6379, replicas: [redis://redis-eu-2:6379] }\n",
+                "    primary: { cluster: [redis://c:7000] }\n",
+                "sluice.yaml:12:",
+                "store.regions.primary.cluster: a region's own Redis must be one primary",
+            ),
+            (
+                "  backend: redis\n",
+                "  backend: redis\n  clock: redis\n",
+                "sluice.yaml:10:10: ",
+                "store.clock: a regions store needs `app`",
+            ),
+            (
+                "  backend: redis\n",
+                "  backend: redis\n  cluster: [redis://c:7000]\n",
+                "sluice.yaml:",
+                "store: give only one of store.shards, store.cluster, store.sentinel and store.regions",
+            ),
+            (
+                "  backend: redis\n",
+                "  backend: memory\n",
+                "sluice.yaml:11:",
+                "store.regions: a regions store keeps its counts in Redis; add `backend: redis`",
+            ),
+        ] {
+            assert!(EU.contains(from), "{from}");
+            let e = error(&EU.replace(from, to));
+            assert!(
+                e.starts_with(at) && e.contains(wanted),
+                "{e}\n  wanted: {at}… {wanted}"
+            );
+        }
+        let e = error(&EU.replace(
+            "    remotes:\n      us: { url: redis://us-replica:6380 }\n      ap: { url: redis://ap-replica:6381 }\n",
+            "",
+        ));
+        assert!(
+            e.contains("store.regions.remotes: list every other region"),
+            "{e}"
+        );
+    }
 
     const FILE: &str = "policies:\n  orders:\n    limits:\n      - { max: 6000, per: 1m }\n\
         store:\n  backend: redis\n  timeout: 50ms\n  key_prefix: \"r:\"\n  coalesce: 8\n  regions:\n    \
