@@ -77,6 +77,15 @@ impl PolicyConfig {
 /// YAML through its `serde` feature, so both speak the same words.
 pub use sluice_redis::{ClockSource, ReadFrom};
 
+/// `store.sentinel` (and `store.regions.primary.sentinel`) as written: the master's name and
+/// the sentinels (`nodes`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSentinel {
+    pub(super) master: String,
+    pub(super) nodes: Vec<String>,
+}
+
 /// The store: in this process, or Redis as the Redis library's own [`RedisConfig`] (client-side
 /// shards, a Cluster, or a Sentinel-monitored primary, with every setting of `store`), built by
 /// the store section while it is read.

@@ -15,8 +15,7 @@ use serde::Deserialize;
 use sluice_redis::regions::{DEFAULT_MAX_LAG, DEFAULT_REFRESH};
 use sluice_redis::{ClockSource, Fallback, RedisConfig, RegionsConfig, RemoteRegion, Topology};
 
-use super::store::RawSentinel;
-use super::{PolicyConfig, PositiveDuration};
+use super::{PolicyConfig, PositiveDuration, RawSentinel};
 
 /// `store.regions` as written.
 #[derive(Deserialize)]
@@ -141,7 +140,7 @@ pub(super) fn regions_config(
         return Err(
             "store.regions.remotes: list every other region, each with the URL of \
                     the replica of its primary that runs in this region \
-                    (us: {url: redis://…}); a regions store of one region is a plain store"
+                    (e.g. `us: { url: <URL> }`); a regions store of one region is a plain store"
                 .to_owned(),
         );
     }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use sluice_redis::{RedisConfig, Shard, Topology};
 
 use super::{ClockSource, ReadFrom};
-use super::{PositiveDuration, StoreConfig};
+use super::{PositiveDuration, RawSentinel, StoreConfig};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -45,15 +45,6 @@ pub(super) struct RawStore {
     /// `store.regions`: one limit across regions (docs/regions.md).
     #[serde(default)]
     regions: Option<super::regions::RawRegions>,
-}
-
-/// `store.sentinel` (and `store.regions.primary.sentinel`) as written: the master's name and
-/// the sentinels (`nodes`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawSentinel {
-    pub(super) master: String,
-    pub(super) nodes: Vec<String>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
