@@ -31,12 +31,20 @@ use sluice::{Limit, Policy};
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "sluice:";
 
+/// A key prefix with a brace: braces would move the Redis Cluster hash tag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key_prefix `{prefix}` contains a brace; braces would move the Redis Cluster hash tag")]
+pub struct PrefixError {
+    /// The prefix refused.
+    pub prefix: String,
+}
+
 /// Checks a key prefix: braces would change which part of the key Redis Cluster hashes.
-pub fn validate_prefix(prefix: &str) -> Result<(), String> {
+pub fn validate_prefix(prefix: &str) -> Result<(), PrefixError> {
     if prefix.contains(['{', '}']) {
-        return Err(format!(
-            "key_prefix `{prefix}` contains a brace; braces would move the Redis Cluster hash tag"
-        ));
+        return Err(PrefixError {
+            prefix: prefix.to_owned(),
+        });
     }
     Ok(())
 }

@@ -52,7 +52,7 @@ mod topology;
 
 pub use config::{
     ClockSource, Credentials, DEFAULT_COALESCE, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig,
-    Shard, Shortfall, TlsFiles, Topology, WaitForReplicas, redact,
+    Shard, Shortfall, TlsFiles, Topology, WaitError, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use regions::{

@@ -114,24 +114,44 @@ impl WaitForReplicas {
     }
 
     /// Checks the values against the call timeout `call_timeout`; the error names the field.
-    pub fn validate(&self, call_timeout: Duration) -> Result<(), String> {
+    pub fn validate(&self, call_timeout: Duration) -> Result<(), WaitError> {
         if self.replicas == 0 {
-            return Err("wait_for_replicas.replicas: wait for at least 1 replica".to_owned());
+            return Err(WaitError::NoReplica);
         }
         if self.timeout < Duration::from_millis(1) {
             // `WAIT n 0` would block forever.
-            return Err("wait_for_replicas.timeout: give at least 1ms".to_owned());
+            return Err(WaitError::NoTimeout);
         }
         if self.timeout >= call_timeout {
-            return Err(format!(
-                "wait_for_replicas.timeout ({}ms) must be shorter than the call timeout ({}ms): \
-                 the call would time out before WAIT answers",
-                self.timeout.as_millis(),
-                call_timeout.as_millis()
-            ));
+            return Err(WaitError::NotShorterThanTheCall {
+                timeout_ms: self.timeout.as_millis(),
+                call_timeout_ms: call_timeout.as_millis(),
+            });
         }
         Ok(())
     }
+}
+
+/// A [`WaitForReplicas`] that cannot work, naming its field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// `replicas: 0`.
+    #[error("wait_for_replicas.replicas: wait for at least 1 replica")]
+    NoReplica,
+    /// A timeout under 1 ms (`WAIT n 0` would block forever).
+    #[error("wait_for_replicas.timeout: give at least 1ms")]
+    NoTimeout,
+    /// A timeout the call's own timeout would cut short.
+    #[error(
+        "wait_for_replicas.timeout ({timeout_ms}ms) must be shorter than the call timeout \
+         ({call_timeout_ms}ms): the call would time out before WAIT answers"
+    )]
+    NotShorterThanTheCall {
+        /// The WAIT timeout, ms.
+        timeout_ms: u128,
+        /// The call timeout, ms.
+        call_timeout_ms: u128,
+    },
 }
 
 /// What a decision is when fewer replicas than [`WaitForReplicas::replicas`] acknowledged
@@ -582,12 +602,19 @@ mod tests {
         assert!(
             none.validate(call)
                 .unwrap_err()
+                .to_string()
                 .contains("wait_for_replicas.replicas")
         );
         let forever = WaitForReplicas::new(1, Duration::ZERO);
-        assert!(forever.validate(call).unwrap_err().contains("at least 1ms"));
+        assert!(
+            forever
+                .validate(call)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 1ms")
+        );
         let long = WaitForReplicas::new(1, Duration::from_millis(50));
-        let e = long.validate(call).unwrap_err();
+        let e = long.validate(call).unwrap_err().to_string();
         assert!(
             e.contains("(50ms) must be shorter than the call timeout (50ms)"),
             "{e}"

@@ -97,9 +97,11 @@ impl RedisStore {
     /// primary (every primary of a Cluster). Fails if the primary cannot be reached (Sentinel:
     /// if no sentinel names one) or the configuration is invalid.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
-        keys::validate_prefix(&config.key_prefix).map_err(StoreError::Backend)?;
+        keys::validate_prefix(&config.key_prefix)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         if let Some(wait) = &config.wait_for_replicas {
-            wait.validate(config.timeout).map_err(StoreError::Backend)?;
+            wait.validate(config.timeout)
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
         }
         let code = Code::new(config.script_mode);
         let backend = Backend::connect(&config, &code).await?;
