@@ -15,23 +15,60 @@ use super::lease::{
 use super::{Batch, Reserving};
 use crate::store::{Store, StoreError};
 
+/// What a check needs after [`Reserving::local_step`] could not answer it from the lease.
+pub(super) enum Pending {
+    /// Not a leased check: the inner store's call.
+    Inner,
+    /// A check the lease cannot stand for (cost 0, or above any share): the store's.
+    Direct,
+    /// A check on this lease: give back the expired units, then `Next`.
+    Leased(Arc<Mutex<Lease>>, Next, u64),
+}
+
 impl<S: Store> Reserving<S> {
-    /// A check served from the lease when it can be (the module docs say how).
-    pub(super) async fn check_leased(
+    /// The synchronous first step of a call: a check answered from the lease or by a cached
+    /// denial (`Break`), without awaiting anything; or what the call must do next, in
+    /// [`Reserving::rest`].
+    pub(super) fn local_step(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         now: u64,
-    ) -> Result<Decision, StoreError> {
+    ) -> ControlFlow<Decision, Pending> {
+        // A concurrency limit is consulted at every check (it admits what could start now):
+        // no batch can stand for it, so such policies are never leased. Peeks (which see
+        // leased units as used), refunds, acquires, holds and releases go to the store.
+        let Op::Check { cost } = op else {
+            return ControlFlow::Continue(Pending::Inner);
+        };
+        if policy.concurrency_limit().is_some() {
+            return ControlFlow::Continue(Pending::Inner);
+        }
         // The largest share any process may get (one holder); below, this key's own share.
         if cost == 0 || cost > self.batch_bounds(policy, 1).1 {
-            return self.direct(None, policy, key, cost, now).await;
+            return ControlFlow::Continue(Pending::Direct);
         }
         let lease = self.lease(policy, key);
-        let (next, give_back) = match self.next_step(&lease, policy, cost, now) {
-            ControlFlow::Break(answered) => return Ok(answered),
-            ControlFlow::Continue(next) => next,
+        let (next, give_back) = self.next_step(&lease, policy, cost, now)?;
+        ControlFlow::Continue(Pending::Leased(lease, next, give_back))
+    }
+
+    /// The rest of a call that [`Reserving::local_step`] did not answer (the module docs say
+    /// how a check goes on: served by the fetch in flight, or by a fetch of its own).
+    pub(super) async fn rest(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        now: u64,
+        pending: Pending,
+    ) -> Result<Decision, StoreError> {
+        let cost = op.cost();
+        let (lease, next, give_back) = match pending {
+            Pending::Inner => return self.inner.call(policy, key, op, now).await,
+            Pending::Direct => return self.direct(None, policy, key, cost, now).await,
+            Pending::Leased(lease, next, give_back) => (lease, next, give_back),
         };
         self.give_back(policy, key, give_back, now).await;
         match next {
@@ -217,7 +254,7 @@ impl<S: Store> Reserving<S> {
 }
 
 /// What a check does after looking at its lease.
-enum Next {
+pub(super) enum Next {
     /// Fetch a lease of this size.
     Fetch(u64),
     /// Wait for the fetch in flight, which holds this place.

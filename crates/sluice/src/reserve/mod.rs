@@ -40,9 +40,13 @@
 //! as used). Every key checked gets an entry: call [`Reserving::sweep`] now and then (the
 //! server does, every second) to drop the idle ones.
 
+use std::future::Future;
 use std::hash::BuildHasher;
+use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -397,22 +401,23 @@ impl<S: Store> Reserving<S> {
     }
 }
 
+/// A call's future decides at its first poll: a check the lease serves is answered there, in
+/// place (a small future, no allocation: the path nearly every check of a leased key takes);
+/// anything that must wait on the store goes on in a boxed future (`Reserving::rest`).
 impl<S: Store> Store for Reserving<S> {
-    async fn call(
+    fn call(
         &self,
         policy: &Policy,
         key: &str,
         op: Op,
         now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        match op {
-            // A concurrency limit is consulted at every check (it admits what could start
-            // now): no batch can stand for it, so such policies are never leased.
-            Op::Check { cost } if policy.concurrency_limit().is_none() => {
-                self.check_leased(policy, key, cost, now_ms).await
-            }
-            // Peeks (which see leased units as used), refunds, acquires, holds and releases.
-            _ => self.inner.call(policy, key, op, now_ms).await,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        LeasedCall {
+            steps: Some((
+                move || self.local_step(policy, key, op, now_ms),
+                move |pending| self.rest(policy, key, op, now_ms, pending),
+            )),
+            rest: None,
         }
     }
 
@@ -425,5 +430,38 @@ impl<S: Store> Store for Reserving<S> {
             l.denied = None;
         }
         self.inner.forget(policy, key).await
+    }
+}
+
+/// The future of [`Reserving`]'s call: `local_step` at the first poll, then, only when it did
+/// not answer, the boxed `rest`.
+struct LeasedCall<L, R, F> {
+    steps: Option<(L, R)>,
+    rest: Option<Pin<Box<F>>>,
+}
+
+impl<L, R, F> Future for LeasedCall<L, R, F>
+where
+    L: FnOnce() -> ControlFlow<Decision, check::Pending> + Unpin,
+    R: FnOnce(check::Pending) -> F + Unpin,
+    F: Future<Output = Result<Decision, StoreError>>,
+{
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin` (the rest is boxed), so the future may be taken apart.
+        let this = Pin::into_inner(self);
+        if let Some((local, rest)) = this.steps.take() {
+            match local() {
+                ControlFlow::Break(decided) => return Poll::Ready(Ok(decided)),
+                ControlFlow::Continue(pending) => this.rest = Some(Box::pin(rest(pending))),
+            }
+        }
+        match this.rest.as_mut() {
+            Some(rest) => rest.as_mut().poll(cx),
+            None => Poll::Ready(Err(StoreError::Backend(
+                "a reserving call was polled after it completed".to_owned(),
+            ))),
+        }
     }
 }
