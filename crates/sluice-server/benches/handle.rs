@@ -1,13 +1,17 @@
 //! Nanoseconds per decision through the server's limiter on the memory store
-//! (`Limiter<DecidingStore>`: the store handle dispatched by `match`, no boxed future), and in
-//! the same run through the composition it replaced (`Limiter<SharedStore>`: one boxed future
-//! per call), with `local` off and on. Each decision is a `check_policy` polled in place once
-//! (the memory store answers at the first poll), so the figures are the limiter and the store
-//! alone, without a runtime.
+//! (`Limiter<DecidingStore>`: the store handle dispatched by `match`), and in the same run
+//! through the composition it replaced (`Limiter<SharedStore>` over the bare store: one boxed
+//! future per call), with `local` off and on. Two more sides locate any difference: the
+//! server's `StoreHandle` boxed in a `SharedStore`, and called directly, both on the server's
+//! clock (`ServerClock`), as `DecidingStore` is; the "before" side keeps its own clock.
+//! Each decision is a `check_policy` polled in place once (the memory store answers at the
+//! first poll), so the figures are the limiter and the store alone, without a runtime. The
+//! size of each side's future is printed too: the limiter moves its store's future as it makes
+//! and polls it, so a large one costs time.
 //!
 //! `cargo bench -p sluice-server --bench handle` (`SLUICE_BENCH_SECS`, default 2, sets the
-//! seconds per round; five rounds alternate the two, and the fastest round of each counts).
-//! The machine is shared: compare the ratio within one run.
+//! seconds per round; five rounds alternate the sides, and the fastest round of each counts).
+//! The machine is shared: compare the ratios within one run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
@@ -23,6 +27,9 @@ use sluice_server::state::{ServerClock, Shared, StoreHandle};
 const T0: u64 = 1_700_000_000_000;
 const KEYS: usize = 1_000;
 const ROUNDS: usize = 5;
+/// One side of the comparison: ns per decision over the keys.
+type Side<'a> = dyn Fn(&[String]) -> f64 + 'a;
+
 const CONFIG: &str = "policies:\n  api:\n    limits:\n      - { max: 1000000000000, per: 1h }\n";
 
 fn main() {
@@ -40,7 +47,6 @@ fn main() {
     println!(
         "ns per check_policy on the memory store, {KEYS} keys in turn, fastest of {ROUNDS} rounds"
     );
-    println!("  local   DecidingStore (now)   SharedStore (before)   now / before");
     for local in [false, true] {
         let text = if local {
             format!("{CONFIG}local:\n  enabled: true\n")
@@ -49,7 +55,12 @@ fn main() {
         };
         let config = Config::parse("bench.yaml", &text).expect("config");
         let store = StoreHandle::Memory(Arc::new(MemoryStore::new()));
-        let shared = Shared::new(&config, store, None, ServerClock::new(ManualClock::new(T0)));
+        let shared = Shared::new(
+            &config,
+            store.clone(),
+            None,
+            ServerClock::new(ManualClock::new(T0)),
+        );
         let snapshot = shared.snapshot();
         let now_limiter = &snapshot.limiter;
         let policy = now_limiter.policy("api").expect("policy").clone();
@@ -61,20 +72,54 @@ fn main() {
         let before_limiter = Limiter::new(erased)
             .with_clock(ManualClock::new(T0))
             .with_policy(policy.clone());
-        let (mut now, mut before) = (f64::MAX, f64::MAX);
-        for _ in 0..ROUNDS {
-            now = now.min(measure(round, &keys, |key| {
-                now_limiter.check_policy(&policy, key, 1)
-            }));
-            before = before.min(measure(round, &keys, |key| {
-                before_limiter.check_policy(&policy, key, 1)
-            }));
-        }
+        // The server's store handle, boxed and direct, on the server's clock as `DecidingStore`
+        // is (both without `local`: with it on, they show what the reservation layer costs).
+        let clock = || ServerClock::new(ManualClock::new(T0));
+        let boxed_handle = Limiter::new(SharedStore::new(store.clone()))
+            .with_clock(clock())
+            .with_policy(policy.clone());
+        let bare_handle = Limiter::new(store.clone())
+            .with_clock(clock())
+            .with_policy(policy.clone());
+        let sides: [(&str, &Side); 4] = [
+            ("DecidingStore (now)", &|keys| {
+                measure(round, keys, |key| now_limiter.check_policy(&policy, key, 1))
+            }),
+            ("SharedStore (before)", &|keys| {
+                measure(round, keys, |key| {
+                    before_limiter.check_policy(&policy, key, 1)
+                })
+            }),
+            ("SharedStore<StoreHandle>", &|keys| {
+                measure(round, keys, |key| {
+                    boxed_handle.check_policy(&policy, key, 1)
+                })
+            }),
+            ("StoreHandle", &|keys| {
+                measure(round, keys, |key| bare_handle.check_policy(&policy, key, 1))
+            }),
+        ];
         println!(
-            "  {:<5}   {now:>19.1}   {before:>20.1}   {:>12.2}",
-            if local { "on" } else { "off" },
-            now / before
+            "  future bytes: now {}, before {}, SharedStore<StoreHandle> {}, StoreHandle {}",
+            std::mem::size_of_val(&now_limiter.check_policy(&policy, "k", 1)),
+            std::mem::size_of_val(&before_limiter.check_policy(&policy, "k", 1)),
+            std::mem::size_of_val(&boxed_handle.check_policy(&policy, "k", 1)),
+            std::mem::size_of_val(&bare_handle.check_policy(&policy, "k", 1)),
         );
+        let mut best = [f64::MAX; 4];
+        for _ in 0..ROUNDS {
+            for (i, (_, side)) in sides.iter().enumerate() {
+                best[i] = best[i].min(side(&keys));
+            }
+        }
+        let label = if local { "on" } else { "off" };
+        for (i, (name, _)) in sides.iter().enumerate() {
+            println!(
+                "  {label:<5}   {name:<26} {:>8.1} ns   {:>5.2} x before",
+                best[i],
+                best[i] / best[1]
+            );
+        }
     }
 }
 
