@@ -54,11 +54,15 @@ mod decode;
 mod error;
 pub(crate) mod grpc;
 mod matcher;
+mod policies;
 mod request;
 pub(crate) mod service;
 mod tree;
 pub mod xds;
 mod yaml;
+
+pub use policies::RulePolicies;
+pub(crate) use policies::rule_policy;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -30,11 +30,11 @@
 //! reference answers an error, so that Envoy's `failure_mode_deny` decides.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Instant;
 
 use opentelemetry::propagation::Extractor;
-use sluice::{LimitSpec, Policy};
+use sluice::Policy;
 
 use super::answer::{
     Code, DescriptorStatus, Part, RlsAnswer, RlsError, draft03_headers, ietf_headers, rule_limit,
@@ -44,7 +44,7 @@ use super::request::{Descriptor, RlsRequest};
 use crate::config::{ResponseHeaders, RlsSettings};
 use crate::observe::metrics;
 use crate::observe::stats::Outcome;
-use crate::rls::Match;
+use crate::rls::{Match, RulePolicies, rule_policy};
 use crate::state::{Generation, ServerLimiter, Shared};
 
 /// The metric label of a domain that is not configured: labels never carry what a client
@@ -66,8 +66,9 @@ pub(crate) struct Rls {
     shared: Arc<Shared>,
     /// One policy per (window, requests per unit, failure mode), built on first use.
     policies: Mutex<HashMap<(u64, u32, sluice::FailureMode), Policy>>,
-    /// The statistics keys seen, bounded by [`MAX_STATS_KEYS`].
-    stats_keys: Mutex<HashSet<Arc<str>>>,
+    /// The statistics keys seen, bounded by [`MAX_STATS_KEYS`]: read-locked by every
+    /// descriptor, write-locked only to add a key.
+    stats_keys: RwLock<HashSet<Arc<str>>>,
 }
 
 impl Rls {
@@ -76,7 +77,7 @@ impl Rls {
         Self {
             shared,
             policies: Mutex::new(HashMap::new()),
-            stats_keys: Mutex::new(HashSet::new()),
+            stats_keys: RwLock::new(HashSet::new()),
         }
     }
 
@@ -127,27 +128,25 @@ impl Rls {
         answer
     }
 
-    /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed
-    /// window, named by the unit alone so that every rule of one unit counts a descriptor in
-    /// one counter, as the reference's cache key (entries and window start) does; changing
-    /// `requests_per_unit` on a reload keeps the count. It fails as `rls.on_store_error`
-    /// says (by default closed: a store failure reaches Envoy as an error and its
-    /// `failure_mode_deny` decides).
+    /// The policy of a rule of `requests_per_unit` per `window`: the generation's, built with
+    /// its rules and read without a lock; for a limit a request carries itself (no rule has
+    /// it), from a cache shared by requests, built on first use.
     fn policy(
         &self,
+        rules: &RulePolicies,
         window: u64,
         requests_per_unit: u32,
         on_store_error: sluice::FailureMode,
     ) -> Option<Policy> {
+        if let Some(p) = rules.get(window, requests_per_unit, on_store_error) {
+            return Some(p.clone());
+        }
         let mut cache = self.policies.lock().unwrap_or_else(|p| p.into_inner());
         let id = (window, requests_per_unit, on_store_error);
         if let Some(p) = cache.get(&id) {
             return Some(p.clone());
         }
-        let spec = LimitSpec::fixed_window(u64::from(requests_per_unit), window).aligned();
-        let policy = Policy::from_specs(format!("rls:{window}"), vec![spec])
-            .ok()?
-            .with_failure_mode(on_store_error);
+        let policy = rule_policy(window, requests_per_unit, on_store_error)?;
         if cache.len() < MAX_CACHED_POLICIES {
             cache.insert(id, policy.clone());
         }
@@ -157,7 +156,13 @@ impl Rls {
     /// The statistics label for a match: its statistics key while fewer than
     /// [`MAX_STATS_KEYS`] have been seen, else `<domain>.other`.
     fn stats_label(&self, domain: &Arc<str>, m: &Match) -> Arc<str> {
-        let mut seen = self.stats_keys.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let seen = self.stats_keys.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = seen.get(m.stats_key.as_str()) {
+                return k.clone();
+            }
+        }
+        let mut seen = self.stats_keys.write().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = seen.get(m.stats_key.as_str()) {
             return k.clone();
         }
@@ -253,10 +258,10 @@ impl Rls {
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
             let cost = req.hits(descriptor);
             let part = if descriptor.is_negative_hits {
-                self.refund_descriptor(limiter, settings, found, cost, now)
+                self.refund_descriptor(snapshot, settings, found, cost, now)
                     .await
             } else {
-                self.check_descriptor(limiter, settings, found, cost, now)
+                self.check_descriptor(snapshot, settings, found, cost, now)
                     .await
             };
             match part {
@@ -342,7 +347,7 @@ impl Rls {
     /// says.
     async fn check_descriptor(
         &self,
-        limiter: &ServerLimiter,
+        snapshot: &Generation,
         settings: &RlsSettings,
         found: Option<Match>,
         cost: u64,
@@ -368,8 +373,13 @@ impl Rls {
                 Code::Ok
             }
         };
-        let Some(policy) = self.policy(window, rule.requests_per_unit, settings.on_store_error)
-        else {
+        let policy = self.policy(
+            &snapshot.rls_policies,
+            window,
+            rule.requests_per_unit,
+            settings.on_store_error,
+        );
+        let Some(policy) = policy else {
             // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
             // no limit of 0 can be built, and nothing is counted, so no store has an instant:
             // the server's clock tells the window's end.
@@ -388,7 +398,10 @@ impl Rls {
                 ..Part::plain(DescriptorStatus::ok())
             });
         };
-        let d = limiter.check_policy(&policy, &m.counter_key, cost).await?;
+        let d = snapshot
+            .limiter
+            .check_policy(&policy, &m.counter_key, cost)
+            .await?;
         // The window's end as seen by the store that decided (Redis TIME under clock: redis).
         let reset_secs = until_reset(window, d.now_ms);
         // An over-limit status says 0 remaining, as the reference's does, even when a
@@ -414,7 +427,7 @@ impl Rls {
     /// zero used); it is always `OK` and takes no part in the overall code.
     async fn refund_descriptor(
         &self,
-        limiter: &ServerLimiter,
+        snapshot: &Generation,
         settings: &RlsSettings,
         found: Option<Match>,
         cost: u64,
@@ -426,10 +439,18 @@ impl Rls {
         let (Some(window), false) = (m.rule.window_ms(), m.rule.unlimited) else {
             return Ok(Part::plain(DescriptorStatus::unlimited()));
         };
-        let policy = self.policy(window, m.rule.requests_per_unit, settings.on_store_error);
+        let policy = self.policy(
+            &snapshot.rls_policies,
+            window,
+            m.rule.requests_per_unit,
+            settings.on_store_error,
+        );
         let (remaining, reset_secs) = match policy {
             Some(policy) => {
-                let d = limiter.refund_policy(&policy, &m.counter_key, cost).await?;
+                let d = snapshot
+                    .limiter
+                    .refund_policy(&policy, &m.counter_key, cost)
+                    .await?;
                 (d.binding().remaining, until_reset(window, d.now_ms))
             }
             None => (0, until_reset(window, now)),

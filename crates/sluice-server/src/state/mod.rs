@@ -63,6 +63,9 @@ pub struct Generation {
     pub rls: Option<Arc<RlsConfig>>,
     /// The `rls` settings that go with them.
     pub rls_settings: Option<crate::config::RlsSettings>,
+    /// The policy of each of those rules, failing as the settings say: built here, so a
+    /// descriptor finds its rule's policy without a lock.
+    pub rls_policies: crate::rls::RulePolicies,
     /// Envoy rate limit quota rules (`rlqs`), when configured.
     pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
@@ -85,12 +88,14 @@ impl Generation {
             .with_clock(clock.clone())
             .with_insurance(insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
+        let rls_policies = rule_policies(rls.as_deref(), config.rls.as_ref());
         Self {
             number,
             limiter,
             store: store.clone(),
             rls,
             rls_settings: config.rls.clone(),
+            rls_policies,
             rlqs: config.rlqs.clone().map(Arc::new),
             admin: config.admin.clone(),
             near_limit: config.metrics.near_limit,
@@ -105,6 +110,19 @@ impl Generation {
     /// Whether the store can decide ([`StoreHandle::ping`]).
     pub async fn ping(&self) -> Result<(), StoreDown> {
         self.store.ping(self.limiter.clock()).await
+    }
+}
+
+/// The policies of `rules` under `settings` (none without both).
+fn rule_policies(
+    rules: Option<&RlsConfig>,
+    settings: Option<&crate::config::RlsSettings>,
+) -> crate::rls::RulePolicies {
+    match (rules, settings) {
+        (Some(rules), Some(settings)) => {
+            crate::rls::RulePolicies::new(rules, settings.on_store_error)
+        }
+        _ => crate::rls::RulePolicies::default(),
     }
 }
 

@@ -70,6 +70,7 @@ impl Shared {
             number: current.number + 1,
             limiter: current.limiter.clone(),
             store: current.store.clone(),
+            rls_policies: super::rule_policies(Some(&rls), current.rls_settings.as_ref()),
             rls: Some(rls),
             rls_settings: current.rls_settings.clone(),
             rlqs: current.rlqs.clone(),
