@@ -30,6 +30,7 @@
 //!
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -85,10 +86,20 @@ pub(crate) fn decision(
     op: &'static str,
     outcome: crate::observe::stats::Outcome,
 ) {
-    let outcome = outcome.as_str();
-    // An `Arc<str>` label is a reference count, not an allocation per request.
-    metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome)
-        .increment(1);
+    let register = || {
+        // An `Arc<str>` label is a reference count, not an allocation per request.
+        metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome.as_str())
+    };
+    let key = (address(policy), literal(op), outcome);
+    cached(
+        &DECISIONS,
+        key,
+        || policy.clone(),
+        register,
+        |c| {
+            c.increment(1);
+        },
+    );
 }
 
 /// Counts one Envoy descriptor's hits under its rule's statistics key (the reference's
@@ -99,8 +110,10 @@ pub(crate) fn rls_hits(
     result: &'static str,
     hits: u64,
 ) {
-    metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result)
-        .increment(hits);
+    let register = || metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result);
+    let names = (address(domain), address(key), literal(result));
+    let hold = || (domain.clone(), key.clone());
+    cached(&RLS_HITS, names, hold, register, |c| c.increment(hits));
 }
 
 /// Counts an admitted decision that left one of its limits at least the near-limit ratio
@@ -111,7 +124,94 @@ pub(crate) fn near_limit(policy: &std::sync::Arc<str>) {
 
 /// Records how long a decision took (store call and failure mode included).
 pub(crate) fn decision_latency(op: &'static str, took: Duration) {
-    metrics::histogram!("sluice_decision_latency_seconds", "op" => op).record(took.as_secs_f64());
+    let register = || metrics::histogram!("sluice_decision_latency_seconds", "op" => op);
+    if !installed() {
+        return register().record(took.as_secs_f64());
+    }
+    LATENCY.with_borrow_mut(|handles| {
+        if let Some((_, h)) = handles.iter().find(|(o, _)| *o == literal(op)) {
+            return h.record(took.as_secs_f64());
+        }
+        let h = register();
+        h.record(took.as_secs_f64());
+        // Operations are literals: a handful, unless one literal has several addresses.
+        if handles.len() < 64 {
+            handles.push((literal(op), h));
+        }
+    });
+}
+
+// ----- handles kept per thread --------------------------------------------------------------
+//
+// Registering a handle (what `metrics::counter!` does on each call) builds the metric's key,
+// hashes it and looks it up in the recorder's registry, behind locks every thread shares. A
+// decision instead finds its handle in a map of its own thread and only increments it.
+
+/// The most handles of one kind a thread keeps; past it the map starts again (a reload makes
+/// new `Arc`s of the policy names, so each reload can add a policy's handles again).
+const MAX_CACHED: usize = 4096;
+
+/// A literal's address and length.
+type Literal = (usize, usize);
+
+type Name = std::sync::Arc<str>;
+
+/// `sluice_decisions_total` by policy name (its address), operation and outcome.
+type DecisionHandles =
+    HashMap<(usize, Literal, crate::observe::stats::Outcome), (Name, metrics::Counter)>;
+
+/// `sluice_rls_hits_total` by domain and statistics key (their addresses) and result.
+type RlsHitHandles = HashMap<(usize, usize, Literal), ((Name, Name), metrics::Counter)>;
+
+thread_local! {
+    static DECISIONS: std::cell::RefCell<DecisionHandles> = std::cell::RefCell::new(HashMap::new());
+    static RLS_HITS: std::cell::RefCell<RlsHitHandles> = std::cell::RefCell::new(HashMap::new());
+    /// `sluice_decision_latency_seconds` by operation.
+    static LATENCY: std::cell::RefCell<Vec<(Literal, metrics::Histogram)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Applies `apply` to the counter `key` names in this thread's `cache`, registered (`register`)
+/// the first time, beside what `hold` returns: the `Arc`s whose addresses are in `key`, kept
+/// alive so that no other name can take their address. Without this module's recorder,
+/// registers every time and keeps nothing (a handle taken before a recorder is installed
+/// would record nowhere, for ever).
+fn cached<K: std::hash::Hash + Eq, H>(
+    cache: &'static std::thread::LocalKey<std::cell::RefCell<HashMap<K, (H, metrics::Counter)>>>,
+    key: K,
+    hold: impl FnOnce() -> H,
+    register: impl FnOnce() -> metrics::Counter,
+    apply: impl FnOnce(&metrics::Counter),
+) {
+    if !installed() {
+        return apply(&register());
+    }
+    cache.with_borrow_mut(|handles| {
+        if let Some((_, counter)) = handles.get(&key) {
+            return apply(counter);
+        }
+        if handles.len() >= MAX_CACHED {
+            handles.clear();
+        }
+        let counter = register();
+        apply(&counter);
+        handles.insert(key, (hold(), counter));
+    });
+}
+
+/// Whether this module's recorder is the process's.
+fn installed() -> bool {
+    matches!(HANDLE.get(), Some(Some(_)))
+}
+
+/// A name's address: the same for clones of one `Arc`, never for two that are alive.
+fn address(name: &Name) -> usize {
+    std::sync::Arc::as_ptr(name).cast::<u8>() as usize
+}
+
+/// A literal's address and length.
+fn literal(s: &'static str) -> Literal {
+    (s.as_ptr() as usize, s.len())
 }
 
 /// Publishes the reservation layer's counters (called before rendering).
@@ -327,6 +427,93 @@ fn describe() {
 #[cfg(test)]
 mod tests {
     use super::{DESCRIPTIONS, Kind};
+    use crate::observe::stats::Outcome;
+    use std::sync::Arc;
+
+    /// The series' value in the exposition, 0 when absent.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Handles kept per thread count into the registry's series: from several threads, for
+    /// a policy name whose `Arc` a reload replaced, and once a thread's map has started again.
+    #[test]
+    fn handles_kept_per_thread_count_into_the_shared_series() {
+        assert!(
+            super::handle().is_some(),
+            "the test's recorder is installed"
+        );
+        let series =
+            r#"sluice_decisions_total{policy="handles-test",op="check",outcome="allowed"}"#;
+        let hits = r#"sluice_rls_hits_total{domain="handles-test",key="k",result="over_limit"}"#;
+        let first: Arc<str> = Arc::from("handles-test");
+        let key: Arc<str> = Arc::from("k");
+        for _ in 0..3 {
+            super::decision(&first, "check", Outcome::Allowed);
+            super::rls_hits(&first, &key, "over_limit", 2);
+        }
+        let other = first.clone();
+        std::thread::spawn(move || {
+            for _ in 0..4 {
+                super::decision(&other, "check", Outcome::Allowed);
+            }
+        })
+        .join()
+        .unwrap();
+        // A reload: the same name in a new `Arc`, the old one gone.
+        drop(first);
+        let reloaded: Arc<str> = Arc::from("handles-test");
+        super::decision(&reloaded, "check", Outcome::Allowed);
+        super::decision(&reloaded, "check", Outcome::Denied);
+        // The map keeps each name it holds a handle for alive, so that no other name can be
+        // allocated where it is while the handle is kept.
+        let held: Arc<str> = Arc::from("handles-held");
+        let registering = held.clone();
+        std::thread::spawn(move || {
+            super::decision(&registering, "check", Outcome::Denied);
+            super::rls_hits(&registering, &registering, "over_limit", 1);
+        })
+        .join()
+        .unwrap();
+        // Registered, by a thread now gone: only this thread's maps can take more clones.
+        let before = Arc::strong_count(&held);
+        super::decision(&held, "check", Outcome::Denied);
+        assert_eq!(
+            Arc::strong_count(&held),
+            before + 1,
+            "decisions hold the name"
+        );
+        super::rls_hits(&held, &held, "over_limit", 1);
+        assert_eq!(
+            Arc::strong_count(&held),
+            before + 3,
+            "RLS hits hold both names"
+        );
+        // Another name where a dropped one was (the allocator is free to reuse its address).
+        for name in ["handles-x1", "handles-x2", "handles-x3"] {
+            super::decision(&Arc::from(name), "check", Outcome::Denied);
+        }
+        // A full map starts again.
+        for i in 0..super::MAX_CACHED {
+            super::decision(
+                &Arc::from(format!("handles-test-{i}")),
+                "peek",
+                Outcome::Allowed,
+            );
+        }
+        super::decision(&reloaded, "check", Outcome::Allowed);
+        let text = super::render().unwrap();
+        assert_eq!(value(&text, series), 9.0, "{series}");
+        assert_eq!(value(&text, hits), 6.0, "{hits}");
+        let denied = series.replace("allowed", "denied");
+        assert_eq!(value(&text, &denied), 1.0, "{denied}");
+        for name in ["handles-x1", "handles-x2", "handles-x3"] {
+            let series = denied.replace("handles-test", name);
+            assert_eq!(value(&text, &series), 1.0, "{series}");
+        }
+    }
 
     /// Every metric a source file of the workspace records is described: a new metric without
     /// a `# HELP` line fails here.

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 pub(crate) const MAX_NAMES: usize = 4_096;
 
 /// What became of a check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Admitted.
     Allowed = 0,
