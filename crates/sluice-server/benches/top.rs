@@ -4,6 +4,11 @@
 //! every 16 records. In the same run, the same load on one shard: the single lock every call
 //! took before the summaries were sharded.
 //!
+//! Then one caller, records/s by `top.capacity` (64, the default, to 10 000, the largest), keys
+//! uniform over 100 000 (nearly every record a key new to its summary, which takes over the
+//! smallest counter) and Zipf-distributed (s = 1.1: mostly keys already held), against the
+//! default capacity in the same run.
+//!
 //! `cargo bench -p sluice-server --bench top` (`SLUICE_BENCH_SECS`, default 3, sets the
 //! seconds per point). The machine is shared: compare ratios within one run.
 
@@ -49,6 +54,77 @@ fn main() {
             now / before
         );
     }
+    println!("TopKeys::record, one caller, records/s by top.capacity (8 shards)");
+    println!("  capacity   uniform keys   × capacity 64   Zipf keys   × capacity 64");
+    let (mut uniform_64, mut zipf_64) = (0.0, 0.0);
+    for capacity in [64, 1_000, 10_000] {
+        let uniform = by_capacity(capacity, &uniform_keys(), run_for);
+        let zipf = by_capacity(capacity, &zipf_keys(), run_for);
+        if capacity == 64 {
+            (uniform_64, zipf_64) = (uniform, zipf);
+        }
+        println!(
+            "  {capacity:>8}   {uniform:>12.0}   {:>13.2}   {zipf:>9.0}   {:>13.2}",
+            uniform / uniform_64,
+            zipf / zipf_64
+        );
+    }
+}
+
+/// 1 000 000 keys uniform over `KEYS`.
+fn uniform_keys() -> Vec<u64> {
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    (0..1_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % KEYS
+        })
+        .collect()
+}
+
+/// 1 000 000 keys over `KEYS`, the key of rank r drawn with weight 1 / r^1.1.
+fn zipf_keys() -> Vec<u64> {
+    let cdf: Vec<f64> = (1..=KEYS)
+        .scan(0.0, |acc, r| {
+            *acc += 1.0 / (r as f64).powf(1.1);
+            Some(*acc)
+        })
+        .collect();
+    let total = cdf[cdf.len() - 1];
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..1_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64 * total;
+            cdf.partition_point(|&c| c < u).min(cdf.len() - 1) as u64
+        })
+        .collect()
+}
+
+/// Records/s of one caller recording `stream`'s keys, over and over, for `run_for`.
+fn by_capacity(capacity: usize, stream: &[u64], run_for: Duration) -> f64 {
+    let top = TopKeys::new(capacity, 60_000);
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
+    // Warm: every summary full before the count.
+    for &k in stream {
+        top.record("api", &keys[k as usize], true, 1, 1_000);
+    }
+    let started = Instant::now();
+    let mut done = 0u64;
+    for chunk in stream.chunks(10_000).cycle() {
+        for &k in chunk {
+            top.record("api", &keys[k as usize], true, 1, 1_000);
+        }
+        done += chunk.len() as u64;
+        if started.elapsed() >= run_for {
+            break;
+        }
+    }
+    done as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn measure(callers: usize, shards: usize, run_for: Duration) -> f64 {

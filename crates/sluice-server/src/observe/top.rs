@@ -28,11 +28,18 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Space-Saving counters for one stream.
+///
+/// The counters stay in the slots they were given; `heap` orders the slots by count, smallest
+/// first (a binary min-heap, `pos` each slot's place in it), so a new key finds the smallest
+/// counter at once and a count that grows moves down in O(log capacity) steps, instead of a
+/// scan of every counter per new key (10 000 of them at the largest `top.capacity`).
 #[derive(Debug, Clone)]
 pub struct SpaceSaving {
     capacity: usize,
     counters: Vec<Counter>,
     index: HashMap<Arc<str>, usize>,
+    heap: Vec<u32>,
+    pos: Vec<u32>,
     total: u64,
 }
 
@@ -54,6 +61,8 @@ impl SpaceSaving {
             capacity,
             counters: Vec::with_capacity(capacity.min(1_024)),
             index: HashMap::with_capacity(capacity.min(1_024)),
+            heap: Vec::with_capacity(capacity.min(1_024)),
+            pos: Vec::with_capacity(capacity.min(1_024)),
             total: 0,
         }
     }
@@ -67,33 +76,89 @@ impl SpaceSaving {
         if let Some(&i) = self.index.get(key) {
             let c = &mut self.counters[i];
             c.count = c.count.saturating_add(weight);
+            self.sift_down(self.pos[i] as usize);
             return;
         }
         let key: Arc<str> = Arc::from(key);
         if self.counters.len() < self.capacity {
-            self.index.insert(key.clone(), self.counters.len());
+            let slot = self.counters.len();
+            self.index.insert(key.clone(), slot);
             self.counters.push(Counter {
                 key,
                 count: weight,
                 error: 0,
             });
+            // `capacity` is at most `MAX_TOP_CAPACITY`: slots fit in a u32.
+            self.pos.push(self.heap.len() as u32);
+            self.heap.push(slot as u32);
+            self.sift_up(self.heap.len() - 1);
             return;
         }
-        // Full: the new key takes over the smallest counter.
-        let Some((i, _)) = self
-            .counters
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, c)| c.count)
-        else {
+        // Full: the new key takes over the smallest counter, the heap's first.
+        let Some(&slot) = self.heap.first() else {
             return;
         };
-        let c = &mut self.counters[i];
+        let c = &mut self.counters[slot as usize];
         self.index.remove(&c.key);
         c.error = c.count;
         c.count = c.count.saturating_add(weight);
         c.key = key.clone();
-        self.index.insert(key, i);
+        self.index.insert(key, slot as usize);
+        self.sift_down(0);
+    }
+
+    /// The count of the slot at heap place `at`.
+    fn count_at(&self, at: usize) -> u64 {
+        self.counters[self.heap[at] as usize].count
+    }
+
+    /// Swaps heap places `a` and `b`, keeping `pos` in step.
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.pos[self.heap[a] as usize] = a as u32;
+        self.pos[self.heap[b] as usize] = b as u32;
+    }
+
+    /// Moves the slot at heap place `at` up while its count is below its parent's.
+    fn sift_up(&mut self, mut at: usize) {
+        while at > 0 {
+            let parent = (at - 1) / 2;
+            if self.count_at(at) >= self.count_at(parent) {
+                break;
+            }
+            self.swap(at, parent);
+            at = parent;
+        }
+    }
+
+    /// Moves the slot at heap place `at` down while a child's count is below its own.
+    fn sift_down(&mut self, mut at: usize) {
+        loop {
+            let (left, right) = (2 * at + 1, 2 * at + 2);
+            let mut smallest = at;
+            if left < self.heap.len() && self.count_at(left) < self.count_at(smallest) {
+                smallest = left;
+            }
+            if right < self.heap.len() && self.count_at(right) < self.count_at(smallest) {
+                smallest = right;
+            }
+            if smallest == at {
+                return;
+            }
+            self.swap(at, smallest);
+            at = smallest;
+        }
+    }
+
+    /// The smallest count held (0 while the summary is not full).
+    fn floor(&self) -> u64 {
+        if self.counters.len() < self.capacity {
+            0
+        } else {
+            self.heap
+                .first()
+                .map_or(0, |&slot| self.counters[slot as usize].count)
+        }
     }
 
     /// The total weight counted.
@@ -123,14 +188,7 @@ impl SpaceSaving {
     /// one side only also takes the other side's smallest count as error, since it may have
     /// been evicted there), keeping the `capacity` largest.
     pub fn merged(&self, other: &SpaceSaving) -> Vec<Counter> {
-        let floor = |s: &SpaceSaving| {
-            if s.counters.len() < s.capacity {
-                0
-            } else {
-                s.counters.iter().map(|c| c.count).min().unwrap_or(0)
-            }
-        };
-        let (floor_a, floor_b) = (floor(self), floor(other));
+        let (floor_a, floor_b) = (self.floor(), other.floor());
         let mut out: Vec<Counter> = self
             .counters
             .iter()
@@ -458,6 +516,37 @@ mod tests {
              held key {worst_error} ({:.3} % of the stream; bound {bound})",
             worst_error as f64 * 100.0 / len as f64
         );
+    }
+
+    #[test]
+    fn a_new_key_always_takes_over_a_smallest_counter() {
+        // Weights and keys from xorshift: hits, misses and ties mixed; after every add the
+        // heap is in order, `pos` agrees with it, and its first slot holds the smallest count.
+        let mut s = SpaceSaving::new(50);
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for step in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (key, weight) = (x % 400, (x >> 32) % 5);
+            let smallest = s.counters.iter().map(|c| c.count).min();
+            let full = s.len() == 50;
+            let held = s.index.contains_key(format!("k{key}").as_str());
+            s.add(&format!("k{key}"), weight);
+            for (at, &slot) in s.heap.iter().enumerate() {
+                assert_eq!(s.pos[slot as usize] as usize, at, "step {step}");
+                if at > 0 {
+                    assert!(s.count_at((at - 1) / 2) <= s.count_at(at), "step {step}");
+                }
+            }
+            if full && !held && weight > 0 {
+                // The replaced counter was a smallest one: its count is now the error.
+                let c = &s.counters[s.index[format!("k{key}").as_str()]];
+                assert_eq!(Some(c.error), smallest, "step {step}");
+            }
+            let min = s.counters.iter().map(|c| c.count).min().unwrap_or(0);
+            assert_eq!(s.floor(), if s.len() == 50 { min } else { 0 });
+        }
     }
 
     #[test]
