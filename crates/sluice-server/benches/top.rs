@@ -71,17 +71,18 @@ fn main() {
     }
 }
 
+/// The next value of a xorshift64 generator.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// 1 000 000 keys uniform over `KEYS`.
 fn uniform_keys() -> Vec<u64> {
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    (0..1_000_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % KEYS
-        })
-        .collect()
+    (0..1_000_000).map(|_| xorshift(&mut x) % KEYS).collect()
 }
 
 /// 1 000 000 keys over `KEYS`, the key of rank r drawn with weight 1 / r^1.1.
@@ -96,10 +97,7 @@ fn zipf_keys() -> Vec<u64> {
     let mut x = 0x9e37_79b9_7f4a_7c15_u64;
     (0..1_000_000)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let u = (xorshift(&mut x) >> 11) as f64 / (1u64 << 53) as f64 * total;
             cdf.partition_point(|&c| c < u).min(cdf.len() - 1) as u64
         })
         .collect()
@@ -142,10 +140,8 @@ async fn measure(callers: usize, shards: usize, run_for: Duration) -> f64 {
                 let mut done = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..YIELD_EVERY {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        top.record(&policy, &keys[(x % KEYS) as usize], true, 1, 1_000);
+                        let k = xorshift(&mut x) % KEYS;
+                        top.record(&policy, &keys[k as usize], true, 1, 1_000);
                         done += 1;
                     }
                     tokio::task::yield_now().await;
