@@ -9,6 +9,12 @@ mod simulate;
 
 use cli::{Cli, Command, ConfigCommand, LogFormat};
 
+/// mimalloc rather than glibc's malloc: tonic and hyper allocate several buffers per gRPC
+/// request (docs/benchmarks.md, "The server's allocator"). Only the binary chooses; the
+/// library crates leave the choice to whoever embeds them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
