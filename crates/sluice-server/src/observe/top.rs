@@ -269,10 +269,13 @@ pub struct TopKeys {
 /// cores recording into neighbouring shards do not fight over one line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(Mutex<HashMap<Arc<str>, PolicyTop>>);
+struct Shard(Mutex<ByPolicy>);
+
+/// One shard's summaries by policy (names from the configuration, at most `max_policies`).
+type ByPolicy = HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>;
 
 impl Shard {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, PolicyTop>> {
+    fn lock(&self) -> MutexGuard<'_, ByPolicy> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -348,12 +351,13 @@ impl TopKeys {
         }
         let epoch = now_ms / self.window_ms;
         let mut all = self.shard_of(key).lock();
-        if !all.contains_key(policy) && all.len() >= self.max_policies {
-            return;
-        }
         let capacity = self.capacity;
-        // The name is allocated only the first time it is seen in this shard.
+        // One lookup for a policy seen before; the name is allocated only the first time it
+        // is seen in this shard.
         if !all.contains_key(policy) {
+            if all.len() >= self.max_policies {
+                return;
+            }
             all.insert(
                 Arc::from(policy),
                 PolicyTop {

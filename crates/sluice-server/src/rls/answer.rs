@@ -2,6 +2,8 @@
 //! status per descriptor, the rate-limit headers (IETF or the reference's draft-03) and
 //! whether a descriptor was decided without the store; or the error that answers instead.
 
+use std::fmt::Write as _;
+
 use sluice::Policy;
 
 use super::{Match, Unit};
@@ -168,11 +170,13 @@ pub(crate) fn ietf_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
             policy.push_str(", ");
             state.push_str(", ");
         }
-        policy.push_str(&format!("{name};q={};w={window}", limit.requests_per_unit));
-        state.push_str(&format!(
+        // Writing into a String cannot fail.
+        let _ = write!(policy, "{name};q={};w={window}", limit.requests_per_unit);
+        let _ = write!(
+            state,
             "{name};r={};t={}",
             part.status.limit_remaining, part.reset_secs
-        ));
+        );
     }
     if policy.is_empty() {
         return Vec::new();

@@ -51,26 +51,26 @@ impl Domain {
         let mut level = &self.root;
         let mut found: Option<&Arc<Rule>> = None;
         // The three metric keys of the reference, built as the walk goes.
-        let mut detailed_key = domain.to_owned();
-        let mut value_key = domain.to_owned();
+        let mut detailed_key = String::with_capacity(domain.len() + 64);
+        detailed_key.push_str(domain);
+        let mut value_key = detailed_key.clone();
         let mut shared: Vec<Option<String>> = vec![None; entries.len()];
+        // `key_value`, one buffer for every level.
+        let mut composite = String::with_capacity(64);
         for (i, (key, value)) in entries.iter().enumerate() {
             let (key, value) = (key.as_ref(), value.as_ref());
-            let composite = format!("{key}_{value}");
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
             detailed_key.push('.');
             detailed_key.push_str(&composite);
             let (next, wildcard, matched_with_value) = descend(level, key, &composite);
-            let key_prefix = format!("{key}_");
             if let (Some(_), Some(node)) = (wildcard, next)
                 && node.share_threshold
                 && let Some(pattern) = &node.wildcard_pattern
             {
-                shared[i] = Some(
-                    pattern
-                        .strip_prefix(&key_prefix)
-                        .unwrap_or(pattern)
-                        .to_owned(),
-                );
+                shared[i] = Some(without_key(pattern, key).to_owned());
             }
             value_key.push('.');
             value_key.push_str(key);
@@ -78,7 +78,7 @@ impl Domain {
                 let shown = match (wildcard, &shared[i]) {
                     (Some(_), Some(pattern)) => pattern.as_str(),
                     (Some(_), None) if node.value_to_metric => value,
-                    (Some(w), None) => w.strip_prefix(&key_prefix).unwrap_or(w),
+                    (Some(w), None) => without_key(w, key),
                     (None, _) if matched_with_value || node.value_to_metric => value,
                     (None, _) => "",
                 };
@@ -110,6 +110,14 @@ impl Domain {
             stats_key,
         })
     }
+}
+
+/// `pattern` without its leading `key_` (as it is, if it does not start so).
+fn without_key<'a>(pattern: &'a str, key: &str) -> &'a str {
+    pattern
+        .strip_prefix(key)
+        .and_then(|rest| rest.strip_prefix('_'))
+        .unwrap_or(pattern)
 }
 
 /// One level down: the node for `key_value`, else the first wildcard descriptor that matches
@@ -164,7 +172,9 @@ fn counter_key<K: AsRef<str>, V: AsRef<str>>(
     entries: &[(K, V)],
     shared: &[Option<String>],
 ) -> String {
-    let mut counter_key = format!("{domain}_");
+    let mut counter_key = String::with_capacity(domain.len() + 64);
+    counter_key.push_str(domain);
+    counter_key.push('_');
     for ((k, v), pattern) in entries.iter().zip(shared) {
         counter_key.push_str(k.as_ref());
         counter_key.push('_');

@@ -68,7 +68,7 @@ pub(crate) struct Rls {
     policies: Mutex<HashMap<(u64, u32, sluice::FailureMode), Policy>>,
     /// The statistics keys seen, bounded by [`MAX_STATS_KEYS`]: read-locked by every
     /// descriptor, write-locked only to add a key.
-    stats_keys: RwLock<HashSet<Arc<str>>>,
+    stats_keys: RwLock<HashSet<Arc<str>, foldhash::fast::RandomState>>,
 }
 
 impl Rls {
@@ -77,7 +77,7 @@ impl Rls {
         Self {
             shared,
             policies: Mutex::new(HashMap::new()),
-            stats_keys: RwLock::new(HashSet::new()),
+            stats_keys: RwLock::new(HashSet::default()),
         }
     }
 

@@ -27,8 +27,9 @@ pub(super) struct Domain {
 /// One descriptor of the configuration (`rateLimitDescriptor`).
 #[derive(Debug)]
 pub(super) struct DescriptorNode {
-    /// The nested descriptors, by composite key.
-    pub(super) children: HashMap<String, DescriptorNode>,
+    /// The nested descriptors, by composite key (looked up by every request's entries, never
+    /// grown by them, so a fast hash is safe).
+    pub(super) children: HashMap<String, DescriptorNode, foldhash::fast::RandomState>,
     /// The composite keys of the nested descriptors that contain `*`, in file order.
     pub(super) wildcards: Vec<Wildcard>,
     /// The limit of this descriptor, if it has a `rate_limit` block.
@@ -70,7 +71,7 @@ pub(super) struct Wildcard {
 impl DescriptorNode {
     fn new(origin: Origin) -> Self {
         Self {
-            children: HashMap::new(),
+            children: HashMap::default(),
             wildcards: Vec::new(),
             limit: None,
             value_to_metric: false,
