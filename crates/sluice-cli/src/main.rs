@@ -10,8 +10,8 @@ mod simulate;
 use cli::{Cli, Command, ConfigCommand, LogFormat};
 
 /// mimalloc rather than glibc's malloc: tonic and hyper allocate several buffers per gRPC
-/// request (docs/benchmarks.md, "The server's allocator"). Only the binary chooses; the
-/// library crates leave the choice to whoever embeds them.
+/// request (docs/benchmarks.md, "The server's allocator and the Envoy path"). Only the binary
+/// chooses; the library crates leave the choice to whoever embeds them.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

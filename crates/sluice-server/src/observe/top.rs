@@ -352,7 +352,7 @@ impl TopKeys {
         let epoch = now_ms / self.window_ms;
         let mut all = self.shard_of(key).lock();
         let capacity = self.capacity;
-        // One lookup for a policy seen before; the name is allocated only the first time it
+        // A policy seen before costs two lookups; the name is allocated only the first time it
         // is seen in this shard.
         if !all.contains_key(policy) {
             if all.len() >= self.max_policies {
