@@ -50,16 +50,6 @@ const WORDS: &[&str] = &[
     "- key: x\n    value: y",
 ];
 
-const UNITS: [Unit; 7] = [
-    Unit::Second,
-    Unit::Minute,
-    Unit::Hour,
-    Unit::Day,
-    Unit::Week,
-    Unit::Month,
-    Unit::Year,
-];
-
 /// The keys, values, domains and names a text mentions: what lookups should ask about.
 fn mentioned(text: &str) -> Vec<String> {
     let mut words = vec![String::new(), "*".to_owned(), "unknown".to_owned()];
@@ -180,7 +170,7 @@ fn lookups(config: &RlsConfig, words: &[&str], asked: &[Lookup], files: &[(Strin
             .map(|(entries, d)| {
                 let limit = d
                     .limit
-                    .map(|(rpu, unit)| (rpu, UNITS[usize::from(unit) % UNITS.len()]));
+                    .map(|(rpu, unit)| (rpu, Unit::ALL[usize::from(unit) % Unit::ALL.len()]));
                 (entries.as_slice(), limit)
             })
             .collect();
