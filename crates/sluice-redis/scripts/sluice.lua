@@ -800,6 +800,9 @@ end
 --   sliding window  HINCRBY of the current bucket; PEXPIRE only when that bucket is new (an
 --                   existing one was given its expiry when it was made); HDEL of stale buckets
 --   token bucket    HSET tat and frac, PEXPIRE the new TAT + margin
+-- A check of cost 1..max (a bucket: 1..min(max, burst)) of a policy of one token bucket or
+-- one sliding window takes `tb_fast` or `sw_fast`: the same commands, reads and writes as the
+-- full path, without its tables and second pass.
 
 -- An integer read from stored state: a number, whole, 0 to 2^53; anything else is corrupt.
 local function stored(key, name, v)
@@ -951,6 +954,97 @@ local function all_counters(args, a, n)
   return true
 end
 
+-- The fast path of a check of cost 1..min(max, burst) on a policy of one token bucket (values
+-- as in the lean layout from ARGV[a]): HMGET, then HSET + PEXPIRE when it admits, with the
+-- checks of stored state `rate` makes and no table but the reply. With `unit`, the step in
+-- ARGV is that of one unit (a batch) and is scaled to the cost here.
+local function tb_fast(key, args, a, now, cost, margin, unit)
+  local max = tonumber(args[a + 1])
+  local v = redis.call('HMGET', key, 'tat', 'frac')
+  local tat, frac = v[1], v[2]
+  local ams, af = 0, 0
+  if tat then
+    if not frac then
+      corrupt(key, 'a token bucket needs both tat and frac')
+    end
+    tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
+    if frac >= max then
+      corrupt(key, 'frac ' .. frac .. ' is not below max')
+    end
+    if tat > now or (tat == now and frac > 0) then
+      ams, af = tat - now, frac
+    end
+  else
+    if frac then
+      corrupt(key, 'a token bucket needs both tat and frac')
+    end
+    tat, frac = 0, 0
+  end
+  local sms, sf = tonumber(args[a + 6]), tonumber(args[a + 7])
+  if unit and cost > 1 then
+    sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
+  end
+  local nms, nf = pair_add(ams, af, sms, sf, max)
+  if pair_gt(nms, nf, tonumber(args[a + 4]), tonumber(args[a + 5])) then
+    return {0, now, tat, frac}
+  end
+  local ttl = nms + margin
+  if nf > 0 then
+    ttl = ttl + 1
+  end
+  redis.call('HSET', key, 'tat', now + nms, 'frac', nf)
+  redis.call('PEXPIRE', key, ttl)
+  return {1, now, tat, frac}
+end
+
+-- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
+local function bucket_units(key, start, v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+    stored(key, 'bucket ' .. start, v)
+  end
+  return n
+end
+
+-- The fast path of a check of cost 1..max on a policy of one sliding window (max, per and
+-- precision from ARGV[a + 1]): HGETALL, then HINCRBY of the current bucket when it admits
+-- (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and writes it,
+-- with no table but the reply and the stale fields.
+local function sw_fast(key, args, a, now, cost, margin)
+  local max, per, p = tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
+  local h = redis.call('HGETALL', key)
+  local current = now - now % p
+  local lowest = current + p - per
+  local out = {1, now, 0}
+  local used, newest, stale = 0, current, nil
+  for j = 1, #h, 2 do
+    local start = stored(key, 'bucket', h[j])
+    local c = bucket_units(key, h[j], h[j + 1])
+    if start >= lowest then
+      used = used + c
+      if start > newest then
+        newest = start
+      end
+      out[#out + 1], out[#out + 2] = start, c
+    else
+      stale = stale or {}
+      stale[#stale + 1] = h[j]
+    end
+  end
+  out[3] = (#out - 3) / 2
+  if used + cost > max then
+    out[1] = 0
+    return out
+  end
+  if redis.call('HINCRBY', key, current, cost) == cost then
+    redis.call('PEXPIRE', key, newest + per - now + margin)
+  end
+  if stale then
+    redis.call('HDEL', key, unpack(stale))
+  end
+  return out
+end
+
 -- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
 -- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
 -- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
@@ -1001,7 +1095,7 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
       out[count] = 0
       for j = 1, #h, 2 do
         local start = stored(key, 'bucket', h[j])
-        local c = stored(key, 'bucket ' .. h[j], h[j + 1])
+        local c = bucket_units(key, h[j], h[j + 1])
         if start >= lowest then
           used = used + c
           if start > newest then
@@ -1133,6 +1227,13 @@ local function rate_call(keys, args, record)
       return r
     end
   end
+  if record and #keys == 1 and cost > 0 and cost <= tonumber(args[5]) then
+    if alg == '4' and cost <= tonumber(args[7]) then
+      return tb_fast(keys[1], args, 4, now, cost, margin, false)
+    elseif alg == '3' then
+      return sw_fast(keys[1], args, 4, now, cost, margin)
+    end
+  end
   if record and #keys > 1 and cost > 0 and all_counters(args, 4, #keys) then
     local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[3], args[1] == 'redis')
     if r then
@@ -1169,6 +1270,11 @@ local function batch(keys, args)
       policies[p][5] = alg == '6'
     elseif n > 1 and all_counters(args, a + 1, n) then
       policies[p][6] = true -- every limit a layout-v2 fixed window: `fw_fast_n`
+    elseif n == 1 and alg == '4' then
+      -- One token bucket: `tb_fast` takes costs up to the smaller of max and burst.
+      policies[p][7] = math.min(tonumber(args[a + 2]), tonumber(args[a + 4]))
+    elseif n == 1 and alg == '3' then
+      policies[p][8] = tonumber(args[a + 2]) -- one sliding window, up to max: `sw_fast`
     end
     a = a + 1 + rate_width(args, a + 1, n)
   end
@@ -1186,6 +1292,10 @@ local function batch(keys, args)
       ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, args[1], redis_time)
     elseif p[6] and record and cost > 0 then
       ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, args[1], redis_time)
+    elseif p[7] and record and cost > 0 and cost <= p[7] then
+      ok, r = pcall(tb_fast, keys[k], args, p[1], at, cost, margin, true)
+    elseif p[8] and record and cost > 0 and cost <= p[8] then
+      ok, r = pcall(sw_fast, keys[k], args, p[1], at, cost, margin)
     end
     if ok and not r then
       ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, args[1],

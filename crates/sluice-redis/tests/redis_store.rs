@@ -532,6 +532,86 @@ async fn one_bad_key_in_a_batch_fails_alone() {
     assert_eq!(before, after, "a failed decision wrote");
 }
 
+/// A policy of one token bucket or one sliding window takes its own fast path, single and
+/// batched: bad state there fails as corrupt, names the key, and writes nothing, while the
+/// good keys of the same batch are decided.
+#[tokio::test]
+async fn bad_data_on_the_one_limit_fast_paths_fails_alone_and_changes_nothing() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await;
+    let bucket = policy("tb", vec![LimitSpec::token_bucket(10, 60_000)]);
+    let sliding = policy(
+        "sw",
+        vec![LimitSpec::sliding_window(10, 60_000).precision_ms(1_000)],
+    );
+    let cases: Vec<(&str, &Policy, Vec<&str>)> = vec![
+        ("bucket: wrong type", &bucket, vec!["LPUSH", "x"]),
+        (
+            "bucket: tat alone",
+            &bucket,
+            vec!["HSET", "tat", "1700000000000"],
+        ),
+        ("bucket: frac alone", &bucket, vec!["HSET", "frac", "3"]),
+        (
+            "bucket: fraction above max",
+            &bucket,
+            vec!["HSET", "tat", "1700000000000", "frac", "10"],
+        ),
+        (
+            "bucket: non-numeric tat",
+            &bucket,
+            vec!["HSET", "tat", "soon", "frac", "0"],
+        ),
+        ("sliding: wrong type", &sliding, vec!["SET", "x"]),
+        (
+            "sliding: negative units",
+            &sliding,
+            vec!["HSET", "1700000000000", "-3"],
+        ),
+        (
+            "sliding: non-numeric units",
+            &sliding,
+            vec!["HSET", "1700000000000", "many"],
+        ),
+        (
+            "sliding: non-numeric start",
+            &sliding,
+            vec!["HSET", "yesterday", "1"],
+        ),
+    ];
+    for (what, p, setup) in cases {
+        server.cmd(&["FLUSHALL"]).unwrap();
+        let key =
+            |i: usize| sluice_redis::keys::policy_keys("sluice:", p, &format!("k{i}"))[0].clone();
+        let bad = key(2);
+        let mut cmd = vec![setup[0], bad.as_str()];
+        cmd.extend(&setup[1..]);
+        server.cmd(&cmd).unwrap();
+        let before = server.cmd(&["DUMP", &bad]).unwrap();
+        // Alone (the single call's fast path), then with four good keys (the batch's).
+        let single = s.check(p, "k2", 1, T0).await;
+        let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+        let batched = all(keys.iter().map(|k| s.check(p, k, 1, T0)).collect()).await;
+        for (i, d) in std::iter::once(&single).chain(&batched).enumerate() {
+            let good = i > 0 && i != 3;
+            match d {
+                Ok(d) if good => assert!(d.allowed && d.remaining() == 9, "{what}: {d:?}"),
+                Err(StoreError::Corrupt { key, detail }) if !good => {
+                    let tag = sluice_redis::keys::hash_tag(&bad);
+                    assert!(key.contains(tag), "{what}: {key} is not in {tag}");
+                    assert!(!detail.is_empty(), "{what}");
+                }
+                other => panic!("{what}: decision {i}: {other:?}"),
+            }
+        }
+        let after = server.cmd(&["DUMP", &bad]).unwrap();
+        assert_eq!(before, after, "{what}: a failed decision changed state");
+    }
+}
+
 /// A stalled Redis: every queued decision times out on its own timeout, typed, and the store
 /// answers again once Redis does.
 #[tokio::test]
