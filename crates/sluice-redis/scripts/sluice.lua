@@ -954,12 +954,21 @@ local function all_counters(args, a, n)
   return true
 end
 
--- The fast path of a check of cost 1..min(max, burst) on a policy of one token bucket (values
--- as in the lean layout from ARGV[a]): HMGET, then HSET + PEXPIRE when it admits, with the
--- checks of stored state `rate` makes and no table but the reply. With `unit`, the step in
--- ARGV is that of one unit (a batch) and is scaled to the cost here.
-local function tb_fast(key, args, a, now, cost, margin, unit)
-  local max = tonumber(args[a + 1])
+-- A token bucket's values from ARGV[a] (its algorithm's) as numbers: max, tau (ms, frac) and
+-- step (ms, frac); a sliding window's: max, per, precision. A batch reads them once.
+local function tb_values(args, a)
+  return tonumber(args[a + 1]), tonumber(args[a + 4]), tonumber(args[a + 5]),
+    tonumber(args[a + 6]), tonumber(args[a + 7])
+end
+local function sw_values(args, a)
+  return tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
+end
+
+-- The fast path of a check of cost 1..min(max, burst) on a policy of one token bucket (max,
+-- tau and step as `tb_values` reads them): HMGET, then HSET + PEXPIRE when it admits, with the checks of
+-- stored state `rate` makes and no table but the reply. With `unit`, the step is that of one
+-- unit (a batch) and is scaled to the cost here.
+local function tb_fast(key, max, tms, tf, sms, sf, now, cost, margin, unit)
   local v = redis.call('HMGET', key, 'tat', 'frac')
   local tat, frac = v[1], v[2]
   local ams, af = 0, 0
@@ -980,12 +989,11 @@ local function tb_fast(key, args, a, now, cost, margin, unit)
     end
     tat, frac = 0, 0
   end
-  local sms, sf = tonumber(args[a + 6]), tonumber(args[a + 7])
   if unit and cost > 1 then
     sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
   end
   local nms, nf = pair_add(ams, af, sms, sf, max)
-  if pair_gt(nms, nf, tonumber(args[a + 4]), tonumber(args[a + 5])) then
+  if pair_gt(nms, nf, tms, tf) then
     return {0, now, tat, frac}
   end
   local ttl = nms + margin
@@ -1007,11 +1015,10 @@ local function bucket_units(key, start, v)
 end
 
 -- The fast path of a check of cost 1..max on a policy of one sliding window (max, per and
--- precision from ARGV[a + 1]): HGETALL, then HINCRBY of the current bucket when it admits
+-- precision as `sw_values` reads them): HGETALL, then HINCRBY of the current bucket when it admits
 -- (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and writes it,
 -- with no table but the reply and the stale fields.
-local function sw_fast(key, args, a, now, cost, margin)
-  local max, per, p = tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
+local function sw_fast(key, max, per, p, now, cost, margin)
   local h = redis.call('HGETALL', key)
   local current = now - now % p
   local lowest = current + p - per
@@ -1229,9 +1236,11 @@ local function rate_call(keys, args, record)
   end
   if record and #keys == 1 and cost > 0 and cost <= tonumber(args[5]) then
     if alg == '4' and cost <= tonumber(args[7]) then
-      return tb_fast(keys[1], args, 4, now, cost, margin, false)
+      local max, tms, tf, sms, sf = tb_values(args, 4)
+      return tb_fast(keys[1], max, tms, tf, sms, sf, now, cost, margin, false)
     elseif alg == '3' then
-      return sw_fast(keys[1], args, 4, now, cost, margin)
+      local max, per, p = sw_values(args, 4)
+      return sw_fast(keys[1], max, per, p, now, cost, margin)
     end
   end
   if record and #keys > 1 and cost > 0 and all_counters(args, 4, #keys) then
@@ -1273,8 +1282,10 @@ local function batch(keys, args)
     elseif n == 1 and alg == '4' then
       -- One token bucket: `tb_fast` takes costs up to the smaller of max and burst.
       policies[p][7] = math.min(tonumber(args[a + 2]), tonumber(args[a + 4]))
+      policies[p][9] = {tb_values(args, a + 1)}
     elseif n == 1 and alg == '3' then
       policies[p][8] = tonumber(args[a + 2]) -- one sliding window, up to max: `sw_fast`
+      policies[p][9] = {sw_values(args, a + 1)}
     end
     a = a + 1 + rate_width(args, a + 1, n)
   end
@@ -1293,9 +1304,11 @@ local function batch(keys, args)
     elseif p[6] and record and cost > 0 then
       ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, args[1], redis_time)
     elseif p[7] and record and cost > 0 and cost <= p[7] then
-      ok, r = pcall(tb_fast, keys[k], args, p[1], at, cost, margin, true)
+      local b = p[9]
+      ok, r = pcall(tb_fast, keys[k], b[1], b[2], b[3], b[4], b[5], at, cost, margin, true)
     elseif p[8] and record and cost > 0 and cost <= p[8] then
-      ok, r = pcall(sw_fast, keys[k], args, p[1], at, cost, margin)
+      local w = p[9]
+      ok, r = pcall(sw_fast, keys[k], w[1], w[2], w[3], at, cost, margin)
     end
     if ok and not r then
       ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, args[1],
