@@ -287,6 +287,44 @@ async fn half_an_http2_preface_and_an_idle_grpc_connection_are_closed() {
     s.stop().await;
 }
 
+/// gRPC: a connection in use is never closed by the idle timeout, however many times longer
+/// than it the connection lives (each read moves the deadline), and is closed once silent.
+#[tokio::test]
+async fn a_busy_grpc_connection_outlives_the_idle_timeout_and_closes_once_silent() {
+    let s = start(&["idle_timeout: 500ms"]).await;
+    let idle = "sluice_connection_timeouts_total{listener=\"grpc\",timeout=\"idle\"}";
+    let mut health = tonic_health::pb::health_client::HealthClient::new(s.channel().await);
+    let started = Instant::now();
+    let mut calls = 0;
+    // One request every 50 ms for four idle timeouts.
+    while started.elapsed() < Duration::from_millis(2_000) {
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("a busy connection is served");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(calls >= 10, "{calls} calls in 2 s");
+    assert_eq!(
+        metric(&s.url, idle).await,
+        0.0,
+        "a busy gRPC connection was closed as idle"
+    );
+    // Silent from now: closed after the idle timeout.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&s.url, idle).await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a silent gRPC connection was still open 10 s after its idle timeout of 500 ms"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.stop().await;
+}
+
 /// With `max_connections` open, a new client waits (the listener stops accepting; the kernel
 /// holds it in its backlog) while the open ones are served; the metric says the bound was
 /// reached; once one closes, the waiting client is answered.
