@@ -965,9 +965,9 @@ local function sw_values(args, a)
 end
 
 -- The fast path of a check of cost 1..min(max, burst) on a policy of one token bucket (max,
--- tau and step as `tb_values` reads them): HMGET, then HSET + PEXPIRE when it admits, with the checks of
--- stored state `rate` makes and no table but the reply. With `unit`, the step is that of one
--- unit (a batch) and is scaled to the cost here.
+-- tau and step as `tb_values` reads them): HMGET, then HSET + PEXPIRE when it admits, with
+-- the checks of stored state `rate` makes and no table but the reply. With `unit`, the step
+-- is that of one unit (a batch) and is scaled to the cost here.
 local function tb_fast(key, max, tms, tf, sms, sf, now, cost, margin, unit)
   local v = redis.call('HMGET', key, 'tat', 'frac')
   local tat, frac = v[1], v[2]
@@ -1015,9 +1015,9 @@ local function bucket_units(key, start, v)
 end
 
 -- The fast path of a check of cost 1..max on a policy of one sliding window (max, per and
--- precision as `sw_values` reads them): HGETALL, then HINCRBY of the current bucket when it admits
--- (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and writes it,
--- with no table but the reply and the stale fields.
+-- precision as `sw_values` reads them): HGETALL, then HINCRBY of the current bucket when it
+-- admits (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and
+-- writes it, with no table but the reply and the stale fields.
 local function sw_fast(key, max, per, p, now, cost, margin)
   local h = redis.call('HGETALL', key)
   local current = now - now % p

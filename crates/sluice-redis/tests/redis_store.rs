@@ -594,7 +594,10 @@ async fn bad_data_on_the_one_limit_fast_paths_fails_alone_and_changes_nothing() 
         // Alone (the single call's fast path), then with four good keys (the batch's).
         let single = s.check(p, "k2", 1, T0).await;
         let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+        let calls = script_calls(&server);
         let batched = all(keys.iter().map(|k| s.check(p, k, 1, T0)).collect()).await;
+        let made = script_calls(&server) - calls;
+        assert!(made <= 2, "{what}: 5 concurrent checks took {made} calls");
         for (i, d) in std::iter::once(&single).chain(&batched).enumerate() {
             let good = i > 0 && i != 3;
             match d {
