@@ -954,6 +954,66 @@ local function all_counters(args, a, n)
   return true
 end
 
+-- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
+local function bucket_units(key, start, v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+    stored(key, 'bucket ' .. start, v)
+  end
+  return n
+end
+
+-- A token bucket's stored state, checked before anything is written: tat and frac as read
+-- (0, 0: none), and how far the TAT lies beyond now as a pair (ms, frac).
+local function tb_read(key, max, now)
+  local v = redis.call('HMGET', key, 'tat', 'frac')
+  local tat, frac = v[1], v[2]
+  if not tat then
+    if frac then
+      corrupt(key, 'a token bucket needs both tat and frac')
+    end
+    return 0, 0, 0, 0
+  end
+  if not frac then
+    corrupt(key, 'a token bucket needs both tat and frac')
+  end
+  tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
+  if frac >= max then
+    corrupt(key, 'frac ' .. frac .. ' is not below max')
+  end
+  if tat > now or (tat == now and frac > 0) then
+    return tat, frac, tat - now, frac
+  end
+  return tat, frac, 0, 0
+end
+
+-- A sliding window's buckets, checked before anything is written: appends the count k and the
+-- k counted buckets (start, units) to `out`; returns the units they hold, the current bucket's
+-- start, the newest start (at least the current one) and the stale fields (nil: none).
+local function sw_read(key, per, p, now, out)
+  local h = redis.call('HGETALL', key)
+  local current = now - now % p
+  local lowest = current + p - per
+  local used, newest, count, stale = 0, current, #out + 1, nil
+  out[count] = 0
+  for j = 1, #h, 2 do
+    local start = stored(key, 'bucket', h[j])
+    local c = bucket_units(key, h[j], h[j + 1])
+    if start >= lowest then
+      used = used + c
+      if start > newest then
+        newest = start
+      end
+      out[#out + 1], out[#out + 2] = start, c
+    else
+      stale = stale or {}
+      stale[#stale + 1] = h[j]
+    end
+  end
+  out[count] = (#out - count) / 2
+  return used, current, newest, stale
+end
+
 -- A token bucket's values from ARGV[a] (its algorithm's) as numbers: max, tau (ms, frac) and
 -- step (ms, frac); a sliding window's: max, per, precision. A batch reads them once.
 local function tb_values(args, a)
@@ -969,26 +1029,7 @@ end
 -- the checks of stored state `rate` makes and no table but the reply. With `unit`, the step
 -- is that of one unit (a batch) and is scaled to the cost here.
 local function tb_fast(key, max, tms, tf, sms, sf, now, cost, margin, unit)
-  local v = redis.call('HMGET', key, 'tat', 'frac')
-  local tat, frac = v[1], v[2]
-  local ams, af = 0, 0
-  if tat then
-    if not frac then
-      corrupt(key, 'a token bucket needs both tat and frac')
-    end
-    tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
-    if frac >= max then
-      corrupt(key, 'frac ' .. frac .. ' is not below max')
-    end
-    if tat > now or (tat == now and frac > 0) then
-      ams, af = tat - now, frac
-    end
-  else
-    if frac then
-      corrupt(key, 'a token bucket needs both tat and frac')
-    end
-    tat, frac = 0, 0
-  end
+  local tat, frac, ams, af = tb_read(key, max, now)
   if unit and cost > 1 then
     sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
   end
@@ -1005,40 +1046,13 @@ local function tb_fast(key, max, tms, tf, sms, sf, now, cost, margin, unit)
   return {1, now, tat, frac}
 end
 
--- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
-local function bucket_units(key, start, v)
-  local n = tonumber(v)
-  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
-    stored(key, 'bucket ' .. start, v)
-  end
-  return n
-end
-
 -- The fast path of a check of cost 1..max on a policy of one sliding window (max, per and
 -- precision as `sw_values` reads them): HGETALL, then HINCRBY of the current bucket when it
 -- admits (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and
 -- writes it, with no table but the reply and the stale fields.
 local function sw_fast(key, max, per, p, now, cost, margin)
-  local h = redis.call('HGETALL', key)
-  local current = now - now % p
-  local lowest = current + p - per
-  local out = {1, now, 0}
-  local used, newest, stale = 0, current, nil
-  for j = 1, #h, 2 do
-    local start = stored(key, 'bucket', h[j])
-    local c = bucket_units(key, h[j], h[j + 1])
-    if start >= lowest then
-      used = used + c
-      if start > newest then
-        newest = start
-      end
-      out[#out + 1], out[#out + 2] = start, c
-    else
-      stale = stale or {}
-      stale[#stale + 1] = h[j]
-    end
-  end
-  out[3] = (#out - 3) / 2
+  local out = {1, now}
+  local used, current, newest, stale = sw_read(key, per, p, now, out)
   if used + cost > max then
     out[1] = 0
     return out
@@ -1093,28 +1107,7 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
       end
       o = o + 3
     elseif alg == '3' then
-      local p = tonumber(args[o + 3])
-      local h = redis.call('HGETALL', key)
-      local current = now - now % p
-      local lowest = current + p - per
-      local used, newest, count = 0, current, #out + 1
-      local stale = nil
-      out[count] = 0
-      for j = 1, #h, 2 do
-        local start = stored(key, 'bucket', h[j])
-        local c = bucket_units(key, h[j], h[j + 1])
-        if start >= lowest then
-          used = used + c
-          if start > newest then
-            newest = start
-          end
-          out[#out + 1], out[#out + 2] = start, c
-        else
-          stale = stale or {}
-          stale[#stale + 1] = h[j]
-        end
-      end
-      out[count] = (#out - count) / 2
+      local used, current, newest, stale = sw_read(key, per, tonumber(args[o + 3]), now, out)
       if cost > max or (cost > 0 and used + cost > max) then
         allowed = false
       end
@@ -1122,27 +1115,8 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
       o = o + 4
     else
       local burst = tonumber(args[o + 3])
-      local v = redis.call('HMGET', key, 'tat', 'frac')
-      local tat, frac = v[1], v[2]
-      local ams, af = 0, 0
-      if tat then
-        if not frac then
-          corrupt(key, 'a token bucket needs both tat and frac')
-        end
-        tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
-        if frac >= max then
-          corrupt(key, 'frac ' .. frac .. ' is not below max')
-        end
-        if tat > now or (tat == now and frac > 0) then
-          ams, af = tat - now, frac
-        end
-        out[#out + 1], out[#out + 2] = tat, frac
-      else
-        if frac then
-          corrupt(key, 'a token bucket needs both tat and frac')
-        end
-        out[#out + 1], out[#out + 2] = 0, 0
-      end
+      local tat, frac, ams, af = tb_read(key, max, now)
+      out[#out + 1], out[#out + 2] = tat, frac
       if cost > max or cost > burst then
         allowed = false
       else
