@@ -629,15 +629,24 @@ function topChoices(stats) {
 async function refreshTop() {
   if (!state.polling) return;
   const policy = $("top-policy").value;
+  const by = $("top-by").value;
   const body = $("top").tBodies[0];
   if (!policy) return;
+  // Another policy or measure chosen: the rows shown belong to the old one, so they go now.
+  const shown = `${by} ${policy}`;
+  if (body.dataset.shown !== shown) {
+    body.replaceChildren();
+    body.dataset.shown = shown;
+  }
   let top;
   try {
-    top = await api(`/v1/top?policy=${encodeURIComponent(policy)}&by=${$("top-by").value}&limit=20`);
+    top = await api(`/v1/top?policy=${encodeURIComponent(policy)}&by=${by}&limit=20`);
   } catch (e) {
     if (!(e instanceof Unauthorized)) $("top-note").textContent = e.message;
     return;
   }
+  // A poll that left before the choice changed answers for the old choice: drop it.
+  if ($("top-policy").value !== policy || $("top-by").value !== by) return;
   const configured = state.policies.some((p) => p.name === policy);
   body.replaceChildren();
   const keys = [...top.keys].sort((a, b) => b.count - a.count || byName(a.key, b.key));
