@@ -5,7 +5,8 @@
 //! Both sides are driven the same way: a pre-built set of `String` keys, cycled in order, and
 //! a rate high enough that every decision is an admission (the common path). Sluice is called
 //! as an application holding its policy does, with a handle resolved once by `Limiter::policy`:
-//! `Limiter::check_now` (the memory store answers at once, like governor) and
+//! `Limiter::check_now` (the memory store answers at once, like governor),
+//! `Limiter::check_now_into` (the same, into a decision the caller keeps) and
 //! `Limiter::check_policy` (the future every store has); one more row measures `Limiter::check`
 //! by name.
 //!
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
-use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Policy};
 
 /// The limiter, the policy handle an application keeps, and the keys.
 type SluiceState = (Limiter<MemoryStore>, Policy, Vec<String>);
@@ -111,6 +112,19 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
                     .unwrap()
                     .allowed,
             )
+        })
+    });
+    g.bench_function(BenchmarkId::new("sluice into", label(n_keys)), |b| {
+        let state = sluice();
+        let (limiter, policy, keys) = &*state;
+        let mut d = Decision::empty(0, 0);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            limiter
+                .check_now_into(policy, black_box(&keys[i]), 1, &mut d)
+                .unwrap();
+            black_box(black_box(&d).allowed)
         })
     });
     g.bench_function(BenchmarkId::new("sluice", label(n_keys)), |b| {
@@ -216,9 +230,11 @@ fn main() {
     for group in ["token_bucket_1_limit", "sliding_3_limits"] {
         for (function, label) in [
             ("sluice now", "1 key".to_string()),
+            ("sluice into", "1 key".to_string()),
             ("sluice", "1 key".to_string()),
             ("sluice by name", "1 key".to_string()),
             ("sluice now", format!("{MANY_KEYS} keys")),
+            ("sluice into", format!("{MANY_KEYS} keys")),
             ("sluice", format!("{MANY_KEYS} keys")),
         ] {
             let name = format!("{group} {label}");

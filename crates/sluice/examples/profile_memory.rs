@@ -31,7 +31,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let p = limiter.policy("p").ok_or("no policy p")?.clone();
     let key = String::from("user:1");
     let mut admitted = 0u64;
+    let mut d = sluice::Decision::empty(0, 0);
     for _ in 0..n {
+        if mode == "into" {
+            limiter.check_now_into(&p, black_box(&key), 1, &mut d)?;
+            admitted += u64::from(black_box(&d).allowed);
+            continue;
+        }
         let answer = match mode.as_str() {
             "by-name" => now(limiter.check("p", black_box(&key), 1)),
             "now" => Some(limiter.check_now(&p, black_box(&key), 1)),

@@ -7,8 +7,9 @@
 //!
 //! A caller deciding often resolves its policy once ([`Limiter::policy`]) and keeps the
 //! [`Policy`] handle for [`Limiter::check_policy`]; over the [`MemoryStore`], which never
-//! waits, [`Limiter::check_now`] answers without a future (the fastest way in, see
-//! docs/benchmarks.md). The default clock, [`SystemClock`], reads the CPU's time-stamp counter
+//! waits, [`Limiter::check_now`] answers without a future, and [`Limiter::check_now_into`]
+//! decides into a [`Decision`] the caller keeps (the fastest way in, see docs/benchmarks.md).
+//! The default clock, [`SystemClock`], reads the CPU's time-stamp counter
 //! between readings of the wall clock once a second.
 //!
 //! The algorithms (fixed window, sliding window, token bucket as GCRA) live in

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use sluice::{Error, LimitSpec, Limiter, ManualClock, MemoryStore, Policy, SharedStore};
+use sluice::{Decision, Error, LimitSpec, Limiter, ManualClock, MemoryStore, Policy, SharedStore};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -88,6 +88,59 @@ async fn policies_are_listed_and_replaceable() {
     let l = l.with_policy(Policy::from_specs("api", vec![LimitSpec::fixed_window(1, 10)]).unwrap());
     assert_eq!(l.policies().count(), 1);
     assert_eq!(l.policy("api").map(|p| p.limits().len()), Some(1));
+}
+
+/// `check_now_into` decides into a decision the caller keeps: each answer is the whole of
+/// `check_now`'s, whatever the decision held before (a policy of more limits, a refusal), and
+/// bad input leaves it as it was.
+#[test]
+fn a_kept_decision_holds_each_check_whole() {
+    let clock = ManualClock::new(T0);
+    let three = Policy::from_specs(
+        "three",
+        vec![
+            LimitSpec::fixed_window(2, 1_000),
+            LimitSpec::sliding_window(10, 60_000),
+            LimitSpec::token_bucket(5, 60_000),
+        ],
+    )
+    .unwrap();
+    let one = Policy::from_specs("one", vec![LimitSpec::token_bucket(3, 1_000)]).unwrap();
+    let into = Limiter::new(MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policy(three.clone())
+        .with_policy(one.clone());
+    let answered = Limiter::new(MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policy(three.clone())
+        .with_policy(one.clone());
+    let mut d = Decision::empty(0, 0);
+    let mut seen = [false; 2];
+    for step in 0..10u64 {
+        let policy = if step % 2 == 0 { &three } else { &one };
+        let cost = 1 + step % 3;
+        into.check_now_into(policy, "k", cost, &mut d).unwrap();
+        let whole = answered.check_now(policy, "k", cost).unwrap();
+        assert_eq!(d, whole, "check {step}");
+        assert_eq!(d.limits().len(), policy.limits().len(), "check {step}");
+        seen[usize::from(d.allowed)] = true;
+        clock.advance(100);
+    }
+    assert_eq!(
+        seen, [true; 2],
+        "admissions and refusals, each over the other"
+    );
+    let kept = d.clone();
+    assert_eq!(
+        into.check_now_into(&one, "", 1, &mut d),
+        Err(Error::InvalidKey(0))
+    );
+    let too_much = (1u64 << 53) + 1;
+    assert_eq!(
+        into.check_now_into(&one, "k", too_much, &mut d),
+        Err(Error::InvalidCost(too_much))
+    );
+    assert_eq!(d, kept, "a refused input leaves the decision as it was");
 }
 
 /// A limiter over the memory store answers at once (`check_now`, `peek_now`, `refund_now`)

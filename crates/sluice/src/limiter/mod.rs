@@ -509,6 +509,39 @@ impl<C: Clock> Limiter<MemoryStore, C> {
         self.now(policy, key, Op::Check { cost })
     }
 
+    /// [`Limiter::check_now`] into a decision the caller keeps: a loop deciding many checks
+    /// reuses one `Decision` (a few hundred bytes) instead of having each answer built and
+    /// copied out. On `Ok`, `decision` holds this check's whole decision, nothing of the one
+    /// it held before; on `Err` (a bad key or cost) it is left as it was.
+    ///
+    /// ```
+    /// use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Policy};
+    ///
+    /// let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(2, 60_000)])?;
+    /// let limiter = Limiter::new(MemoryStore::new()).with_policy(api);
+    /// let api = limiter.policy("api").expect("registered").clone();
+    /// let mut d = Decision::empty(0, 0);
+    /// let admitted = (0..3)
+    ///     .filter(|_| limiter.check_now_into(&api, "user:42", 1, &mut d).is_ok() && d.allowed)
+    ///     .count();
+    /// assert_eq!(admitted, 2);
+    /// assert_eq!(d.limits()[0].remaining, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_now_into(
+        &self,
+        policy: &Policy,
+        key: &str,
+        cost: u64,
+        decision: &mut Decision,
+    ) -> Result<(), Error> {
+        validate(key, cost)?;
+        let now = self.clock.now_ms();
+        self.store
+            .decide_into(policy, key, Op::Check { cost }, now, decision);
+        Ok(())
+    }
+
     /// [`Limiter::peek_policy`], answered at once.
     pub fn peek_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
         self.now(policy, key, Op::Peek { cost })
