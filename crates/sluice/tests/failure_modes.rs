@@ -245,6 +245,13 @@ fn errors_no_retry_changes_are_logged_once_per_policy_and_kind() {
         .with_ansi(false)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // While a single dispatcher is registered, tracing computes a callsite's interest from
+    // the default of whichever thread first reaches it. Another test of this binary, on its
+    // own thread with no subscriber, could reach the error's callsite first and cache
+    // "never" for every thread: this test then saw nothing logged in about one `cargo test`
+    // run in eight. A second dispatcher, alive while this runs, makes tracing ask every
+    // thread's own default instead.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
