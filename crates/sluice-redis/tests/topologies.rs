@@ -194,7 +194,15 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
         owners.insert(owner);
         let exists = cluster.nodes()[owner].cmd(&["EXISTS", &redis_key]).unwrap();
         assert_eq!(exists, redis::Value::Int(1), "{key} on node {owner}");
-        // A peek (FCALL_RO, possibly on a replica) agrees once replication caught up.
+        // A peek (FCALL_RO, possibly on a replica) agrees once replication caught up: waited
+        // for, since a replica behind its primary (a loaded machine) still sees a fresh window.
+        let replicas: Vec<&RedisServer> = cluster
+            .replicas_of(owner)
+            .unwrap()
+            .into_iter()
+            .map(|i| &cluster.nodes()[i])
+            .collect();
+        wait_replicated(&cluster.nodes()[owner], &replicas);
         let peek = limiter.peek("api", &key, 0).await.unwrap();
         assert!(peek.remaining() <= 1, "{key}: {peek:?}");
     }
