@@ -222,6 +222,11 @@ async fn at_most_one_fetch_per_key_is_in_flight() {
             tokio::spawn(async move {
                 for _ in 0..300 {
                     assert!(store.check(&p, "hot", 1, T0).await.unwrap().allowed);
+                    // A caller does other work between its checks. Without this, on this
+                    // one-thread runtime a check answered at once never yields: a task could
+                    // run all its checks past a full fetch while that fetch slept, and in
+                    // about one run in fifty no caller ever met a fetch with room.
+                    tokio::task::yield_now().await;
                 }
             })
         })
