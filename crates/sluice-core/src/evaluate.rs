@@ -322,26 +322,38 @@ fn decide(
 /// the bookkeeping that several limits need.
 #[inline]
 fn check_one(limit: &Limit, state: &mut LimitState, cost: u64, now: u64, d: &mut Decision) -> bool {
-    let (outcome, record) = algorithms::plan(limit, state, cost, now, None);
+    // A window or a bucket is decided here, its next state stored at once. Through
+    // `algorithms::plan` its outcome and `Record` went to the stack and were read back in
+    // wider loads than they were written with, and the processor stalled on that
+    // (docs/benchmarks.md, "A decision the caller keeps").
+    let (outcome, wrote) = match limit.algorithm() {
+        Algorithm::TokenBucket => {
+            let (next, outcome) = algorithms::token_bucket(limit, state.token_bucket(), cost, now);
+            let wrote = next.is_some();
+            if let Some(next) = next {
+                *state = LimitState::TokenBucket(next);
+            }
+            (outcome, wrote)
+        }
+        Algorithm::FixedWindow => {
+            let (next, outcome) = algorithms::fixed_window(limit, state.fixed_window(), cost, now);
+            let wrote = next.is_some();
+            if let Some(next) = next {
+                *state = LimitState::FixedWindow(next);
+            }
+            (outcome, wrote)
+        }
+        _ => {
+            let (outcome, record) = algorithms::plan(limit, state, cost, now, None);
+            let wrote = record.writes();
+            record.write(state);
+            (outcome, wrote)
+        }
+    };
     d.reset(cost, now);
     d.push(LimitStatus::new(limit, outcome));
     d.allowed = outcome.admits;
-    // The usual writes (a window, a bucket) are one store each; the rest take `write`.
-    match record {
-        Record::Nothing => false,
-        Record::FixedWindow(s) => {
-            *state = LimitState::FixedWindow(s);
-            true
-        }
-        Record::TokenBucket(s) => {
-            *state = LimitState::TokenBucket(s);
-            true
-        }
-        other => {
-            other.write(state);
-            true
-        }
-    }
+    wrote
 }
 
 /// A limit's status after `record` is written into `current` (as a check of cost 0).

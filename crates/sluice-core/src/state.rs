@@ -17,6 +17,44 @@ pub enum LimitState {
     Concurrency(ConcurrencyState),
 }
 
+impl LimitState {
+    /// The fixed window's state, if this is one.
+    #[inline]
+    pub(crate) fn fixed_window(&self) -> Option<&FixedWindowState> {
+        match self {
+            LimitState::FixedWindow(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The sliding window's state, if this is one.
+    #[inline]
+    pub(crate) fn sliding_window(&self) -> Option<&SlidingWindowState> {
+        match self {
+            LimitState::SlidingWindow(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The token bucket's state, if this is one.
+    #[inline]
+    pub(crate) fn token_bucket(&self) -> Option<&TokenBucketState> {
+        match self {
+            LimitState::TokenBucket(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The concurrency limit's state, if this is one.
+    #[inline]
+    pub(crate) fn concurrency(&self) -> Option<&ConcurrencyState> {
+        match self {
+            LimitState::Concurrency(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// A fixed window: Redis hash fields `reset` and `used`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindowState {

@@ -217,34 +217,16 @@ pub(crate) fn plan(
 ) -> (Outcome, Record) {
     match limit.algorithm() {
         Algorithm::FixedWindow => {
-            let s = match state {
-                LimitState::FixedWindow(s) => Some(s),
-                _ => None,
-            };
-            let (next, out) = fixed_window(limit, s, cost, now);
+            let (next, out) = fixed_window(limit, state.fixed_window(), cost, now);
             (out, next.map_or(Record::Nothing, Record::FixedWindow))
         }
-        Algorithm::SlidingWindow => {
-            let s = match state {
-                LimitState::SlidingWindow(s) => Some(s),
-                _ => None,
-            };
-            sliding_window_plan(limit, s, cost, now)
-        }
+        Algorithm::SlidingWindow => sliding_window_plan(limit, state.sliding_window(), cost, now),
         Algorithm::TokenBucket => {
-            let s = match state {
-                LimitState::TokenBucket(s) => Some(s),
-                _ => None,
-            };
-            let (next, out) = token_bucket(limit, s, cost, now);
+            let (next, out) = token_bucket(limit, state.token_bucket(), cost, now);
             (out, next.map_or(Record::Nothing, Record::TokenBucket))
         }
         Algorithm::Concurrency => {
-            let s = match state {
-                LimitState::Concurrency(s) => Some(s),
-                _ => None,
-            };
-            let (out, held) = concurrency_plan(limit, s, cost, now, lease);
+            let (out, held) = concurrency_plan(limit, state.concurrency(), cost, now, lease);
             let record = held.map_or(Record::Nothing, |lease| Record::Hold { now, lease });
             (out, record)
         }

@@ -57,7 +57,11 @@ fn tat_after(limit: &Limit, now: u64, ahead: u128) -> TokenBucketState {
 /// `token_bucket` as GCRA: `max` tokens refill evenly over `per` into a bucket of `burst`.
 /// `reset` is when the bucket is full again; a refused cost's `retry_after` is when it fits.
 /// A cost above `max` never fits (docs/algorithms.md#all-or-nothing), nor one above `burst`.
-#[inline]
+///
+/// Always inlined: a caller then reads the outcome from registers. Returned through the stack,
+/// it was written in narrow stores and read back in wide loads, which stall
+/// (docs/benchmarks.md, "A decision the caller keeps").
+#[inline(always)]
 pub fn token_bucket(
     limit: &Limit,
     state: Option<&TokenBucketState>,
