@@ -292,7 +292,10 @@ fn hash_of(hasher: &foldhash::fast::RandomState, policy: &Policy, key: &str) -> 
 }
 
 /// From when the key's states mean nothing (`now` if they already do).
-#[inline]
+///
+/// Always inlined into the locked section that calls it: as a call it cost a one-key check
+/// 7 % of its time (docs/benchmarks.md, "A decision the caller keeps").
+#[inline(always)]
 fn expiry(policy: &Policy, states: &[LimitState], now: u64) -> u64 {
     let at = match (policy.limits(), states) {
         ([limit], [state]) => sluice_core::expires_at(limit, state),
