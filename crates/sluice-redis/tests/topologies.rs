@@ -29,6 +29,17 @@ fn wait_replicated(primary: &RedisServer, replicas: &[&RedisServer]) {
     .unwrap();
 }
 
+/// [`wait_replicated`] for the Cluster node `primary` and every replica of it.
+fn wait_cluster_replicated(cluster: &RedisCluster, primary: usize) {
+    let replicas: Vec<&RedisServer> = cluster
+        .replicas_of(primary)
+        .unwrap()
+        .into_iter()
+        .map(|i| &cluster.nodes()[i])
+        .collect();
+    wait_replicated(&cluster.nodes()[primary], &replicas);
+}
+
 fn policy(max: u64) -> Policy {
     // Closed: a store failure is an error, so the test sees exactly when Redis answers again.
     Policy::from_specs("api", vec![LimitSpec::fixed_window(max, 3_600_000)])
@@ -196,13 +207,7 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
         assert_eq!(exists, redis::Value::Int(1), "{key} on node {owner}");
         // A peek (FCALL_RO, possibly on a replica) agrees once replication caught up: waited
         // for, since a replica behind its primary (a loaded machine) still sees a fresh window.
-        let replicas: Vec<&RedisServer> = cluster
-            .replicas_of(owner)
-            .unwrap()
-            .into_iter()
-            .map(|i| &cluster.nodes()[i])
-            .collect();
-        wait_replicated(&cluster.nodes()[owner], &replicas);
+        wait_cluster_replicated(&cluster, owner);
         let peek = limiter.peek("api", &key, 0).await.unwrap();
         assert!(peek.remaining() <= 1, "{key}: {peek:?}");
     }
@@ -223,13 +228,7 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
     }
     let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000");
     let primary = cluster.primary_for_key(&redis_key).unwrap();
-    let replicas: Vec<&RedisServer> = cluster
-        .replicas_of(primary)
-        .unwrap()
-        .into_iter()
-        .map(|i| &cluster.nodes()[i])
-        .collect();
-    wait_replicated(&cluster.nodes()[primary], &replicas);
+    wait_cluster_replicated(&cluster, primary);
     cluster.node_mut(primary).kill().unwrap();
     let killed = Instant::now();
     let promoted_node =
