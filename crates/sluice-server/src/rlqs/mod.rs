@@ -32,6 +32,7 @@ pub(crate) mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -177,14 +178,23 @@ struct Tracked {
     rule: Option<String>,
     /// When it last reported requests (or was subscribed).
     active_ms: u64,
+    /// When it was last reported at all.
+    reported_ms: u64,
 }
 
-/// One stream: its holder id, domain and buckets.
+/// One stream: its holder id, domain, buckets and the cadence its reports arrive at.
 #[derive(Debug)]
 struct StreamState {
     holder: u64,
     domain: Option<String>,
     buckets: HashMap<String, Tracked>,
+    /// The longest time seen between two reports of one bucket, in whole seconds (`None`
+    /// until a bucket has been reported twice). Envoy reports on a timer of its own that
+    /// need not be its buckets' `reporting_interval` (Envoy 1.40 reports every 5 s whatever
+    /// they say), so the assignments are sized to what the stream shows, not to what the
+    /// configuration expects. The longest gap, not the last: a bucket created just before a
+    /// periodic report shows a short one.
+    cadence_s: Option<u64>,
 }
 
 /// One bucket's usage in a message, duplicates summed.
@@ -289,7 +299,31 @@ impl StreamState {
             holder: rand::random::<u64>() | 1,
             domain: None,
             buckets: HashMap::new(),
+            cadence_s: None,
         }
+    }
+
+    /// Learns the cadence from the buckets of a message reported before, and returns the
+    /// one the message's assignments are sized to: the cadence seen, else the configured
+    /// `reporting_interval`; never longer than `abandon_after` (a bucket silent that long is
+    /// gone, not slow).
+    fn cadence(&mut self, config: &RlqsConfig, usages: &[Usage], now: u64) -> Duration {
+        let longest_gap = usages
+            .iter()
+            .filter_map(|u| self.buckets.get(&u.canonical))
+            .map(|t| now.saturating_sub(t.reported_ms))
+            .max();
+        // Whole seconds, as Envoy reads durations; rounded, since a timer fires a little
+        // late. A bucket reported twice within half a second (created just before a periodic
+        // report) tells nothing of the cadence.
+        let seen = longest_gap.map_or(0, |gap| gap.saturating_add(500) / 1_000);
+        if seen > 0 {
+            self.cadence_s = Some(self.cadence_s.unwrap_or(0).max(seen));
+        }
+        let cadence = self
+            .cadence_s
+            .map_or(config.reporting_interval, Duration::from_secs);
+        cadence.min(config.abandon_after.max(config.reporting_interval))
     }
 
     /// The stream's domain after `reports`: set by the first report, unchanged after.
@@ -333,6 +367,7 @@ impl StreamState {
         let domain = self.domain(&reports)?;
         let usages = usages(reports)?;
         let now = snapshot.now_ms();
+        let cadence = self.cadence(config, &usages, now);
         let new = usages
             .iter()
             .filter(|u| !self.buckets.contains_key(&u.canonical))
@@ -351,7 +386,7 @@ impl StreamState {
         let charged = self.charge(snapshot, &usages, &plans, now, trace).await;
         let mut actions = Vec::with_capacity(usages.len());
         for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
-            if let Some(action) = self.action(config, &u, plan, result) {
+            if let Some(action) = self.action(config, cadence, &u, plan, result) {
                 actions.push(BucketAction {
                     bucket_id: Some(u.id),
                     bucket_action: Some(action),
@@ -414,6 +449,7 @@ impl StreamState {
     fn action(
         &mut self,
         config: &RlqsConfig,
+        cadence: Duration,
         u: &Usage,
         plan: Plan<'_>,
         result: Option<Result<Decision, StoreError>>,
@@ -424,7 +460,7 @@ impl StreamState {
                 action_metric("abandon");
                 Some(Action::AbandonAction(AbandonAction {}))
             }
-            Plan::Blanket(a) => Some(assign_action(config, a)),
+            Plan::Blanket(a) => Some(assign_action(config, cadence, a)),
             Plan::Charge { rule, policy, .. } => match result {
                 Some(Ok(d)) => {
                     let taken = if d.allowed { d.cost } else { 0 };
@@ -434,8 +470,8 @@ impl StreamState {
                         u.allowed - taken.min(u.allowed),
                         u.denied,
                     );
-                    let share = assign::share(policy, &d, config.interval_ms());
-                    Some(assign_action(config, assign::assignment(share)))
+                    let share = assign::share(policy, &d, duration_ms(cadence));
+                    Some(assign_action(config, cadence, assign::assignment(share)))
                 }
                 Some(Err(e)) => {
                     tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
@@ -465,6 +501,7 @@ impl StreamState {
         let rule_name = rule.map(|r| r.name.clone());
         let active = u.allowed > 0 || u.denied > 0;
         if let Some(seen) = self.buckets.get_mut(&u.canonical) {
+            seen.reported_ms = now;
             if seen.rule != rule_name {
                 // A reload removed or renamed its rule: start over under the current rules.
                 self.buckets.remove(&u.canonical);
@@ -506,16 +543,20 @@ impl StreamState {
         self.buckets.entry(u.canonical.clone()).or_insert(Tracked {
             rule: rule_name,
             active_ms: now,
+            reported_ms: now,
         });
         Ok(plan)
     }
 }
 
-fn duration_ms(d: std::time::Duration) -> u64 {
+fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn assign_action(config: &RlqsConfig, a: Assignment) -> Action {
+/// The action of an assignment for a stream reporting every `cadence`: a token bucket refilled
+/// once per `cadence`, living `assignment_ttl` or three reports, whichever is longer, so that
+/// a report missed or late does not let it lapse into Envoy's `no_assignment_behavior`.
+fn assign_action(config: &RlqsConfig, cadence: Duration, a: Assignment) -> Action {
     action_metric(match a {
         Assignment::AllowAll => "allow_all",
         Assignment::DenyAll => "deny_all",
@@ -523,10 +564,16 @@ fn assign_action(config: &RlqsConfig, a: Assignment) -> Action {
     });
     Action::QuotaAssignmentAction(QuotaAssignmentAction {
         assignment_time_to_live: Some(ProtoDuration {
-            seconds: i64::try_from(config.assignment_ttl.as_secs()).unwrap_or(i64::MAX),
+            seconds: i64::try_from(
+                config
+                    .assignment_ttl
+                    .max(cadence.saturating_mul(3))
+                    .as_secs(),
+            )
+            .unwrap_or(i64::MAX),
             nanos: 0,
         }),
-        rate_limit_strategy: Some(a.strategy(config.reporting_interval.as_secs())),
+        rate_limit_strategy: Some(a.strategy(cadence.as_secs())),
     })
 }
 

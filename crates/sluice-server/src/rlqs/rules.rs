@@ -130,8 +130,8 @@ pub(crate) fn canonical(bucket: &HashMap<String, String>) -> String {
 /// The whole, valid `rlqs:` section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RlqsConfig {
-    /// How often Envoy reports (its buckets' `reporting_interval`): each assignment is a
-    /// token bucket refilling the client's share once per interval.
+    /// How often Envoy is expected to report until a stream shows its own cadence: each
+    /// assignment is a token bucket refilling the client's share once per report.
     pub reporting_interval: Duration,
     /// How long an assignment lasts without a new one (`assignment_time_to_live`).
     pub assignment_ttl: Duration,
@@ -144,7 +144,7 @@ pub struct RlqsConfig {
 }
 
 /// The default `rlqs.reporting_interval`.
-pub(crate) const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(5);
 /// The default `rlqs.abandon_after`.
 pub(crate) const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(300);
 
@@ -152,11 +152,6 @@ impl RlqsConfig {
     /// The first rule that matches `bucket` in `domain`.
     pub fn rule_for(&self, domain: &str, bucket: &HashMap<String, String>) -> Option<&BucketRule> {
         self.buckets.iter().find(|r| r.matches(domain, bucket))
-    }
-
-    /// The reporting interval in ms.
-    pub fn interval_ms(&self) -> u64 {
-        u64::try_from(self.reporting_interval.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -468,8 +463,8 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse("{}").unwrap();
-        assert_eq!(c.reporting_interval, Duration::from_secs(1));
-        assert_eq!(c.assignment_ttl, Duration::from_secs(3));
+        assert_eq!(c.reporting_interval, Duration::from_secs(5));
+        assert_eq!(c.assignment_ttl, Duration::from_secs(15));
         assert_eq!(c.unmatched, Unmatched::AllowAll);
     }
 

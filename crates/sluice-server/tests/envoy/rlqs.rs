@@ -567,6 +567,50 @@ async fn a_share_shrinks_as_others_consume() {
     server.stop().await;
 }
 
+/// The first action's token bucket and time to live, in seconds: (tokens, fill, ttl).
+fn timing(r: &RateLimitQuotaResponse) -> (u32, i64, i64) {
+    let Some(Action::QuotaAssignmentAction(q)) = r.bucket_action[0].bucket_action.clone() else {
+        panic!("an assignment: {r:?}");
+    };
+    let Some(Strategy::TokenBucket(tb)) = q.rate_limit_strategy.unwrap().strategy else {
+        panic!("a token bucket");
+    };
+    (
+        tb.max_tokens,
+        tb.fill_interval.unwrap().seconds,
+        q.assignment_time_to_live.unwrap().seconds,
+    )
+}
+
+#[tokio::test]
+async fn assignments_follow_the_cadence_the_stream_shows() {
+    // Configured for a report a second; the client reports every 5 s, as Envoy 1.40 does
+    // whatever its buckets' reporting_interval says.
+    let config = "policies:\n  p:\n    limits:\n      - { max: 600, per: 1m }\n\
+                  rlqs:\n  reporting_interval: 1s\n  buckets:\n    - { match: { route: '*' }, policy: p }\n";
+    let clock = ManualClock::new(T0);
+    let server = support::TestServer::start_with_clock(config, &[], clock.clone()).await;
+    let channel = server.channel().await;
+    let (a, b) = (bucket(&[("route", "a")]), bucket(&[("route", "b")]));
+    let mut s = Stream::open(&channel).await;
+    // Until a bucket is reported twice, the configuration's: 10 a second, living 3 s.
+    let r = s.report("edge", &[(&a, 1)]).await.unwrap();
+    assert_eq!(timing(&r), (10, 1, 3));
+    // A bucket created just before a periodic report says nothing of the cadence.
+    clock.advance(4_900);
+    let r = s.report("edge", &[(&b, 1)]).await.unwrap();
+    assert_eq!(timing(&r), (10, 1, 3));
+    clock.advance(100);
+    let r = s.report("edge", &[(&a, 1), (&b, 1)]).await.unwrap();
+    // 5 s since a's last report: 50 tokens every 5 s, living three reports.
+    assert_eq!(timing(&r), (50, 5, 15));
+    // The longest gap holds: the next bucket's short one does not shrink it.
+    clock.advance(300);
+    let r = s.report("edge", &[(&b, 0)]).await.unwrap();
+    assert_eq!(timing(&r), (50, 5, 15));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_reconnected_stream_carries_on_from_the_store() {
     let clock = ManualClock::new(T0);
@@ -783,7 +827,7 @@ fn the_documented_configuration_is_valid() {
     let config = sluice_server::config::Config::parse("server.md", yaml).unwrap();
     let rlqs = config.rlqs.unwrap();
     assert_eq!(rlqs.buckets.len(), 2);
-    assert_eq!(rlqs.reporting_interval, Duration::from_secs(1));
+    assert_eq!(rlqs.reporting_interval, Duration::from_secs(5));
 
     let wrong = yaml.replace("policy: tenants", "policy: tenant");
     let e = sluice_server::config::Config::parse("server.md", &wrong).unwrap_err();
