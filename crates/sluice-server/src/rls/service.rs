@@ -113,14 +113,12 @@ impl Rls {
             .decision_took("should_rate_limit", crate::state::Surface::Grpc, started);
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit => Outcome::Denied,
+            // A descriptor decided without the store shows in the dynamic metadata.
+            Ok(r) if r.degraded.is_some() => Outcome::Degraded,
             Ok(_) => Outcome::Allowed,
             Err(_) => Outcome::Error,
         };
         match &answer {
-            // A descriptor decided without the store shows in the dynamic metadata.
-            Ok(r) if outcome == Outcome::Allowed && r.degraded.is_some() => {
-                span.finish(Outcome::Degraded.as_str(), None);
-            }
             Ok(_) => span.finish(outcome.as_str(), None),
             Err(e) => span.finish(outcome.as_str(), Some(e.to_string())),
         }
@@ -282,6 +280,15 @@ impl Rls {
             give_back(limiter, &mut parts).await;
         }
         if let Some(e) = failure {
+            // `/v1/stats` counts the failed call under each rule it matched, as the metrics
+            // count it under the domain (matched again: the failure path is cold).
+            for (descriptor, found) in req.descriptors.iter().zip(req.match_descriptors(rls)?) {
+                if let Some(m) = &found
+                    && !descriptor.is_negative_hits
+                {
+                    count_rule(&self.shared, m, descriptor, Outcome::Error);
+                }
+            }
             return Err(failed(e));
         }
         self.report(snapshot, label, req, &parts, refused, now);
