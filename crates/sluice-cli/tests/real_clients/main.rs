@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod prometheus;
 mod rlqs;
 mod rls;
 mod support;

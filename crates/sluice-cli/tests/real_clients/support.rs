@@ -99,7 +99,7 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+    pub(crate) fn spawn(mut cmd: Command, log: PathBuf) -> Self {
         let file = std::fs::File::create(&log).unwrap();
         let child = cmd
             .stdin(Stdio::null())
@@ -186,6 +186,16 @@ impl Sluice {
             },
             || std::fs::read_to_string(&log).unwrap_or_default(),
         );
+    }
+
+    /// Asks the server to reload its configuration file (SIGHUP).
+    pub(crate) fn reload(&self) {
+        let pid = self.proc.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     /// Starts the same configuration again on the same ports (after [`Proc::kill`]).
@@ -311,8 +321,23 @@ impl Client {
 
     /// `GET path` with `headers`; status 0 when the server cannot be reached.
     pub(crate) fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        self.request("GET", path, headers, "")
+    }
+
+    /// `POST path` with a JSON `body`.
+    pub(crate) fn post(&mut self, path: &str, body: &str) -> Answer {
+        self.request("POST", path, &[("content-type", "application/json")], body)
+    }
+
+    fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
         for _ in 0..2 {
-            if let Some(a) = self.try_get(path, headers) {
+            if let Some(a) = self.try_request(method, path, headers, body) {
                 return a;
             }
             self.conn = None;
@@ -320,7 +345,13 @@ impl Client {
         Answer::default()
     }
 
-    fn try_get(&mut self, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
+    fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Option<Answer> {
         if self.conn.is_none() {
             let s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
             s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -328,11 +359,15 @@ impl Client {
             self.conn = Some(BufReader::new(s));
         }
         let conn = self.conn.as_mut()?;
-        let mut request = format!("GET {path} HTTP/1.1\r\nhost: test\r\n");
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n",
+            body.len()
+        );
         for (k, v) in headers {
             request.push_str(&format!("{k}: {v}\r\n"));
         }
         request.push_str("\r\n");
+        request.push_str(body);
         conn.get_mut().write_all(request.as_bytes()).ok()?;
         let mut line = String::new();
         conn.read_line(&mut line).ok()?;

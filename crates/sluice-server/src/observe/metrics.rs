@@ -22,7 +22,7 @@
 //! | `sluice_rlqs_actions_total` | action (token_bucket/deny_all/allow_all/abandon/store_error) (recorded by `rlqs`) |
 //! | `sluice_xds_updates_total` | result (ack/nack): `rls.xds` responses (recorded by `rls_xds`) |
 //! | `sluice_xds_connected` (gauge) | 1 while the `rls.xds` stream is open (recorded by `rls_xds`) |
-//! | `sluice_decisions_near_limit_total` | policy (or an Envoy rule's statistics key): admitted decisions that left a limit at least `metrics.near_limit_ratio` used |
+//! | `sluice_decisions_near_limit_total` | policy (or the Envoy domain, as `sluice_decisions_total`): admitted decisions that left a limit at least `metrics.near_limit_ratio` used |
 //! | `sluice_limit_max`, `sluice_rule_limit` (gauges) | the limits in force, computed at each scrape ([`super::scrape`]) |
 //! | `sluice_region_lag_seconds`, `sluice_region_view_age_seconds`, `sluice_region_reachable` (gauges) | region: the regions store's view of each other region (`store.regions`, [`super::scrape`]) |
 //! | `sluice_region_fallbacks_total` | policy, mode (local_share/local_only/closed): decisions taken in a fallback mode ([`super::scrape`]) |
@@ -36,9 +36,11 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-/// Histogram buckets for store latency, in seconds: 100 µs to 1 s.
+/// Histogram buckets for decision and store latency, in seconds: 10 µs to 1 s (a decision in
+/// memory takes tens of µs, one over Redis a few hundred).
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0,
 ];
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -337,7 +339,7 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
     (
         "sluice_decisions_near_limit_total",
         Kind::Counter,
-        "Admitted decisions that left a limit at least metrics.near_limit_ratio used, by policy or Envoy rule.",
+        "Admitted decisions that left a limit at least metrics.near_limit_ratio used, by policy or Envoy domain.",
     ),
     (
         "sluice_limit_max",

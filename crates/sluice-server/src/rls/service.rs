@@ -333,7 +333,7 @@ impl Rls {
                     && part.degraded.is_none()
                     && near_limit(snapshot, part)
                 {
-                    metrics::near_limit(&rule);
+                    metrics::near_limit(label);
                 }
                 let outcome = Outcome::of(part.degraded.is_some(), !part.limited);
                 count_rule(&self.shared, m, descriptor, outcome);

@@ -117,7 +117,7 @@ async fn near_limit_counts_envoy_hits_from_eighty_percent() {
     )
     .await;
     let mut c = RateLimitServiceClient::new(s.channel().await);
-    let near = r#"sluice_decisions_near_limit_total{policy="gauges.remote_address"}"#;
+    let near = r#"sluice_decisions_near_limit_total{policy="gauges"}"#;
     let mut call = async |entries: &[(&str, &str)]| {
         c.should_rate_limit(ask(entries))
             .await

@@ -569,7 +569,7 @@ async fn a_share_shrinks_as_others_consume() {
 
 /// The first action's token bucket and time to live, in seconds: (tokens, fill, ttl).
 fn timing(r: &RateLimitQuotaResponse) -> (u32, i64, i64) {
-    let Some(Action::QuotaAssignmentAction(q)) = r.bucket_action[0].bucket_action.clone() else {
+    let Some(Action::QuotaAssignmentAction(q)) = r.bucket_action[0].bucket_action else {
         panic!("an assignment: {r:?}");
     };
     let Some(Strategy::TokenBucket(tb)) = q.rate_limit_strategy.unwrap().strategy else {
