@@ -7,7 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+/// The OTLP receiver of sluice-server's tests, shared rather than copied.
+#[path = "../../../sluice-server/tests/support/otlp.rs"]
+mod otlp;
 mod prometheus;
 mod rlqs;
 mod rls;
 mod support;
+mod traces;
