@@ -425,3 +425,60 @@ fn one_envoy_over_two_servers_on_one_redis_admits_exactly_the_limit_through_a_re
         "{stats:?}"
     );
 }
+
+/// What Envoy 1.40 sends for `hits_addend`: nothing for a route's `rate_limits` (each request
+/// counts 1), the descriptor's own for the filter's `rate_limits`, which Sluice counts.
+#[test]
+fn hits_addend_counts_as_envoy_sends_it() {
+    let Some(bin) = support::envoy_bin() else {
+        return;
+    };
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(
+        rules.path().join("edge.yaml"),
+        support::read("examples/envoy/ratelimit-config/edge.yaml")
+            + "  - key: generic_key\n    value: costly\n    rate_limit: { unit: day, requests_per_unit: 10 }\n",
+    )
+    .unwrap();
+    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n", &[]);
+    let example = support::read("examples/envoy/envoy-rls.yaml");
+    let envoy = |bootstrap: String| {
+        let listener = support::port();
+        let bootstrap = support::with_ports(
+            &bootstrap,
+            &[
+                (10000, listener),
+                (10010, support::port()),
+                (8081, sluice.grpc),
+            ],
+        );
+        (Envoy::start(&bin, &bootstrap), listener)
+    };
+    // The route's first rate limit (10 a minute per address) says 3 hits a request.
+    let (_route, route_port) = envoy(example.replacen(
+        "                                  - remote_address: {}\n",
+        "                                  - remote_address: {}\n                                hits_addend: { number: 3 }\n",
+        1,
+    ));
+    assert_eq!(
+        statuses(&mut Client::new(route_port), "/", 11)[9..],
+        [200, 429]
+    );
+    // The filter's own rate limits, the hits from a header: 4 + 4 of 10, then 4 more is over.
+    let (_filter, filter_port) = envoy(example.replacen(
+        "                      enable_x_ratelimit_headers: DRAFT_VERSION_03\n",
+        "                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      rate_limits:
+                        - actions:
+                            - generic_key: { descriptor_value: costly }
+                          hits_addend: { format: \"%REQ(x-cost)%\" }
+",
+        1,
+    ));
+    let mut c = Client::new(filter_port);
+    let costly: Vec<u16> = (0..3)
+        .map(|_| c.get("/", &[("x-cost", "4")]).status)
+        .collect();
+    assert_eq!(costly, [200, 200, 429]);
+    assert_eq!(c.get("/", &[("x-cost", "2")]).status, 200, "2 more fit");
+}
