@@ -203,3 +203,44 @@ fn three_envoys_over_two_sluice_servers_share_one_limit_per_window_in_redis() {
         }
     }
 }
+
+#[test]
+fn envoy_reopens_its_stream_to_a_restarted_sluice_and_the_bound_holds() {
+    let Some(envoy) = support::envoy_bin() else {
+        return;
+    };
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let redis = sluice_testkit::RedisServer::start().unwrap();
+    let dir = support::repo().join("examples/envoy");
+    let config = support::read("examples/envoy/sluice.yaml")
+        + &format!(
+            "store: {{ backend: redis, shards: [{{ primary: '{}' }}], timeout: 1s }}\n",
+            redis.url()
+        );
+    let mut sluice = Sluice::start_in(&dir, &config, &[]);
+    let listener = support::port();
+    let bootstrap = support::with_ports(
+        &support::read("examples/envoy/envoy-rlqs.yaml"),
+        &[(10001, listener), (8081, sluice.grpc)],
+    );
+    let _envoy = Envoy::start(&envoy, &bootstrap);
+    // 30 a minute; the server restarts after 6 s, within the window, its count in Redis.
+    let ((first, _), (second, _)) = std::thread::scope(|s| {
+        let load = s.spawn(|| drive(listener, 20.0, 6.0, "/checkout", &[]));
+        let first = load.join().unwrap();
+        sluice.restart();
+        (first, drive(listener, 20.0, 11.0, "/checkout", &[]))
+    });
+    let limit = bound(30, 60, ENVOY_CADENCE_S, 1);
+    eprintln!("restart: {first} admitted before, {second} after; bound {limit}");
+    assert!(first + second <= limit, "{first} + {second} > {limit}");
+    // Envoy opened a new stream to the restarted server at its next report and was charged.
+    let charged = sluice
+        .metrics()
+        .get("sluice_rlqs_requests_total{rule=\"checkout\",result=\"charged\"}")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(charged >= 1.0, "the restarted server charged {charged}");
+}
