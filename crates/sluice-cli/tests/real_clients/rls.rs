@@ -482,3 +482,46 @@ fn hits_addend_counts_as_envoy_sends_it() {
     assert_eq!(costly, [200, 200, 429]);
     assert_eq!(c.get("/", &[("x-cost", "2")]).status, 200, "2 more fit");
 }
+
+#[test]
+fn response_headers_draft03_and_off_reach_the_client_as_configured() {
+    let Some(bin) = support::envoy_bin() else {
+        return;
+    };
+    let dir = support::repo().join("examples/envoy");
+    for mode in ["draft03", "off"] {
+        let config = support::read("examples/envoy/sluice.yaml").replace(
+            "rls:\n  config_dir: ./ratelimit-config\n",
+            &format!("rls:\n  config_dir: ./ratelimit-config\n  response_headers: {mode}\n"),
+        );
+        let sluice = Sluice::start_in(&dir, &config, &[]);
+        let (_envoy, port) = example_envoy(&bin, &sluice, false);
+        let a = Client::new(port).get("/", &[]);
+        assert_eq!(a.status, 200);
+        let has = |h: &str| a.headers.contains_key(h);
+        // Envoy's own DRAFT_VERSION_03 headers whatever Sluice sends.
+        assert!(has("x-ratelimit-limit"), "{mode}: {:?}", a.headers);
+        assert!(
+            !has("ratelimit-policy") && !has("ratelimit"),
+            "{mode}: {:?}",
+            a.headers
+        );
+        if mode == "draft03" {
+            assert_eq!(
+                a.headers.get("ratelimit-limit").map(String::as_str),
+                Some("10")
+            );
+            assert_eq!(
+                a.headers.get("ratelimit-remaining").map(String::as_str),
+                Some("9")
+            );
+            assert!(has("ratelimit-reset"), "{:?}", a.headers);
+        } else {
+            assert!(
+                !has("ratelimit-limit") && !has("ratelimit-remaining"),
+                "{:?}",
+                a.headers
+            );
+        }
+    }
+}
