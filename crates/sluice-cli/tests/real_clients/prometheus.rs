@@ -113,18 +113,7 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         return;
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
-    // The example's rules with 30 a minute per address, so that Envoy's requests run near
-    // the limit over several scrapes.
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("ratelimit-config")).unwrap();
-    std::fs::write(
-        dir.path().join("ratelimit-config/edge.yaml"),
-        support::read("examples/envoy/ratelimit-config/edge.yaml").replace(
-            "{ unit: minute, requests_per_unit: 10 }",
-            "{ unit: minute, requests_per_unit: 30 }",
-        ),
-    )
-    .unwrap();
+    let dir = support::repo().join("examples/envoy");
     let config = support::read("examples/envoy/sluice.yaml").replacen(
         "policies:\n",
         "policies:\n  api:\n    limits:\n      - { max: 50, per: 1h }\n",
@@ -133,7 +122,7 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         "store: {{ backend: redis, shards: [{{ primary: '{}' }}], timeout: 100ms }}\n",
         redis.url()
     );
-    let sluice = Sluice::start_in(dir.path(), &config, &[]);
+    let sluice = Sluice::start_in(&dir, &config, &[]);
     let listener = support::port();
     let bootstrap = support::with_ports(
         &support::read("examples/envoy/envoy-rls.yaml"),
@@ -146,29 +135,30 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
     let _envoy = Envoy::start(&envoy_bin, &bootstrap);
     let prometheus = Prometheus::start(&prometheus_bin, &[sluice.http]);
 
-    // Traffic spread over seconds, so that Prometheus sees every counter rise (a series
-    // born between two scrapes shows no increase): each round, an HTTP check of a new key
-    // that leaves it 90 % used (allowed, near its limit), the same check again (denied), and
-    // a request through Envoy (30 a minute per address: allowed, near the limit, then 429).
+    // One round a second for 14 s, so that Prometheus sees every counter rise (a series born
+    // between two scrapes shows no increase): an HTTP check of a new key that leaves it 90 %
+    // used (allowed, near its limit), the same check again (denied), and a request through
+    // Envoy (10 a minute per address: allowed, near the limit from the 8th, then 429). Rounds
+    // 3 and 4 meet a stalled store: timeouts, answered degraded (api fails open) or failing
+    // (Envoy's rules fail closed), and the circuit opens. Then a reload.
     let mut http = Client::new(sluice.http);
     let mut edge = Client::new(listener);
     let mut round = 0;
-    let mut traffic = |secs: f64| {
-        support::paced(&mut http, 3.0, secs, |_, http| {
-            round += 1;
-            let check = format!(r#"{{"policy": "api", "key": "k{round}", "cost": 45}}"#);
-            http.post("/v1/check", &check);
-            http.post("/v1/check", &check);
-            edge.get("/", &[]).status
-        });
-    };
-    traffic(5.0);
-    // A stalled store: timeouts, answered degraded (api fails open) or failing (Envoy's rules
-    // fail closed), and the circuit opens.
-    redis.pause().unwrap();
-    traffic(2.0);
-    redis.resume().unwrap();
-    sluice.reload();
+    support::paced(&mut http, 1.0, 14.0, |_, http| {
+        round += 1;
+        match round {
+            3 => redis.pause().unwrap(),
+            5 => {
+                redis.resume().unwrap();
+                sluice.reload();
+            }
+            _ => {}
+        }
+        let check = format!(r#"{{"policy": "api", "key": "k{round}", "cost": 45}}"#);
+        http.post("/v1/check", &check);
+        http.post("/v1/check", &check);
+        edge.get("/", &[]).status
+    });
     let reloaded = || drawn(&prometheus.query("sluice_config_reloads_total"));
     support::wait_for(
         Duration::from_secs(30),
@@ -176,7 +166,6 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         reloaded,
         String::new,
     );
-    traffic(4.0);
 
     let mut empty = Vec::new();
     for policy in [".*", "api", "edge"] {
