@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures_util::future::Either;
+
 use sluice::breaker::{BreakerState, CircuitBreaker};
 use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
 use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
@@ -190,31 +192,6 @@ where
     }
 }
 
-pin_project_lite::pin_project! {
-    /// One of two futures, polled in place.
-    #[project = EitherProj]
-    enum Either<A, B> {
-        A { #[pin] future: A },
-        B { #[pin] future: B },
-    }
-}
-
-impl<T, A, B> Future for Either<A, B>
-where
-    A: Future<Output = T>,
-    B: Future<Output = T>,
-{
-    type Output = T;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match self.project() {
-            EitherProj::A { future } => future.poll(cx),
-            EitherProj::B { future } => future.poll(cx),
-        }
-    }
-}
-
 /// What the limiter decides with: the store, or the reservation layer over it (kept across
 /// reloads with its leases). An enum rather than a [`sluice::SharedStore`], so a decision on
 /// the memory store allocates nothing on its way there, with or without leases (see
@@ -247,12 +224,8 @@ impl Store for DecidingStore {
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         match &self.0 {
-            Deciding::Direct(s) => Either::A {
-                future: s.call(policy, key, op, now_ms),
-            },
-            Deciding::Reserving(r) => Either::B {
-                future: r.call(policy, key, op, now_ms),
-            },
+            Deciding::Direct(s) => Either::Left(s.call(policy, key, op, now_ms)),
+            Deciding::Reserving(r) => Either::Right(r.call(policy, key, op, now_ms)),
         }
     }
 
@@ -328,13 +301,9 @@ impl Store for TracedStore {
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         if self.traces.is_on() {
-            Either::B {
-                future: Box::pin(self.traced_call(policy, key, op, now_ms)),
-            }
+            Either::Right(Box::pin(self.traced_call(policy, key, op, now_ms)))
         } else {
-            Either::A {
-                future: self.handle.call(policy, key, op, now_ms),
-            }
+            Either::Left(self.handle.call(policy, key, op, now_ms))
         }
     }
 
