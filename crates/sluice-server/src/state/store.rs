@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::Either;
-
 use sluice::breaker::{BreakerState, CircuitBreaker};
 use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
 use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
