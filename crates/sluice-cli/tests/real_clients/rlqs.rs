@@ -113,8 +113,8 @@ fn three_envoys_over_two_sluice_servers_share_one_limit_per_window_in_redis() {
         return;
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
-    // 20 s windows aligned to the epoch, so that every process counts the same windows.
-    let (per_s, checkout_max, tenant_max) = (20, 40, 20);
+    // 15 s windows aligned to the epoch, so that every process counts the same windows.
+    let (per_s, checkout_max, tenant_max) = (15, 40, 20);
     let config = format!(
         "store: {{ backend: redis, shards: [{{ primary: '{}' }}], timeout: 1s }}\n\
          policies:\n  checkout:\n    limits: [{{ max: {checkout_max}, per: {per_s}s, align: true }}]\n\
@@ -137,8 +137,9 @@ fn three_envoys_over_two_sluice_servers_share_one_limit_per_window_in_redis() {
             (Envoy::start(&envoy, &bootstrap), listener)
         })
         .collect();
-    // Each Envoy: checkout at 15/s and two tenants at 5/s each, for three and a half windows.
-    let secs = 3.5 * per_s as f64;
+    // Each Envoy: checkout at 15/s and two tenants at 5/s each, for four and a half windows
+    // (three whole ones at least).
+    let secs = 4.5 * per_s as f64;
     let windows = std::sync::Mutex::new(Windows::new());
     std::thread::scope(|s| {
         for (_, listener) in &envoys {
@@ -243,4 +244,54 @@ fn envoy_reopens_its_stream_to_a_restarted_sluice_and_the_bound_holds() {
         .copied()
         .unwrap_or(0.0);
     assert!(charged >= 1.0, "the restarted server charged {charged}");
+}
+
+#[test]
+fn an_idle_bucket_is_abandoned_and_envoy_subscribes_it_again() {
+    let Some(envoy) = support::envoy_bin() else {
+        return;
+    };
+    let dir = support::repo().join("examples/envoy");
+    // Abandoned after one report of no requests.
+    let config = support::read("examples/envoy/sluice.yaml")
+        .replace("abandon_after: 5m", "abandon_after: 5s");
+    let sluice = Sluice::start_in(&dir, &config, &[]);
+    let listener = support::port();
+    let bootstrap = support::with_ports(
+        &support::read("examples/envoy/envoy-rlqs.yaml"),
+        &[(10001, listener), (8081, sluice.grpc)],
+    );
+    let _envoy = Envoy::start(&envoy, &bootstrap);
+    let mut c = Client::new(listener);
+    assert_eq!(c.get("/checkout", &[]).status, 200);
+    let abandoned = |s: &Sluice| {
+        s.metrics()
+            .get("sluice_rlqs_actions_total{action=\"abandon\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    // Envoy reports the idle bucket every 5 s; the first report 5 s after its last
+    // request is answered with an abandon.
+    support::wait_for(
+        std::time::Duration::from_secs(30),
+        "the idle bucket is abandoned",
+        || abandoned(&sluice) >= 1.0,
+        String::new,
+    );
+    // Envoy forgot it: the next request subscribes it again (a report of its own, at once)
+    // and is charged.
+    let charged = |s: &Sluice| {
+        s.metrics()
+            .get("sluice_rlqs_requests_total{rule=\"checkout\",result=\"charged\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let before = charged(&sluice);
+    assert_eq!(c.get("/checkout", &[]).status, 200);
+    support::wait_for(
+        std::time::Duration::from_secs(10),
+        "the bucket subscribed again is charged",
+        || charged(&sluice) > before,
+        String::new,
+    );
 }
