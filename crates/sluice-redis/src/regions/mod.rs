@@ -20,7 +20,7 @@
 //! view's age (≤ `refresh`): what another region admitted in that span is what this region
 //! does not see. So per window the regions together admit at most
 //! `max + (regions − 1) × (per-region admission rate) × (lag + refresh)`. The
-//! `regions_bench` example measures it (`regions-bench.txt` at the repository root). The
+//! `regions_bench` example measures it (docs/regions.md shows a run). The
 //! other side: a fixed window's view counts only in the window it was read in and never more
 //! than the region used there, so (asked for as much) the regions admit at least `max` per
 //! window; a sliding window's view may still count buckets that left the window since it was
