@@ -113,7 +113,7 @@ async fn inproc_over_redis_counts_redis_commands_per_decision() {
     // Each admitted decision runs HMGET and, opening a window, GET (layout v1 reads a
     // layout-v2 counter where the hash holds no open window), HSET and PEXPIRE (a key drawn
     // twice finds its window open: HINCRBY alone) inside an FCALL; concurrent decisions share
-    // one FCALL (coalescing, issue 24), so a decision costs its commands plus its share of a
+    // one FCALL (coalescing), so a decision costs its commands plus its share of a
     // call: exactly what the server counted, at most 5.
     let per = r.redis_commands_per_decision.unwrap();
     let stats = server.command_stats().unwrap();

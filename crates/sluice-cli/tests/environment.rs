@@ -1,4 +1,4 @@
-//! Configuration from flags and `SLUICE_*` variables (issue 26, item 1), as an operator meets
+//! Configuration from flags and `SLUICE_*` variables, as an operator meets
 //! it: the real binary, real files, ports that actually listen. Precedence is flag >
 //! environment > file > default, shown by `sluice config check --explain` and by the port a
 //! server answers on; a bad value is refused naming the flag or variable, exit 2; a reload

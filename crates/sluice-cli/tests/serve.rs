@@ -1,5 +1,5 @@
 //! `sluice serve` and `sluice config check` as an operator meets them: the real binary, real
-//! files, signals and its log (issue 22): an empty file is refused at start and on a reload,
+//! files, signals and its log: an empty file is refused at start and on a reload,
 //! SIGHUP reloads, a changed `listen` section is a warning, the warning of a server without an
 //! `admin` section names every admin route, and a fatal start error is JSON with
 //! `--log-format json`.
@@ -321,7 +321,7 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     );
 }
 
-/// Issue 22: with the process's file descriptors exhausted, no client was answered and nothing
+/// With the process's file descriptors exhausted, no client was answered and nothing
 /// was logged. At `listen.max_connections` the listener stops accepting, says so at WARN, the
 /// open connections are served, and the waiting client is answered once one closes.
 #[test]

@@ -237,7 +237,7 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
         let e = stderr(&o);
         assert!(e.contains(words), "{args:?}: `{e}` lacks `{words}`");
     }
-    // A malformed log line is skipped, counted and named by its number (issue 27: it used
+    // A malformed log line is skipped, counted and named by its number (it used
     // to end the run); a log of nothing but malformed lines ends it, naming them.
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("t.csv");

@@ -1,4 +1,4 @@
-//! The log corpus of `scripts/gen-logs` (issue 27, item 3): a realistic log of each format
+//! The log corpus of `scripts/gen-logs`: a realistic log of each format
 //! `sluice simulate` reads, generated with its known answer, is run through the real binary,
 //! named and detected, plain and gzip; the keys, times, counts and skipped lines must be the
 //! generator's.

@@ -2,7 +2,7 @@
 //! 16 tasks keep checking keys on every shard, and a Cluster's primary killed or stalled again
 //! and again while 8 tasks check (decisions back within seconds of every promotion).
 //!
-//! What must hold (issue 5): keys on the live shards see no error at all; keys on the dead
+//! What must hold: keys on the live shards see no error at all; keys on the dead
 //! shard get their policy's failure mode (open: allowed and marked; closed: an error; local:
 //! still limited, by this process's insurance store), each answered within the timeout and a
 //! small margin; once the primary is back the shard is used again within a second; and no
@@ -316,8 +316,8 @@ async fn a_dead_shard_fails_by_policy_while_the_others_carry_on() {
     // 4. No impossible decision: for every key, the decisions Redis made count down by one
     // per admitted check (one task per key, so they are in order); the restarted shard lost
     // its data, so its keys start over once, from a fresh window. A `local` key's admissions
-    // by the insurance store are charged back to Redis right after its first decision there
-    // (issue 22), so its count jumps by them once.
+    // by the insurance store are charged back to Redis right after its first decision there,
+    // so its count jumps by them once.
     let mut by_key: BTreeMap<(&str, &str), Vec<&Sample>> = BTreeMap::new();
     for s in &samples {
         if matches!(s.outcome, Ok((_, _, None))) {

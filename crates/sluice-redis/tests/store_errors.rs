@@ -1,4 +1,4 @@
-//! Every way a real Redis refuses to decide, classified (issue 22): an error the store meets
+//! Every way a real Redis refuses to decide, classified: an error the store meets
 //! while it *cannot answer now* — out of memory, an ACL change, its code flushed and not
 //! reloadable, busy with a script, asleep, killed, a slot migrating — is transient: each
 //! policy's `on_store_error` decides (open: allowed and marked; closed: the error; local: the

@@ -141,7 +141,7 @@ async fn send(router: &Router, shared: &Shared, request: Request<Body>) {
     if let Some(kind) = not_json {
         assert!(content_type.starts_with(kind), "{what}");
     } else if status == StatusCode::NO_CONTENT {
-        // No body, so no content type (issue 22: a 204 said application/json).
+        // No body, so no content type (a 204 said application/json).
         assert_eq!(content_type, "", "{what}");
         assert!(body.is_empty(), "{what}");
     } else {

@@ -320,7 +320,7 @@ async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
     s.stop().await;
 }
 
-/// Issue 22: an acquire of cost 0 answered `allowed` with no lease, which a client reads as
+/// An acquire of cost 0 answered `allowed` with no lease, which a client reads as
 /// "go ahead, holding a slot"; and a lease id of one digit was taken although the API speaks
 /// of 16. Both are refused, naming the field.
 #[tokio::test]

@@ -197,7 +197,7 @@ fn layout_says_where_fixed_windows_open_and_names_a_bad_one() {
     }
 }
 
-/// Issue 22: an empty file was a valid configuration of nothing, so an editor's truncating
+/// An empty file was a valid configuration of nothing, so an editor's truncating
 /// write dropped every policy. An empty file (or one of comments only) is refused; `{}` is
 /// every default, written on purpose.
 #[test]
@@ -217,7 +217,7 @@ fn an_empty_file_is_refused_and_braces_mean_defaults() {
     assert_eq!(Config::demo().policies.len(), 1);
 }
 
-/// Issue 22: `api:` twice was "valid (1 policies)", the last one winning. A key given twice
+/// `api:` twice was "valid (1 policies)", the last one winning. A key given twice
 /// anywhere in the file is an error at the second, naming the lines of both.
 #[test]
 fn a_key_given_twice_anywhere_is_refused_naming_both_lines() {
@@ -267,7 +267,7 @@ fn a_key_given_twice_anywhere_is_refused_naming_both_lines() {
     );
 }
 
-/// Issue 22: errors named Rust types (`expected u64`, `struct RawConfig`), missed the index of
+/// Errors named Rust types (`expected u64`, `struct RawConfig`), missed the index of
 /// a limit (`policies.api.limits: max: 0`), showed durations in milliseconds, and an unclosed
 /// `{` was reported as "`1s other` is not a duration".
 #[test]
@@ -342,7 +342,7 @@ fn errors_speak_the_files_words() {
     }
 }
 
-/// Issue 22: `localhost:8080` and `8080` were "invalid socket address syntax". They are still
+/// `localhost:8080` and `8080` were "invalid socket address syntax". They are still
 /// refused (a listener binds an address; which interfaces to expose is stated, not guessed),
 /// with what to write instead.
 #[test]

@@ -1,4 +1,4 @@
-//! What a connection may hold (issue 22): `listen.header_timeout`, `listen.body_timeout`,
+//! What a connection may hold: `listen.header_timeout`, `listen.body_timeout`,
 //! `listen.idle_timeout` and `listen.max_connections`, on the HTTP and gRPC listeners, with
 //! raw sockets doing what a slow or idle client does. Timeouts are tiny and set in each
 //! test's configuration; every wait is for the server to close the socket (a read returning

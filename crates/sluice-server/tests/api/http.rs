@@ -126,7 +126,7 @@ async fn peek_refund_forget_and_policies() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    // No body, so no content type (issue 22: it said application/json).
+    // No body, so no content type (it said application/json).
     assert_eq!(header(&r, "content-type"), None);
     assert_eq!(r.bytes().await.unwrap().len(), 0);
     let r = post(&c, &check, json!({"policy": "api", "key": "k", "cost": 3})).await;
@@ -916,7 +916,7 @@ async fn a_token_bucket_reports_its_burst_as_the_limit() {
     s.stop().await;
 }
 
-/// Issue 22: a JSON body naming a field twice was read with the last value (`{"cost": 1,
+/// A JSON body naming a field twice was read with the last value (`{"cost": 1,
 /// "cost": 500}` costs 500). It is refused, naming the field, before anything is decided.
 #[tokio::test]
 async fn a_body_naming_a_field_twice_is_refused() {

@@ -320,7 +320,7 @@ async fn listener_settings_that_cannot_work_are_refused_naming_the_field() {
     );
 }
 
-/// Issue 22, over TLS: a client that connects and never starts its handshake is closed after
+/// Over TLS: a client that connects and never starts its handshake is closed after
 /// `listen.header_timeout`, one that finishes it and then says nothing after
 /// `listen.idle_timeout`, on the HTTP and the gRPC listener alike.
 #[tokio::test]

@@ -687,7 +687,7 @@ async fn with_an_admin_section_the_route_needs_a_token_and_lives_on_the_admin_li
     s.stop().await;
 }
 
-// ----- what the route may cost (issue 22) -------------------------------------------------
+// ----- what the route may cost ------------------------------------------------------------
 
 /// A simulation's memory is reckoned before any work, and one over `max_memory` is refused
 /// naming it: a pattern at both the events and the keys bounds, or a log of long keys.
@@ -828,7 +828,7 @@ async fn more_simulations_at_once_than_allowed_are_refused_busy() {
     s.stop().await;
 }
 
-/// Issue 22: a body naming a field twice is refused naming it (the last value used to win),
+/// A body naming a field twice is refused naming it (the last value used to win),
 /// in the body itself and in an inline policy of the command.
 #[tokio::test]
 async fn a_field_given_twice_is_refused_naming_it() {

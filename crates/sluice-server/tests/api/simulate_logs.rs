@@ -1,4 +1,4 @@
-//! The simulator reads the logs operators have (issue 27): each format is read with the right
+//! The simulator reads the logs operators have: each format is read with the right
 //! keys and times, detected or named; a line that cannot be read is skipped and counted by
 //! reason, never read wrongly; one defect the issue found per test, each failing before.
 

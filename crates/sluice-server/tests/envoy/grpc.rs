@@ -750,7 +750,7 @@ async fn grpc_metrics_are_bounded_by_the_configuration() {
     s.stop().await;
 }
 
-/// Issue 22: a Kubernetes ConfigMap mount, laid out as kubelet writes it: each file a link at
+/// A Kubernetes ConfigMap mount, laid out as kubelet writes it: each file a link at
 /// the top (`edge.yaml -> ..data/edge.yaml`), `..data` a link to the current version
 /// `..<timestamp>/`. Its `..` entries used to be read as rule files too (every domain twice:
 /// the server did not start). They are skipped; the top-level links are followed; and

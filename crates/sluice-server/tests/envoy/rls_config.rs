@@ -1253,7 +1253,7 @@ fn dot_files_are_read_unless_ignored() {
     let dir = tmp.path();
     write(dir, "api.yaml", EXAMPLE_1);
     // A Kubernetes ConfigMap mount keeps a copy of each file in a `..` directory: skipped
-    // whatever the setting (issue 22; it used to load every domain twice).
+    // whatever the setting (it used to load every domain twice).
     write(dir, "..2024_01_01/api.yaml", EXAMPLE_1);
     let config = RlsConfig::load_dir(dir).unwrap();
     assert_eq!(config.domains().collect::<Vec<_>>(), ["mongo_cps"]);

@@ -1,4 +1,4 @@
-//! A real Redis that cannot answer, end to end (issue 22): out of memory, an ACL change, its
+//! A real Redis that cannot answer, end to end: out of memory, an ACL change, its
 //! code flushed and not reloadable, busy with a script, asleep (`DEBUG SLEEP`), killed, a
 //! Cluster slot migrating. Over HTTP (`POST /v1/check`) and gRPC (`ShouldRateLimit`), each
 //! failure mode does what docs/configuration.md says: `open` allows and marks the answer
