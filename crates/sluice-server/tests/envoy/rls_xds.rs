@@ -706,3 +706,62 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
     server.stop().await;
     cp.stop(vec![stream]).await;
 }
+
+/// A small response that would cost a great deal of memory once converted (a 32 KiB name
+/// over thousands of descriptors, each rule a copy of it) is refused before conversion:
+/// NACKed, naming the field and the bound, and the rules in force stay.
+#[tokio::test]
+async fn a_response_past_the_bounds_is_nacked_naming_the_bound() {
+    let mut cp = ControlPlane::start(None).await;
+    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
+    let mut client = RateLimitServiceClient::new(server.channel().await);
+    let mut stream = cp.next_stream().await;
+    stream.next_request().await;
+    stream.respond("1", "nonce-1", &[eg_resource(3)]);
+    assert_ack(&stream.next_request().await, "1", "nonce-1");
+
+    let leaves = |n: usize| -> Vec<RateLimitDescriptor> {
+        (0..n)
+            .map(|i| RateLimitDescriptor {
+                key: format!("k{i}"),
+                rate_limit: policy(1, RateLimitUnit::Second as i32),
+                ..Default::default()
+            })
+            .collect()
+    };
+    let crafted = RateLimitConfig {
+        name: "n".repeat(32 << 10),
+        domain: "crafted".into(),
+        descriptors: leaves(2_000),
+    };
+    stream.respond("2", "nonce-2", &[crafted]);
+    let nack = stream.next_request().await;
+    assert_eq!(
+        (nack.version_info.as_str(), nack.response_nonce.as_str()),
+        ("1", "nonce-2")
+    );
+    let message = nack.error_detail.expect("a NACK").message;
+    assert!(
+        message.contains("resources[0]: name: 32768 bytes, more than the 1024"),
+        "{message}"
+    );
+    let many = RateLimitConfig {
+        name: "many".into(),
+        domain: "many".into(),
+        descriptors: leaves(10_001),
+    };
+    stream.respond("3", "nonce-3", &[many]);
+    let message = stream
+        .next_request()
+        .await
+        .error_detail
+        .expect("a NACK")
+        .message;
+    assert!(
+        message.contains("more than 10000 descriptors in one response"),
+        "{message}"
+    );
+    assert_eq!(limit_of_rule_0(&mut client).await, Some(3));
+    server.stop().await;
+    cp.stop(vec![stream]).await;
+}
