@@ -20,7 +20,8 @@
 //!   what is wrong. The rules in force stay whole; `/v1/stats` shows the error as
 //!   `last_reload_error`, `sluice_config_reloads_total{result="error"}` counts it.
 //! * When the stream fails or ends, the client connects again after an exponential backoff
-//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. Before the
+//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. The backoff
+//!   starts over only after an accepted response. Before the
 //!   first accepted response there are no rules: `ShouldRateLimit` answers
 //!   `FAILED_PRECONDITION`, and Envoy's `failure_mode_deny` decides (the reference answers an
 //!   error too until its first configuration).
@@ -41,6 +42,7 @@ use prost::Message;
 
 pub use settings::XdsSettings;
 
+use crate::observe::Untrusted;
 use crate::policy_entry::FieldError;
 use crate::rls::xds::{
     Budget, MAX_RESOURCES, RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, TooLarge,
@@ -119,6 +121,9 @@ const KEEPALIVE: Duration = Duration::from_secs(30);
 /// configuration of [`crate::rls::xds::MAX_DESCRIPTORS`] descriptors of Envoy Gateway's
 /// size fits with room to spare; a larger one ends the stream.
 pub const MAX_RESPONSE: usize = 2 << 20;
+/// The most bytes of a refusal's reason kept (it names a resource, a descriptor and a key or
+/// value, each within [`crate::rls::xds::MAX_TEXT`]).
+const MAX_REASON: usize = 1024;
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -148,7 +153,7 @@ impl Backoff {
         half + rand::rng().random_range(Duration::ZERO..=half)
     }
 
-    /// Back to the first wait (after a stream that delivered a response).
+    /// Back to the first wait (after a response that was accepted).
     pub fn reset(&mut self) {
         self.ceiling = BACKOFF_INITIAL;
     }
@@ -175,7 +180,10 @@ pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
         let rules = if client.accepted_version.is_empty() {
             "no rules yet".to_owned()
         } else {
-            format!("keeping the rules of version {:?}", client.accepted_version)
+            format!(
+                "keeping the rules of version \"{}\"",
+                Untrusted::new(&client.accepted_version)
+            )
         };
         match outcome {
             Ok(()) => tracing::warn!(
@@ -228,7 +236,7 @@ impl Client {
         let mut responses = client
             .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await
-            .map_err(|s| StreamError::Open(s.message().to_owned()))?
+            .map_err(|s| StreamError::Open(Untrusted::new(s.message()).to_string()))?
             .into_inner();
         connected(true);
         tracing::info!(control_plane = %self.settings.address, node_id = %self.node.id, "xDS stream open; waiting for rate limit rules");
@@ -239,12 +247,16 @@ impl Client {
                 Err(status) => {
                     return Err(StreamError::Failed {
                         code: status.code(),
-                        message: status.message().to_owned(),
+                        message: Untrusted::new(status.message()).to_string(),
                     });
                 }
             };
-            backoff.reset();
             let reply = self.answer(&response);
+            // Only an accepted response starts the backoff over: a control plane that sends
+            // a refused one and closes would otherwise be reconnected to at once, forever.
+            if reply.error_detail.is_none() {
+                backoff.reset();
+            }
             tx.send(reply).map_err(|_| StreamError::Closed)?;
         }
     }
@@ -264,10 +276,15 @@ impl Client {
         match load(response, &options) {
             Ok(rules) => {
                 for w in rules.warnings() {
-                    tracing::warn!(warning = %w, "rate limit configuration from xDS");
+                    let w = w.to_string();
+                    tracing::warn!(warning = %Untrusted::up_to(&w, MAX_REASON), "rate limit configuration from xDS");
                 }
-                let domains: Vec<&str> = rules.domains().collect();
-                tracing::info!(version = %response.version_info, domains = ?domains, "rate limit rules from xDS applied");
+                let domains = rules.domains().collect::<Vec<_>>().join(", ");
+                tracing::info!(
+                    version = %Untrusted::new(&response.version_info),
+                    domains = %Untrusted::new(&domains),
+                    "rate limit rules from xDS applied"
+                );
                 self.shared.replace_rls(Arc::new(rules));
                 crate::observe::metrics::reload(true);
                 update(true);
@@ -275,7 +292,13 @@ impl Client {
                 self.request(response.version_info.clone(), response.nonce.clone(), None)
             }
             Err(reason) => {
-                let message = format!("version {:?}: {reason}", response.version_info);
+                // Logged, stored (`last_reload_error`, the reload history) and sent back:
+                // escaped, and bounded whatever the response holds.
+                let message = format!(
+                    "version \"{}\": {}",
+                    Untrusted::new(&response.version_info),
+                    Untrusted::up_to(&reason.to_string(), MAX_REASON)
+                );
                 tracing::error!(error = %message, "rate limit rules from xDS refused (NACK); keeping the last good ones");
                 self.shared
                     .reload_failed(crate::state::ReloadSource::Xds, format!("xDS: {message}"));
