@@ -292,3 +292,67 @@ fn a_unix_socket_url_s_password_shows_nowhere() {
         assert_secret_free("an error in an outage", &refused);
     }
 }
+
+/// The other configured URLs, the OTLP collector's and the xDS control plane's, take no
+/// credentials (their clients would never send them): `config check` and `serve` refuse
+/// each form, naming the field and the URL, without the password.
+#[test]
+fn the_collector_s_and_the_control_plane_s_urls_refuse_credentials_unshown() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |endpoint: &str, address: &str| {
+        format!(
+            "listen:\n  http: 127.0.0.1:{}\n  grpc: 127.0.0.1:{}\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\ntracing:\n  endpoint: \"{endpoint}\"\nrls:\n  xds:\n    address: \"{address}\"\n    node_id: sluice\n",
+            sluice_testkit::free_port().unwrap(),
+            sluice_testkit::free_port().unwrap()
+        )
+    };
+    let clean = ("http://127.0.0.1:4317", "http://127.0.0.1:18001");
+    for (field, endpoint, address) in [
+        (
+            "tracing.endpoint",
+            format!("http://otel:{PASSWORD}@127.0.0.1:4317"),
+            clean.1.to_owned(),
+        ),
+        (
+            "tracing.endpoint",
+            format!("https://otel:{PASSWORD}@127.0.0.1:4317"),
+            clean.1.to_owned(),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("https://cp:{PASSWORD}@127.0.0.1:18001"),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("http://127.0.0.1:18001/?pass={PASSWORD}"),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("ftp://cp:{PASSWORD}@h:1"),
+        ),
+    ] {
+        let file = dir.path().join("urls.yaml");
+        std::fs::write(&file, config(&endpoint, &address)).unwrap();
+        let checked = sluice()
+            .args(["config", "check"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!checked.status.success(), "{endpoint} {address}");
+        let checked = String::from_utf8_lossy(&checked.stderr).into_owned();
+        assert!(checked.contains(field), "{checked}");
+        assert_secret_free("config check", &checked);
+        let log = dir.path().join("urls.log");
+        let status = serve(&file, &log, &[]).wait().unwrap();
+        assert!(!status.success(), "{endpoint} {address}");
+        let refused = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            refused.contains(field) && refused.contains("://"),
+            "{refused}"
+        );
+        assert_secret_free("a refused start", &refused);
+    }
+}

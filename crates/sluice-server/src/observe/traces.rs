@@ -56,7 +56,7 @@ impl std::fmt::Debug for Traces {
 #[derive(Debug, thiserror::Error)]
 #[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
 pub(crate) struct TraceError {
-    endpoint: String,
+    endpoint: crate::config::ConfiguredUrl,
     reason: String,
 }
 
@@ -90,7 +90,7 @@ impl Traces {
                 }
                 builder
                     .with_tonic()
-                    .with_endpoint(settings.endpoint.clone())
+                    .with_endpoint(settings.endpoint.expose())
                     .with_metadata(metadata)
                     .build()
             }
@@ -98,7 +98,7 @@ impl Traces {
                 .with_http()
                 .with_http_client(OnRuntime::here())
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(http_endpoint(&settings.endpoint))
+                .with_endpoint(http_endpoint(settings.endpoint.expose()))
                 .with_headers(settings.headers.clone().into_iter().collect())
                 .build(),
         }

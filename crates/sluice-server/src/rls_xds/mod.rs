@@ -214,11 +214,12 @@ struct Client {
 impl Client {
     /// One stream: until it fails (`Err`) or the control plane ends it (`Ok`).
     async fn session(&mut self, backoff: &mut Backoff) -> Result<(), StreamError> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(self.settings.address.clone())
-            .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(CONNECT_TIMEOUT);
+        let mut endpoint =
+            tonic::transport::Endpoint::from_shared(self.settings.address.expose().to_owned())
+                .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(KEEPALIVE)
+                .keep_alive_timeout(CONNECT_TIMEOUT);
         if let Some(tls) = self.settings.client_tls()? {
             endpoint = endpoint
                 .tls_config(tls)

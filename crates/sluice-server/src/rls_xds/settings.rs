@@ -6,6 +6,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
+use crate::config::ConfiguredUrl;
 use crate::policy_entry::FieldError;
 
 /// `rls.xds` as written.
@@ -30,7 +31,7 @@ pub(crate) struct RawXds {
 pub struct XdsSettings {
     /// `http://host:port` or `https://host:port` (TLS, verified against `ca_file` or the
     /// system's roots).
-    pub address: String,
+    pub address: ConfiguredUrl,
     /// The node id sent in every request: the id the control plane keeps the snapshot under
     /// (`envoy-ratelimit` for Envoy Gateway).
     pub node_id: String,
@@ -49,12 +50,14 @@ pub struct XdsSettings {
 impl XdsSettings {
     /// Whether the control plane is reached over TLS.
     pub fn tls(&self) -> bool {
-        self.address.starts_with("https://")
+        self.address.expose().starts_with("https://")
     }
 
     /// Checks `raw` and resolves relative files against `base` (the configuration file's
     /// directory). Each error names the `rls.xds` field at fault.
     pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, FieldError> {
+        // Errors show the address as every other place does: without credentials.
+        let shown = sluice_redis::redact(&raw.address);
         let at = |p: PathBuf| match base {
             Some(dir) if p.is_relative() => dir.join(p),
             _ => p,
@@ -63,8 +66,7 @@ impl XdsSettings {
             FieldError::new(
                 "rls.xds.address",
                 format!(
-                    "{:?} is not a URL ({e}); expected http://host:port or https://host:port",
-                    raw.address
+                    "{shown:?} is not a URL ({e}); expected http://host:port or https://host:port"
                 ),
             )
         })?;
@@ -75,9 +77,8 @@ impl XdsSettings {
                 return Err(FieldError::new(
                     "rls.xds.address",
                     format!(
-                        "{:?} must start with http:// or https:// (the control plane's gRPC \
-                         address, e.g. https://envoy-gateway:18001)",
-                        raw.address
+                        "{shown:?} must start with http:// or https:// (the control plane's gRPC \
+                         address, e.g. https://envoy-gateway:18001)"
                     ),
                 ));
             }
@@ -85,7 +86,7 @@ impl XdsSettings {
         if uri.host().is_none_or(str::is_empty) {
             return Err(FieldError::new(
                 "rls.xds.address",
-                format!("{:?} has no host", raw.address),
+                format!("{shown:?} has no host"),
             ));
         }
         if raw.node_id.trim().is_empty() {
@@ -96,7 +97,11 @@ impl XdsSettings {
             ));
         }
         let settings = Self {
-            address: raw.address,
+            address: ConfiguredUrl::parse(
+                &raw.address,
+                "the control plane is authenticated by TLS: ca_file, cert_file and key_file",
+            )
+            .map_err(|e| FieldError::new("rls.xds.address", e))?,
             node_id: raw.node_id,
             cluster: raw.cluster.filter(|c| !c.is_empty()),
             ca_file: raw.ca_file.map(at),
