@@ -45,12 +45,14 @@ pub struct XdsSettings {
     pub cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     pub key_file: Option<PathBuf>,
+    /// Whether the address's scheme, as the URL parser reads it (in any case), is `https`.
+    tls: bool,
 }
 
 impl XdsSettings {
     /// Whether the control plane is reached over TLS.
     pub fn tls(&self) -> bool {
-        self.address.expose().starts_with("https://")
+        self.tls
     }
 
     /// Checks `raw` and resolves relative files against `base` (the configuration file's
@@ -107,6 +109,7 @@ impl XdsSettings {
             ca_file: raw.ca_file.map(at),
             cert_file: raw.cert_file.map(at),
             key_file: raw.key_file.map(at),
+            tls,
         };
         if !tls {
             for (field, given) in [
@@ -252,6 +255,17 @@ mod tests {
         assert!(
             err.starts_with("rls.xds.cert_file: given without key_file"),
             "{err}"
+        );
+        // The scheme in any case, as the URL parser reads it: upper case keeps TLS.
+        for address in ["HTTPS://envoy-gateway:18001", "Https://envoy-gateway:18001"] {
+            let settings = XdsSettings::resolve(raw(address, "n"), None).unwrap();
+            assert!(settings.tls(), "{address}");
+            assert!(settings.client_tls().unwrap().is_some(), "{address}");
+        }
+        assert!(
+            !XdsSettings::resolve(raw("HTTP://h:1", "n"), None)
+                .unwrap()
+                .tls()
         );
         let mut missing = raw("https://h:1", "n");
         missing.cert_file = Some("/nonexistent/cert.pem".into());
