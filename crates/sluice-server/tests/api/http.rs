@@ -961,3 +961,44 @@ async fn a_body_naming_a_field_twice_is_refused() {
     assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }
+
+/// A reload whose file lost its `admin` section would open every admin route to anyone: it is
+/// refused (like one that empties the policies), the tokens keep guarding, and the reason is
+/// in `/v1/stats`.
+#[tokio::test]
+async fn a_reload_that_drops_the_admin_section_is_refused() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n");
+    let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+    let c = Client::new();
+    std::fs::write(&s.file, CONFIG).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        let stats: serde_json::Value = c
+            .get(format!("{}/v1/stats", s.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(stats["config"]["generation"], 1, "the reload was applied");
+        if let Some(error) = stats["config"]["last_reload_error"].as_str() {
+            break error.to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload was neither refused nor applied: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(error.contains("no admin section"), "{error}");
+    let r = c
+        .get(format!("{}/v1/policies", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    s.stop().await;
+}
