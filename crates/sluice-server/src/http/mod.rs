@@ -53,7 +53,7 @@ enum Access {
     Dashboard,
     /// On the admin listener only, and with a token from the `admin` section if there is one.
     Admin,
-    /// `/metrics`: on the admin listener only; a token only with `admin.protect_metrics`.
+    /// `/metrics`: on the admin listener only; a token unless `admin.protect_metrics: false`.
     Metrics,
 }
 
@@ -210,7 +210,7 @@ struct Guard {
 
 /// The `401` for a request to an admin route without one of the `admin` tokens
 /// (docs/security.md); otherwise the route answers. Without an `admin` section every route is
-/// open; `/metrics` is guarded only with `admin.protect_metrics`.
+/// open; `/metrics` is guarded unless `admin.protect_metrics: false`.
 async fn admin_guard(
     State(guard): State<Guard>,
     request: axum::extract::Request,

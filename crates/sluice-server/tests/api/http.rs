@@ -1002,3 +1002,32 @@ async fn a_reload_that_drops_the_admin_section_is_refused() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     s.stop().await;
 }
+
+/// `/metrics` tells the policies (`sluice_limit_max{policy=…}`): with an `admin` section it
+/// needs a token by default, like `/v1/policies`; `protect_metrics: false` opens it for a
+/// scraper without one.
+#[tokio::test]
+async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let c = Client::new();
+    for (extra, open) in [("", false), ("  protect_metrics: false\n", true)] {
+        let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n{extra}");
+        let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+        let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
+        let expected = if open {
+            StatusCode::OK
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        assert_eq!(r.status(), expected, "{extra:?}");
+        let r = c
+            .get(format!("{}/metrics", s.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.text().await.unwrap().contains("sluice_limit_max{"));
+        s.stop().await;
+    }
+}
