@@ -1031,3 +1031,75 @@ async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
         s.stop().await;
     }
 }
+
+/// Without an `admin` section, a page on another site could make a visitor's browser refund
+/// or forget keys (a `text/plain` POST needs no preflight). A browser's cross-site request
+/// to a route that changes state is refused (`403 cross_site`): an `Origin` that is not the
+/// request's own host, or `Sec-Fetch-Site: cross-site`. `curl -d` (no `Origin`, a form content
+/// type), a same-origin page, and a page behind a proxy that rewrites `Host` (its browser says
+/// `same-origin`) are answered.
+#[tokio::test]
+async fn a_cross_site_browser_request_that_changes_state_is_refused() {
+    let s = start(CONFIG).await;
+    let c = Client::new();
+    let body = r#"{"policy": "api", "key": "victim"}"#;
+    let host = s.url.trim_start_matches("http://").to_owned();
+    let send = |path: &str, content_type: &str, headers: &[(&str, &str)]| {
+        let mut req = c
+            .post(format!("{}{path}", s.url))
+            .header("content-type", content_type.to_owned())
+            .body(body);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.send()
+    };
+    for headers in [
+        vec![("origin", "https://evil.example")],
+        vec![("origin", "null")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![
+            ("origin", "https://evil.example"),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    ] {
+        for path in ["/v1/refund", "/v1/check"] {
+            let r = send(path, "text/plain", &headers).await.unwrap();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path} {headers:?}");
+            let e: Value = r.json().await.unwrap();
+            assert_eq!(e["error"]["code"], "cross_site", "{e}");
+        }
+    }
+    let forget = c
+        .delete(format!("{}/v1/keys/api/victim", s.url))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forget.status(), StatusCode::FORBIDDEN);
+
+    let own = format!("http://{host}");
+    for headers in [
+        vec![],
+        vec![("origin", own.as_str())],
+        vec![("origin", own.as_str()), ("sec-fetch-site", "same-origin")],
+        vec![
+            ("origin", "https://sluice.example"),
+            ("sec-fetch-site", "same-origin"),
+        ],
+    ] {
+        let r = send("/v1/refund", "application/x-www-form-urlencoded", &headers)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{headers:?}");
+    }
+    // Reading is not refused: the answer does not reach another site's page without CORS.
+    let r = c
+        .get(format!("{}/healthz", s.url))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    s.stop().await;
+}
