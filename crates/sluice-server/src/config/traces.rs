@@ -17,6 +17,8 @@ pub(super) struct RawTracing {
     service_name: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default)]
+    follow_callers: Option<bool>,
 }
 
 /// How spans travel to the collector.
@@ -44,6 +46,11 @@ pub struct TraceSettings {
     pub service_name: String,
     /// Sent with every export (gRPC metadata or HTTP headers), e.g. a collector's token.
     pub headers: BTreeMap<String, String>,
+    /// Whether a caller's `traceparent` flag decides sampling and its `tracestate` is carried
+    /// into the spans (`tracing.follow_callers`, default `true`); `false`: `sample_ratio`
+    /// alone decides every trace and no `tracestate` is kept, the caller's trace still the
+    /// parent.
+    pub follow_callers: bool,
 }
 
 /// The default `tracing.service_name`.
@@ -117,6 +124,7 @@ pub(super) fn trace_config(
         sample_ratio,
         service_name,
         headers: raw.headers,
+        follow_callers: raw.follow_callers.unwrap_or(true),
     }))
 }
 
@@ -228,6 +236,7 @@ mod tests {
                 sample_ratio: 1.0,
                 service_name: "sluice".to_owned(),
                 headers: BTreeMap::new(),
+                follow_callers: true,
             }))
         );
     }
