@@ -26,6 +26,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
 use crate::config::{TraceProtocol, TraceSettings};
+use crate::observe::Untrusted;
 
 /// How long a stopping server waits for the last spans to reach the collector.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -328,8 +329,8 @@ impl Traced {
         }
     }
 
-    /// Records `sluice.outcome` (an `error` also as the span's status, with `why`) and ends the
-    /// span.
+    /// Records `sluice.outcome` (an `error` also as the span's status, with `why`, which may
+    /// quote what the client sent: shown as [`Untrusted`], at most 1 KiB) and ends the span.
     pub(crate) fn finish(self, outcome: &'static str, why: Option<String>) {
         let Some(cx) = self.0 else {
             return;
@@ -337,7 +338,7 @@ impl Traced {
         let span = cx.span();
         span.set_attribute(KeyValue::new("sluice.outcome", outcome));
         if let Some(why) = why {
-            span.set_status(Status::error(why));
+            span.set_status(Status::error(Untrusted::up_to(&why, 1024).to_string()));
         }
         span.end();
     }
