@@ -48,7 +48,6 @@ mod rls;
 mod store;
 mod top;
 mod traces;
-mod url;
 mod yaml;
 use self::listen::*;
 pub use self::metrics::{MetricsSettings, NearLimit};
@@ -57,7 +56,7 @@ pub use self::overrides::*;
 pub use self::rls::*;
 pub use self::top::*;
 pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
-pub use self::url::ConfiguredUrl;
+pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
 

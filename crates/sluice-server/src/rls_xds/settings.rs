@@ -6,8 +6,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
-use crate::config::ConfiguredUrl;
 use crate::policy_entry::FieldError;
+use crate::url::ConfiguredUrl;
 
 /// `rls.xds` as written.
 #[derive(Debug, Deserialize)]
