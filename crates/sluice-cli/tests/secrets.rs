@@ -206,3 +206,153 @@ fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
         assert_secret_free("a response", body);
     }
 }
+
+/// A unix socket's URL carries its credentials as query parameters (`?user=`, `?pass=`, in
+/// any percent-encoding of their names): none of them shows in the start's log,
+/// `config check --explain`, `/v1/stats`, `/metrics` (open without an `admin` section), or
+/// the errors and `/readyz` of an outage.
+#[test]
+fn a_unix_socket_url_s_password_shows_nowhere() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let mut redis = ServerOptions::new()
+        .args([
+            "--user",
+            "alice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "+@all",
+        ])
+        .arg("--unixsocket")
+        .arg(&socket)
+        .args(["--unixsocketperm", "700"])
+        .start()
+        .unwrap();
+    let socket = socket.display();
+    for url in [
+        format!("unix://{socket}?user=alice&pass={PASSWORD}"),
+        format!("redis+unix://{socket}?p%61ss={PASSWORD}&user=alice&db=0"),
+    ] {
+        let http = sluice_testkit::free_port().unwrap();
+        let base = format!("http://127.0.0.1:{http}");
+        let config = dir.path().join("unix.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{}\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\n    on_store_error: closed\nstore:\n  backend: redis\n  shards:\n    - primary: \"{url}\"\n",
+                sluice_testkit::free_port().unwrap()
+            ),
+        )
+        .unwrap();
+        let log = dir.path().join("unix.log");
+        let mut child = serve(&config, &log, &[]);
+        wait_ready(&base, &mut child);
+        let decision = r#"{"policy": "api", "key": "user:1"}"#;
+        let (status, checked) = call("POST", &format!("{base}/v1/check"), None, Some(decision));
+        assert_eq!(status, 200, "{url}: {checked}");
+        let (_, stats) = call("GET", &format!("{base}/v1/stats"), None, None);
+        let (_, metrics) = call("GET", &format!("{base}/metrics"), None, None);
+        assert!(metrics.contains("sluice_store_circuit_state{"), "{metrics}");
+        redis.kill().unwrap();
+        let (status, refused) = call("POST", &format!("{base}/v1/check"), None, Some(decision));
+        assert_eq!(status, 503, "{refused}");
+        let (_, ready) = call("GET", &format!("{base}/readyz"), None, None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        redis.restart().unwrap();
+        let explained = sluice()
+            .args(["config", "check", "--explain"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let explained = format!(
+            "{}{}",
+            String::from_utf8_lossy(&explained.stdout),
+            String::from_utf8_lossy(&explained.stderr)
+        );
+        let logged = std::fs::read_to_string(&log).unwrap();
+        // Each output names the socket (so a leak would be there to see).
+        for (what, text) in [
+            ("the serve log", &logged),
+            ("/v1/stats", &stats),
+            ("/metrics", &metrics),
+            ("config check --explain", &explained),
+            ("/readyz in an outage", &ready),
+        ] {
+            assert!(
+                text.contains(&socket.to_string()),
+                "{what} names the socket: {text}"
+            );
+            assert_secret_free(what, text);
+        }
+        assert_secret_free("an error in an outage", &refused);
+    }
+}
+
+/// The other configured URLs, the OTLP collector's and the xDS control plane's, take no
+/// credentials (their clients would never send them): `config check` and `serve` refuse
+/// each form, naming the field and the URL, without the password.
+#[test]
+fn the_collector_s_and_the_control_plane_s_urls_refuse_credentials_unshown() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |endpoint: &str, address: &str| {
+        format!(
+            "listen:\n  http: 127.0.0.1:{}\n  grpc: 127.0.0.1:{}\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\ntracing:\n  endpoint: \"{endpoint}\"\nrls:\n  xds:\n    address: \"{address}\"\n    node_id: sluice\n",
+            sluice_testkit::free_port().unwrap(),
+            sluice_testkit::free_port().unwrap()
+        )
+    };
+    let clean = ("http://127.0.0.1:4317", "http://127.0.0.1:18001");
+    for (field, endpoint, address) in [
+        (
+            "tracing.endpoint",
+            format!("http://otel:{PASSWORD}@127.0.0.1:4317"),
+            clean.1.to_owned(),
+        ),
+        (
+            "tracing.endpoint",
+            format!("https://otel:{PASSWORD}@127.0.0.1:4317"),
+            clean.1.to_owned(),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("https://cp:{PASSWORD}@127.0.0.1:18001"),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("http://127.0.0.1:18001/?pass={PASSWORD}"),
+        ),
+        (
+            "rls.xds.address",
+            clean.0.to_owned(),
+            format!("ftp://cp:{PASSWORD}@h:1"),
+        ),
+    ] {
+        let file = dir.path().join("urls.yaml");
+        std::fs::write(&file, config(&endpoint, &address)).unwrap();
+        let checked = sluice()
+            .args(["config", "check"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!checked.status.success(), "{endpoint} {address}");
+        let checked = String::from_utf8_lossy(&checked.stderr).into_owned();
+        assert!(checked.contains(field), "{checked}");
+        assert_secret_free("config check", &checked);
+        let log = dir.path().join("urls.log");
+        let status = serve(&file, &log, &[]).wait().unwrap();
+        assert!(!status.success(), "{endpoint} {address}");
+        let refused = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            refused.contains(field) && refused.contains("://"),
+            "{refused}"
+        );
+        assert_secret_free("a refused start", &refused);
+    }
+}

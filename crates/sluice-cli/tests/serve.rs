@@ -381,3 +381,32 @@ fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
     let n = c.read(&mut answer).unwrap();
     assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
 }
+
+/// Without an `admin` section, an admin listener keeps the admin routes to this machine only
+/// on loopback: on any other address the start warns, naming the listener.
+#[test]
+fn an_admin_listener_off_loopback_without_an_admin_section_is_warned_about() {
+    for (ip, warned) in [("0.0.0.0", true), ("127.0.0.1", false)] {
+        let admin = sluice_testkit::free_port().unwrap();
+        let config = format!(
+            "listen:\n  http: 127.0.0.1:{{http}}\n  grpc: 127.0.0.1:{{grpc}}\n  admin: {ip}:{admin}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
+        );
+        let mut s = Serve::start(&config);
+        // The warning comes before the listeners serve.
+        s.wait_until("the admin listener serves", |s| {
+            s.log().contains("sluice serving the admin routes")
+        });
+        let log = s.log();
+        let line = log.lines().find(|l| l.contains("no admin section"));
+        if warned {
+            let line = line.unwrap_or_else(|| panic!("no warning for {ip}:\n{log}"));
+            assert!(
+                line.contains("WARN")
+                    && line.contains(&format!("reaches the admin listener {ip}:{admin}")),
+                "{line}"
+            );
+        } else {
+            assert!(line.is_none(), "{log}");
+        }
+    }
+}

@@ -103,15 +103,20 @@ fn serve_http(
     conn::serve_http(incoming, name, config.connections, app, stopped)
 }
 
-/// The warning of a server with neither an `admin` section nor an admin listener: every admin
-/// route, from the route table, answers anyone.
-pub fn open_admin_warning() -> String {
+/// The warning of a server without an `admin` section whose admin routes others can reach:
+/// on the HTTP port (no admin listener, `None`), or on an admin listener bound to an address
+/// other than loopback. Every admin route, from the route table, answers anyone there.
+pub fn open_admin_warning(admin_listener: Option<std::net::SocketAddr>) -> String {
     let routes: Vec<String> = http::ADMIN_ROUTES
         .iter()
         .map(|(method, path)| format!("{method} {path}"))
         .collect();
+    let reached = match admin_listener {
+        None => "the HTTP port".to_owned(),
+        Some(addr) => format!("the admin listener {addr}"),
+    };
     format!(
-        "no admin section: the admin routes {} answer anyone who reaches the HTTP port \
+        "no admin section: the admin routes {} answer anyone who reaches {reached} \
          (docs/security.md)",
         routes.join(", ")
     )
@@ -167,7 +172,12 @@ pub async fn run_with_clock(
     let source = source.into();
     let (shared, traces) = start_state(&config, &clock).await?;
     let stop_rx = stop_signal(shutdown);
-    let background = spawn_background(&config, source, &shared, &clock, listeners.admin.is_some());
+    let admin_addr = listeners
+        .admin
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    let background = spawn_background(&config, source, &shared, &clock, admin_addr);
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
         Some(tls) => (
@@ -270,18 +280,21 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 }
 
 /// The tasks beside the servers: housekeeping, the reload watcher (with a file, or rules
-/// given without one) and the xDS client (`rls.xds`); and the warning of an open admin.
+/// given without one) and the xDS client (`rls.xds`); and the warning of admin routes open to
+/// other machines.
 fn spawn_background(
     config: &Config,
     source: ConfigSource,
     shared: &Arc<Shared>,
     clock: &ServerClock,
-    admin_listener: bool,
+    admin_listener: Option<std::net::SocketAddr>,
 ) -> tokio::task::JoinSet<()> {
     let mut background = tokio::task::JoinSet::new();
     background.spawn(housekeeping(shared.clone(), clock.clone()));
-    if config.admin.is_none() && !admin_listener {
-        tracing::warn!("{}", open_admin_warning());
+    // Without tokens, only an admin listener on loopback keeps the admin routes to this
+    // machine.
+    if config.admin.is_none() && !admin_listener.is_some_and(|a| a.ip().is_loopback()) {
+        tracing::warn!("{}", open_admin_warning(admin_listener));
     }
     if source.file.is_some() || source.without_file() == Some(NoFile::RulesOnly) {
         background.spawn(watch_config(source, shared.clone()));

@@ -15,7 +15,7 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate` |
+//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
@@ -57,6 +57,7 @@ pub mod state;
 pub(crate) mod tls;
 pub(crate) mod unique;
 pub(crate) mod units;
+pub mod url;
 
 #[cfg(test)]
 mod layer_rule;

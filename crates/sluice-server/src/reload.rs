@@ -1,7 +1,7 @@
 //! Reloading: the configuration file (with its flags and variables applied again) and its
 //! Envoy rate limit files, watched by content, and applied whole when valid; a reload that is
-//! invalid, would switch the source of the Envoy rules, or would leave nothing to limit is
-//! refused and the last good configuration stays.
+//! invalid, would switch the source of the Envoy rules, or would leave nothing to limit or
+//! nothing guarding the admin routes is refused and the last good configuration stays.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,10 +77,11 @@ fn fingerprint(path: Option<&std::path::Path>, rls_dir: Option<&std::path::Path>
     out
 }
 
-/// Why a reload that would leave nothing to limit is refused: the running configuration has
-/// policies (or Envoy rules) and the new one has none. An editor's truncating write, or a file
-/// caught half-written, reads as a configuration of nothing; applying it would answer every
-/// check `404 unknown_policy`. Running without any is done by a restart.
+/// Why a reload that would leave nothing to limit, or nothing guarding the admin routes, is
+/// refused: the running configuration has policies (or Envoy rules, or an `admin` section) and
+/// the new one has none. An editor's truncating write, or a file caught half-written, reads as
+/// a configuration of nothing; applying it would answer every check `404 unknown_policy`, or
+/// every admin route to anyone. Running without any is done by a restart.
 fn refuse_emptying(
     running: &crate::state::Generation,
     next: &Config,
@@ -100,6 +101,14 @@ fn refuse_emptying(
             names.len(),
             names.join(", ")
         ));
+    }
+    if running.admin.is_some() && next.admin.is_none() {
+        return Some(
+            "the new configuration has no admin section where the running one has one; a \
+             reload never opens the admin routes to anyone (a file that lost the section by \
+             mistake would): restart the server to run without one"
+                .to_owned(),
+        );
     }
     let running_domains: Vec<&str> = running
         .rls

@@ -35,7 +35,9 @@ pub enum StoreError {
         message: String,
     },
     /// The store holds data for the key that is not a valid state (wrong type, bad field).
-    #[error("store holds invalid state for `{key}`: {detail}")]
+    // The key holds what a client sent: escaped, so a line feed in it cannot write a log
+    // line of its own.
+    #[error("store holds invalid state for `{}`: {detail}", .key.escape_debug())]
     Corrupt {
         /// The storage key at fault.
         key: String,
@@ -350,5 +352,23 @@ impl Store for SharedStore {
 
     async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
         self.0.forget_boxed(policy, key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_corrupt_key_is_shown_escaped() {
+        let e = StoreError::Corrupt {
+            key: "sluice:{k\n2026-01-01T00:00:00Z  WARN forged\u{1b}[2J}".into(),
+            detail: "WRONGTYPE".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "store holds invalid state for `sluice:{k\\n2026-01-01T00:00:00Z  WARN \
+             forged\\u{1b}[2J}`: WRONGTYPE"
+        );
     }
 }

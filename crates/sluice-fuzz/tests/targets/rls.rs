@@ -107,7 +107,7 @@ struct Lookup {
 
 fn check_match(m: &Match, domain: &str, entries: &[(&str, &str)], files: &[(String, String)]) {
     let rule = &m.rule;
-    assert_eq!(rule.domain, domain);
+    assert_eq!(&*rule.domain, domain);
     assert!(
         m.counter_key.starts_with(&format!("{domain}_")),
         "{} for domain {domain}",
@@ -122,7 +122,7 @@ fn check_match(m: &Match, domain: &str, entries: &[(&str, &str)], files: &[(Stri
     }
     assert_eq!(rule.unit.is_none(), rule.unlimited, "{rule:?}");
     assert!(
-        rule.file == "the request" || files.iter().any(|(name, _)| *name == rule.file),
+        &*rule.file == "the request" || files.iter().any(|(name, _)| **name == *rule.file),
         "{rule:?}"
     );
     assert!(!rule.location().is_empty());

@@ -3,15 +3,61 @@
 
 use std::path::PathBuf;
 
-/// `url` without its user information: `redis://user:secret@host:6379/0` becomes
-/// `redis://host:6379/0`. What Sluice shows of a URL (shard names, metric labels, logs,
-/// errors) goes through this, so an ACL password written in a URL never leaves it.
+/// The query parameters redis-rs reads as credentials: `unix://` (and `redis+unix://`,
+/// `valkey+unix://`) URLs log in as `?user=` with `?pass=` (`url_to_unix_connection_info` in
+/// redis-rs's `connection.rs`), where a TCP URL carries them as user information.
+const CREDENTIAL_PARAMS: [&str; 2] = ["user", "pass"];
+
+/// `url` without its credentials: the user information (`redis://user:secret@host:6379/0`
+/// becomes `redis://host:6379/0`) and the `user` and `pass` query parameters
+/// (`unix:///run/redis.sock?pass=secret` becomes `unix:///run/redis.sock`), however their
+/// names are percent-encoded. What Sluice shows of a configured URL (shard names, metric
+/// labels, logs, errors, `config check`; the OTLP endpoint and the xDS address too) goes
+/// through this, so a password written in a URL never leaves it.
+///
+/// The rest of the text is kept as written, so a name stays the same across releases. A
+/// URL that does not parse (a `#` or `?` in an unencoded password, say) loses everything
+/// up to its last `@`, wherever that is.
 pub fn redact(url: &str) -> String {
+    let parses = url::Url::parse(url).is_ok();
+    let (rest, fragment) = match url.find('#') {
+        Some(i) if parses => url.split_at(i),
+        _ => (url, ""),
+    };
+    let (base, query) = match rest.find('?') {
+        Some(i) if parses => (&rest[..i], Some(&rest[i + 1..])),
+        _ => (rest, None),
+    };
+    let mut shown = without_user_information(base, parses);
+    if let Some(query) = query {
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| {
+                !url::form_urlencoded::parse(pair.as_bytes())
+                    .next()
+                    .is_some_and(|(name, _)| CREDENTIAL_PARAMS.contains(&name.as_ref()))
+            })
+            .collect();
+        if !kept.is_empty() {
+            shown.push('?');
+            shown.push_str(&kept.join("&"));
+        }
+    }
+    shown.push_str(fragment);
+    shown
+}
+
+/// `url` without its user information: what comes between `://` and the last `@` of the
+/// authority (of the whole text, when it did not parse).
+fn without_user_information(url: &str, parses: bool) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority_end = match rest.find('/') {
+        Some(i) if parses => i,
+        _ => rest.len(),
+    };
     match rest[..authority_end].rfind('@') {
         Some(at) => format!("{}{}", &url[..scheme_end], &rest[at + 1..]),
         None => url.to_owned(),
@@ -54,6 +100,16 @@ impl Credentials {
         if redact(url) != url {
             return url.to_owned();
         }
+        if is_unix(url) {
+            // A socket's URL carries its credentials as query parameters.
+            let mut with = url::form_urlencoded::Serializer::new(String::new());
+            if let Some(user) = &self.username {
+                with.append_pair("user", user);
+            }
+            with.append_pair("pass", &self.password);
+            let joint = if url.contains('?') { '&' } else { '?' };
+            return format!("{url}{joint}{}", with.finish());
+        }
         let user = self
             .username
             .as_deref()
@@ -66,6 +122,11 @@ impl Credentials {
             &url[scheme_end..]
         )
     }
+}
+
+/// Whether `url` names a unix socket (redis-rs's `unix`, `redis+unix` and `valkey+unix`).
+fn is_unix(url: &str) -> bool {
+    url::Url::parse(url).is_ok_and(|u| u.scheme().ends_with("unix"))
 }
 
 /// Certificates for TLS towards Redis (`rediss://` URLs), as PEM files: the CA that signed
@@ -149,5 +210,46 @@ mod tests {
         assert_eq!(default_user.apply("redis://h:6379"), "redis://:pw@h:6379");
         assert!(!format!("{c:?}").contains("p@ss"));
         assert_eq!(redact(&c.apply("redis://h:6379")), "redis://h:6379");
+        let socket = c.apply("unix:///run/redis.sock?db=2");
+        assert_eq!(
+            socket,
+            "unix:///run/redis.sock?db=2&user=alice&pass=p%40ss%3Aw%2Frd"
+        );
+        assert_eq!(redact(&socket), "unix:///run/redis.sock?db=2");
+        assert_eq!(
+            default_user.apply("redis+unix:///s.sock"),
+            "redis+unix:///s.sock?pass=pw"
+        );
+    }
+
+    #[test]
+    fn every_credential_redis_reads_from_a_url_is_redacted() {
+        for (url, shown) in [
+            ("redis://alice:S3CRET@h:6379/0", "redis://h:6379/0"),
+            (
+                "rediss://:S3CRET@h:6380/#insecure",
+                "rediss://h:6380/#insecure",
+            ),
+            (
+                "unix:///run/redis.sock?pass=S3CRET",
+                "unix:///run/redis.sock",
+            ),
+            ("unix:/run/redis.sock?pass=S3CRET", "unix:/run/redis.sock"),
+            (
+                "redis+unix:///run/redis.sock?db=1&user=alice&pass=S3CRET",
+                "redis+unix:///run/redis.sock?db=1",
+            ),
+            (
+                "valkey+unix:///s.sock?p%61ss=S3CRET&protocol=3",
+                "valkey+unix:///s.sock?protocol=3",
+            ),
+            ("unix:///s.sock?db=0&pass=S3CRET#x", "unix:///s.sock?db=0#x"),
+            // Unparseable: an unencoded `#` in the password.
+            ("redis://:S3#CRET@h:6379", "redis://h:6379"),
+            ("redis://h:6379/0?x=a@b", "redis://h:6379/0?x=a@b"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+            assert!(!redact(url).contains("S3"), "{url}");
+        }
     }
 }

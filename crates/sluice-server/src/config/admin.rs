@@ -1,5 +1,5 @@
 //! The admin surface: what changes or reveals state (refund, forgetting a key, the policy
-//! list, and `/metrics` if asked) answers only to a bearer token from the `admin` section.
+//! list, and `/metrics` unless opened) answers only to a bearer token from the `admin` section.
 //!
 //! Tokens come from a file (one per line; blank lines and `#` comments ignored) or from an
 //! environment variable (comma-separated), never from the configuration text itself, so the
@@ -25,14 +25,15 @@ pub(crate) struct RawAdmin {
     #[serde(default)]
     tokens_env: Option<String>,
     #[serde(default)]
-    protect_metrics: bool,
+    protect_metrics: Option<bool>,
 }
 
 /// Who may use the admin routes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AdminConfig {
     tokens: Vec<String>,
-    /// `/metrics` needs a token too (`admin.protect_metrics`).
+    /// `/metrics` needs a token too (`admin.protect_metrics`, on unless set to `false`: the
+    /// metrics name every policy and its limits, which `/v1/policies` keeps to tokens).
     pub protect_metrics: bool,
 }
 
@@ -91,7 +92,7 @@ impl AdminConfig {
         }
         Ok(Self {
             tokens,
-            protect_metrics: raw.protect_metrics,
+            protect_metrics: raw.protect_metrics.unwrap_or(true),
         })
     }
 
@@ -194,7 +195,7 @@ mod tests {
         let raw = || RawAdmin {
             tokens_file: Some(PathBuf::from("tokens")),
             tokens_env: None,
-            protect_metrics: true,
+            protect_metrics: None,
         };
         let e = AdminConfig::resolve(raw(), Some(&dir)).unwrap_err();
         assert!(

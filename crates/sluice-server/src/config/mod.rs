@@ -56,6 +56,7 @@ pub use self::overrides::*;
 pub use self::rls::*;
 pub use self::top::*;
 pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
+pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
 

@@ -17,6 +17,8 @@ pub(super) struct RawTracing {
     service_name: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default)]
+    follow_callers: Option<bool>,
 }
 
 /// How spans travel to the collector.
@@ -34,7 +36,7 @@ pub enum TraceProtocol {
 pub struct TraceSettings {
     /// The collector: `http://host:port` (for `http`, `/v1/traces` is appended when the URL
     /// has no path).
-    pub endpoint: String,
+    pub endpoint: ConfiguredUrl,
     /// gRPC or HTTP/protobuf.
     pub protocol: TraceProtocol,
     /// The share of traces started here that are kept, in [0, 1]; a request that carries a
@@ -44,6 +46,11 @@ pub struct TraceSettings {
     pub service_name: String,
     /// Sent with every export (gRPC metadata or HTTP headers), e.g. a collector's token.
     pub headers: BTreeMap<String, String>,
+    /// Whether a caller's `traceparent` flag decides sampling and its `tracestate` is carried
+    /// into the spans (`tracing.follow_callers`, default `true`); `false`: `sample_ratio`
+    /// alone decides every trace and no `tracestate` is kept, the caller's trace still the
+    /// parent.
+    pub follow_callers: bool,
 }
 
 /// The default `tracing.service_name`.
@@ -117,35 +124,42 @@ pub(super) fn trace_config(
         sample_ratio,
         service_name,
         headers: raw.headers,
+        follow_callers: raw.follow_callers.unwrap_or(true),
     }))
 }
 
 /// A collector URL: `http://host:port`. TLS to the collector is not offered: the exporter
 /// speaks plain text to a collector next to the server, which forwards wherever it must.
-fn endpoint(field: &str, text: &str) -> Result<String, String> {
+fn endpoint(field: &str, text: &str) -> Result<ConfiguredUrl, String> {
+    // Errors show the URL as every other place does: without credentials.
+    let shown = sluice_redis::redact(text);
     let uri: axum::http::Uri = text.parse().map_err(|e| {
-        format!("{field}: `{text}` is not a URL ({e}); expected e.g. http://otel-collector:4317")
+        format!("{field}: `{shown}` is not a URL ({e}); expected e.g. http://otel-collector:4317")
     })?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
             return Err(format!(
-                "{field}: `{text}`: TLS to the collector is not supported; send to a collector \
+                "{field}: `{shown}`: TLS to the collector is not supported; send to a collector \
                  beside the server over http:// (it forwards over TLS)"
             ));
         }
         _ => {
             return Err(format!(
-                "{field}: `{text}` has no http:// scheme; expected e.g. http://otel-collector:4317"
+                "{field}: `{shown}` has no http:// scheme; expected e.g. http://otel-collector:4317"
             ));
         }
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(format!(
-            "{field}: `{text}` names no host; expected e.g. http://otel-collector:4317"
+            "{field}: `{shown}` names no host; expected e.g. http://otel-collector:4317"
         ));
     }
-    Ok(text.to_owned())
+    ConfiguredUrl::parse(
+        text,
+        "a collector's token goes in tracing.headers, e.g. authorization: Basic …",
+    )
+    .map_err(|e| format!("{field}: {e}"))
 }
 
 fn protocol(field: &str, text: &str) -> Result<TraceProtocol, String> {
@@ -217,11 +231,12 @@ mod tests {
         assert_eq!(
             got,
             Ok(Some(TraceSettings {
-                endpoint: "http://collector:4317".to_owned(),
+                endpoint: ConfiguredUrl::new("http://collector:4317"),
                 protocol: TraceProtocol::Grpc,
                 sample_ratio: 1.0,
                 service_name: "sluice".to_owned(),
                 headers: BTreeMap::new(),
+                follow_callers: true,
             }))
         );
     }
@@ -239,7 +254,7 @@ mod tests {
         let Ok(Some(got)) = trace_config(Some(file), env) else {
             panic!("expected settings");
         };
-        assert_eq!(got.endpoint, "http://other:4318");
+        assert_eq!(got.endpoint.expose(), "http://other:4318");
         assert_eq!(got.protocol, TraceProtocol::Http);
         assert_eq!(got.sample_ratio, 0.25);
         assert_eq!(got.service_name, "edge-limits");

@@ -81,6 +81,14 @@ pub(crate) enum ApiError {
         "{method} {path} is served on the admin listener only (listen.admin), not on this port"
     )]
     AdminListener { method: Method, path: String },
+    /// A browser's request from another site to a route that changes state
+    /// (`403 cross_site`).
+    #[error(
+        "{0} from a page on another site is refused (its Origin is not this server, or \
+         Sec-Fetch-Site: cross-site): the routes that change state answer this server's own \
+         pages and clients that send no Origin, such as curl or a back end"
+    )]
+    CrossSite(Method),
     /// No such path (`404 not_found`), with the list of routes.
     #[error("{}", not_found_message())]
     NotFound,
@@ -113,6 +121,7 @@ impl ApiError {
             }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Self::CrossSite(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -128,6 +137,7 @@ impl ApiError {
             Self::MetricsUnavailable => "metrics_unavailable",
             Self::Internal(_) => "internal",
             Self::Unauthorized { .. } => "unauthorized",
+            Self::CrossSite(_) => "cross_site",
             Self::AdminListener { .. } => "admin_listener",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",

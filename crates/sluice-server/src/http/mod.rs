@@ -53,7 +53,7 @@ enum Access {
     Dashboard,
     /// On the admin listener only, and with a token from the `admin` section if there is one.
     Admin,
-    /// `/metrics`: on the admin listener only; a token only with `admin.protect_metrics`.
+    /// `/metrics`: on the admin listener only; a token unless `admin.protect_metrics: false`.
     Metrics,
 }
 
@@ -190,7 +190,56 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(same_site_guard))
         .with_state(shared)
+}
+
+/// The `403 cross_site` for a browser's request from another site to a route that changes
+/// state (every method but `GET`, `HEAD` and `OPTIONS`): a body is read whatever its content
+/// type, so a page elsewhere could send a `text/plain` POST, which needs no preflight, with
+/// its visitor's network position (and, without an `admin` section, no token in the way).
+/// The browser's own `Sec-Fetch-Site` decides when it sends one (`cross-site` is refused;
+/// `same-origin` passes even behind a proxy that rewrites `Host`); otherwise an `Origin` must
+/// name the request's own host. A client that sends neither, `curl` or a back end, is
+/// answered.
+async fn same_site_guard(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let changes_state = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    if changes_state && cross_site(&request) {
+        return ApiError::CrossSite(request.method().clone()).into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether a browser sent `request` from another site.
+fn cross_site(request: &axum::extract::Request) -> bool {
+    let headers = request.headers();
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return site.as_bytes().eq_ignore_ascii_case(b"cross-site");
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    // HTTP/1.1 names the host in `Host`, HTTP/2 in the URI's authority.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.parse::<axum::http::Uri>().ok())
+        .and_then(|o| o.authority().cloned());
+    match (origin_host, host) {
+        (Some(origin), Some(host)) => !origin.as_str().eq_ignore_ascii_case(host),
+        // `Origin: null` (a sandboxed frame, a file), or no host to compare with.
+        _ => true,
+    }
 }
 
 /// How a `401` names a route: its method and its path up to the first parameter
@@ -210,7 +259,7 @@ struct Guard {
 
 /// The `401` for a request to an admin route without one of the `admin` tokens
 /// (docs/security.md); otherwise the route answers. Without an `admin` section every route is
-/// open; `/metrics` is guarded only with `admin.protect_metrics`.
+/// open; `/metrics` is guarded unless `admin.protect_metrics: false`.
 async fn admin_guard(
     State(guard): State<Guard>,
     request: axum::extract::Request,

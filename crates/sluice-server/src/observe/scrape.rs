@@ -86,7 +86,7 @@ pub(crate) fn rules(text: &mut String, rls: &RlsConfig) {
     header(text, "sluice_rule_limit", "gauge");
     for (rule, unit) in limited {
         let labels = [
-            ("domain", rule.domain.as_str()),
+            ("domain", &*rule.domain),
             ("rule", rule.full_key.as_str()),
             ("unit", unit.as_str()),
         ];

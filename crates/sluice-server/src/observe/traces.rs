@@ -26,6 +26,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
 use crate::config::{TraceProtocol, TraceSettings};
+use crate::observe::Untrusted;
 
 /// How long a stopping server waits for the last spans to reach the collector.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,6 +41,77 @@ struct On {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
+    /// `tracing.follow_callers`: a caller's `tracestate` is read only then.
+    follow_callers: bool,
+}
+
+/// The longest `tracestate` carried into the spans: what W3C Trace Context asks a vendor to
+/// propagate at least. A longer one (up to 32 members, kilobytes a request) is dropped
+/// whole, so a client cannot make every span it starts that much larger.
+const MAX_TRACESTATE: usize = 512;
+
+/// How a decision's trace is sampled: a span inside a decision follows its decision; a
+/// decision follows its caller's `traceparent` flag when `follow_callers`, else (and when
+/// there is no caller's trace) `sample_ratio` decides, drawn at random rather than read from
+/// the trace id, which a caller would choose.
+fn sampler(settings: &TraceSettings) -> opentelemetry_sdk::trace::ParentBasedSampler {
+    let drawn = Drawn(settings.sample_ratio);
+    let local = Sampler::parent_based(drawn.clone());
+    if settings.follow_callers {
+        local
+    } else {
+        local
+            .with_remote_parent_sampled(drawn.clone())
+            .with_remote_parent_not_sampled(drawn)
+    }
+}
+
+/// Kept with probability `.0`, drawn at random; a span it keeps carries no `tracestate`.
+#[derive(Debug, Clone)]
+struct Drawn(f64);
+
+impl opentelemetry_sdk::trace::ShouldSample for Drawn {
+    fn should_sample(
+        &self,
+        _parent: Option<&Context>,
+        _trace_id: opentelemetry::trace::TraceId,
+        _name: &str,
+        _kind: &SpanKind,
+        _attributes: &[KeyValue],
+        _links: &[opentelemetry::trace::Link],
+    ) -> opentelemetry_sdk::trace::SamplingResult {
+        use opentelemetry_sdk::trace::SamplingDecision;
+        let keep = rand::random::<f64>() < self.0;
+        opentelemetry_sdk::trace::SamplingResult {
+            decision: if keep {
+                SamplingDecision::RecordAndSample
+            } else {
+                SamplingDecision::Drop
+            },
+            attributes: Vec::new(),
+            trace_state: opentelemetry::trace::TraceState::default(),
+        }
+    }
+}
+
+/// The caller's trace context as the propagator reads it: its `tracestate` only when callers
+/// are followed and it is at most [`MAX_TRACESTATE`] bytes.
+struct Bounded<'a> {
+    carrier: &'a dyn Extractor,
+    tracestate: bool,
+}
+
+impl Extractor for Bounded<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let value = self.carrier.get(key)?;
+        let dropped = key.eq_ignore_ascii_case("tracestate")
+            && (!self.tracestate || value.len() > MAX_TRACESTATE);
+        (!dropped).then_some(value)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.carrier.keys()
+    }
 }
 
 impl std::fmt::Debug for Traces {
@@ -56,7 +128,7 @@ impl std::fmt::Debug for Traces {
 #[derive(Debug, thiserror::Error)]
 #[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
 pub(crate) struct TraceError {
-    endpoint: String,
+    endpoint: crate::config::ConfiguredUrl,
     reason: String,
 }
 
@@ -90,7 +162,7 @@ impl Traces {
                 }
                 builder
                     .with_tonic()
-                    .with_endpoint(settings.endpoint.clone())
+                    .with_endpoint(settings.endpoint.expose())
                     .with_metadata(metadata)
                     .build()
             }
@@ -98,7 +170,7 @@ impl Traces {
                 .with_http()
                 .with_http_client(OnRuntime::here())
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(http_endpoint(&settings.endpoint))
+                .with_endpoint(http_endpoint(settings.endpoint.expose()))
                 .with_headers(settings.headers.clone().into_iter().collect())
                 .build(),
         }
@@ -108,11 +180,7 @@ impl Traces {
         let batch = BatchSpanProcessor::builder(exporter).build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(batch)
-            // A caller's choice (the `traceparent` flag) is followed; a trace that starts here
-            // is kept with the configured probability.
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                settings.sample_ratio,
-            ))))
+            .with_sampler(sampler(settings))
             .with_resource(
                 opentelemetry_sdk::Resource::builder_empty()
                     .with_service_name(settings.service_name.clone())
@@ -124,6 +192,7 @@ impl Traces {
             provider,
             tracer,
             propagator: TraceContextPropagator::new(),
+            follow_callers: settings.follow_callers,
         }))))
     }
 
@@ -138,7 +207,10 @@ impl Traces {
         let Some(on) = &self.0 else {
             return Traced(None);
         };
-        let parent = on.propagator.extract(carrier);
+        let parent = on.propagator.extract(&Bounded {
+            carrier,
+            tracestate: on.follow_callers,
+        });
         let span = on
             .tracer
             .span_builder(name)
@@ -257,8 +329,8 @@ impl Traced {
         }
     }
 
-    /// Records `sluice.outcome` (an `error` also as the span's status, with `why`) and ends the
-    /// span.
+    /// Records `sluice.outcome` (an `error` also as the span's status, with `why`, which may
+    /// quote what the client sent: shown as [`Untrusted`], at most 1 KiB) and ends the span.
     pub(crate) fn finish(self, outcome: &'static str, why: Option<String>) {
         let Some(cx) = self.0 else {
             return;
@@ -266,7 +338,7 @@ impl Traced {
         let span = cx.span();
         span.set_attribute(KeyValue::new("sluice.outcome", outcome));
         if let Some(why) = why {
-            span.set_status(Status::error(why));
+            span.set_status(Status::error(Untrusted::up_to(&why, 1024).to_string()));
         }
         span.end();
     }

@@ -75,8 +75,8 @@ pub use error::{RlsConfigError, RlsConfigWarning};
 /// A configured rate limit: the `rate_limit` block of one descriptor, and what surrounds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    /// The domain it belongs to.
-    pub domain: String,
+    /// The domain it belongs to (shared by every rule of the domain).
+    pub domain: Arc<str>,
     /// `rate_limit.name`, the name other rules' `replaces` refer to; `None` when unset or
     /// empty.
     pub name: Option<String>,
@@ -106,8 +106,8 @@ pub struct Rule {
     /// key: the domain and each level's `key` or `key_value`, joined by dots, e.g.
     /// `messaging.message_type_marketing.to_number`.
     pub full_key: String,
-    /// The file the rule was read from.
-    pub file: String,
+    /// The file the rule was read from (shared by every rule of the file).
+    pub file: Arc<str>,
     /// The line of the descriptor's `key:` in that file, when known.
     pub line: Option<usize>,
     /// The descriptor's YAML path in that file, e.g. `descriptors[0].descriptors[1]`.
@@ -402,7 +402,7 @@ impl RlsConfig {
         let full_key = format!("{domain}.{full_key}");
         Some(Match {
             rule: Arc::new(Rule {
-                domain: domain.to_owned(),
+                domain: Arc::from(domain),
                 name: None,
                 unit: Some(unit),
                 requests_per_unit,
@@ -412,7 +412,7 @@ impl RlsConfig {
                 detailed_metric: false,
                 replaces: Vec::new(),
                 full_key: full_key.clone(),
-                file: "the request".to_owned(),
+                file: Arc::from("the request"),
                 line: None,
                 path: "descriptor.limit".to_owned(),
             }),

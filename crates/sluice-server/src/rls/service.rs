@@ -98,7 +98,11 @@ impl Rls {
         span.set(|| {
             let descriptors = i64::try_from(req.descriptors.len()).unwrap_or(i64::MAX);
             vec![
-                opentelemetry::KeyValue::new("sluice.domain", req.domain.to_owned()),
+                // The client's domain, configured or not: clipped.
+                opentelemetry::KeyValue::new(
+                    "sluice.domain",
+                    crate::observe::Untrusted::new(req.domain).to_string(),
+                ),
                 opentelemetry::KeyValue::new("sluice.descriptors", descriptors),
             ]
         });

@@ -47,7 +47,7 @@ pub(super) struct DescriptorNode {
 /// Where a descriptor was written, for messages about duplicates.
 #[derive(Debug, Clone)]
 struct Origin {
-    file: String,
+    file: Arc<str>,
     line: Option<usize>,
     path: String,
 }
@@ -98,9 +98,14 @@ pub(super) fn load_file(
              `domain: my_service`",
         ));
     }
+    // Every node and rule of the file shares these two.
+    let label: Arc<str> = match domains.get(&root.domain) {
+        Some(existing) => existing.label.clone(),
+        None => Arc::from(root.domain.as_str()),
+    };
     let loader = Loader {
-        file,
-        domain: &root.domain,
+        file: Arc::from(file),
+        domain: label.clone(),
         warnings,
     };
     if let Some(existing) = domains.get_mut(&root.domain) {
@@ -124,13 +129,13 @@ pub(super) fn load_file(
     }
     let mut domain = Domain {
         root: DescriptorNode::new(Origin {
-            file: file.to_owned(),
+            file: loader.file.clone(),
             line: root.domain_line,
             path: "domain".to_owned(),
         }),
         file: file.to_owned(),
         line: root.domain_line,
-        label: Arc::from(root.domain.as_str()),
+        label,
     };
     let prefix = format!("{}.", root.domain);
     loader.load_descriptors(&mut domain.root, &prefix, root.descriptors)?;
@@ -139,19 +144,19 @@ pub(super) fn load_file(
 }
 
 struct Loader<'a> {
-    file: &'a str,
-    domain: &'a str,
+    file: Arc<str>,
+    domain: Arc<str>,
     warnings: &'a mut Vec<RlsConfigWarning>,
 }
 
 impl Loader<'_> {
     fn error(&self, line: Option<usize>, message: String) -> RlsConfigError {
-        RlsConfigError::new(self.file, line, message)
+        RlsConfigError::new(&self.file, line, message)
     }
 
     fn warn(&mut self, line: Option<usize>, message: String) {
         self.warnings.push(RlsConfigWarning {
-            file: self.file.to_owned(),
+            file: self.file.to_string(),
             line,
             message,
         });
@@ -220,7 +225,7 @@ impl Loader<'_> {
                 ));
             }
             let mut child = DescriptorNode::new(Origin {
-                file: self.file.to_owned(),
+                file: self.file.clone(),
                 line: descriptor.line,
                 path: path.clone(),
             });
@@ -255,7 +260,7 @@ impl Loader<'_> {
         let unit = self.unit(path, rl)?;
         self.check_replaces(path, rl)?;
         Ok(Arc::new(Rule {
-            domain: self.domain.to_owned(),
+            domain: self.domain.clone(),
             name: (!rl.name.is_empty()).then(|| rl.name.clone()),
             unit: if rl.unlimited { None } else { unit },
             requests_per_unit: rl.requests_per_unit,
@@ -265,7 +270,7 @@ impl Loader<'_> {
             detailed_metric: descriptor.detailed_metric,
             replaces: rl.replaces.iter().map(|(name, _)| name.clone()).collect(),
             full_key: full_key.to_owned(),
-            file: self.file.to_owned(),
+            file: self.file.clone(),
             line: descriptor.line,
             path: path.clone(),
         }))

@@ -23,6 +23,126 @@ use super::{LoadOptions, RlsConfig, RlsConfigError, Unit};
 pub const RATE_LIMIT_CONFIG_TYPE_URL: &str =
     "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
+/// The most bytes of one text of a resource: its name, its domain, a descriptor's key or
+/// value, a rate limit's name or a name it replaces. Envoy Gateway's longest, a route's
+/// descriptor (`httproute/<namespace>/<name>/rule/<i>/match/<j>/<hostname>`), stays under
+/// 700 bytes with Kubernetes' longest names.
+pub const MAX_TEXT: usize = 1024;
+/// The deepest nesting of descriptors (Envoy Gateway nests two levels).
+pub const MAX_DEPTH: usize = 8;
+/// The most descriptors of one response, all resources and levels together.
+pub const MAX_DESCRIPTORS: usize = 10_000;
+/// The most resources of one response.
+pub const MAX_RESOURCES: usize = 1_000;
+/// The most bytes of the full keys of one response's descriptors together (each the domain
+/// and every composite key above it, kept per rule): what the rules cost beyond the
+/// response's own size.
+pub const MAX_FULL_KEYS: usize = 8 << 20;
+
+/// A resource past one of the bounds above, naming the field and the bound (never the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{at}: {what}")]
+pub struct TooLarge {
+    at: String,
+    what: String,
+}
+
+/// What the resources of one response have used of the bounds, checked resource by resource
+/// before any is converted.
+#[derive(Debug, Default)]
+pub struct Budget {
+    descriptors: usize,
+    full_keys: usize,
+}
+
+impl Budget {
+    /// Checks `resource` against the bounds, with what the resources before it used.
+    pub fn check(&mut self, resource: &RateLimitConfig) -> Result<(), TooLarge> {
+        let mut at = Vec::new();
+        text(&at, "name", &resource.name)?;
+        text(&at, "domain", &resource.domain)?;
+        self.level(&mut at, &resource.descriptors, resource.domain.len())
+    }
+
+    /// One level of descriptors under a full key of `parent_key` bytes; `at` is the place
+    /// of the level's parent (indices), formatted only for an error.
+    fn level(
+        &mut self,
+        at: &mut Vec<usize>,
+        list: &[RateLimitDescriptor],
+        parent_key: usize,
+    ) -> Result<(), TooLarge> {
+        for (i, d) in list.iter().enumerate() {
+            at.push(i);
+            if at.len() > MAX_DEPTH {
+                return Err(too_large(
+                    at,
+                    "",
+                    format!("nested deeper than {MAX_DEPTH} levels"),
+                ));
+            }
+            self.descriptors += 1;
+            if self.descriptors > MAX_DESCRIPTORS {
+                return Err(too_large(
+                    at,
+                    "",
+                    format!("more than {MAX_DESCRIPTORS} descriptors in one response"),
+                ));
+            }
+            text(at, "key", &d.key)?;
+            text(at, "value", &d.value)?;
+            if let Some(p) = &d.rate_limit {
+                text(at, "rate_limit.name", &p.name)?;
+                for r in &p.replaces {
+                    text(at, "rate_limit.replaces.name", &r.name)?;
+                }
+            }
+            let full_key = parent_key + 1 + d.key.len() + d.value.len() + 1;
+            self.full_keys += full_key;
+            if self.full_keys > MAX_FULL_KEYS {
+                return Err(too_large(
+                    at,
+                    "",
+                    format!(
+                        "the full keys of the response's descriptors come to more than \
+                         {MAX_FULL_KEYS} bytes"
+                    ),
+                ));
+            }
+            self.level(at, &d.descriptors, full_key)?;
+            at.pop();
+        }
+        Ok(())
+    }
+}
+
+/// A text within [`MAX_TEXT`].
+fn text(at: &[usize], field: &str, text: &str) -> Result<(), TooLarge> {
+    if text.len() > MAX_TEXT {
+        return Err(too_large(
+            at,
+            field,
+            format!(
+                "{} bytes, more than the {MAX_TEXT} a text may have",
+                text.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `descriptors[i].descriptors[j].field` of the indices `at`.
+fn too_large(at: &[usize], field: &str, what: String) -> TooLarge {
+    let mut place: Vec<String> = at.iter().map(|i| format!("descriptors[{i}]")).collect();
+    if !field.is_empty() {
+        place.push(field.to_owned());
+    }
+    TooLarge {
+        at: place.join("."),
+        what,
+    }
+}
+
 /// `RateLimitConfig`: one domain's descriptors, named.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct RateLimitConfig {
@@ -289,7 +409,7 @@ descriptors:
                 assert_eq!(a.rule.unit, b.rule.unit);
                 assert_eq!(a.rule.requests_per_unit, b.rule.requests_per_unit);
                 assert_eq!(a.rule.path, b.rule.path);
-                assert_eq!(a.rule.file, "xds:default/eg/http");
+                assert_eq!(&*a.rule.file, "xds:default/eg/http");
             }
         }
         let week = xds

@@ -20,7 +20,8 @@
 //!   what is wrong. The rules in force stay whole; `/v1/stats` shows the error as
 //!   `last_reload_error`, `sluice_config_reloads_total{result="error"}` counts it.
 //! * When the stream fails or ends, the client connects again after an exponential backoff
-//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. Before the
+//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. The backoff
+//!   starts over only after an accepted response. Before the
 //!   first accepted response there are no rules: `ShouldRateLimit` answers
 //!   `FAILED_PRECONDITION`, and Envoy's `failure_mode_deny` decides (the reference answers an
 //!   error too until its first configuration).
@@ -41,8 +42,11 @@ use prost::Message;
 
 pub use settings::XdsSettings;
 
+use crate::observe::Untrusted;
 use crate::policy_entry::FieldError;
-use crate::rls::xds::{RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig};
+use crate::rls::xds::{
+    Budget, MAX_RESOURCES, RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, TooLarge,
+};
 use crate::rls::{LoadOptions, RlsConfig, RlsConfigError};
 use crate::state::Shared;
 
@@ -89,6 +93,17 @@ pub enum XdsLoadError {
         /// The decoder's error.
         source: prost::DecodeError,
     },
+    /// More resources than [`MAX_RESOURCES`].
+    #[error("{0} resources, more than the {MAX_RESOURCES} a response may hold")]
+    TooManyResources(usize),
+    /// A resource past a bound ([`crate::rls::xds::Budget`]), before it is converted.
+    #[error("resources[{index}]: {source}")]
+    TooLarge {
+        /// Its place in the response.
+        index: usize,
+        /// The field and the bound.
+        source: TooLarge,
+    },
     /// The rules, decoded, cannot be loaded.
     #[error(transparent)]
     Rules(#[from] RlsConfigError),
@@ -102,6 +117,13 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 pings on an idle stream, so that a control plane gone without a word is noticed.
 const KEEPALIVE: Duration = Duration::from_secs(30);
+/// The largest response taken from the control plane (tonic's default is 4 MiB): a
+/// configuration of [`crate::rls::xds::MAX_DESCRIPTORS`] descriptors of Envoy Gateway's
+/// size fits with room to spare; a larger one ends the stream.
+pub const MAX_RESPONSE: usize = 2 << 20;
+/// The most bytes of a refusal's reason kept (it names a resource, a descriptor and a key or
+/// value, each within [`crate::rls::xds::MAX_TEXT`]).
+const MAX_REASON: usize = 1024;
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -131,7 +153,7 @@ impl Backoff {
         half + rand::rng().random_range(Duration::ZERO..=half)
     }
 
-    /// Back to the first wait (after a stream that delivered a response).
+    /// Back to the first wait (after a response that was accepted).
     pub fn reset(&mut self) {
         self.ceiling = BACKOFF_INITIAL;
     }
@@ -158,7 +180,10 @@ pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
         let rules = if client.accepted_version.is_empty() {
             "no rules yet".to_owned()
         } else {
-            format!("keeping the rules of version {:?}", client.accepted_version)
+            format!(
+                "keeping the rules of version \"{}\"",
+                Untrusted::new(&client.accepted_version)
+            )
         };
         match outcome {
             Ok(()) => tracing::warn!(
@@ -189,11 +214,12 @@ struct Client {
 impl Client {
     /// One stream: until it fails (`Err`) or the control plane ends it (`Ok`).
     async fn session(&mut self, backoff: &mut Backoff) -> Result<(), StreamError> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(self.settings.address.clone())
-            .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(CONNECT_TIMEOUT);
+        let mut endpoint =
+            tonic::transport::Endpoint::from_shared(self.settings.address.expose().to_owned())
+                .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(KEEPALIVE)
+                .keep_alive_timeout(CONNECT_TIMEOUT);
         if let Some(tls) = self.settings.client_tls()? {
             endpoint = endpoint
                 .tls_config(tls)
@@ -203,14 +229,15 @@ impl Client {
             .connect()
             .await
             .map_err(|e| StreamError::Connect(error_chain(&e)))?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let mut client =
+            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // The first request: the node, the type, the version already held.
         let _ = tx.send(self.request(self.accepted_version.clone(), String::new(), None));
         let mut responses = client
             .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await
-            .map_err(|s| StreamError::Open(s.message().to_owned()))?
+            .map_err(|s| StreamError::Open(Untrusted::new(s.message()).to_string()))?
             .into_inner();
         connected(true);
         tracing::info!(control_plane = %self.settings.address, node_id = %self.node.id, "xDS stream open; waiting for rate limit rules");
@@ -221,12 +248,16 @@ impl Client {
                 Err(status) => {
                     return Err(StreamError::Failed {
                         code: status.code(),
-                        message: status.message().to_owned(),
+                        message: Untrusted::new(status.message()).to_string(),
                     });
                 }
             };
-            backoff.reset();
             let reply = self.answer(&response);
+            // Only an accepted response starts the backoff over: a control plane that sends
+            // a refused one and closes would otherwise be reconnected to at once, forever.
+            if reply.error_detail.is_none() {
+                backoff.reset();
+            }
             tx.send(reply).map_err(|_| StreamError::Closed)?;
         }
     }
@@ -246,10 +277,15 @@ impl Client {
         match load(response, &options) {
             Ok(rules) => {
                 for w in rules.warnings() {
-                    tracing::warn!(warning = %w, "rate limit configuration from xDS");
+                    let w = w.to_string();
+                    tracing::warn!(warning = %Untrusted::up_to(&w, MAX_REASON), "rate limit configuration from xDS");
                 }
-                let domains: Vec<&str> = rules.domains().collect();
-                tracing::info!(version = %response.version_info, domains = ?domains, "rate limit rules from xDS applied");
+                let domains = rules.domains().collect::<Vec<_>>().join(", ");
+                tracing::info!(
+                    version = %Untrusted::new(&response.version_info),
+                    domains = %Untrusted::new(&domains),
+                    "rate limit rules from xDS applied"
+                );
                 self.shared.replace_rls(Arc::new(rules));
                 crate::observe::metrics::reload(true);
                 update(true);
@@ -257,7 +293,13 @@ impl Client {
                 self.request(response.version_info.clone(), response.nonce.clone(), None)
             }
             Err(reason) => {
-                let message = format!("version {:?}: {reason}", response.version_info);
+                // Logged, stored (`last_reload_error`, the reload history) and sent back:
+                // escaped, and bounded whatever the response holds.
+                let message = format!(
+                    "version \"{}\": {}",
+                    Untrusted::new(&response.version_info),
+                    Untrusted::up_to(&reason.to_string(), MAX_REASON)
+                );
                 tracing::error!(error = %message, "rate limit rules from xDS refused (NACK); keeping the last good ones");
                 self.shared
                     .reload_failed(crate::state::ReloadSource::Xds, format!("xDS: {message}"));
@@ -302,7 +344,11 @@ pub fn load(
     if response.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
         return Err(XdsLoadError::ResponseType(response.type_url.clone()));
     }
+    if response.resources.len() > MAX_RESOURCES {
+        return Err(XdsLoadError::TooManyResources(response.resources.len()));
+    }
     let mut resources = Vec::with_capacity(response.resources.len());
+    let mut budget = Budget::default();
     for (index, any) in response.resources.iter().enumerate() {
         if any.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
             return Err(XdsLoadError::ResourceType {
@@ -312,6 +358,9 @@ pub fn load(
         }
         let resource = RateLimitConfig::decode(any.value.as_slice())
             .map_err(|source| XdsLoadError::Decode { index, source })?;
+        budget
+            .check(&resource)
+            .map_err(|source| XdsLoadError::TooLarge { index, source })?;
         resources.push(resource);
     }
     Ok(RlsConfig::from_xds(&resources, options)?)
@@ -345,6 +394,7 @@ fn update(ack: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rls::xds::{RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
     #[test]
     fn backoff_doubles_with_jitter_up_to_its_ceiling() {
@@ -389,5 +439,100 @@ mod tests {
         );
         response.resources.clear();
         assert!(load(&response, &LoadOptions::default()).unwrap().is_empty());
+    }
+
+    /// A response of one resource whose descriptors are `descriptors`, named `name`.
+    fn response_of(name: String, descriptors: Vec<RateLimitDescriptor>) -> DiscoveryResponse {
+        use envoy_types::pb::google::protobuf::Any;
+        let resource = RateLimitConfig {
+            name,
+            domain: "d".into(),
+            descriptors,
+        };
+        DiscoveryResponse {
+            version_info: "1".into(),
+            type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+            resources: vec![Any {
+                type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+                value: resource.encode_to_vec(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn leaf(key: String) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            key,
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Second as i32,
+                requests_per_unit: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_response_past_a_bound_is_refused_naming_the_bound_before_conversion() {
+        use crate::rls::xds::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT};
+        let refused =
+            |r: &DiscoveryResponse| load(r, &LoadOptions::default()).unwrap_err().to_string();
+        // The crafted response: a 32 KiB name over many descriptors.
+        let many: Vec<_> = (0..2_000).map(|i| leaf(format!("k{i}"))).collect();
+        let err = refused(&response_of("n".repeat(32 << 10), many.clone()));
+        assert_eq!(
+            err,
+            format!("resources[0]: name: 32768 bytes, more than the {MAX_TEXT} a text may have")
+        );
+        // Within the bounds, the same descriptors load.
+        let ok = load(&response_of("n".into(), many), &LoadOptions::default()).unwrap();
+        assert_eq!(ok.domains().count(), 1);
+
+        let mut long_key = vec![leaf("a".into()), leaf("b".into())];
+        long_key[1].descriptors.push(leaf("v".repeat(MAX_TEXT + 1)));
+        assert_eq!(
+            refused(&response_of("n".into(), long_key)),
+            "resources[0]: descriptors[1].descriptors[0].key: 1025 bytes, more than the 1024 a \
+             text may have"
+        );
+
+        let too_many: Vec<_> = (0..=MAX_DESCRIPTORS)
+            .map(|i| leaf(format!("k{i}")))
+            .collect();
+        assert_eq!(
+            refused(&response_of("n".into(), too_many)),
+            format!(
+                "resources[0]: descriptors[{MAX_DESCRIPTORS}]: more than {MAX_DESCRIPTORS} \
+                 descriptors in one response"
+            )
+        );
+
+        let mut deep = leaf("x".into());
+        for _ in 0..MAX_DEPTH {
+            deep = RateLimitDescriptor {
+                key: "x".into(),
+                descriptors: vec![deep],
+                ..Default::default()
+            };
+        }
+        let err = refused(&response_of("n".into(), vec![deep]));
+        assert!(
+            err.ends_with(&format!("nested deeper than {MAX_DEPTH} levels")),
+            "{err}"
+        );
+
+        // Long keys within the text bound, nested, past the full keys' bound.
+        let key = "k".repeat(MAX_TEXT);
+        let wide: Vec<_> = (0..1_000)
+            .map(|i| RateLimitDescriptor {
+                key: format!("{i}{}", &key[..1000]),
+                descriptors: (0..8)
+                    .map(|j| leaf(format!("{j}{}", &key[..1000])))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        let err = refused(&response_of("n".into(), wide));
+        assert!(err.contains("the full keys"), "{err}");
     }
 }

@@ -7,6 +7,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
 use crate::policy_entry::FieldError;
+use crate::url::ConfiguredUrl;
 
 /// `rls.xds` as written.
 #[derive(Debug, Deserialize)]
@@ -30,7 +31,7 @@ pub(crate) struct RawXds {
 pub struct XdsSettings {
     /// `http://host:port` or `https://host:port` (TLS, verified against `ca_file` or the
     /// system's roots).
-    pub address: String,
+    pub address: ConfiguredUrl,
     /// The node id sent in every request: the id the control plane keeps the snapshot under
     /// (`envoy-ratelimit` for Envoy Gateway).
     pub node_id: String,
@@ -44,17 +45,21 @@ pub struct XdsSettings {
     pub cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     pub key_file: Option<PathBuf>,
+    /// Whether the address's scheme, as the URL parser reads it (in any case), is `https`.
+    tls: bool,
 }
 
 impl XdsSettings {
     /// Whether the control plane is reached over TLS.
     pub fn tls(&self) -> bool {
-        self.address.starts_with("https://")
+        self.tls
     }
 
     /// Checks `raw` and resolves relative files against `base` (the configuration file's
     /// directory). Each error names the `rls.xds` field at fault.
     pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, FieldError> {
+        // Errors show the address as every other place does: without credentials.
+        let shown = sluice_redis::redact(&raw.address);
         let at = |p: PathBuf| match base {
             Some(dir) if p.is_relative() => dir.join(p),
             _ => p,
@@ -63,8 +68,7 @@ impl XdsSettings {
             FieldError::new(
                 "rls.xds.address",
                 format!(
-                    "{:?} is not a URL ({e}); expected http://host:port or https://host:port",
-                    raw.address
+                    "{shown:?} is not a URL ({e}); expected http://host:port or https://host:port"
                 ),
             )
         })?;
@@ -75,9 +79,8 @@ impl XdsSettings {
                 return Err(FieldError::new(
                     "rls.xds.address",
                     format!(
-                        "{:?} must start with http:// or https:// (the control plane's gRPC \
-                         address, e.g. https://envoy-gateway:18001)",
-                        raw.address
+                        "{shown:?} must start with http:// or https:// (the control plane's gRPC \
+                         address, e.g. https://envoy-gateway:18001)"
                     ),
                 ));
             }
@@ -85,7 +88,7 @@ impl XdsSettings {
         if uri.host().is_none_or(str::is_empty) {
             return Err(FieldError::new(
                 "rls.xds.address",
-                format!("{:?} has no host", raw.address),
+                format!("{shown:?} has no host"),
             ));
         }
         if raw.node_id.trim().is_empty() {
@@ -96,12 +99,17 @@ impl XdsSettings {
             ));
         }
         let settings = Self {
-            address: raw.address,
+            address: ConfiguredUrl::parse(
+                &raw.address,
+                "the control plane is authenticated by TLS: ca_file, cert_file and key_file",
+            )
+            .map_err(|e| FieldError::new("rls.xds.address", e))?,
             node_id: raw.node_id,
             cluster: raw.cluster.filter(|c| !c.is_empty()),
             ca_file: raw.ca_file.map(at),
             cert_file: raw.cert_file.map(at),
             key_file: raw.key_file.map(at),
+            tls,
         };
         if !tls {
             for (field, given) in [
@@ -247,6 +255,17 @@ mod tests {
         assert!(
             err.starts_with("rls.xds.cert_file: given without key_file"),
             "{err}"
+        );
+        // The scheme in any case, as the URL parser reads it: upper case keeps TLS.
+        for address in ["HTTPS://envoy-gateway:18001", "Https://envoy-gateway:18001"] {
+            let settings = XdsSettings::resolve(raw(address, "n"), None).unwrap();
+            assert!(settings.tls(), "{address}");
+            assert!(settings.client_tls().unwrap().is_some(), "{address}");
+        }
+        assert!(
+            !XdsSettings::resolve(raw("HTTP://h:1", "n"), None)
+                .unwrap()
+                .tls()
         );
         let mut missing = raw("https://h:1", "n");
         missing.cert_file = Some("/nonexistent/cert.pem".into());

@@ -961,3 +961,145 @@ async fn a_body_naming_a_field_twice_is_refused() {
     assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }
+
+/// A reload whose file lost its `admin` section would open every admin route to anyone: it is
+/// refused (like one that empties the policies), the tokens keep guarding, and the reason is
+/// in `/v1/stats`.
+#[tokio::test]
+async fn a_reload_that_drops_the_admin_section_is_refused() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n");
+    let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+    let c = Client::new();
+    std::fs::write(&s.file, CONFIG).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        let stats: serde_json::Value = c
+            .get(format!("{}/v1/stats", s.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(stats["config"]["generation"], 1, "the reload was applied");
+        if let Some(error) = stats["config"]["last_reload_error"].as_str() {
+            break error.to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload was neither refused nor applied: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(error.contains("no admin section"), "{error}");
+    let r = c
+        .get(format!("{}/v1/policies", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    s.stop().await;
+}
+
+/// `/metrics` tells the policies (`sluice_limit_max{policy=…}`): with an `admin` section it
+/// needs a token by default, like `/v1/policies`; `protect_metrics: false` opens it for a
+/// scraper without one.
+#[tokio::test]
+async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
+    const TOKEN: &str = "s3cr3t-0123456789abcdef";
+    let c = Client::new();
+    for (extra, open) in [("", false), ("  protect_metrics: false\n", true)] {
+        let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n{extra}");
+        let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+        let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
+        let expected = if open {
+            StatusCode::OK
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        assert_eq!(r.status(), expected, "{extra:?}");
+        let r = c
+            .get(format!("{}/metrics", s.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.text().await.unwrap().contains("sluice_limit_max{"));
+        s.stop().await;
+    }
+}
+
+/// Without an `admin` section, a page on another site could make a visitor's browser refund
+/// or forget keys (a `text/plain` POST needs no preflight). A browser's cross-site request
+/// to a route that changes state is refused (`403 cross_site`): an `Origin` that is not the
+/// request's own host, or `Sec-Fetch-Site: cross-site`. `curl -d` (no `Origin`, a form content
+/// type), a same-origin page, and a page behind a proxy that rewrites `Host` (its browser says
+/// `same-origin`) are answered.
+#[tokio::test]
+async fn a_cross_site_browser_request_that_changes_state_is_refused() {
+    let s = start(CONFIG).await;
+    let c = Client::new();
+    let body = r#"{"policy": "api", "key": "victim"}"#;
+    let host = s.url.trim_start_matches("http://").to_owned();
+    let send = |path: &str, content_type: &str, headers: &[(&str, &str)]| {
+        let mut req = c
+            .post(format!("{}{path}", s.url))
+            .header("content-type", content_type.to_owned())
+            .body(body);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.send()
+    };
+    for headers in [
+        vec![("origin", "https://evil.example")],
+        vec![("origin", "null")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![
+            ("origin", "https://evil.example"),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    ] {
+        for path in ["/v1/refund", "/v1/check"] {
+            let r = send(path, "text/plain", &headers).await.unwrap();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path} {headers:?}");
+            let e: Value = r.json().await.unwrap();
+            assert_eq!(e["error"]["code"], "cross_site", "{e}");
+        }
+    }
+    let forget = c
+        .delete(format!("{}/v1/keys/api/victim", s.url))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forget.status(), StatusCode::FORBIDDEN);
+
+    let own = format!("http://{host}");
+    for headers in [
+        vec![],
+        vec![("origin", own.as_str())],
+        vec![("origin", own.as_str()), ("sec-fetch-site", "same-origin")],
+        vec![
+            ("origin", "https://sluice.example"),
+            ("sec-fetch-site", "same-origin"),
+        ],
+    ] {
+        let r = send("/v1/refund", "application/x-www-form-urlencoded", &headers)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{headers:?}");
+    }
+    // Reading is not refused: the answer does not reach another site's page without CORS.
+    let r = c
+        .get(format!("{}/healthz", s.url))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    s.stop().await;
+}

@@ -245,6 +245,13 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let r = client.get(format!("{admin}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client
+        .get(format!("{admin}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("sluice_"));
     // One state behind both: the refund gave back the public check's unit, so both ports

@@ -175,3 +175,69 @@ async fn a_collector_that_is_down_fails_no_decision_and_the_server_still_stops()
     assert_eq!(statuses, expected, "decided as without tracing");
     server.stop().await;
 }
+
+/// A check carrying a `traceparent` and a `tracestate`.
+async fn check_traced(server: &TestServer, key: &str, traceparent: &str, tracestate: &str) {
+    let status = reqwest::Client::new()
+        .post(format!("{}/v1/check", server.url))
+        .header("traceparent", traceparent)
+        .header("tracestate", tracestate)
+        .json(&json!({ "policy": "api", "key": key }))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+}
+
+/// Clients steer neither what is traced nor what the spans carry once
+/// `follow_callers: false`: at `sample_ratio: 0` a sampled `traceparent` exports nothing, at
+/// 1 the spans are still children of the caller's trace but without its `tracestate`. A
+/// `tracestate` over 512 bytes is never carried, a short one is while callers are followed.
+#[tokio::test]
+async fn callers_steer_neither_sampling_nor_tracestate_unless_followed() {
+    let sampled = format!("00-{TRACE}-{CALLER}-01");
+    let short = "vendor=abc";
+    // 30 members of 20 bytes: valid, 599 bytes.
+    let long = (0..30)
+        .map(|i| format!("member{i:02}=vvvvvvvvvvv"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ignoring = |endpoint: &str, ratio: &str| {
+        format!("{}  follow_callers: false\n", config(endpoint, ratio))
+    };
+
+    let collector = Collector::start().await;
+    let server = TestServer::start(&ignoring(&collector.endpoint, "0"), &[]).await;
+    for i in 0..20 {
+        check_traced(&server, &format!("k{i}"), &sampled, &long).await;
+    }
+    server.stop().await;
+    assert!(collector.spans().is_empty(), "{:?}", collector.spans());
+
+    let server = TestServer::start(&ignoring(&collector.endpoint, "1"), &[]).await;
+    check_traced(&server, "k", &sampled, short).await;
+    server.stop().await;
+    let spans = collector.spans();
+    let decision = named(&spans, "sluice.http.check");
+    assert_eq!(decision.len(), 1);
+    assert_eq!(decision[0].trace_id(), TRACE);
+    assert_eq!(decision[0].parent_span_id(), CALLER);
+    assert_eq!(decision[0].span.trace_state, "");
+
+    let collector = Collector::start().await;
+    let server = TestServer::start(&config(&collector.endpoint, "0"), &[]).await;
+    check_traced(&server, "short", &sampled, short).await;
+    check_traced(&server, "long", &sampled, &long).await;
+    server.stop().await;
+    let spans = collector.spans();
+    let states: Vec<&str> = named(&spans, "sluice.http.check")
+        .iter()
+        .map(|s| s.span.trace_state.as_str())
+        .collect();
+    assert_eq!(states.len(), 2);
+    assert!(
+        states.contains(&short) && states.contains(&""),
+        "{states:?}"
+    );
+}

@@ -313,10 +313,10 @@ fn domain_merge_of_two_files() {
     none(&config, "test-domain", &[]);
     let m = get(&config, "test-domain", &[("key1", "value1")]);
     assert_eq!(m.rule.requests_per_unit, 10);
-    assert_eq!(m.rule.file, "merge_domain_key1.yaml");
+    assert_eq!(&*m.rule.file, "merge_domain_key1.yaml");
     let m = get(&config, "test-domain", &[("key2", "value2")]);
     assert_eq!(m.rule.requests_per_unit, 20);
-    assert_eq!(m.rule.file, "merge_domain_key2.yaml");
+    assert_eq!(&*m.rule.file, "merge_domain_key2.yaml");
 
     // Without the option, the second file is an error.
     let err = load_err(

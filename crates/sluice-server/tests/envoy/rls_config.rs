@@ -872,8 +872,8 @@ fn merging_domains_is_an_option() {
         ..LoadOptions::default()
     };
     let config = RlsConfig::from_files_with(&[("a.yaml", a), ("b.yaml", b)], &merge).unwrap();
-    assert_eq!(limit(&config, "d", &[("a", "1")]).rule.file, "a.yaml");
-    assert_eq!(limit(&config, "d", &[("b", "1")]).rule.file, "b.yaml");
+    assert_eq!(&*limit(&config, "d", &[("a", "1")]).rule.file, "a.yaml");
+    assert_eq!(&*limit(&config, "d", &[("b", "1")]).rule.file, "b.yaml");
     // The same descriptor in both files is still a duplicate.
     let err = RlsConfig::from_files_with(&[("a.yaml", a), ("a2.yaml", a)], &merge).unwrap_err();
     assert_eq!((err.file.as_str(), err.line), ("a2.yaml", Some(3)));
@@ -1227,8 +1227,11 @@ fn loads_every_file_of_a_directory_like_the_reference() {
         &[("key_1", "value_1"), ("user", "bkthomps")],
     );
     assert_eq!(
-        m.rule.file,
-        dir.join("more/example7.yaml").display().to_string()
+        &*m.rule.file,
+        dir.join("more/example7.yaml")
+            .display()
+            .to_string()
+            .as_str()
     );
 
     // A file that is not a configuration fails the load, naming it.

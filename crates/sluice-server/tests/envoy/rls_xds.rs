@@ -706,3 +706,166 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
     server.stop().await;
     cp.stop(vec![stream]).await;
 }
+
+/// A small response that would cost a great deal of memory once converted (a 32 KiB name
+/// over thousands of descriptors, each rule a copy of it) is refused before conversion:
+/// NACKed, naming the field and the bound, and the rules in force stay.
+#[tokio::test]
+async fn a_response_past_the_bounds_is_nacked_naming_the_bound() {
+    let mut cp = ControlPlane::start(None).await;
+    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
+    let mut client = RateLimitServiceClient::new(server.channel().await);
+    let mut stream = cp.next_stream().await;
+    stream.next_request().await;
+    stream.respond("1", "nonce-1", &[eg_resource(3)]);
+    assert_ack(&stream.next_request().await, "1", "nonce-1");
+
+    let leaves = |n: usize| -> Vec<RateLimitDescriptor> {
+        (0..n)
+            .map(|i| RateLimitDescriptor {
+                key: format!("k{i}"),
+                rate_limit: policy(1, RateLimitUnit::Second as i32),
+                ..Default::default()
+            })
+            .collect()
+    };
+    let crafted = RateLimitConfig {
+        name: "n".repeat(32 << 10),
+        domain: "crafted".into(),
+        descriptors: leaves(2_000),
+    };
+    stream.respond("2", "nonce-2", &[crafted]);
+    let nack = stream.next_request().await;
+    assert_eq!(
+        (nack.version_info.as_str(), nack.response_nonce.as_str()),
+        ("1", "nonce-2")
+    );
+    let message = nack.error_detail.expect("a NACK").message;
+    assert!(
+        message.contains("resources[0]: name: 32768 bytes, more than the 1024"),
+        "{message}"
+    );
+    let many = RateLimitConfig {
+        name: "many".into(),
+        domain: "many".into(),
+        descriptors: leaves(10_001),
+    };
+    stream.respond("3", "nonce-3", &[many]);
+    let message = stream
+        .next_request()
+        .await
+        .error_detail
+        .expect("a NACK")
+        .message;
+    assert!(
+        message.contains("more than 10000 descriptors in one response"),
+        "{message}"
+    );
+    assert_eq!(limit_of_rule_0(&mut client).await, Some(3));
+    server.stop().await;
+    cp.stop(vec![stream]).await;
+}
+
+/// What the server logs, for the tests that read it.
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A control plane that answers every stream with a refused response and closes it: each
+/// reconnection waits longer than the one before (only an accepted response starts the
+/// backoff over). Its versions, forged log lines with terminal escapes and a megabyte long,
+/// reach the log, the NACK and `/v1/stats` escaped and clipped; so does an accepted one.
+/// (A current-thread runtime: the server's tasks log through this thread's subscriber.)
+#[tokio::test]
+async fn a_refusing_control_plane_is_backed_off_and_its_strings_are_escaped_and_clipped() {
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // See `errors_no_retry_changes_are_logged_once_per_policy_and_kind` (crates/sluice):
+    // a second dispatcher makes tracing ask this thread's default at every callsite.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+
+    let forged = "\n2026-01-01T00:00:00Z  WARN sluice: forged\u{1b}[2J";
+    let mut cp = ControlPlane::start(None).await;
+    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
+    let mut bad = eg_resource(7);
+    bad.descriptors[0].descriptors[0]
+        .rate_limit
+        .as_mut()
+        .unwrap()
+        .unit = 42;
+    let huge = format!("2{forged}{}", "x".repeat(1 << 20));
+    for round in 0..4 {
+        let stream = cp.next_stream().await;
+        let mut stream = stream;
+        stream.next_request().await;
+        if round == 0 {
+            stream.respond(&format!("1{forged}"), "nonce-ok", &[eg_resource(3)]);
+            assert!(stream.next_request().await.error_detail.is_none());
+        }
+        stream.respond(&huge, &format!("nonce-{round}"), &[bad.clone()]);
+        let message = stream.next_request().await.error_detail.unwrap().message;
+        assert!(message.len() < 2048, "{} bytes", message.len());
+        assert!(
+            message.contains("\\n2026-01-01T00:00:00Z") && message.contains("\\u{1b}[2J"),
+            "{message}"
+        );
+        assert!(!message.contains(['\n', '\u{1b}']), "{message}");
+        let _ = stream
+            .responses
+            .send(Err(Status::unavailable("closing after a refusal")));
+    }
+    let stats = get_json(&format!("{}/v1/stats", server.url)).await;
+    let error = stats["config"]["last_reload_error"].as_str().unwrap();
+    assert!(error.len() < 2048 && !error.contains('\n'), "{error}");
+
+    // Four reconnection waits logged: the fourth drawn from a ceiling that doubled three
+    // times (400 to 800 ms), where a backoff started over would draw at most the first's.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let waits = loop {
+        let waits: Vec<u64> = log
+            .text()
+            .lines()
+            .filter_map(|l| l.split("retry_in_ms=").nth(1))
+            .map(|w| w.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        if waits.len() >= 4 {
+            break waits;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", log.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        waits[3] > sluice_server::rls_xds::BACKOFF_INITIAL.as_millis() as u64,
+        "{waits:?}"
+    );
+
+    let text = log.text();
+    assert!(text.contains("rate limit rules from xDS applied"), "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("2026-01-01")) && !text.contains('\u{1b}'),
+        "a forged line or an escape reached the log:\n{text}"
+    );
+    assert!(text.len() < 64 << 10, "{} bytes of log", text.len());
+    server.stop().await;
+    drop(cp);
+}
