@@ -113,7 +113,15 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         return;
     }
     let redis = sluice_testkit::RedisServer::start().unwrap();
-    let dir = support::repo().join("examples/envoy");
+    // Envoy's rule: 5 an hour per address, so that its requests run near the limit (from the
+    // 4th) whichever second the test starts.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ratelimit-config")).unwrap();
+    std::fs::write(
+        dir.path().join("ratelimit-config/edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
     let config = support::read("examples/envoy/sluice.yaml").replacen(
         "policies:\n",
         "policies:\n  api:\n    limits:\n      - { max: 50, per: 1h }\n",
@@ -122,7 +130,7 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         "store: {{ backend: redis, shards: [{{ primary: '{}' }}], timeout: 100ms }}\n",
         redis.url()
     );
-    let sluice = Sluice::start_in(&dir, &config, &[]);
+    let sluice = Sluice::start_in(dir.path(), &config);
     let listener = support::port();
     let bootstrap = support::with_ports(
         &support::read("examples/envoy/envoy-rls.yaml"),
@@ -134,11 +142,20 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
     );
     let _envoy = Envoy::start(&envoy_bin, &bootstrap);
     let prometheus = Prometheus::start(&prometheus_bin, &[sluice.http]);
+    // Prometheus has scraped Sluice before the traffic starts: a counter's first increase is
+    // seen only against an earlier sample.
+    let scraped = || drawn(&prometheus.query("up{job=\"sluice\"} == 1"));
+    support::wait_for(
+        Duration::from_secs(30),
+        "prometheus scraped sluice",
+        scraped,
+        String::new,
+    );
 
     // One round a second for 14 s, so that Prometheus sees every counter rise (a series born
     // between two scrapes shows no increase): an HTTP check of a new key that leaves it 90 %
     // used (allowed, near its limit), the same check again (denied), and a request through
-    // Envoy (10 a minute per address: allowed, near the limit from the 8th, then 429). Rounds
+    // Envoy (allowed, near the limit from the 4th, then 429). Rounds
     // 3 and 4 meet a stalled store: timeouts, answered degraded (api fails open) or failing
     // (Envoy's rules fail closed), and the circuit opens. Then a reload.
     let mut http = Client::new(sluice.http);
@@ -176,8 +193,9 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
                 // all the test's traffic.
                 .replace("$__rate_interval", "1m")
                 .replace("$__range", "1m");
-            if !drawn(&prometheus.query(&q)) {
-                empty.push(format!("{title} (policy {policy}): {q}"));
+            let result = prometheus.query(&q);
+            if !drawn(&result) {
+                empty.push(format!("{title} (policy {policy}): {q} = {result:?}"));
             }
         }
     }

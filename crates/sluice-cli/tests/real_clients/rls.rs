@@ -35,7 +35,7 @@ fn the_example_admits_its_limit_then_answers_429_with_headers_and_stats_that_agr
         return;
     };
     let dir = support::repo().join("examples/envoy");
-    let sluice = Sluice::start_in(&dir, &support::read("examples/envoy/sluice.yaml"), &[]);
+    let sluice = Sluice::start_in(&dir, &support::read("examples/envoy/sluice.yaml"));
     let (envoy, port) = example_envoy(&bin, &sluice, false);
     let mut c = Client::new(port);
     // 3 an hour on /login (each also counts toward the address's 10 a minute); the fourth is
@@ -106,7 +106,7 @@ fn the_deploying_guide_bootstrap_runs_in_a_real_envoy() {
         "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
     )
     .unwrap();
-    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n", &[]);
+    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n");
     let (listener, app) = (support::port(), support::upstream());
     let bootstrap = support::yaml_after("deploying.md", "example: envoy bootstrap")
         .replace(
@@ -160,7 +160,7 @@ descriptors:
 ",
     )
     .unwrap();
-    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n", &[]);
+    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n");
     let (listener, app) = (support::port(), support::upstream());
     // A route whose `rate_limits` are `entries`, each a list of action lines.
     let route = |prefix: &str, entries: &[&[&str]]| {
@@ -272,7 +272,7 @@ fn failure_mode_deny_and_on_store_error_against_a_store_that_is_down() {
     };
     let servers: Vec<(&str, Sluice)> = ["closed", "open", "local"]
         .into_iter()
-        .map(|mode| (mode, Sluice::start_in(&dir, &config(mode), &[])))
+        .map(|mode| (mode, Sluice::start_in(&dir, &config(mode))))
         .collect();
     let envoys: Vec<(&str, bool, Envoy, u16)> = servers
         .iter()
@@ -368,8 +368,8 @@ fn one_envoy_over_two_servers_on_one_redis_admits_exactly_the_limit_through_a_re
         redis.url()
     );
     let mut servers = [
-        Sluice::start_in(rules.path(), &config, &[]),
-        Sluice::start_in(rules.path(), &config, &[]),
+        Sluice::start_in(rules.path(), &config),
+        Sluice::start_in(rules.path(), &config),
     ];
     let listener = support::port();
     // Both servers behind one cluster; Envoy spreads its calls over them. failure_mode_deny:
@@ -440,7 +440,7 @@ fn hits_addend_counts_as_envoy_sends_it() {
             + "  - key: generic_key\n    value: costly\n    rate_limit: { unit: day, requests_per_unit: 10 }\n",
     )
     .unwrap();
-    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n", &[]);
+    let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n");
     let example = support::read("examples/envoy/envoy-rls.yaml");
     let envoy = |bootstrap: String| {
         let listener = support::port();
@@ -494,7 +494,7 @@ fn response_headers_draft03_and_off_reach_the_client_as_configured() {
             "rls:\n  config_dir: ./ratelimit-config\n",
             &format!("rls:\n  config_dir: ./ratelimit-config\n  response_headers: {mode}\n"),
         );
-        let sluice = Sluice::start_in(&dir, &config, &[]);
+        let sluice = Sluice::start_in(&dir, &config);
         let (_envoy, port) = example_envoy(&bin, &sluice, false);
         let a = Client::new(port).get("/", &[]);
         assert_eq!(a.status, 200);

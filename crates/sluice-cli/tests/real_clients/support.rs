@@ -32,9 +32,18 @@ pub(crate) fn yaml_after(doc: &str, marker: &str) -> String {
     block[start..start + end].to_owned()
 }
 
-/// A free loopback port.
+/// A free loopback port, never one this process was given before (two ports chosen for one
+/// configuration must differ even when the system offers the same one twice).
 pub(crate) fn port() -> u16 {
-    sluice_testkit::free_port().unwrap()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let p = sluice_testkit::free_port().unwrap();
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
 }
 
 /// A program the tests need: `Some(path)` when it is there; when it is missing, a failure
@@ -138,54 +147,56 @@ pub(crate) struct Sluice {
 
 impl Sluice {
     /// Serves `config` (its `listen` section replaced by free ports) with `rls.config_dir`
-    /// relative to `dir`, as if the file were there.
-    pub(crate) fn start_in(dir: &Path, config: &str, env: &[(&str, String)]) -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let (http, grpc) = (port(), port());
-        let file = tmp.path().join("sluice.yaml");
-        let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(config).unwrap();
-        doc["listen"] = serde_yaml_ng::from_str(&format!(
-            "{{http: '127.0.0.1:{http}', grpc: '127.0.0.1:{grpc}'}}"
-        ))
-        .unwrap();
-        if let Some(rules) = doc["rls"]["config_dir"].as_str() {
-            doc["rls"]["config_dir"] = dir.join(rules).to_string_lossy().into_owned().into();
+    /// relative to `dir`, as if the file were there. Another process may take a port between
+    /// its choice and the server's bind: then the server exits, and it starts again on others.
+    pub(crate) fn start_in(dir: &Path, config: &str) -> Self {
+        for _ in 0..3 {
+            let tmp = tempfile::tempdir().unwrap();
+            let (http, grpc) = (port(), port());
+            let file = tmp.path().join("sluice.yaml");
+            let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(config).unwrap();
+            doc["listen"] = serde_yaml_ng::from_str(&format!(
+                "{{http: '127.0.0.1:{http}', grpc: '127.0.0.1:{grpc}'}}"
+            ))
+            .unwrap();
+            if let Some(rules) = doc["rls"]["config_dir"].as_str() {
+                doc["rls"]["config_dir"] = dir.join(rules).to_string_lossy().into_owned().into();
+            }
+            std::fs::write(&file, serde_yaml_ng::to_string(&doc).unwrap()).unwrap();
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+            cmd.args(["serve", "--config"]).arg(&file);
+            let mut s = Self {
+                proc: Proc::spawn(cmd, tmp.path().join("sluice.log")),
+                http,
+                grpc,
+                config: file,
+                _dir: tmp,
+            };
+            if s.ready() {
+                return s;
+            }
+            let log = std::fs::read_to_string(&s.proc.log).unwrap_or_default();
+            assert!(log.contains("in use"), "sluice serve exited:\n{log}");
         }
-        std::fs::write(&file, serde_yaml_ng::to_string(&doc).unwrap()).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.args(["serve", "--config"]).arg(&file);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut s = Self {
-            proc: Proc::spawn(cmd, tmp.path().join("sluice.log")),
-            http,
-            grpc,
-            config: file,
-            _dir: tmp,
-        };
-        s.wait_ready();
-        s
+        panic!("sluice serve found no free ports in three tries");
     }
 
-    /// Waits until `/readyz` answers 200 (fails at once if the process exits).
-    pub(crate) fn wait_ready(&mut self) {
+    /// Waits until `/readyz` answers 200 (`true`) or the process exits (`false`).
+    fn ready(&mut self) -> bool {
         let http = self.http;
         let log = self.proc.log.clone();
         let child = self.proc.child.as_mut().expect("running");
+        let mut exited = false;
         wait_for(
             Duration::from_secs(20),
             "sluice answers /readyz",
             || {
-                assert!(
-                    child.try_wait().unwrap().is_none(),
-                    "sluice serve exited:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-                get(http, "/readyz").0 == 200
+                exited = child.try_wait().unwrap().is_some();
+                exited || get(http, "/readyz").0 == 200
             },
             || std::fs::read_to_string(&log).unwrap_or_default(),
         );
+        !exited
     }
 
     /// Asks the server to reload its configuration file (SIGHUP).
@@ -204,7 +215,12 @@ impl Sluice {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.args(["serve", "--config"]).arg(&self.config);
         self.proc = Proc::spawn(cmd, self.proc.log.with_extension("restarted.log"));
-        self.wait_ready();
+        let log = self.proc.log.clone();
+        assert!(
+            self.ready(),
+            "sluice serve exited:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
     }
 
     /// `/metrics`, as (series → value): `name{labels}` as written.
@@ -232,37 +248,40 @@ pub(crate) struct Envoy {
 }
 
 impl Envoy {
-    /// Runs `bootstrap` as it is (its ports already chosen); returns once its admin says LIVE.
+    /// Runs `bootstrap` as it is (its ports already chosen), its admin on a port Envoy picks
+    /// itself; returns once its admin says LIVE.
     pub(crate) fn start(bin: &Path, bootstrap: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("envoy.yaml");
-        std::fs::write(&file, bootstrap).unwrap();
-        let admin = port();
         let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(bootstrap).unwrap();
-        doc["admin"] = serde_yaml_ng::from_str(&format!(
-            "{{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}"
-        ))
+        doc["admin"] = serde_yaml_ng::from_str(
+            "{address: {socket_address: {address: 127.0.0.1, port_value: 0}}}",
+        )
         .unwrap();
         std::fs::write(&file, serde_yaml_ng::to_string(&doc).unwrap()).unwrap();
+        let address = dir.path().join("admin-address");
         let mut cmd = Command::new(bin);
-        cmd.arg("-c").arg(&file).args([
-            "--disable-hot-restart",
-            "--concurrency",
-            "1",
-            "-l",
-            "info",
-        ]);
+        cmd.arg("-c")
+            .arg(&file)
+            .arg("--admin-address-path")
+            .arg(&address)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"]);
         let proc = Proc::spawn(cmd, dir.path().join("envoy.log"));
         let log = proc.log.clone();
+        let show = || std::fs::read_to_string(&log).unwrap_or_default();
+        let admin = || {
+            let text = std::fs::read_to_string(&address).ok()?;
+            text.trim().rsplit_once(':')?.1.parse::<u16>().ok()
+        };
         wait_for(
             Duration::from_secs(30),
             "envoy's admin answers /ready with LIVE",
-            || get(admin, "/ready").1.contains("LIVE"),
-            || std::fs::read_to_string(&log).unwrap_or_default(),
+            || admin().is_some_and(|port| get(port, "/ready").1.contains("LIVE")),
+            show,
         );
         Self {
             _proc: proc,
-            admin,
+            admin: admin().unwrap(),
             _dir: dir,
         }
     }

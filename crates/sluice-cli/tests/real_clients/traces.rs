@@ -72,7 +72,7 @@ async fn envoys_span_is_the_parent_of_sluices_decision_span() {
     );
     let (listener, envoy_bin) = (support::port(), bin.clone());
     let (sluice, _envoy) = tokio::task::spawn_blocking(move || {
-        let sluice = Sluice::start_in(&dir, &config, &[]);
+        let sluice = Sluice::start_in(&dir, &config);
         let envoy = Envoy::start(&envoy_bin, &traced_bootstrap(listener, sluice.grpc, otlp));
         let answer = Client::new(listener).get("/", &[]);
         assert_eq!(answer.status, 200);
