@@ -82,7 +82,33 @@ local function idiv(a, b)
 end
 
 local function corrupt(key, what)
-  error('SLUICE_CORRUPT ' .. key .. ': ' .. what, 0)
+  error({err = 'SLUICE_CORRUPT ' .. key .. ': ' .. what}, 0)
+end
+
+-- Raises again what a `pcall` caught: an error reply (a table) as it is, a message (what a
+-- failed `redis.call` or a Lua error leaves) as an error reply whose first word stays its
+-- code (`error(message)` would prefix `ERR`), so the caller classifies it as it would the
+-- same failure uncaught.
+local function rethrow(e)
+  if type(e) == 'table' then
+    error(e, 0)
+  end
+  error({err = tostring(e)}, 0)
+end
+
+-- Stored state as Redis itself reads an integer (INCRBY, HINCRBY: digits only, no sign, no
+-- leading zero, no space), here also at most 2^53: `v` as a number, or nil when it is not
+-- one. Lua's `tonumber` alone takes `0x1`, ` 5`, `1e3`, `05` and `1.0`, which a later INCRBY
+-- or HINCRBY would refuse halfway through a decision's writes.
+local function as_int(v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+    return nil
+  end
+  if type(v) == 'string' and v ~= '0' and not string.find(v, '^[1-9]%d*$') then
+    return nil
+  end
+  return n
 end
 
 -- An integer field, or nil when absent; anything else is corrupt state.
@@ -90,11 +116,31 @@ local function int_field(key, name, v)
   if v == false or v == nil then
     return nil
   end
-  local n = tonumber(v)
-  if n == nil or n ~= floor(n) or n < 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
   end
   return n
+end
+
+-- `redis.call(cmd, key, ...)` with the values of `list` as its last arguments, at most CHUNK
+-- at once (Lua's `unpack` fails beyond about 8,000 values); the replies, concatenated.
+local CHUNK = 1000
+local function call_chunked(cmd, key, list)
+  local out = {}
+  for i = 1, #list, CHUNK do
+    local last = i + CHUNK - 1
+    if last > #list then
+      last = #list
+    end
+    local r = redis.call(cmd, key, unpack(list, i, last))
+    if type(r) == 'table' then
+      for j = 1, #r do
+        out[#out + 1] = r[j]
+      end
+    end
+  end
+  return out
 end
 
 -- ----- 16-bit limbs: floor((x*y + z) / d) for x, y, z < 2^53+1, d < 2^36 -----------------
@@ -184,16 +230,36 @@ local function hash_of(ck, ms)
   return string.sub(ck, 1, -(#ms + 3))
 end
 
--- A counter's state: used, reset; nil when it does not exist.
-local function fw_counter(ck, margin)
+-- The end of a fixed window opened at `now`: `now + per`, or the next multiple of `per` when
+-- aligned.
+local function window_end(now, per, aligned)
+  if aligned then
+    return idiv(now, per) * per + per
+  end
+  return now + per
+end
+
+-- A counter's state: used, reset; nil when it does not exist. A counter without expiry
+-- (PERSIST, `RESTORE key 0`, a tool's SET) has lost its window's end: it is re-armed, its
+-- count kept and its window ending where one opened now would (`write`: its expiry set
+-- again, relative, as a hash's; a read-only call reports that end without setting it). It
+-- never admits more than `max` over the count it kept, and it recovers by itself.
+local function fw_counter(ck, margin, now, per, aligned, write)
   local v = redis.call('GET', ck)
   if not v then
     return nil
   end
+  local used = as_int(v)
+  if used == nil then
+    corrupt(ck, 'a fixed-window counter holds ' .. tostring(v) .. ', not an integer')
+  end
   local e = redis.call('PEXPIRETIME', ck)
-  local used = tonumber(v)
-  if e < 0 or used == nil or used < 0 or used % 1 ~= 0 or used > TWO53 then
-    corrupt(ck, 'a fixed-window counter holds ' .. tostring(v) .. ' with expiry ' .. e)
+  if e < 0 then
+    local r = window_end(now, per, aligned)
+    if write then
+      redis.call('PEXPIRE', ck, r - now + margin)
+    end
+    return used, r
   end
   return used, e - margin
 end
@@ -209,11 +275,12 @@ local function fw_hash(hk)
 end
 
 -- The window as both layouts hold it: reset, used (nil, nil: none) and 'c' or 'h' when that
--- layout holds the open window (nil: none is open). `counter_first`: layout v2's order.
-local function fw_read(ck, hk, now, margin, counter_first)
+-- layout holds the open window (nil: none is open). `counter_first`: layout v2's order; `per`,
+-- `aligned` and `write` re-arm a counter without expiry (`fw_counter`).
+local function fw_read(ck, hk, now, margin, counter_first, per, aligned, write)
   local reset, used
   if counter_first then
-    used, reset = fw_counter(ck, margin)
+    used, reset = fw_counter(ck, margin, now, per, aligned, write)
     if used and now < reset then
       return reset, used, 'c'
     end
@@ -230,7 +297,7 @@ local function fw_read(ck, hk, now, margin, counter_first)
   if reset and now < reset then
     return reset, used, 'h'
   end
-  local cu, cr = fw_counter(ck, margin)
+  local cu, cr = fw_counter(ck, margin, now, per, aligned, write)
   if cu and now < cr then
     return cr, cu, 'c'
   end
@@ -239,7 +306,7 @@ end
 
 local function fixed_window(key, l, cost, now, margin)
   local ck = counter_of(key, l.ms)
-  local reset, used, at = fw_read(ck, key, now, margin, false)
+  local reset, used, at = fw_read(ck, key, now, margin, false, l.per, l.aligned, l.write)
   local open = at ~= nil
   if not open then
     used = 0
@@ -351,7 +418,7 @@ local function sliding_window(key, l, cost, now, margin)
   return true, remaining - cost, oldest + per, 0, function()
     redis.call('HINCRBY', key, fmt(current), fmt(cost))
     if #stale > 0 then
-      redis.call('HDEL', key, unpack(stale))
+      call_chunked('HDEL', key, stale)
     end
     redis.call('PEXPIRE', key, fmt(newest + per - now + margin))
   end
@@ -425,7 +492,7 @@ local function cc_read(key, l, now, except)
   local used, gone = total, {}
   local lapsed = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now))
   if #lapsed > 0 then
-    local costs = redis.call('HMGET', l.units, unpack(lapsed))
+    local costs = call_chunked('HMGET', l.units, lapsed)
     for i = 1, #lapsed do
       local c = int_field(l.units, 'lease ' .. lapsed[i], costs[i])
       if c == nil then
@@ -477,8 +544,8 @@ local function cc_drop(key, l, gone, also)
     ids[#ids + 1] = also
   end
   if #ids > 0 then
-    redis.call('ZREM', key, unpack(ids))
-    redis.call('HDEL', l.units, unpack(ids))
+    call_chunked('ZREM', key, ids)
+    call_chunked('HDEL', l.units, ids)
   end
 end
 
@@ -547,7 +614,7 @@ local STEP = {fixed_window, fixed_window, sliding_window, token_bucket, concurre
 
 local function refund_fixed(key, l, cost, now, margin)
   local ck = counter_of(key, l.ms)
-  local reset, used, at = fw_read(ck, key, now, margin, false)
+  local reset, used, at = fw_read(ck, key, now, margin, false, l.per, l.aligned, l.write)
   if at and used > 0 then
     local back = cost
     if back > used then
@@ -584,7 +651,7 @@ local function refund_sliding(key, l, cost, now, margin)
     end
   end
   if #stale > 0 then
-    redis.call('HDEL', key, unpack(stale))
+    call_chunked('HDEL', key, stale)
   end
 end
 
@@ -638,7 +705,7 @@ local function parse(op, keys, args)
       precision = tonumber(args[o + 4]), burst = tonumber(args[o + 5]),
       tau_ms = tonumber(args[o + 6]), tau_frac = tonumber(args[o + 7]),
       step_ms = tonumber(args[o + 8]), step_frac = tonumber(args[o + 9]),
-      ms = args[3],
+      ms = args[3], write = op ~= 'peek',
     }
     if STEP[alg] == nil then
       error('SLUICE_ARGS unknown algorithm ' .. tostring(args[o + 1]), 0)
@@ -806,8 +873,8 @@ end
 
 -- An integer read from stored state: a number, whole, 0 to 2^53; anything else is corrupt.
 local function stored(key, name, v)
-  local n = tonumber(v)
-  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
   end
   return n
@@ -839,9 +906,15 @@ local function fw_fast(ck, max, per, aligned, now, cost, margin, ms, redis_clock
   end
   local used = u - cost
   local e = redis.call('PEXPIRETIME', ck)
-  if used < 0 or (e < 0 and used > 0) then
+  if used < 0 then
     redis.call('DECRBY', ck, cost)
-    corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+    corrupt(ck, 'a fixed-window counter holds ' .. used)
+  end
+  if e < 0 and used > 0 then
+    -- Its expiry lost: re-armed, as `fw_counter` does.
+    local r = window_end(now, per, aligned)
+    redis.call('PEXPIRE', ck, r - now + margin)
+    e = r + margin
   end
   if e >= 0 and now < e - margin then
     if u <= max then
@@ -851,7 +924,13 @@ local function fw_fast(ck, max, per, aligned, now, cost, margin, ms, redis_clock
     return {0, now, e - margin, used}
   end
   if used == 0 and e == -1 then
-    local hr, hu = fw_hash(hash_of(ck, ms))
+    -- The INCRBY made the counter: it opens a window unless the hash holds one. A failure
+    -- reading the hash takes the counter back first, so a failed call leaves nothing.
+    local ok, hr, hu = pcall(fw_hash, hash_of(ck, ms))
+    if not ok then
+      redis.call('DEL', ck)
+      rethrow(hr)
+    end
     if not (hr and now < hr) and counter_fits(now, margin, redis_clock) then
       local r = now + per
       if aligned then
@@ -901,9 +980,15 @@ local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock
     local used = u - cost
     local e = redis.call('PEXPIRETIME', ck)
     made[i] = used == 0 and e == -1
-    if used < 0 or (e < 0 and used > 0) then
+    if used < 0 then
       fw_undo(keys, k, i + 1, cost, made)
-      corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+      corrupt(ck, 'a fixed-window counter holds ' .. used)
+    end
+    if e < 0 and used > 0 then
+      -- Its expiry lost: re-armed, as `fw_counter` does.
+      local r = window_end(now, per, args[o] == '6')
+      redis.call('PEXPIRE', ck, r - now + margin)
+      e = r + margin
     end
     if e >= 0 and now < e - margin then
       out[3 + 2 * i], out[4 + 2 * i] = e - margin, used
@@ -914,7 +999,7 @@ local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock
       local ok, hr, hu = pcall(fw_hash, hash_of(ck, ms))
       if not ok then
         fw_undo(keys, k, i + 1, cost, made)
-        error(hr, 0)
+        rethrow(hr)
       end
       if (hr and now < hr) or not counter_fits(now, margin, redis_clock) then
         fw_undo(keys, k, i + 1, cost, made)
@@ -956,8 +1041,8 @@ end
 
 -- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
 local function bucket_units(key, start, v)
-  local n = tonumber(v)
-  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     stored(key, 'bucket ' .. start, v)
   end
   return n
@@ -1061,7 +1146,7 @@ local function sw_fast(key, max, per, p, now, cost, margin)
     redis.call('PEXPIRE', key, newest + per - now + margin)
   end
   if stale then
-    redis.call('HDEL', key, unpack(stale))
+    call_chunked('HDEL', key, stale)
   end
   return out
 end
@@ -1085,7 +1170,8 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
       else
         ck = counter_of(key, ms)
       end
-      local reset, used, at = fw_read(ck, hk, now, margin, v2)
+      local reset, used, at = fw_read(ck, hk, now, margin, v2, per,
+        alg == '2' or alg == '6', record)
       if reset then
         out[#out + 1], out[#out + 2] = reset, used
       else
@@ -1160,7 +1246,7 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
           redis.call('PEXPIRE', key, x[2] - now + margin)
         end
         if x[3] then
-          redis.call('HDEL', key, unpack(x[3]))
+          call_chunked('HDEL', key, x[3])
         end
         o = o + 4
       else
