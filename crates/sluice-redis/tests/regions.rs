@@ -575,6 +575,51 @@ fn a_token_bucket_or_a_concurrency_limit_is_refused_naming_the_policy_and_the_li
     assert_eq!(RegionsStore::admits_policy(&ok), Ok(()));
 }
 
+/// Two fixed windows of one `per` are two keys on any store, but one once aligned to the
+/// epoch: refused, naming the policy and both limits (every decision was a store error).
+#[test]
+fn fixed_windows_that_collide_once_aligned_are_refused_naming_both() {
+    let p = policy(
+        "orders",
+        vec![
+            LimitSpec::sliding_window(1_000, 3_600_000),
+            LimitSpec::fixed_window(10, 60_000),
+            LimitSpec::fixed_window(100, 60_000).aligned(),
+        ],
+    );
+    let e = RegionsStore::admits_policy(&p).expect_err("two windows of 1 minute");
+    assert!(
+        matches!(
+            e,
+            RegionsError::Collide {
+                first: 1,
+                second: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    for part in [
+        "`orders`",
+        "limits[1]",
+        "limits[2]",
+        "max 10 per 60000 ms",
+        "max 100 per 60000 ms, aligned",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let apart = policy(
+        "apart",
+        vec![
+            LimitSpec::fixed_window(10, 60_000),
+            LimitSpec::fixed_window(100, 3_600_000).aligned(),
+            LimitSpec::sliding_window(20, 60_000),
+        ],
+    );
+    assert_eq!(RegionsStore::admits_policy(&apart), Ok(()));
+}
+
 #[test]
 fn an_invalid_regions_configuration_names_what_is_wrong() {
     let remote = |name: &str| RemoteRegion::new(name, RedisConfig::new("redis://127.0.0.1:1"));

@@ -272,6 +272,26 @@ pub enum RegionsError {
         /// The limit's algorithm.
         algorithm: Algorithm,
     },
+    /// Two fixed windows of one `per` would count in one key once the regions store aligns
+    /// them to the epoch (`{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}`).
+    #[error(
+        "policy `{policy}`: limits[{first}] ({first_limit}) and limits[{second}] \
+         ({second_limit}) are fixed windows of the same `per`; a regions store aligns every \
+         fixed window to the epoch, so both would count the same window: merge the two limits \
+         or give them different windows"
+    )]
+    Collide {
+        /// The policy's name.
+        policy: String,
+        /// The index of the first limit.
+        first: usize,
+        /// The first limit, as `max per <duration>` (and `aligned` when it says so).
+        first_limit: String,
+        /// The index of the second limit.
+        second: usize,
+        /// The second limit, likewise.
+        second_limit: String,
+    },
 }
 
 /// Another region as seen from this one, for metrics and `/v1/stats`.
@@ -420,12 +440,29 @@ impl RegionsStore {
     }
 
     /// Whether a regions store can count `policy`: every limit a fixed window (counted
-    /// aligned to the epoch in a regions store) or a sliding window. A token bucket or a
-    /// concurrency limit is refused, naming the policy and the limit.
+    /// aligned to the epoch in a regions store) or a sliding window, and no two fixed windows
+    /// of one `per` (aligned, they would count the same window). A token bucket or a
+    /// concurrency limit is refused, naming the policy and the limit; two colliding windows,
+    /// naming both.
     pub fn admits_policy(policy: &Policy) -> Result<(), RegionsError> {
-        for (index, limit) in policy.limits().iter().enumerate() {
+        let limits = policy.limits();
+        for (index, limit) in limits.iter().enumerate() {
             match limit.algorithm() {
-                Algorithm::FixedWindow | Algorithm::SlidingWindow => {}
+                Algorithm::FixedWindow => {
+                    let earlier = limits[..index].iter().position(|l| {
+                        l.algorithm() == Algorithm::FixedWindow && l.per_ms() == limit.per_ms()
+                    });
+                    if let Some(first) = earlier {
+                        return Err(RegionsError::Collide {
+                            policy: policy.name().to_owned(),
+                            first,
+                            first_limit: describe(&limits[first]),
+                            second: index,
+                            second_limit: describe(limit),
+                        });
+                    }
+                }
+                Algorithm::SlidingWindow => {}
                 algorithm => {
                     return Err(RegionsError::Unsupported {
                         policy: policy.name().to_owned(),
@@ -499,6 +536,12 @@ impl RegionsStore {
         };
         decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
     }
+}
+
+/// A fixed window as a refusal names it: `10 per 60000 ms`, `aligned` when it says so.
+fn describe(limit: &sluice::Limit) -> String {
+    let aligned = if limit.align() { ", aligned" } else { "" };
+    format!("max {} per {} ms{aligned}", limit.max(), limit.per_ms())
 }
 
 /// The configuration of the store that reads a remote region's replica: peeks on the replica
