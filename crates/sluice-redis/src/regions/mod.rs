@@ -32,8 +32,11 @@
 //!
 //! **What falls back.** A region whose limiters all stop writes no heartbeat, so the others
 //! see its lag grow and fall back too: a heartbeat that stops is indistinguishable from
-//! replication that stops. While any other region is under the fallback, every decision of
-//! this region is (its policy's mode, on the local count only).
+//! replication that stops. A region whose view of another is stale says so in its heartbeat,
+//! and that region falls back too: a cut is seen from both sides. While any other region is
+//! under the fallback, every decision of this region is (its policy's mode, on the local
+//! count, with what it last knew of the others: `local_share` splits what that left, never
+//! `max` afresh; docs/regions.md, "A cut mid-window").
 //!
 //! **Lag and fallback.** Each region writes a heartbeat (its clock, ms) into its own primary
 //! every `refresh / 2` (`health`); a region reads the others' from their replicas:
@@ -72,7 +75,8 @@ pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(2);
     serde(rename_all = "snake_case")
 )]
 pub enum Fallback {
-    /// This region may use `max / regions` (rounded down), whatever the others did.
+    /// This region's own count may reach `(max − known) / regions` (rounded down), `known`
+    /// being what it last saw the other regions use in the window (0 in a new one).
     LocalShare,
     /// This region counts only its own usage, as a lone region would (up to `max` here).
     LocalOnly,
@@ -530,7 +534,7 @@ impl RegionsStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .entry((policy.name().to_owned(), mode))
                 .or_insert(0) += 1;
-            decide::fallback_offsets(policy, mode, inner.config.regions())
+            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
         } else {
             remote
         };
