@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use sluice::{Decision, LimitSpec, Op, Policy, Store, StoreError, StoreErrorKind, StoreExt};
-use sluice_redis::{Layout, RedisConfig, RedisStore};
+use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 fn policy(name: &str, specs: Vec<LimitSpec>) -> Policy {
@@ -21,24 +21,15 @@ fn now() -> u64 {
 }
 
 async fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::connect(
-        RedisConfig::new(server.url())
-            .timeout(Duration::from_secs(5))
-            .layout(Layout::V2),
-    )
-    .await
-    .expect("connect to redis")
+    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
+        .await
+        .expect("connect to redis")
 }
 
-/// The Redis key of limit `i` of `p` for `key`, as the lean path names it (a fixed window's is
-/// its counter: the default margin of 1 s is in its name).
+/// The Redis key of limit `i` of `p` for `key` (a fixed window's carries the default margin
+/// of 1 s in its name).
 fn redis_key(p: &Policy, key: &str, i: usize) -> String {
-    let k = sluice_redis::keys::policy_keys("sluice:", p, key)[i].clone();
-    if p.limits()[i].algorithm() == sluice::Algorithm::FixedWindow {
-        sluice_redis::keys::counter_key(&k, "1000")
-    } else {
-        k
-    }
+    sluice_redis::keys::policy_keys("sluice:", p, key, "1000")[i].clone()
 }
 
 /// Runs `futures` at once, polled in order (so they coalesce into one batch, in order).
@@ -88,41 +79,55 @@ fn assert_corrupt(what: &str, r: &Result<Decision, StoreError>) {
 
 // ----- item 2: a failed fast path leaves nothing behind ---------------------------------------
 
-/// A fixed window's hash of the wrong type beside its counter: the check fails (corrupt
-/// state) and leaves no counter behind, so once the bad key is deleted the key decides again,
-/// single and batched.
+/// Bad state in a fixed window's key, each met by the fast path (single and batched): a
+/// negative count (found after the INCRBY), a key of another type, a hash without its end.
+/// The check fails as corrupt state and leaves the key as it was (no counter without expiry
+/// behind it), and once the bad key is deleted the key decides again. A hash of the layout
+/// before issue 40 (`<stem>:fw<per>`, which a fast path read unprotected after its INCRBY,
+/// leaving a counter without expiry that failed for ever) is no longer read at all.
 #[tokio::test]
-async fn a_failed_fast_path_leaves_no_counter_without_expiry() {
+async fn a_failed_fast_path_leaves_nothing_behind() {
     if !sluice_testkit::require_redis() {
         return;
     }
     let server = RedisServer::start().unwrap();
     let s = store(&server).await;
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
-    let hash = |key: &str| sluice_redis::keys::policy_keys("sluice:", &p, key)[0].clone();
-    for batch in [false, true] {
-        server.cmd(&["FLUSHALL"]).unwrap();
-        server.cmd(&["SET", &hash("k2"), "garbage"]).unwrap();
-        if batch {
-            let decided = batched(&s, &p, 1).await;
-            assert_corrupt("batched k2", &decided[2]);
-        } else {
-            assert_corrupt("single", &s.check(&p, "k2", 1, now()).await);
+    let counter = redis_key(&p, "k2", 0);
+    let faults: [&[&str]; 3] = [
+        &["SET", &counter, "-5"],
+        &["LPUSH", &counter, "x"],
+        &["HSET", &counter, "used", "3"],
+    ];
+    for fault in faults {
+        for batch in [false, true] {
+            server.cmd(&["FLUSHALL"]).unwrap();
+            server.cmd(fault).unwrap();
+            let before = server.cmd(&["DUMP", &counter]).unwrap();
+            let what = format!("{fault:?}, batch {batch}");
+            if batch {
+                let decided = batched(&s, &p, 1).await;
+                assert_corrupt(&what, &decided[2]);
+                for (i, d) in decided.iter().enumerate().filter(|(i, _)| *i != 2) {
+                    assert!(matches!(d, Ok(d) if d.allowed), "{what}: k{i}: {d:?}");
+                }
+            } else {
+                assert_corrupt(&what, &s.check(&p, "k2", 1, now()).await);
+            }
+            assert_eq!(before, server.cmd(&["DUMP", &counter]).unwrap(), "{what}");
+            server.cmd(&["DEL", &counter]).unwrap();
+            let d = s.check(&p, "k2", 1, now()).await.unwrap();
+            assert!(d.allowed && d.remaining() == 9, "{what}: {d:?}");
+            assert!(pexpiretime(&server, &counter) > 0, "{what}");
         }
-        let counter = redis_key(&p, "k2", 0);
-        assert!(
-            pexpiretime(&server, &counter) != -1,
-            "batch {batch}: the failed call left {counter} without expiry"
-        );
-        server.cmd(&["DEL", &hash("k2")]).unwrap();
-        let d = s.check(&p, "k2", 1, now()).await.unwrap();
-        assert!(d.allowed && d.remaining() == 9, "batch {batch}: {d:?}");
-        let d = &batched(&s, &p, 1).await[2];
-        assert!(
-            matches!(d, Ok(d) if d.allowed && d.remaining() == 8),
-            "batch {batch}: {d:?}"
-        );
     }
+    // The earlier layout's hash, of the wrong type: not read.
+    server.cmd(&["FLUSHALL"]).unwrap();
+    let old = format!("{}:fw60000", sluice_redis::keys::stem("sluice:", &p, "k2"));
+    server.cmd(&["SET", &old, "garbage"]).unwrap();
+    let d = s.check(&p, "k2", 1, now()).await.unwrap();
+    assert!(d.allowed && d.remaining() == 9, "{d:?}");
+    assert!(pexpiretime(&server, &counter) > 0);
 }
 
 // ----- item 3: a counter without expiry is re-armed --------------------------------------------
