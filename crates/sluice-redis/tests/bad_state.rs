@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::future::Future;
 use std::time::Duration;
 
 use sluice::{Decision, LimitSpec, Op, Policy, Store, StoreError, StoreErrorKind, StoreExt};
@@ -32,35 +31,11 @@ fn redis_key(p: &Policy, key: &str, i: usize) -> String {
     sluice_redis::keys::policy_keys("sluice:", p, key, "1000")[i].clone()
 }
 
-/// Runs `futures` at once, polled in order (so they coalesce into one batch, in order).
-async fn all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
-}
-
 /// Checks of `cost` on keys `k0..k4`, together: one batch (a bad key among them fails alone).
 async fn batched(s: &RedisStore, p: &Policy, cost: u64) -> Vec<Result<Decision, StoreError>> {
     let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
     let at = now();
-    all(keys.iter().map(|k| s.check(p, k, cost, at)).collect()).await
+    sluice_testkit::join_in_order(keys.iter().map(|k| s.check(p, k, cost, at))).await
 }
 
 fn pexpiretime(server: &RedisServer, key: &str) -> i64 {

@@ -282,9 +282,10 @@ fn differential<S: sluice::Store + Clone>(
                         for op in ops {
                             expected.push(apply(&memory, &policies, op, &key).await);
                         }
-                        let got =
-                            futures_join(ops.iter().map(|op| apply(&remote, &policies, op, &key)))
-                                .await;
+                        let got = sluice_testkit::join_in_order(
+                            ops.iter().map(|op| apply(&remote, &policies, op, &key)),
+                        )
+                        .await;
                         decisions.fetch_add(ops.len(), Ordering::Relaxed);
                         prop_assert_eq!(
                             expected,
@@ -320,31 +321,6 @@ fn differential<S: sluice::Store + Clone>(
         "only {total} operations ran, fewer than {min_ops}"
     );
     decisions.load(Ordering::Relaxed)
-}
-
-/// Runs `futures` concurrently (polled in order, so a batch queues them in order) and returns
-/// their outputs in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// Runs a check, peek or refund on one limiter.

@@ -203,7 +203,7 @@ async fn a_window_opened_off_redis_clock_is_a_hash_every_caller_counts_into() {
         .map(|_| sluice::StoreExt::check(&store, &p, "k", 1, at))
         .collect();
     let mut admitted = 0;
-    for d in futures_all(checks).await {
+    for d in sluice_testkit::join_in_order(checks).await {
         admitted += u64::from(d.unwrap().allowed);
     }
     assert_eq!(admitted, 3);
@@ -229,30 +229,6 @@ async fn a_window_opened_off_redis_clock_is_a_hash_every_caller_counts_into() {
     let d = fits.check("api", "k", 1).await.unwrap();
     assert!(d.allowed && d.remaining() == 9, "{d:?}");
     assert_eq!(key_type(&server, key), "string");
-}
-
-/// Runs `futures` at once, polled in order (so they coalesce into one batch).
-async fn futures_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// Issue 40, item 7: `MIGRATE` (what Cluster resharding runs, and what moves a key between

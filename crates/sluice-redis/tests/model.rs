@@ -36,7 +36,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::future::Future;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -61,30 +60,6 @@ fn wall_ms() -> u64 {
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// Runs `futures` at once, polled in order (so they coalesce into one batch, in order).
-async fn all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// What the cases found, printed at the end.
@@ -443,11 +418,12 @@ impl Case<'_> {
     async fn decide_together(&mut self, picks: Vec<(usize, usize, Op, u64)>) -> Outcome {
         let policies = self.policies.clone();
         let keys: Vec<String> = picks.iter().map(|&(_, k, _, _)| key(k)).collect();
-        let got = all(picks
-            .iter()
-            .zip(&keys)
-            .map(|(&(p, _, op, now), k)| self.store.call(&policies[p], k, op, now))
-            .collect())
+        let got = sluice_testkit::join_in_order(
+            picks
+                .iter()
+                .zip(&keys)
+                .map(|(&(p, _, op, now), k)| self.store.call(&policies[p], k, op, now)),
+        )
         .await;
         let mut expected = Vec::new();
         for (&(p, _, op, now), k) in picks.iter().zip(&keys) {

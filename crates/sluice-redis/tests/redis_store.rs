@@ -478,30 +478,6 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-/// Runs `futures` at once, polled in order (so a busy lane queues them in order).
-async fn all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
-}
-
 /// In one batch, a key of the wrong type and a key holding a non-number fail alone, as
 /// corrupt state, and write nothing; every other decision of the batch is made.
 #[tokio::test]
@@ -522,7 +498,7 @@ async fn one_bad_key_in_a_batch_fails_alone() {
     let before = [3, 5].map(|i| server.cmd(&["DUMP", &key(i)]).unwrap());
     let calls = script_calls(&server);
     let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
-    let decided = all(keys.iter().map(|k| s.check(&p, k, 1, T0)).collect()).await;
+    let decided = sluice_testkit::join_in_order(keys.iter().map(|k| s.check(&p, k, 1, T0))).await;
     for (i, d) in decided.iter().enumerate() {
         match (i, d) {
             (3 | 5, Err(StoreError::Corrupt { key, detail })) => {
@@ -604,7 +580,8 @@ async fn bad_data_on_the_one_limit_fast_paths_fails_alone_and_changes_nothing() 
         let single = s.check(p, "k2", 1, T0).await;
         let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
         let calls = script_calls(&server);
-        let batched = all(keys.iter().map(|k| s.check(p, k, 1, T0)).collect()).await;
+        let batched =
+            sluice_testkit::join_in_order(keys.iter().map(|k| s.check(p, k, 1, T0))).await;
         let made = script_calls(&server) - calls;
         assert!(made <= 2, "{what}: 5 concurrent checks took {made} calls");
         for (i, d) in std::iter::once(&single).chain(&batched).enumerate() {
@@ -637,7 +614,7 @@ async fn queued_decisions_time_out_each_on_its_own() {
     assert!(s.check(&p, "k", 1, T0).await.is_ok());
     server.pause().unwrap();
     let started = std::time::Instant::now();
-    let decided = all((0..16).map(|_| s.check(&p, "k", 1, T0)).collect()).await;
+    let decided = sluice_testkit::join_in_order((0..16).map(|_| s.check(&p, "k", 1, T0))).await;
     let waited = started.elapsed();
     server.resume().unwrap();
     for d in decided {

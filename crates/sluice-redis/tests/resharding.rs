@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::future::Future;
 use std::time::Duration;
 
 use sluice::{Degraded, FailureMode, LimitSpec, Limiter, Policy, StoreExt};
@@ -15,30 +14,6 @@ use sluice_testkit::RedisCluster;
 
 fn now() -> u64 {
     sluice::Clock::now_ms(&sluice::SystemClock)
-}
-
-/// Runs `futures` at once, polled in order (so they coalesce into one batch, in order).
-async fn all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +60,7 @@ async fn a_migrating_slot_decides_past_the_window_on_the_source() {
     let d = store.peek(&p, "a", 1, now()).await.unwrap();
     assert!(d.allowed, "peek: {d:?}");
     let at = now();
-    for (i, d) in all((0..5).map(|_| store.check(&p, "a", 1, at)).collect())
+    for (i, d) in sluice_testkit::join_in_order((0..5).map(|_| store.check(&p, "a", 1, at)))
         .await
         .into_iter()
         .enumerate()
