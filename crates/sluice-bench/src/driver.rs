@@ -192,9 +192,7 @@ pub(crate) async fn driver(args: &BenchArgs) -> anyhow::Result<Driver> {
             let store = match &args.redis {
                 Some(url) => SharedStore::new(
                     RedisStore::connect(
-                        RedisConfig::new(url.clone())
-                            .timeout(Duration::from_secs(2))
-                            .layout(args.layout),
+                        RedisConfig::new(url.clone()).timeout(Duration::from_secs(2)),
                     )
                     .await?,
                 ),

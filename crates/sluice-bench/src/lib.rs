@@ -134,24 +134,12 @@ pub struct BenchArgs {
     /// Inproc policy: algorithm.
     #[arg(long, default_value = "fixed_window")]
     pub algorithm: String,
-    /// Inproc over --redis: where fixed windows are opened (`store.layout`: v1 hashes, v2
-    /// counters).
-    #[arg(long, default_value = "v1", value_parser = parse_layout)]
-    pub layout: sluice_redis::Layout,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
     /// How to reach the server: --cacert for https://, an admin token.
     #[command(flatten)]
     pub client: ClientArgs,
-}
-
-fn parse_layout(s: &str) -> Result<sluice_redis::Layout, String> {
-    match s {
-        "v1" => Ok(sluice_redis::Layout::V1),
-        "v2" => Ok(sluice_redis::Layout::V2),
-        other => Err(format!("`{other}` is not a layout; expected v1 or v2")),
-    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

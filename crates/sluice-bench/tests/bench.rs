@@ -110,27 +110,27 @@ async fn inproc_over_redis_counts_redis_commands_per_decision() {
     ]);
     let r = bench::run(&a).await.unwrap();
     assert_eq!((r.decisions, r.allowed, r.errors), (1_000, 1_000, 0));
-    // Each admitted decision runs HMGET and, opening a window, GET (layout v1 reads a
-    // layout-v2 counter where the hash holds no open window), HSET and PEXPIRE (a key drawn
-    // twice finds its window open: HINCRBY alone) inside an FCALL; concurrent decisions share
-    // one FCALL (coalescing), so a decision costs its commands plus its share of a
-    // call: exactly what the server counted, at most 5.
+    // Each admitted decision runs INCRBY and PEXPIRETIME on its window's counter (the fast
+    // path of one fixed window) and, opening a window, TIME (is the caller's clock within half
+    // the margin of Redis's?) and SET (its end + margin as the counter's absolute expiry)
+    // inside an FCALL; concurrent decisions share one FCALL (coalescing), so a
+    // decision costs its commands plus its share of a call: exactly what the server counted,
+    // at most 5.
     let per = r.redis_commands_per_decision.unwrap();
     let stats = server.command_stats().unwrap();
     let calls = |c: &str| stats.get(c).map_or(0, |s| s.calls);
-    let (hmget, get, hset, pexpire, hincrby) = (
-        calls("hmget"),
-        calls("get"),
-        calls("hset"),
-        calls("pexpire"),
-        calls("hincrby"),
+    let (incrby, pexpiretime, time, set) = (
+        calls("incrby"),
+        calls("pexpiretime"),
+        calls("time"),
+        calls("set"),
     );
-    assert_eq!(hmget, 1_000);
-    assert_eq!((hset, hset + hincrby), (pexpire, 1_000));
-    assert_eq!(get, hset, "a GET per window opened");
+    assert_eq!((incrby, pexpiretime), (1_000, 1_000));
+    assert!((1..=1_000).contains(&set), "{set} windows opened");
+    assert_eq!(time, set, "a TIME per window opened");
     let fcalls = calls("fcall");
     assert!((1..=1_000).contains(&fcalls), "{fcalls} FCALLs");
-    let expected = (hmget + get + hset + pexpire + hincrby + fcalls) as f64 / 1_000.0;
+    let expected = (incrby + pexpiretime + time + set + fcalls) as f64 / 1_000.0;
     assert!(
         (per - expected).abs() < 0.01 && per <= 5.0,
         "{per} Redis commands per decision, expected {expected} ({fcalls} FCALLs)"

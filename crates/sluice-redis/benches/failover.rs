@@ -79,7 +79,7 @@ fn policy(max: u64) -> Policy {
 
 /// The Redis key of `key` under [`policy`].
 fn redis_key(key: &str) -> String {
-    format!("sluice:{{3:api:{key}}}:fw3600000")
+    format!("sluice:{{3:api:{key}}}:fw3600000:c1000")
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

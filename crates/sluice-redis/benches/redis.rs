@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::NOW;
 use hdrhistogram::Histogram;
 use sluice::{LimitSpec, Policy};
-use sluice_redis::{Layout, RedisConfig, RedisStore, ScriptMode};
+use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
 
 const KEYS: u64 = 10_000;
@@ -169,23 +169,19 @@ fn replayed(
 /// for `secs`: (whole-process CPU µs per decision, decisions per script call, decisions/s).
 async fn through_the_client(
     server: &RedisServer,
-    (policy, layout): (&Policy, Layout),
+    policy: &Policy,
     concurrency: usize,
     coalesce: usize,
     secs: u64,
 ) -> (f64, f64, f64) {
     server.cmd(&["FLUSHALL"]).unwrap();
-    // Layout v2 checks at the wall clock's now (fixed for the run, within half its 600 s
-    // margin of Redis's clock, so its windows open in counters); v1 at the fixed `NOW`.
-    let (now, margin) = match layout {
-        Layout::V2 => (wall_ms(), Duration::from_secs(600)),
-        _ => (NOW, Duration::from_secs(1)),
-    };
+    // Checks at the wall clock's now (fixed for the run, within half its 600 s margin of
+    // Redis's clock, so fixed windows open as counters).
+    let now = wall_ms();
     let store = RedisStore::connect(
         RedisConfig::new(server.url())
             .timeout(Duration::from_secs(2))
-            .layout(layout)
-            .expiry_margin(margin)
+            .expiry_margin(Duration::from_secs(600))
             .coalesce(coalesce),
     )
     .await
@@ -203,9 +199,8 @@ async fn through_the_client(
     )
 }
 
-/// The policies of the cost tables: one of each kind, and three fixed windows; the fixed
-/// windows on both layouts (`store.layout`).
-fn cost_cases() -> Vec<(&'static str, Policy, Layout)> {
+/// The policies of the cost tables: one of each kind, and three fixed windows.
+fn cost_cases() -> Vec<(&'static str, Policy)> {
     let big = 1_000_000_000;
     let aligned =
         Policy::from_specs("b", vec![LimitSpec::fixed_window(big, 60_000).aligned()]).unwrap();
@@ -219,44 +214,23 @@ fn cost_cases() -> Vec<(&'static str, Policy, Layout)> {
     )
     .unwrap();
     vec![
-        ("one fixed window (layout v1)", policy(), Layout::V1),
-        ("one fixed window (layout v2)", policy(), Layout::V2),
-        (
-            "one fixed window, aligned (Envoy's, v1)",
-            aligned.clone(),
-            Layout::V1,
-        ),
-        (
-            "one fixed window, aligned (Envoy's, v2)",
-            aligned,
-            Layout::V2,
-        ),
+        ("one fixed window", policy()),
+        ("one fixed window, aligned (Envoy's)", aligned),
         (
             "one token bucket",
             Policy::from_specs("b", vec![LimitSpec::token_bucket(big, 60_000)]).unwrap(),
-            Layout::V1,
         ),
         (
             "one sliding window (60 buckets)",
             Policy::from_specs("b", vec![LimitSpec::sliding_window(big, 60_000)]).unwrap(),
-            Layout::V1,
         ),
-        (
-            "three fixed windows (1 s, 1 min, 1 h; v1)",
-            three.clone(),
-            Layout::V1,
-        ),
-        (
-            "three fixed windows (1 s, 1 min, 1 h; v2)",
-            three,
-            Layout::V2,
-        ),
+        ("three fixed windows (1 s, 1 min, 1 h)", three),
     ]
 }
 
-/// The wall clock in ms: a layout-v2 check replayed by redis-benchmark carries one `now` for
-/// the whole run, which must stay within half the expiry margin of Redis's clock for its
-/// windows to open in counters (hence the replayed store's margin of 600 s).
+/// The wall clock in ms: a check replayed by redis-benchmark carries one `now` for the whole
+/// run, which must stay within half the expiry margin of Redis's clock for its fixed windows
+/// to open as counters (hence the stores' margin of 600 s).
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -279,13 +253,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 ///    sending the minimal script; Sluice with coalescing off (`coalesce(1)`) alongside.
 fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, rounds: usize) {
     let store = rt
-        .block_on(RedisStore::connect(RedisConfig::new(server.url())))
-        .unwrap();
-    let store_v2 = rt
         .block_on(RedisStore::connect(
-            RedisConfig::new(server.url())
-                .layout(Layout::V2)
-                .expiry_margin(Duration::from_secs(600)),
+            RedisConfig::new(server.url()).expiry_margin(Duration::from_secs(600)),
         ))
         .unwrap();
     let sha = match server.cmd(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]).unwrap() {
@@ -305,11 +274,8 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
     for _ in 0..rounds {
         let (b, _) = replayed(server, &minimal, 1, single_calls);
         base.push(b);
-        for (i, (_, p, layout)) in cases.iter().enumerate() {
-            let command = match layout {
-                Layout::V2 => store_v2.check_command(p, "bench:__rand_int__", 1, wall_ms()),
-                _ => store.check_command(p, "bench:__rand_int__", 1, NOW),
-            };
+        for (i, (_, p)) in cases.iter().enumerate() {
+            let command = store.check_command(p, "bench:__rand_int__", 1, wall_ms());
             let (u, _) = replayed(server, &command, 1, single_calls);
             us[i].push(u);
             ratio[i].push(u / b);
@@ -326,7 +292,7 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         "| minimal script: EVALSHA of INCR + PEXPIRE | 3 | {:.2} | 1.00 |",
         median(base.clone())
     );
-    for (i, (name, _, _)) in cases.iter().enumerate() {
+    for (i, (name, _)) in cases.iter().enumerate() {
         println!(
             "| {name} | | {:.2} | **{:.2}** |",
             median(us[i].clone()),
@@ -347,22 +313,10 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
         for _ in 0..rounds {
             let (_, b) = replayed(server, &minimal, concurrency, calls);
             base.push(b);
-            for (i, (_, p, layout)) in cases.iter().enumerate() {
-                let c = rt.block_on(through_the_client(
-                    server,
-                    (p, *layout),
-                    concurrency,
-                    64,
-                    secs,
-                ));
+            for (i, (_, p)) in cases.iter().enumerate() {
+                let c = rt.block_on(through_the_client(server, p, concurrency, 64, secs));
                 on[i].push((c.0, c.0 / b, c.1));
-                let c = rt.block_on(through_the_client(
-                    server,
-                    (p, *layout),
-                    concurrency,
-                    1,
-                    secs,
-                ));
+                let c = rt.block_on(through_the_client(server, p, concurrency, 1, secs));
                 off[i].push((c.0, c.0 / b, c.2));
             }
         }
@@ -382,7 +336,7 @@ fn cost_tables(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64, ro
             "| minimal script (redis-benchmark) | {:.2} | 1.00 | 1 | | |",
             median(base.clone())
         );
-        for (i, (name, _, _)) in cases.iter().enumerate() {
+        for (i, (name, _)) in cases.iter().enumerate() {
             println!(
                 "| {name} | {:.2} | **{:.2}** | {:.1} | {:.2} | {:.2} |",
                 pick(&on[i], |c| c.0),

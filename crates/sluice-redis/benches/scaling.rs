@@ -128,7 +128,9 @@ async fn memory_per_key(
     let mut sampled = 0u64;
     let sample = 200.min(keys);
     for k in 0..sample {
-        for redis_key in sluice_redis::keys::policy_keys(&prefix, policy, &format!("user:{k}")) {
+        for redis_key in
+            sluice_redis::keys::policy_keys(&prefix, policy, &format!("user:{k}"), "1000")
+        {
             match server
                 .cmd(&["MEMORY", "USAGE", &redis_key, "SAMPLES", "0"])
                 .unwrap()

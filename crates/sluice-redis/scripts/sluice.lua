@@ -35,15 +35,14 @@
 -- up to 2^53, so every computation below stays under 2^53 or is split into 16-bit limbs.
 --
 -- Stored state (hashes, but for the concurrency limit's own key and a fixed window's counter):
---   fixed_window    layout v1: the hash KEYS[i] = <stem>:fw<per>: reset, used (reset is stored
---                   when the window opens, never recomputed; PEXPIRE reset - now + margin);
---                   layout v2: the counter <KEYS[i]>:c<ARGV[3]> (margin in ms, as sent): a
---                   string integer `used`, its absolute expiry (PEXPIREAT / SET PXAT) the
---                   window's end + margin, so reset = PEXPIRETIME - margin; the margin is in
---                   the name, so no process reads a counter with another margin than it was
---                   written with. Both are read (the hash first here, the counter when the hash
---                   holds no open window; see "fixed windows: two layouts" below); this path
---                   opens windows in the hash only.
+--   fixed_window    KEYS[i] = <stem>:fw<per>:c<ARGV[3]> (the margin in ms, as sent, is in
+--                   the name: no process reads a window with another margin than it was
+--                   written with), in one of two encodings chosen when the window opens (see
+--                   "fixed windows" below): a counter, a string integer `used` whose absolute
+--                   expiry (SET PXAT) is the window's end + margin, so reset = PEXPIRETIME -
+--                   margin; or, opened by a caller whose clock is off Redis's by half the
+--                   margin or more, a hash: reset, used (reset stored when the window opens,
+--                   never recomputed; PEXPIRE reset - now + margin). Every path reads both.
 --   sliding_window  <bucket start> -> n (one field per non-empty bucket)
 --   token_bucket    tat, frac           (theoretical arrival time = tat + frac/max ms)
 --   concurrency     a sorted set, member lease id, score its expiry; and the units hash,
@@ -51,7 +50,8 @@
 --                   Lapsed leases are not counted by any read (only they are read: a decision
 --                   never reads the whole set) and are deleted by the next write.
 -- Key expiry (PEXPIRE, relative to `now`, + margin) only cleans up: every read compares the
--- stored times with `now`, so a closed window that still exists is treated as closed.
+-- stored times with `now`, so a closed window that still exists is treated as closed. A
+-- fixed window's counter is the exception: its absolute expiry is its end.
 --
 -- Reply: { allowed (0/1), now, then per limit: admits (0/1), remaining, reset_ms,
 --          retry_after_ms (-1 = never) }; `acquire` appends the amount it decided on and
@@ -82,7 +82,33 @@ local function idiv(a, b)
 end
 
 local function corrupt(key, what)
-  error('SLUICE_CORRUPT ' .. key .. ': ' .. what, 0)
+  error({err = 'SLUICE_CORRUPT ' .. key .. ': ' .. what}, 0)
+end
+
+-- Raises again what a `pcall` caught: an error reply (a table) as it is, a message (what a
+-- failed `redis.call` or a Lua error leaves) as an error reply whose first word stays its
+-- code (`error(message)` would prefix `ERR`), so the caller classifies it as it would the
+-- same failure uncaught.
+local function rethrow(e)
+  if type(e) == 'table' then
+    error(e, 0)
+  end
+  error({err = tostring(e)}, 0)
+end
+
+-- Stored state as Redis itself reads an integer (INCRBY, HINCRBY: digits only, no sign, no
+-- leading zero, no space), here also at most 2^53: `v` as a number, or nil when it is not
+-- one. Lua's `tonumber` alone takes `0x1`, ` 5`, `1e3`, `05` and `1.0`, which a later INCRBY
+-- or HINCRBY would refuse halfway through a decision's writes.
+local function as_int(v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+    return nil
+  end
+  if type(v) == 'string' and v ~= '0' and not string.find(v, '^[1-9]%d*$') then
+    return nil
+  end
+  return n
 end
 
 -- An integer field, or nil when absent; anything else is corrupt state.
@@ -90,11 +116,31 @@ local function int_field(key, name, v)
   if v == false or v == nil then
     return nil
   end
-  local n = tonumber(v)
-  if n == nil or n ~= floor(n) or n < 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
   end
   return n
+end
+
+-- `redis.call(cmd, key, ...)` with the values of `list` as its last arguments, at most CHUNK
+-- at once (Lua's `unpack` fails beyond about 8,000 values); the replies, concatenated.
+local CHUNK = 1000
+local function call_chunked(cmd, key, list)
+  local out = {}
+  for i = 1, #list, CHUNK do
+    local last = i + CHUNK - 1
+    if last > #list then
+      last = #list
+    end
+    local r = redis.call(cmd, key, unpack(list, i, last))
+    if type(r) == 'table' then
+      for j = 1, #r do
+        out[#out + 1] = r[j]
+      end
+    end
+  end
+  return out
 end
 
 -- ----- 16-bit limbs: floor((x*y + z) / d) for x, y, z < 2^53+1, d < 2^36 -----------------
@@ -167,80 +213,104 @@ local function outcome_refused(remaining, reset, retry)
   return false, remaining, reset, retry, nil
 end
 
--- ----- fixed windows: two layouts ----------------------------------------------------------
--- Layout v1 (the hash `<stem>:fw<per>`: `reset`, `used`, PEXPIRE relative to now) and layout v2
--- (the counter `<stem>:fw<per>:c<margin ms>`: a plain integer, `used`, whose absolute expiry is
--- `reset + margin`: reset = PEXPIRETIME - margin, exact since the margin is in the key's name).
--- Every reader reads both, its own layout first and the other only when its own holds no open
--- window; a window is opened only when neither holds an open one, so at most one does, and a
--- count is never lost whichever layout a process writes. Only the lean path of layout v2 opens
--- windows in the counter; every other path opens them in the hash.
+-- ----- fixed windows ------------------------------------------------------------------------
+-- One key per window, in one of two encodings, chosen when the window opens:
+--   a counter  a string integer `used` whose absolute expiry is the window's end + margin
+--              (SET PXAT): reset = PEXPIRETIME - margin. INCRBY counts into it, DECRBY
+--              refunds. Redis expires it by its own clock, so it is opened only when the
+--              caller's clock is within half the margin of Redis's (always under `clock:
+--              redis`; one TIME per window opened tells): the key then outlives its window.
+--   a hash     reset, used; PEXPIRE reset - now + margin (relative: it outlives its window
+--              whatever the clocks say). Opened by a caller whose clock is further off.
+-- Every path reads both (GET, and HMGET when the key holds a hash), so a window is counted in
+-- one place whichever process opened it, and a script never touches another key for it.
+-- Redis Cluster's MIGRATE moves a counter with a relative TTL: its end moves by the offset
+-- between the two nodes' clocks (and the time in flight), once per migration; a hash's end is
+-- its `reset`, which moves with nothing (docs/redis.md, "Time and expiry").
 
--- The counter key of the hash key `hk`, and the hash key of the counter key `ck`.
-local function counter_of(hk, ms)
-  return hk .. ':c' .. ms
-end
-local function hash_of(ck, ms)
-  return string.sub(ck, 1, -(#ms + 3))
+-- Now in ms: ARGV[1], or Redis TIME when it says "redis".
+local function now_of(arg)
+  if arg == 'redis' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  end
+  return tonumber(arg)
 end
 
--- A counter's state: used, reset; nil when it does not exist.
-local function fw_counter(ck, margin)
-  local v = redis.call('GET', ck)
+-- Whether a window opened now may live in a counter, whose absolute expiry (reset + margin)
+-- Redis reads on its own clock: only when the caller's clock is within half the margin of
+-- Redis's (always under `clock: redis`, with a margin above 0).
+local function counter_fits(now, margin, redis_clock)
+  if redis_clock then
+    return margin > 0
+  end
+  local skew = now_of('redis') - now
+  return 2 * skew < margin and -2 * skew < margin
+end
+
+-- The end of a fixed window opened at `now`: `now + per`, or the next multiple of `per` when
+-- aligned.
+local function window_end(now, per, aligned)
+  if aligned then
+    return idiv(now, per) * per + per
+  end
+  return now + per
+end
+
+-- Writes into `key` a window ending at `r` that holds `used`: a counter when the caller's clock
+-- fits, else a hash. `held` is the encoding the key holds now ('c', 'h' or nil): SET replaces
+-- a hash, a counter is deleted before a hash is written. Returns the encoding written.
+local function fw_write(key, r, used, now, margin, redis_clock, held)
+  if counter_fits(now, margin, redis_clock) then
+    redis.call('SET', key, used, 'PXAT', r + margin)
+    return 'c'
+  end
+  if held == 'c' then
+    redis.call('DEL', key)
+  end
+  redis.call('HSET', key, 'reset', r, 'used', used)
+  redis.call('PEXPIRE', key, r - now + margin)
+  return 'h'
+end
+
+-- The window in `key`: used, reset and its encoding ('c', 'h'); nil when there is none.
+-- A counter without expiry (PERSIST, `RESTORE key 0`, a tool's SET), or whose end lies further
+-- than `per` + margin ahead (a restore with a wrong TTL), has lost its window's end: it is
+-- re-armed, its count kept and its end where a window opened now would end (`write`: written
+-- back; a read-only call reports it so). It never admits more than `max` over the count it
+-- kept, and recovers by itself.
+local function fw_read(key, now, per, aligned, margin, write, redis_clock)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    -- Not a string: a hash window (any other type fails HMGET with WRONGTYPE).
+    local h = redis.call('HMGET', key, 'reset', 'used')
+    local reset, used = int_field(key, 'reset', h[1]), int_field(key, 'used', h[2])
+    if reset == nil or used == nil then
+      corrupt(key, 'a fixed window needs both reset and used')
+    end
+    return used, reset, 'h'
+  end
   if not v then
     return nil
   end
-  local e = redis.call('PEXPIRETIME', ck)
-  local used = tonumber(v)
-  if e < 0 or used == nil or used < 0 or used % 1 ~= 0 or used > TWO53 then
-    corrupt(ck, 'a fixed-window counter holds ' .. tostring(v) .. ' with expiry ' .. e)
+  local used = as_int(v)
+  if used == nil then
+    corrupt(key, 'a fixed-window counter holds ' .. tostring(v) .. ', not an integer')
   end
-  return used, e - margin
-end
-
--- A hash's state: reset, used; nil when it does not exist.
-local function fw_hash(hk)
-  local v = redis.call('HMGET', hk, 'reset', 'used')
-  local reset, used = int_field(hk, 'reset', v[1]), int_field(hk, 'used', v[2])
-  if (reset == nil) ~= (used == nil) then
-    corrupt(hk, 'a fixed window needs both reset and used')
+  local e = redis.call('PEXPIRETIME', key)
+  if e >= 0 and e - margin <= now + per + margin then
+    return used, e - margin, 'c'
   end
-  return reset, used
-end
-
--- The window as both layouts hold it: reset, used (nil, nil: none) and 'c' or 'h' when that
--- layout holds the open window (nil: none is open). `counter_first`: layout v2's order.
-local function fw_read(ck, hk, now, margin, counter_first)
-  local reset, used
-  if counter_first then
-    used, reset = fw_counter(ck, margin)
-    if used and now < reset then
-      return reset, used, 'c'
-    end
-    local hr, hu = fw_hash(hk)
-    if hr and now < hr then
-      return hr, hu, 'h'
-    end
-    if used then
-      return reset, used, nil
-    end
-    return hr, hu, nil
+  local r = window_end(now, per, aligned)
+  if write then
+    return used, r, fw_write(key, r, used, now, margin, redis_clock, 'c')
   end
-  reset, used = fw_hash(hk)
-  if reset and now < reset then
-    return reset, used, 'h'
-  end
-  local cu, cr = fw_counter(ck, margin)
-  if cu and now < cr then
-    return cr, cu, 'c'
-  end
-  return reset, used, nil
+  return used, r, 'c'
 end
 
 local function fixed_window(key, l, cost, now, margin)
-  local ck = counter_of(key, l.ms)
-  local reset, used, at = fw_read(ck, key, now, margin, false)
-  local open = at ~= nil
+  local used, reset, enc = fw_read(key, now, l.per, l.aligned, margin, l.write, l.redis_clock)
+  local open = enc ~= nil and now < reset
   if not open then
     used = 0
   end
@@ -253,7 +323,7 @@ local function fixed_window(key, l, cost, now, margin)
   if open then
     r = reset
   elseif l.aligned then
-    r = idiv(now, per) * per + per
+    r = window_end(now, per, true)
   else
     r = now
   end
@@ -266,23 +336,18 @@ local function fixed_window(key, l, cost, now, margin)
   if cost == 0 then
     return true, remaining, r, 0, nil
   end
-  if at == 'c' then
+  if open then
     return true, remaining - cost, r, 0, function()
-      redis.call('INCRBY', ck, cost)
+      if enc == 'c' then
+        redis.call('INCRBY', key, cost)
+      else
+        redis.call('HINCRBY', key, 'used', cost)
+      end
     end
   end
-  local new_reset = r
-  if not open then
-    if l.aligned then
-      new_reset = idiv(now, per) * per + per
-    else
-      new_reset = now + per
-    end
-  end
-  local new_used = used + cost
+  local new_reset = window_end(now, per, l.aligned)
   return true, remaining - cost, new_reset, 0, function()
-    redis.call('HSET', key, 'reset', fmt(new_reset), 'used', fmt(new_used))
-    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+    fw_write(key, new_reset, cost, now, margin, l.redis_clock, enc)
   end
 end
 
@@ -351,7 +416,7 @@ local function sliding_window(key, l, cost, now, margin)
   return true, remaining - cost, oldest + per, 0, function()
     redis.call('HINCRBY', key, fmt(current), fmt(cost))
     if #stale > 0 then
-      redis.call('HDEL', key, unpack(stale))
+      call_chunked('HDEL', key, stale)
     end
     redis.call('PEXPIRE', key, fmt(newest + per - now + margin))
   end
@@ -425,7 +490,7 @@ local function cc_read(key, l, now, except)
   local used, gone = total, {}
   local lapsed = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now))
   if #lapsed > 0 then
-    local costs = redis.call('HMGET', l.units, unpack(lapsed))
+    local costs = call_chunked('HMGET', l.units, lapsed)
     for i = 1, #lapsed do
       local c = int_field(l.units, 'lease ' .. lapsed[i], costs[i])
       if c == nil then
@@ -477,8 +542,8 @@ local function cc_drop(key, l, gone, also)
     ids[#ids + 1] = also
   end
   if #ids > 0 then
-    redis.call('ZREM', key, unpack(ids))
-    redis.call('HDEL', l.units, unpack(ids))
+    call_chunked('ZREM', key, ids)
+    call_chunked('HDEL', l.units, ids)
   end
 end
 
@@ -546,17 +611,16 @@ local STEP = {fixed_window, fixed_window, sliding_window, token_bucket, concurre
 -- ----- refunds -----------------------------------------------------------------------------
 
 local function refund_fixed(key, l, cost, now, margin)
-  local ck = counter_of(key, l.ms)
-  local reset, used, at = fw_read(ck, key, now, margin, false)
-  if at and used > 0 then
+  local used, reset, enc = fw_read(key, now, l.per, l.aligned, margin, true, l.redis_clock)
+  if enc and now < reset and used > 0 then
     local back = cost
     if back > used then
       back = used
     end
-    if at == 'c' then
-      redis.call('DECRBY', ck, back)
+    if enc == 'c' then
+      redis.call('DECRBY', key, back)
     else
-      redis.call('HSET', key, 'used', fmt(used - back))
+      redis.call('HINCRBY', key, 'used', -back)
     end
   end
 end
@@ -584,7 +648,7 @@ local function refund_sliding(key, l, cost, now, margin)
     end
   end
   if #stale > 0 then
-    redis.call('HDEL', key, unpack(stale))
+    call_chunked('HDEL', key, stale)
   end
 end
 
@@ -608,15 +672,6 @@ local REFUND = {refund_fixed, refund_fixed, refund_sliding, refund_bucket, refun
 
 -- ----- the policy --------------------------------------------------------------------------
 
--- Now in ms: ARGV[1], or Redis TIME when it says "redis".
-local function now_of(arg)
-  if arg == 'redis' then
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
-  end
-  return tonumber(arg)
-end
-
 -- The arguments each operation adds after the limits', and the keys after the limits' own.
 local EXTRA_ARGS = {check = 0, peek = 0, refund = 0, acquire = 3, hold = 1, release = 1}
 local EXTRA_KEYS = {check = 0, peek = 0, refund = 0, acquire = 1, hold = 0, release = 0}
@@ -638,7 +693,7 @@ local function parse(op, keys, args)
       precision = tonumber(args[o + 4]), burst = tonumber(args[o + 5]),
       tau_ms = tonumber(args[o + 6]), tau_frac = tonumber(args[o + 7]),
       step_ms = tonumber(args[o + 8]), step_frac = tonumber(args[o + 9]),
-      ms = args[3],
+      write = op ~= 'peek', redis_clock = args[1] == 'redis',
     }
     if STEP[alg] == nil then
       error('SLUICE_ARGS unknown algorithm ' .. tostring(args[o + 1]), 0)
@@ -773,15 +828,12 @@ end
 -- as they are.
 --
 -- Lean layout (functions __LIB___rate and __LIB___rate_ro):
---   KEYS[i]  limit i's state, in the policy's order: for a fixed window under layout v1 its
---            hash, under layout v2 its counter (hash key .. ':c' .. margin)
+--   KEYS[i]  limit i's state, in the policy's order (a fixed window's: see "fixed windows")
 --   ARGV[1]  now in ms, or "redis"; ARGV[2] cost; ARGV[3] expiry margin in ms;
 --   then per limit, by algorithm:
---     1 max per          fixed window, layout v1 (2: aligned): reads the hash, then the
---                        counter; opens windows in the hash
---     5 max per          fixed window, layout v2 (6: aligned): reads the counter, then the
---                        hash; opens windows in the counter (in the hash when the caller's
---                        clock is off Redis's by half the margin or more: `counter_fits`)
+--     1 max per          fixed window (2: aligned): a window opens as a counter, or as a hash
+--                        when the caller's clock is off Redis's by half the margin or more
+--                        (`counter_fits`)
 --     3 max per prec     sliding window
 --     4 max per burst tau_ms tau_frac step_ms step_frac
 --                        token bucket; the step is `cost·per/max` (in a batch: of one unit)
@@ -790,13 +842,13 @@ end
 --   sliding window  k, then k pairs      (the counted buckets, start and units, any order)
 --   token bucket    tat, frac            (0, 0: none)
 -- Writes, when every limit admits a cost above zero and the call records (a check):
---   fixed window    inside an open window only `used`, where the window is (INCRBY of the
---                   counter, HINCRBY of the hash): the expiry set when it opened still
---                   covers it; a new window: SET counter cost PXAT end + margin (v2), or
---                   HSET reset and used + PEXPIRE end - now + margin (v1)
---                   A check of cost 1..max of a policy of one v2 fixed window takes
---                   `fw_fast`: INCRBY, then PEXPIRETIME (DECRBY when refused; undone and
---                   left to the full path when no counter window is open).
+--   fixed window    inside an open window only `used` (INCRBY of the counter, HINCRBY of
+--                   the hash): the expiry set when it opened still covers it; a new window:
+--                   SET counter cost PXAT end + margin, or HSET reset and used + PEXPIRE
+--                   end - now + margin. A check of cost 1..max of a policy of fixed windows
+--                   only takes `fw_fast` (one) or `fw_fast_n` (several): INCRBY, then
+--                   PEXPIRETIME (DECRBY when refused; undone and left to the full path when
+--                   the key holds a hash or a counter to re-arm).
 --   sliding window  HINCRBY of the current bucket; PEXPIRE only when that bucket is new (an
 --                   existing one was given its expiry when it was made); HDEL of stale buckets
 --   token bucket    HSET tat and frac, PEXPIRE the new TAT + margin
@@ -806,63 +858,60 @@ end
 
 -- An integer read from stored state: a number, whole, 0 to 2^53; anything else is corrupt.
 local function stored(key, name, v)
-  local n = tonumber(v)
-  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
   end
   return n
 end
 
--- Whether a window opened now may live in a counter, whose absolute expiry (reset + margin)
--- Redis reads on its own clock: only when the caller's clock is within half the margin of
--- Redis's (always under `clock: redis`). A caller further off opens it in the hash, whose
--- relative expiry outlives the window whatever the clocks say (one TIME per window opened).
-local function counter_fits(now, margin, redis_clock)
-  if redis_clock then
-    return margin > 0
-  end
-  local t = redis.call('TIME')
-  local skew = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) - now
-  return 2 * skew < margin and -2 * skew < margin
+-- Whether a counter's end `reset`, read at `now`, belongs to a window that is open and whose
+-- end is where a window of `per` can end (not a counter to re-arm: `fw_read`).
+local function counter_open(reset, now, per, margin)
+  return now < reset and reset <= now + per + margin
 end
 
--- The fast path of a check of cost 1..max on a policy of one layout-v2 fixed window: INCRBY
--- first, then the counter's expiry tells whether the window is open (2 commands; a refusal
--- takes its count back with DECRBY). A counter INCRBY just made opens a new window when the
--- hash holds no open one (its expiry set as `rate` would set it). Anything else (a closed
--- counter, an open hash window, a caller's clock too far off Redis's) is undone and left to
--- `rate`: returns nil.
-local function fw_fast(ck, max, per, aligned, now, cost, margin, ms, redis_clock)
-  local u = redis.pcall('INCRBY', ck, cost)
+-- The fast path of a check of cost 1..max on a policy of one fixed window: INCRBY first, then
+-- the counter's expiry tells whether its window is open (2 commands; a refusal takes its count
+-- back with DECRBY). A counter INCRBY just made, or whose window has closed, opens a new window
+-- (its expiry set as `rate` would set it) when the caller's clock fits. Anything else (a hash
+-- window, a counter to re-arm, a caller's clock too far off Redis's) is undone and left to
+-- `rate`: returns nil. The reply is `rate`'s: the state as read.
+local function fw_fast(key, max, per, aligned, now, cost, margin, redis_clock)
+  local u = redis.pcall('INCRBY', key, cost)
   if type(u) ~= 'number' then
-    corrupt(ck, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+    if string.sub(tostring(u.err), 1, 9) == 'WRONGTYPE' then
+      return nil -- a hash window (or corrupt state `rate` names): nothing was written
+    end
+    corrupt(key, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
   end
   local used = u - cost
-  local e = redis.call('PEXPIRETIME', ck)
-  if used < 0 or (e < 0 and used > 0) then
-    redis.call('DECRBY', ck, cost)
-    corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+  if used < 0 then
+    redis.call('DECRBY', key, cost)
+    corrupt(key, 'a fixed-window counter holds ' .. used)
   end
-  if e >= 0 and now < e - margin then
+  local e = redis.call('PEXPIRETIME', key)
+  local reset = e - margin
+  if e >= 0 and counter_open(reset, now, per, margin) then
     if u <= max then
-      return {1, now, e - margin, used}
+      return {1, now, reset, used}
     end
-    redis.call('DECRBY', ck, cost)
-    return {0, now, e - margin, used}
+    redis.call('DECRBY', key, cost)
+    return {0, now, reset, used}
+  end
+  if (used == 0 and e == -1) or (e >= 0 and reset <= now) then
+    if counter_fits(now, margin, redis_clock) then
+      redis.call('SET', key, cost, 'PXAT', window_end(now, per, aligned) + margin)
+      if e < 0 then
+        return {1, now, 0, 0}
+      end
+      return {1, now, reset, used}
+    end
   end
   if used == 0 and e == -1 then
-    local hr, hu = fw_hash(hash_of(ck, ms))
-    if not (hr and now < hr) and counter_fits(now, margin, redis_clock) then
-      local r = now + per
-      if aligned then
-        r = idiv(now, per) * per + per
-      end
-      redis.call('PEXPIREAT', ck, r + margin)
-      return {1, now, hr or 0, hu or 0}
-    end
-    redis.call('DEL', ck)
+    redis.call('DEL', key)
   else
-    redis.call('DECRBY', ck, cost)
+    redis.call('DECRBY', key, cost)
   end
   return nil
 end
@@ -879,57 +928,57 @@ local function fw_undo(keys, k, m, cost, made)
   end
 end
 
--- `fw_fast` for a policy of n >= 2 limits, every one a layout-v2 fixed window (values from
--- ARGV[a], 3 per limit): INCRBY + PEXPIRETIME per limit, then, if any refuses, every count
--- is taken back. Nothing else is written before a failure is raised, so a failed decision
--- wrote nothing. Returns nil (everything undone) where `rate` must decide.
-local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock)
+-- `fw_fast` for a policy of n >= 2 limits, every one a fixed window (values from ARGV[a], 3
+-- per limit): INCRBY + PEXPIRETIME per limit, then, if any refuses, every count is taken
+-- back; windows that open are given their expiry (SET PXAT) once all admit. Nothing else is
+-- written before a failure is raised, so a failed decision wrote nothing. Returns nil
+-- (everything undone) where `rate` must decide.
+local function fw_fast_n(keys, k, n, args, a, now, cost, margin, redis_clock)
   local out, made, fresh = {1, now}, {}, nil
-  local allowed = true
+  local allowed, fits = true, nil
   for i = 0, n - 1 do
-    local ck, o = keys[k + i], a + 3 * i
+    local key, o = keys[k + i], a + 3 * i
     local max, per = tonumber(args[o + 1]), tonumber(args[o + 2])
     if cost > max then
       fw_undo(keys, k, i, cost, made)
       return nil
     end
-    local u = redis.pcall('INCRBY', ck, cost)
+    local u = redis.pcall('INCRBY', key, cost)
     if type(u) ~= 'number' then
       fw_undo(keys, k, i, cost, made)
-      corrupt(ck, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+      if string.sub(tostring(u.err), 1, 9) == 'WRONGTYPE' then
+        return nil
+      end
+      corrupt(key, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
     end
     local used = u - cost
-    local e = redis.call('PEXPIRETIME', ck)
+    local e = redis.call('PEXPIRETIME', key)
+    local reset = e - margin
     made[i] = used == 0 and e == -1
-    if used < 0 or (e < 0 and used > 0) then
+    if used < 0 then
       fw_undo(keys, k, i + 1, cost, made)
-      corrupt(ck, 'a fixed-window counter holds ' .. used .. ' with expiry ' .. e)
+      corrupt(key, 'a fixed-window counter holds ' .. used)
     end
-    if e >= 0 and now < e - margin then
-      out[3 + 2 * i], out[4 + 2 * i] = e - margin, used
+    if e >= 0 and counter_open(reset, now, per, margin) then
+      out[3 + 2 * i], out[4 + 2 * i] = reset, used
       if u > max then
         allowed = false
       end
-    elseif made[i] then
-      local ok, hr, hu = pcall(fw_hash, hash_of(ck, ms))
-      if not ok then
-        fw_undo(keys, k, i + 1, cost, made)
-        error(hr, 0)
+    else
+      if fits == nil then
+        fits = counter_fits(now, margin, redis_clock)
       end
-      if (hr and now < hr) or not counter_fits(now, margin, redis_clock) then
+      if not (fits and (made[i] or (e >= 0 and reset <= now))) then
         fw_undo(keys, k, i + 1, cost, made)
         return nil
       end
-      local r = now + per
-      if args[o] == '6' then
-        r = idiv(now, per) * per + per
-      end
       fresh = fresh or {}
-      fresh[i] = r
-      out[3 + 2 * i], out[4 + 2 * i] = hr or 0, hu or 0
-    else
-      fw_undo(keys, k, i + 1, cost, made)
-      return nil
+      fresh[i] = window_end(now, per, args[o] == '2')
+      if made[i] then
+        out[3 + 2 * i], out[4 + 2 * i] = 0, 0
+      else
+        out[3 + 2 * i], out[4 + 2 * i] = reset, used
+      end
     end
   end
   if not allowed then
@@ -937,17 +986,17 @@ local function fw_fast_n(keys, k, n, args, a, now, cost, margin, ms, redis_clock
     out[1] = 0
   elseif fresh then
     for i, r in pairs(fresh) do
-      redis.call('PEXPIREAT', keys[k + i], r + margin)
+      redis.call('SET', keys[k + i], cost, 'PXAT', r + margin)
     end
   end
   return out
 end
 
--- Whether the `n` limits whose values start at ARGV[a] are all layout-v2 fixed windows.
-local function all_counters(args, a, n)
+-- Whether the `n` limits whose values start at ARGV[a] are all fixed windows.
+local function all_fixed(args, a, n)
   for i = 0, n - 1 do
     local alg = args[a + 3 * i]
-    if alg ~= '5' and alg ~= '6' then
+    if alg ~= '1' and alg ~= '2' then
       return false
     end
   end
@@ -956,8 +1005,8 @@ end
 
 -- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
 local function bucket_units(key, start, v)
-  local n = tonumber(v)
-  if n == nil or n < 0 or n % 1 ~= 0 or n > TWO53 then
+  local n = as_int(v)
+  if n == nil then
     stored(key, 'bucket ' .. start, v)
   end
   return n
@@ -1061,7 +1110,7 @@ local function sw_fast(key, max, per, p, now, cost, margin)
     redis.call('PEXPIRE', key, newest + per - now + margin)
   end
   if stale then
-    redis.call('HDEL', key, unpack(stale))
+    call_chunked('HDEL', key, stale)
   end
   return out
 end
@@ -1069,7 +1118,7 @@ end
 -- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
 -- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
 -- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
-local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, redis_clock)
+local function rate(keys, k, args, a, n, now, cost, margin, record, unit, redis_clock)
   local out = {1, now}
   local allowed = true
   -- Pass 1: read and judge every limit; remember what a write would need.
@@ -1077,33 +1126,23 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
   local o = a
   for i = 0, n - 1 do
     local key, alg, max, per = keys[k + i], args[o], tonumber(args[o + 1]), tonumber(args[o + 2])
-    if alg == '1' or alg == '2' or alg == '5' or alg == '6' then
-      local v2 = alg == '5' or alg == '6'
-      local ck, hk = key, key
-      if v2 then
-        hk = hash_of(key, ms)
-      else
-        ck = counter_of(key, ms)
-      end
-      local reset, used, at = fw_read(ck, hk, now, margin, v2)
-      if reset then
+    if alg == '1' or alg == '2' then
+      local aligned = alg == '2'
+      local used, reset, enc = fw_read(key, now, per, aligned, margin, record, redis_clock)
+      if enc then
         out[#out + 1], out[#out + 2] = reset, used
       else
         out[#out + 1], out[#out + 2] = 0, 0
       end
       if cost > max then
         allowed = false
-      elseif at then
+      elseif enc and now < reset then
         if cost > 0 and used + cost > max then
           allowed = false
         end
-        w[i + 1] = at -- open: add to used where it is
+        w[i + 1] = enc -- open: add to used where it is
       else
-        local r = now + per
-        if alg == '2' or alg == '6' then
-          r = idiv(now, per) * per + per
-        end
-        w[i + 1] = r -- a new window ending at r
+        w[i + 1] = {window_end(now, per, aligned), enc} -- a new window ending there
       end
       o = o + 3
     elseif alg == '3' then
@@ -1140,19 +1179,14 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
   if allowed and record and cost > 0 then
     o = a
     for i = 0, n - 1 do
-      local key, alg, per, x = keys[k + i], args[o], tonumber(args[o + 2]), w[i + 1]
-      if alg == '1' or alg == '2' or alg == '5' or alg == '6' then
-        local v2 = alg == '5' or alg == '6'
+      local key, alg, x = keys[k + i], args[o], w[i + 1]
+      if alg == '1' or alg == '2' then
         if x == 'c' then
-          redis.call('INCRBY', v2 and key or counter_of(key, ms), cost)
+          redis.call('INCRBY', key, cost)
         elseif x == 'h' then
-          redis.call('HINCRBY', v2 and hash_of(key, ms) or key, 'used', cost)
-        elseif v2 and counter_fits(now, margin, redis_clock) then
-          redis.call('SET', key, cost, 'PXAT', x + margin)
+          redis.call('HINCRBY', key, 'used', cost)
         else
-          local hk = v2 and hash_of(key, ms) or key
-          redis.call('HSET', hk, 'reset', x, 'used', cost)
-          redis.call('PEXPIRE', hk, x - now + margin)
+          fw_write(key, x[1], cost, now, margin, redis_clock, x[2])
         end
         o = o + 3
       elseif alg == '3' then
@@ -1160,7 +1194,7 @@ local function rate(keys, k, args, a, n, now, cost, margin, record, unit, ms, re
           redis.call('PEXPIRE', key, x[2] - now + margin)
         end
         if x[3] then
-          redis.call('HDEL', key, unpack(x[3]))
+          call_chunked('HDEL', key, x[3])
         end
         o = o + 4
       else
@@ -1200,10 +1234,10 @@ end
 local function rate_call(keys, args, record)
   local now, cost, margin = now_of(args[1]), tonumber(args[2]), tonumber(args[3])
   local alg = args[4]
-  if record and #keys == 1 and (alg == '5' or alg == '6') and cost > 0
+  if record and #keys == 1 and (alg == '1' or alg == '2') and cost > 0
     and cost <= tonumber(args[5]) then
-    local r = fw_fast(keys[1], tonumber(args[5]), tonumber(args[6]), alg == '6', now, cost,
-      margin, args[3], args[1] == 'redis')
+    local r = fw_fast(keys[1], tonumber(args[5]), tonumber(args[6]), alg == '2', now, cost,
+      margin, args[1] == 'redis')
     if r then
       return r
     end
@@ -1217,14 +1251,13 @@ local function rate_call(keys, args, record)
       return sw_fast(keys[1], max, per, p, now, cost, margin)
     end
   end
-  if record and #keys > 1 and cost > 0 and all_counters(args, 4, #keys) then
-    local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[3], args[1] == 'redis')
+  if record and #keys > 1 and cost > 0 and all_fixed(args, 4, #keys) then
+    local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[1] == 'redis')
     if r then
       return r
     end
   end
-  return rate(keys, 1, args, 4, #keys, now, cost, margin, record, false, args[3],
-    args[1] == 'redis')
+  return rate(keys, 1, args, 4, #keys, now, cost, margin, record, false, args[1] == 'redis')
 end
 
 -- ----- a batch: the concurrent decisions of one Redis (one slot) in one call ---------------------
@@ -1247,12 +1280,12 @@ local function batch(keys, args)
     local n = tonumber(args[a])
     policies[p] = {a + 1, n}
     local alg = args[a + 1]
-    if n == 1 and (alg == '5' or alg == '6') then
-      -- One layout-v2 fixed window: its max, per and alignment, for `fw_fast`.
+    if n == 1 and (alg == '1' or alg == '2') then
+      -- One fixed window: its max, per and alignment, for `fw_fast`.
       policies[p][3], policies[p][4] = tonumber(args[a + 2]), tonumber(args[a + 3])
-      policies[p][5] = alg == '6'
-    elseif n > 1 and all_counters(args, a + 1, n) then
-      policies[p][6] = true -- every limit a layout-v2 fixed window: `fw_fast_n`
+      policies[p][5] = alg == '2'
+    elseif n > 1 and all_fixed(args, a + 1, n) then
+      policies[p][6] = true -- every limit a fixed window: `fw_fast_n`
     elseif n == 1 and alg == '4' then
       -- One token bucket: `tb_fast` takes costs up to the smaller of max and burst.
       policies[p][7] = math.min(tonumber(args[a + 2]), tonumber(args[a + 4]))
@@ -1274,9 +1307,9 @@ local function batch(keys, args)
     local cost, record = tonumber(args[e + 3]), args[e] == '1'
     local ok, r = true, nil
     if p[3] and record and cost > 0 and cost <= p[3] then
-      ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, args[1], redis_time)
+      ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, redis_time)
     elseif p[6] and record and cost > 0 then
-      ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, args[1], redis_time)
+      ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, redis_time)
     elseif p[7] and record and cost > 0 and cost <= p[7] then
       local b = p[9]
       ok, r = pcall(tb_fast, keys[k], b[1], b[2], b[3], b[4], b[5], at, cost, margin, true)
@@ -1285,8 +1318,7 @@ local function batch(keys, args)
       ok, r = pcall(sw_fast, keys[k], w[1], w[2], w[3], at, cost, margin)
     end
     if ok and not r then
-      ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, args[1],
-        redis_time)
+      ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, redis_time)
     end
     if ok then
       out[#out + 1] = r

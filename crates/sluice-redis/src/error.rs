@@ -89,11 +89,26 @@ pub(crate) async fn query<C: redis::aio::ConnectionLike>(
 ///
 /// Every error lands in one [`StoreErrorKind`]; only the two that no retry or failover can
 /// change are not transient: corrupt state (`WRONGTYPE`, the script's `SLUICE_CORRUPT`) and a
-/// request the store refuses as such (the script's `SLUICE_ARGS`, a Lua error, `CROSSSLOT`, an
-/// unknown command). Anything else, including an error Sluice does not know, means the store
-/// cannot answer now. The table is in docs/redis.md ("Connections, timeouts and errors").
+/// request the store refuses as such (the script's `SLUICE_ARGS`, a Lua error, an error of a
+/// command inside the script, `CROSSSLOT`, an unknown command). Anything else, including an
+/// error Sluice does not know, means the store cannot answer now. The table is in
+/// docs/redis.md ("Connections, timeouts and errors").
 pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
+    map(e, what, false)
+}
+
+/// [`map_error`] for the error a batch reports for one of its decisions: raised inside the
+/// script, it is classified as the same failure of a single call is, whose text Redis ends
+/// with ` script: <function>, on @user_function:<line>.` (and prefixes `ERR` to a plain Lua
+/// error), where the batch's `pcall` caught the bare message.
+pub(crate) fn map_batch_error(e: &RedisError, what: &str) -> StoreError {
+    map(e, what, true)
+}
+
+fn map(e: &RedisError, what: &str, in_script: bool) -> StoreError {
     let text = e.to_string();
+    let (inner, suffixed) = without_script_suffix(&text);
+    let in_script = in_script || suffixed;
     if e.code() == Some("WRONGTYPE") {
         return StoreError::Corrupt {
             key: what.to_owned(),
@@ -104,33 +119,53 @@ pub(crate) fn map_error(e: &RedisError, what: &str) -> StoreError {
     if e.code() == Some("SLUICE_CORRUPT") {
         return StoreError::Corrupt {
             key: what.to_owned(),
-            detail: e.detail().unwrap_or_default().to_owned(),
+            detail: without_script_suffix(e.detail().unwrap_or_default())
+                .0
+                .to_owned(),
         };
     }
-    // Redis 7 answers a script's `error('SLUICE_CORRUPT …')` as `ERR SLUICE_CORRUPT …`; a
-    // server that kept the first word as the code would show `"SLUICE_CORRUPT": …`.
-    if let Some(at) = text.find("SLUICE_CORRUPT") {
-        let rest = &text[at + "SLUICE_CORRUPT".len()..];
+    // A script's `error('SLUICE_CORRUPT …')` may come as `ERR SLUICE_CORRUPT …`; a server
+    // that kept the first word as the code would show `"SLUICE_CORRUPT": …`.
+    if let Some(at) = inner.find("SLUICE_CORRUPT") {
+        let rest = &inner[at + "SLUICE_CORRUPT".len()..];
         let detail = rest.trim_start_matches(['"', ':', ' ']).to_owned();
         return StoreError::Corrupt {
             key: what.to_owned(),
             detail,
         };
     }
-    match classify(e, &text) {
+    match classify(e, inner, in_script) {
         StoreErrorKind::Unavailable => StoreError::Unavailable(format!("{what}: {e}")),
         StoreErrorKind::Rejected => StoreError::Backend(format!("{what}: {text}")),
         kind => StoreError::refused(kind, format!("{what}: {e}")),
     }
 }
 
-/// The kind of an error that is not corrupt state.
-fn classify(e: &RedisError, text: &str) -> StoreErrorKind {
+/// `text` without the place Redis appends to an error raised in a script (` script: <name>,
+/// on @user_function:<line>.`), and whether it had one.
+fn without_script_suffix(text: &str) -> (&str, bool) {
+    if let Some(on) = text.rfind(", on @user_")
+        && let Some(at) = text[..on].rfind(" script: ")
+    {
+        return (&text[..at], true);
+    }
+    (text, false)
+}
+
+/// The kind of an error that is not corrupt state; `text` without the script's suffix, and
+/// whether the error was raised inside the script.
+fn classify(e: &RedisError, text: &str, in_script: bool) -> StoreErrorKind {
     if e.is_timeout() {
         return StoreErrorKind::Timeout;
     }
     if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         return StoreErrorKind::Unavailable;
+    }
+    // A Lua error in Sluice's code (`user_function:<line>: …`, `user_script:<line>: …`): the
+    // same request fails the same way on every node. A single call's carries `ERR` first, a
+    // batch's its location as the code.
+    if text.contains("user_function:") || text.contains("user_script:") {
+        return StoreErrorKind::Rejected;
     }
     match e.kind() {
         ErrorKind::Server(kind) => match kind {
@@ -145,7 +180,7 @@ fn classify(e: &RedisError, text: &str) -> StoreErrorKind {
             ServerErrorKind::CrossSlot | ServerErrorKind::NotBusy | ServerErrorKind::NoSub => {
                 StoreErrorKind::Rejected
             }
-            ServerErrorKind::ResponseError => classify_err(text),
+            ServerErrorKind::ResponseError => classify_err(text, in_script),
             _ => StoreErrorKind::Other,
         },
         ErrorKind::Extension => match e.code() {
@@ -171,8 +206,9 @@ fn classify(e: &RedisError, text: &str) -> StoreErrorKind {
     }
 }
 
-/// The kind of a generic `ERR …` reply, by its text.
-fn classify_err(text: &str) -> StoreErrorKind {
+/// The kind of a generic `ERR …` reply, by its text (without the script's suffix), and
+/// whether it was raised inside the script.
+fn classify_err(text: &str, in_script: bool) -> StoreErrorKind {
     let lower = text.to_ascii_lowercase();
     if text.contains("SLUICE_ARGS ") {
         StoreErrorKind::Rejected
@@ -180,16 +216,18 @@ fn classify_err(text: &str) -> StoreErrorKind {
         StoreErrorKind::CodeMissing
     } else if lower.contains("max number of clients") {
         StoreErrorKind::Unavailable
-    } else if lower.contains("@user_function")
-        || lower.contains("@user_script")
-        || lower.contains("user_script:")
+    } else if lower.contains("non local key") {
+        // A script touched a key its node does not serve: a slot in migration (resharding).
+        // Once it is done the same call runs.
+        StoreErrorKind::TryAgain
+    } else if in_script
         || lower.contains("error running script")
         || lower.contains("unknown command")
         || lower.contains("wrong number of arguments")
         || lower.contains("syntax error")
     {
-        // A Lua error in Sluice's code, or a command this Redis does not take: the same
-        // request fails the same way on every node.
+        // A command inside Sluice's script refused its arguments, or a command this Redis does
+        // not take: the same request fails the same way on every node.
         StoreErrorKind::Rejected
     } else {
         StoreErrorKind::Other
@@ -337,5 +375,58 @@ mod tests {
         }
         let client = RedisError::from((ErrorKind::UnexpectedReturnType, "unexpected reply"));
         assert_eq!(kind(&client), StoreErrorKind::Rejected);
+    }
+
+    /// One failure inside the script, as a single call reports it (Redis appends ` script:
+    /// <function>, on @user_function:<line>.`, and prefixes `ERR` to a plain message) and as
+    /// a batch reports it for one decision (the message a `pcall` caught, no suffix): the same
+    /// kind either way (issue 40: a single call's `non local key` was `rejected`, the batch's
+    /// `other`).
+    #[test]
+    fn a_failure_in_the_script_is_the_same_kind_single_or_batched() {
+        let suffix = " script: sluice_1_rate, on @user_function:249.";
+        let cases = [
+            (
+                "ERR Script attempted to access a non local key in a cluster node",
+                "ERR Script attempted to access a non local key in a cluster node",
+                StoreErrorKind::TryAgain,
+            ),
+            (
+                "ERR user_function:429: too many results to unpack",
+                "user_function:429: too many results to unpack",
+                StoreErrorKind::Rejected,
+            ),
+            (
+                "ERR value is not an integer or out of range",
+                "ERR value is not an integer or out of range",
+                StoreErrorKind::Rejected,
+            ),
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                StoreErrorKind::Corrupt,
+            ),
+            (
+                "SLUICE_CORRUPT sluice:{3:api:k}:fw1000:c1000: a fixed-window counter holds x",
+                "SLUICE_CORRUPT sluice:{3:api:k}:fw1000:c1000: a fixed-window counter holds x",
+                StoreErrorKind::Corrupt,
+            ),
+            (
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                StoreErrorKind::OutOfMemory,
+            ),
+            (
+                "ERR SLUICE_ARGS acquire needs the most units to take",
+                "SLUICE_ARGS acquire needs the most units to take",
+                StoreErrorKind::Rejected,
+            ),
+        ];
+        for (single, batched, kind) in cases {
+            let one = map_error(&reply(&format!("{single}{suffix}")), "k");
+            let entry = map_batch_error(&reply(batched), "k");
+            assert_eq!(one.kind(), kind, "single: {single}: {one}");
+            assert_eq!(entry.kind(), kind, "batched: {batched}: {entry}");
+        }
     }
 }

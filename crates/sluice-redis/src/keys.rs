@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! <prefix>{<policy length>:<policy>:<key>}:<state tag>
-//! e.g.  sluice:{3:api:user:42}:fw1000
+//! e.g.  sluice:{3:api:user:42}:fw1000:c1000   (a fixed window: the expiry margin in ms last)
 //!       sluice:{3:api:user:42}:sw60000p1000
 //! ```
 //!
@@ -26,7 +26,7 @@
 //!   `used`, the total cost of the leases in the set), so a decision reads only the leases
 //!   that lapsed, never the whole set.
 
-use sluice::{Limit, Policy};
+use sluice::{Algorithm, Limit, Policy};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "sluice:";
@@ -74,26 +74,28 @@ pub fn stem(prefix: &str, policy: &Policy, key: &str) -> String {
     s
 }
 
-/// The Redis key of one limit's state, given the stem.
-pub fn limit_key(stem: &str, limit: &Limit) -> String {
-    format!("{stem}:{}", limit.state_tag())
+/// The Redis key of one limit's state, given the stem and the expiry margin in ms as the
+/// script takes it: `<stem>:<state tag>`, and for a fixed window `<stem>:<state tag>:c<margin>`.
+/// A fixed window is a counter whose absolute expiry is its window's end + the margin (or, for
+/// a caller whose clock is off Redis's, a hash in the same key: `scripts/sluice.lua`, "fixed
+/// windows"), so the margin belongs to its name (as `per` belongs to every key's): a process
+/// with another margin never misreads its end.
+pub fn limit_key(stem: &str, limit: &Limit, margin_ms: &str) -> String {
+    if limit.algorithm() == Algorithm::FixedWindow {
+        format!("{stem}:{}:c{margin_ms}", limit.state_tag())
+    } else {
+        format!("{stem}:{}", limit.state_tag())
+    }
 }
 
-/// The key of a fixed window's counter (layout v2), given the window's hash key (layout v1)
-/// and the expiry margin in ms as the script takes it: `<hash key>:c<margin>`. The counter's
-/// absolute expiry is its window's end + the margin, so the margin belongs to its name (as
-/// `per` belongs to every key's): a process with another margin never misreads its end.
-pub fn counter_key(hash_key: &str, margin_ms: &str) -> String {
-    format!("{hash_key}:c{margin_ms}")
-}
-
-/// Every limit's key of one (policy, key), in the policy's order.
-pub fn policy_keys(prefix: &str, policy: &Policy, key: &str) -> Vec<String> {
+/// Every limit's key of one (policy, key), in the policy's order, for the expiry margin
+/// `margin_ms` (in ms, as the script takes it).
+pub fn policy_keys(prefix: &str, policy: &Policy, key: &str, margin_ms: &str) -> Vec<String> {
     let stem = stem(prefix, policy, key);
     policy
         .limits()
         .iter()
-        .map(|l| limit_key(&stem, l))
+        .map(|l| limit_key(&stem, l, margin_ms))
         .collect()
 }
 
@@ -126,11 +128,11 @@ mod tests {
 
     #[test]
     fn keys_of_one_policy_key_share_a_hash_tag() {
-        let keys = policy_keys("sluice:", &policy("api"), "user:42");
+        let keys = policy_keys("sluice:", &policy("api"), "user:42", "1000");
         assert_eq!(
             keys,
             vec![
-                "sluice:{3:api:user:42}:fw1000",
+                "sluice:{3:api:user:42}:fw1000:c1000",
                 "sluice:{3:api:user:42}:sw60000p1000"
             ]
         );
@@ -140,7 +142,7 @@ mod tests {
     #[test]
     fn braces_in_user_keys_keep_one_tag_per_key() {
         for key in ["a}b", "}", "{x}", "a{b}c"] {
-            let keys = policy_keys("p:", &policy("api"), key);
+            let keys = policy_keys("p:", &policy("api"), key, "1000");
             let tag = hash_tag(&keys[0]);
             assert!(keys.iter().all(|k| hash_tag(k) == tag), "{key}: {keys:?}");
         }
@@ -148,8 +150,8 @@ mod tests {
 
     #[test]
     fn policy_and_key_boundaries_cannot_collide() {
-        let a = policy_keys("p:", &policy("a"), "b:c");
-        let b = policy_keys("p:", &policy("a:b"), "c");
+        let a = policy_keys("p:", &policy("a"), "b:c", "1000");
+        let b = policy_keys("p:", &policy("a:b"), "c", "1000");
         assert_ne!(a, b);
     }
 

@@ -51,8 +51,8 @@ mod store;
 mod topology;
 
 pub use config::{
-    ClockSource, Credentials, DEFAULT_COALESCE, DEFAULT_TIMEOUT, Layout, ReadFrom, RedisConfig,
-    Shard, Shortfall, TlsFiles, Topology, WaitError, WaitForReplicas, redact,
+    ClockSource, Credentials, DEFAULT_COALESCE, DEFAULT_TIMEOUT, ReadFrom, RedisConfig, Shard,
+    Shortfall, TlsFiles, Topology, WaitError, WaitForReplicas, redact,
 };
 pub use keys::DEFAULT_PREFIX;
 pub use regions::{

@@ -2,7 +2,7 @@
 //! is loaded onto a node and which command runs an operation.
 //!
 //! Both forms come from `scripts/sluice.lua`. The library's name carries a hash of the code
-//! (`sluice_1a2b3c4d`), so two Sluice versions sharing one Redis during a rolling upgrade load
+//! (`sluice_1a2b3c4d`), so two Sluice versions sharing one Redis during a deploy load
 //! two libraries side by side instead of replacing each other's. A call's arguments and its
 //! reply are encoded and decoded by the [codec](crate::codec).
 

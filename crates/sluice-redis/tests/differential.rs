@@ -15,20 +15,39 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice::{Limit, LimitSpec, Limiter, ManualClock, MemoryStore, Policy};
-use sluice_redis::{Layout, RedisConfig, RedisStore, ScriptMode};
+use sluice_redis::{RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
 
 const T0: u64 = 1_700_000_000_000;
 
 /// Now by the wall clock, in ms: where a manual clock starts when Redis must agree with it
-/// (layout v2 keeps a fixed window's end as its counter's absolute expiry, and opens windows
-/// in the hash instead when the caller's clock is off Redis's by half the margin or more).
+/// (a fixed window's end is its counter's absolute expiry, and a window opens as a hash in
+/// the same key instead when the caller's clock is off Redis's by half the margin or more).
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(T0, |d| d.as_millis() as u64)
 }
 const MIN_OPS: usize = 10_000;
+
+/// Where each case's manual clock starts: at Redis's time (fixed windows open as counters,
+/// until a case's clock runs half the margin ahead), or years before it (every fixed window
+/// opens as a hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    OnRedisClock,
+    FarBehind,
+}
+
+impl Start {
+    fn at(self, case: usize) -> u64 {
+        let base = match self {
+            Start::OnRedisClock => wall_ms(),
+            Start::FarBehind => T0,
+        };
+        base + (case as u64) * 7
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -158,17 +177,16 @@ fn scenario() -> impl Strategy<Value = (Vec<Vec<Limit>>, Vec<Op>)> {
 /// A store on `n` fresh servers (one shard: a plain `RedisStore`; more: a `ShardedStore`).
 /// Keys expire in real time while the manual clock barely moves, so a long margin keeps Redis
 /// from dropping state the memory store still holds.
-fn config(server: &RedisServer, mode: ScriptMode, layout: Layout) -> RedisConfig {
+fn config(server: &RedisServer, mode: ScriptMode) -> RedisConfig {
     // Peeks go to the primary, so they coalesce with the checks around them.
     RedisConfig::new(server.url())
         .read_from(sluice_redis::ReadFrom::Primary)
         .script_mode(mode)
-        .layout(layout)
         .timeout(Duration::from_secs(5))
         .expiry_margin(Duration::from_secs(3_600))
 }
 
-fn run_differential(mode: ScriptMode, layout: Layout, cases: u32, min_ops: usize) {
+fn run_differential(mode: ScriptMode, start: Start, cases: u32, min_ops: usize) {
     if !sluice_testkit::require_redis() {
         return;
     }
@@ -178,9 +196,10 @@ fn run_differential(mode: ScriptMode, layout: Layout, cases: u32, min_ops: usize
         .build()
         .unwrap();
     let redis = rt
-        .block_on(RedisStore::connect(config(&server, mode, layout)))
+        .block_on(RedisStore::connect(config(&server, mode)))
         .expect("connect");
-    let decisions = differential(&format!("{mode:?} {layout:?}"), &rt, redis, cases, min_ops);
+    let label = format!("{mode:?} {start:?}");
+    let decisions = differential(&label, &rt, redis, cases, min_ops, start);
     // Bursts coalesced: fewer script calls than decisions.
     let stats = server.command_stats().unwrap();
     let calls: u64 = ["fcall", "fcall_ro", "evalsha", "evalsha_ro"]
@@ -188,18 +207,19 @@ fn run_differential(mode: ScriptMode, layout: Layout, cases: u32, min_ops: usize
         .filter_map(|c| stats.get(*c))
         .map(|c| c.calls)
         .sum();
-    println!("{mode:?} {layout:?}: {decisions} decisions in {calls} script calls");
-    if layout == Layout::V2 {
-        // The counters were used: the fast path's INCRBY, and PEXPIRETIME to read their end.
-        // How many windows open in counters depends on how far each case's manual clock runs
-        // ahead of Redis's (beyond half the margin a window opens in the hash), so only their
-        // use is asserted: a clean CI run counted 84 INCRBY where a loaded machine counted
-        // hundreds.
-        for c in ["incrby", "pexpiretime"] {
-            let n = stats.get(c).map_or(0, |c| c.calls);
-            println!("{c}: {n}");
-            assert!(n > 0, "{n} {c} calls: layout v2's counters were not used");
-        }
+    println!("{label}: {decisions} decisions in {calls} script calls");
+    // Each encoding of a fixed window was used: on Redis's clock the counters (the fast path's
+    // INCRBY, PEXPIRETIME to read their end; how many depends on how far each case's clock
+    // runs ahead of Redis's: a clean CI run counted 84 INCRBY where a loaded machine counted
+    // hundreds), far from it the hashes (HINCRBY into an open window).
+    let used = match start {
+        Start::OnRedisClock => ["incrby", "pexpiretime"],
+        Start::FarBehind => ["hincrby", "hmget"],
+    };
+    for c in used {
+        let n = stats.get(c).map_or(0, |c| c.calls);
+        println!("{c}: {n}");
+        assert!(n > 0, "{n} {c} calls: {start:?} did not use its encoding");
     }
     assert!(
         (calls as usize) < decisions,
@@ -215,6 +235,7 @@ fn differential<S: sluice::Store + Clone>(
     redis: S,
     cases: u32,
     min_ops: usize,
+    start: Start,
 ) -> usize {
     let ops_run = AtomicUsize::new(0);
     let decisions = AtomicUsize::new(0);
@@ -227,7 +248,7 @@ fn differential<S: sluice::Store + Clone>(
     });
     let result = runner.run(&scenario(), |(limits, ops)| {
         let case = case.fetch_add(1, Ordering::Relaxed);
-        let clock = ManualClock::new(wall_ms() + (case as u64) * 7);
+        let clock = ManualClock::new(start.at(case));
         let policies: Vec<Policy> = limits
             .into_iter()
             .enumerate()
@@ -261,9 +282,10 @@ fn differential<S: sluice::Store + Clone>(
                         for op in ops {
                             expected.push(apply(&memory, &policies, op, &key).await);
                         }
-                        let got =
-                            futures_join(ops.iter().map(|op| apply(&remote, &policies, op, &key)))
-                                .await;
+                        let got = sluice_testkit::join_in_order(
+                            ops.iter().map(|op| apply(&remote, &policies, op, &key)),
+                        )
+                        .await;
                         decisions.fetch_add(ops.len(), Ordering::Relaxed);
                         prop_assert_eq!(
                             expected,
@@ -299,31 +321,6 @@ fn differential<S: sluice::Store + Clone>(
         "only {total} operations ran, fewer than {min_ops}"
     );
     decisions.load(Ordering::Relaxed)
-}
-
-/// Runs `futures` concurrently (polled in order, so a batch queues them in order) and returns
-/// their outputs in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// Runs a check, peek or refund on one limiter.
@@ -430,16 +427,28 @@ fn default_cases() -> u32 {
         .unwrap_or(96)
 }
 
+/// Fixed windows as counters (the single fast path, the batched one, and the general path
+/// reading and refunding them), until a case's clock runs half the margin ahead of Redis's.
 #[test]
 fn redis_functions_decide_like_the_memory_store() {
-    run_differential(ScriptMode::Function, Layout::V1, default_cases(), MIN_OPS);
+    run_differential(
+        ScriptMode::Function,
+        Start::OnRedisClock,
+        default_cases(),
+        MIN_OPS,
+    );
 }
 
-/// Layout v2: fixed windows as counters (the single fast path, the batched one, and the
-/// general path reading and refunding them).
+/// A caller's clock years off Redis's: every fixed window is a hash in its key, read and
+/// counted into by every path (the fast paths fall back to the general one).
 #[test]
-fn redis_layout_v2_decides_like_the_memory_store() {
-    run_differential(ScriptMode::Function, Layout::V2, default_cases(), MIN_OPS);
+fn redis_functions_off_redis_clock_decide_like_the_memory_store() {
+    run_differential(
+        ScriptMode::Function,
+        Start::FarBehind,
+        default_cases() / 2,
+        MIN_OPS / 2,
+    );
 }
 
 #[test]
@@ -457,23 +466,26 @@ fn three_redis_shards_decide_like_the_memory_store() {
     let shards = servers
         .iter()
         .map(|s| {
-            rt.block_on(RedisStore::connect(config(
-                s,
-                ScriptMode::Function,
-                Layout::V2,
-            )))
-            .expect("connect")
+            rt.block_on(RedisStore::connect(config(s, ScriptMode::Function)))
+                .expect("connect")
         })
         .collect();
     let sharded = sluice_redis::ShardedStore::new(shards).expect("shards");
-    differential("3 shards", &rt, sharded, default_cases() / 4, MIN_OPS / 4);
+    differential(
+        "3 shards",
+        &rt,
+        sharded,
+        default_cases() / 4,
+        MIN_OPS / 4,
+        Start::OnRedisClock,
+    );
 }
 
 #[test]
 fn redis_evalsha_decides_like_the_memory_store() {
     run_differential(
         ScriptMode::EvalSha,
-        Layout::V2,
+        Start::OnRedisClock,
         default_cases() / 4,
         MIN_OPS / 4,
     );
@@ -543,16 +555,6 @@ fn huge_token_buckets_decide_like_the_memory_store() {
 /// replicas lag by design and this test demands identical answers.
 #[test]
 fn redis_cluster_decides_like_the_memory_store() {
-    cluster_differential(Layout::V1);
-}
-
-/// The same on layout v2: the counters and the hashes they are read beside share a slot.
-#[test]
-fn redis_cluster_layout_v2_decides_like_the_memory_store() {
-    cluster_differential(Layout::V2);
-}
-
-fn cluster_differential(layout: Layout) {
     if !sluice_testkit::require_redis() {
         return;
     }
@@ -563,15 +565,15 @@ fn cluster_differential(layout: Layout) {
         .unwrap();
     let config = RedisConfig::cluster(cluster.urls())
         .read_from(sluice_redis::ReadFrom::Primary)
-        .layout(layout)
         .timeout(Duration::from_secs(5))
         .expiry_margin(Duration::from_secs(3_600));
     let store = rt.block_on(RedisStore::connect(config)).expect("connect");
     differential(
-        &format!("cluster {layout:?}"),
+        "cluster",
         &rt,
         store,
         default_cases() / 4,
         MIN_OPS / 4,
+        Start::OnRedisClock,
     );
 }

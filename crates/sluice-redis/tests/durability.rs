@@ -16,14 +16,15 @@ fn policy(max: u64, mode: FailureMode) -> Policy {
         .with_failure_mode(mode)
 }
 
-/// The Redis key of `key`'s fixed window of 1 h under policy `api`.
+/// The Redis key of `key`'s fixed window of 1 h under policy `api` (a counter: the default
+/// margin of 1 s in its name).
 fn redis_key(key: &str) -> String {
-    format!("sluice:{{3:api:{key}}}:fw3600000")
+    format!("sluice:{{3:api:{key}}}:fw3600000:c1000")
 }
 
-/// The `used` field of `key`'s window on `server`, read directly (0 when absent).
+/// The count of `key`'s window on `server`, read directly (0 when absent).
 fn used_on(server: &RedisServer, key: &str) -> u64 {
-    used(server.cmd(&["HGET", &redis_key(key), "used"]).unwrap())
+    used(server.cmd(&["GET", &redis_key(key)]).unwrap())
 }
 
 /// [`used_on`] a Cluster replica, which answers for its primary's slots after `READONLY`.
@@ -31,9 +32,8 @@ fn used_on_cluster_replica(server: &RedisServer, key: &str) -> u64 {
     let mut conn = server.connection().unwrap();
     let ((), reply): ((), redis::Value) = redis::pipe()
         .cmd("READONLY")
-        .cmd("HGET")
+        .cmd("GET")
         .arg(redis_key(key))
-        .arg("used")
         .query(&mut conn)
         .unwrap();
     used(reply)
@@ -43,7 +43,7 @@ fn used(reply: redis::Value) -> u64 {
     match reply {
         redis::Value::Nil => 0,
         redis::Value::BulkString(b) => String::from_utf8(b).unwrap().parse().unwrap(),
-        other => panic!("unexpected HGET reply {other:?}"),
+        other => panic!("unexpected GET reply {other:?}"),
     }
 }
 

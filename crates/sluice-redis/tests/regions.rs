@@ -249,7 +249,9 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
     world.partition(0, true);
     world.wait_cut_off(0, Duration::from_secs(10)).await;
     let store = &world.stores[0];
-    for (p, expected) in policies.iter().zip([10, 30, 0]) {
+    // local_share: region 0's share of what regions 1 and 2 were last known to leave,
+    // (30 − 8) / 3 = 7 (a fresh 30 / 3 would hand out 10 on top of their 8).
+    for (p, expected) in policies.iter().zip([7, 30, 0]) {
         let mut admitted = 0;
         let started = Instant::now();
         for _ in 0..40 {
@@ -361,6 +363,158 @@ async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answe
         .await
         .expect("peek");
     assert_eq!(d.remaining(), 20);
+}
+
+/// Waits past the end of the day when fewer than 60 s of it are left: a test that counts one
+/// day-long window must not see it end.
+async fn away_from_the_day_edge() {
+    let left = DAY - now_ms() % DAY;
+    if left < 60_000 {
+        tokio::time::sleep(Duration::from_millis(left + 100)).await;
+    }
+}
+
+/// Checks `key` `n` times at cost 1 in region `r`, at `now` (+ 1 ms each): how many it
+/// admitted. Every answer is decided (never degraded).
+async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u64) -> u64 {
+    let mut admitted = 0;
+    for i in 0..n {
+        let d = world.stores[r]
+            .check(p, key, 1, now + i)
+            .await
+            .expect("a region answers");
+        assert!(!d.is_degraded(), "decided by the local store");
+        admitted += u64::from(d.allowed);
+    }
+    admitted
+}
+
+/// A cut that starts mid-window (issue 40): region 1 has used 20 of 30 and every region
+/// saw it; then region 0 is cut off both ways. Under `local_share` each region's own count may
+/// reach its share of what the others were last known to leave, `(30 − known) / 3`: region 0
+/// (knew 20) 3, region 1 (knew 0, but has 20 itself) none, region 2 (knew 20) 3; 26 in all,
+/// not the 40 of a fresh `max / 3` each. Healed mid-window, the regions sum each other again
+/// and the window ends at exactly `max`. Cut again at the next window's start (a cut at a
+/// window edge) nothing known counts: 10 each, 30.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let max = 30;
+    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
+    away_from_the_day_edge().await;
+    for s in &world.stores {
+        s.peek(&p, "mid", 0, now_ms()).await.expect("peek");
+    }
+    let d = world.stores[1]
+        .check(&p, "mid", 20, now_ms())
+        .await
+        .expect("answers");
+    assert!(d.allowed, "{d:?}");
+    wait_views_fresh(&world).await;
+    let seen = world.stores[0]
+        .peek(&p, "mid", 0, now_ms())
+        .await
+        .expect("peek");
+    assert_eq!(seen.remaining(), 10, "region 0 saw region 1's 20");
+
+    world.partition(0, true);
+    world.wait_cut_off(0, Duration::from_secs(10)).await;
+    let mut during = Vec::new();
+    for r in 0..3 {
+        during.push(admitted(&world, r, &p, "mid", 40, now_ms()).await);
+    }
+    println!("cut mid-window: admitted {during:?} after the 20 used before");
+    assert_eq!(during, [3, 0, 3], "each region's share of the 10 left");
+    let total: u64 = 20 + during.iter().sum::<u64>();
+    assert!(total <= max, "{total} admitted in the window, above {max}");
+
+    // Healed mid-window: every region sums every region again; the window ends at max.
+    world.partition(0, false);
+    world.wait_links_up();
+    world.wait_fallback(false, Duration::from_secs(20)).await;
+    let mut after = Vec::new();
+    for r in 0..3 {
+        wait_views_fresh(&world).await;
+        after.push(admitted(&world, r, &p, "mid", 10, now_ms()).await);
+    }
+    println!("healed mid-window: admitted {after:?}");
+    assert_eq!(
+        total + after.iter().sum::<u64>(),
+        max,
+        "the window ends at exactly max: {after:?}"
+    );
+
+    // Cut again, and the next window begins (a cut at a window edge: the state of the
+    // window after this one is written in the same keys, so it comes last): the usage known
+    // from this window does not count there.
+    world.partition(0, true);
+    world.wait_cut_off(0, Duration::from_secs(10)).await;
+    let next = (now_ms() / DAY + 1) * DAY + 1_000;
+    let mut edge = Vec::new();
+    for r in 0..3 {
+        edge.push(admitted(&world, r, &p, "mid", 40, next + 100 * r as u64).await);
+    }
+    println!("cut at a window edge: admitted {edge:?}");
+    assert_eq!(edge, [10, 10, 10], "max / regions each, nothing known");
+}
+
+/// Only region 0's replica of region 1 breaks: region 0 cannot see region 1, but region 1
+/// still sees region 0. Region 0's heartbeat says so, and region 1 falls back too: a region
+/// that kept summing a view of a region admitting its share blind would let the two admit
+/// `max` + a share. Region 1 decides first (the order that over-admitted): 10, region 0 10,
+/// region 2 (which sees both) what is left, 30 in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_way_cut_is_seen_from_both_sides() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let max = 30;
+    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
+    away_from_the_day_edge().await;
+    for s in &world.stores {
+        s.peek(&p, "one-way", 0, now_ms()).await.expect("peek");
+    }
+    world.links[0][1].as_ref().expect("a link").1.cut();
+    world
+        .wait_statuses(
+            "regions 0 and 1 each fall back on the other",
+            Duration::from_secs(10),
+            |all| {
+                let falls = |a: usize, b: usize| {
+                    all[a]
+                        .iter()
+                        .any(|s| s.name == regions_support::name(b) && s.fallback_active)
+                };
+                falls(0, 1) && falls(1, 0)
+            },
+        )
+        .await;
+    let first = admitted(&world, 1, &p, "one-way", 40, now_ms()).await;
+    let second = admitted(&world, 0, &p, "one-way", 40, now_ms()).await;
+    assert_eq!((first, second), (10, 10), "each its share");
+    // Region 2 sees both (its links are whole, and neither says it is blind to region 2).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while world.stores[2]
+        .peek(&p, "one-way", 0, now_ms())
+        .await
+        .expect("peek")
+        .remaining()
+        != max - 20
+    {
+        assert!(Instant::now() < deadline, "region 2 never read 20 used");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let third = admitted(&world, 2, &p, "one-way", 40, now_ms()).await;
+    assert_eq!(first + second + third, max, "{first} + {second} + {third}");
+    world.links[0][1].as_ref().expect("a link").1.heal();
+    world.wait_links_up();
+    world.wait_fallback(false, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -573,6 +727,51 @@ fn a_token_bucket_or_a_concurrency_limit_is_refused_naming_the_policy_and_the_li
         ],
     );
     assert_eq!(RegionsStore::admits_policy(&ok), Ok(()));
+}
+
+/// Two fixed windows of one `per` are two keys on any store, but one once aligned to the
+/// epoch: refused, naming the policy and both limits (every decision was a store error).
+#[test]
+fn fixed_windows_that_collide_once_aligned_are_refused_naming_both() {
+    let p = policy(
+        "orders",
+        vec![
+            LimitSpec::sliding_window(1_000, 3_600_000),
+            LimitSpec::fixed_window(10, 60_000),
+            LimitSpec::fixed_window(100, 60_000).aligned(),
+        ],
+    );
+    let e = RegionsStore::admits_policy(&p).expect_err("two windows of 1 minute");
+    assert!(
+        matches!(
+            e,
+            RegionsError::Collide {
+                first: 1,
+                second: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    for part in [
+        "`orders`",
+        "limits[1]",
+        "limits[2]",
+        "max 10 per 60000 ms",
+        "max 100 per 60000 ms, aligned",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let apart = policy(
+        "apart",
+        vec![
+            LimitSpec::fixed_window(10, 60_000),
+            LimitSpec::fixed_window(100, 3_600_000).aligned(),
+            LimitSpec::sliding_window(20, 60_000),
+        ],
+    );
+    assert_eq!(RegionsStore::admits_policy(&apart), Ok(()));
 }
 
 #[test]

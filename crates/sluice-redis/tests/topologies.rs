@@ -200,7 +200,7 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
             n
         };
         assert_eq!(admitted, 3, "{key}");
-        let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000");
+        let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000:c1000");
         let owner = cluster.primary_for_key(&redis_key).unwrap();
         owners.insert(owner);
         let exists = cluster.nodes()[owner].cmd(&["EXISTS", &redis_key]).unwrap();
@@ -226,7 +226,7 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
             999 - i
         );
     }
-    let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000");
+    let redis_key = format!("sluice:{{3:api:{key}}}:fw3600000:c1000");
     let primary = cluster.primary_for_key(&redis_key).unwrap();
     wait_cluster_replicated(&cluster, primary);
     cluster.node_mut(primary).kill().unwrap();

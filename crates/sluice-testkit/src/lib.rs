@@ -105,6 +105,7 @@
 pub mod cluster;
 mod error;
 mod info;
+mod join;
 mod options;
 mod presence;
 mod process;
@@ -121,6 +122,7 @@ pub use cluster::{
 };
 pub use error::Error;
 pub use info::parse_info_field;
+pub use join::join_in_order;
 pub use options::ServerOptions;
 pub use presence::{REQUIRE_REDIS_ENV, require_redis};
 pub use proxy::DelayProxy;

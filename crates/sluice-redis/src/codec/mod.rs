@@ -13,7 +13,7 @@ pub(crate) use decode::{decode, decode_rate};
 use sluice::core::Algorithm;
 use sluice::{Limit, Op, Policy};
 
-use crate::config::{ClockSource, Layout, RedisConfig};
+use crate::config::{ClockSource, RedisConfig};
 use crate::keys;
 
 /// Encodes calls for one store (its key prefix, expiry margin and clock) and decodes replies.
@@ -23,7 +23,6 @@ pub(crate) struct Codec {
     /// The expiry margin in ms, as the script takes it.
     margin_ms: String,
     clock: ClockSource,
-    layout: Layout,
 }
 
 impl Codec {
@@ -32,7 +31,6 @@ impl Codec {
             prefix: config.key_prefix.clone(),
             margin_ms: config.expiry_margin.as_millis().to_string(),
             clock: config.clock,
-            layout: config.layout,
         }
     }
 
@@ -46,7 +44,7 @@ impl Codec {
         op: Op,
         now_ms: u64,
     ) {
-        let mut keys = keys::policy_keys(&self.prefix, policy, key);
+        let mut keys = keys::policy_keys(&self.prefix, policy, key, &self.margin_ms);
         if let Op::Acquire { .. } = op {
             keys.push(keys::holders_key(&keys::stem(&self.prefix, policy, key)));
         }
@@ -149,7 +147,7 @@ impl Codec {
         self.now(cmd, now_ms);
         cmd.arg(cost).arg(&self.margin_ms);
         for limit in policy.limits() {
-            self.rate_limit(cmd, limit, cost.min(limit.max()));
+            rate_limit(cmd, limit, cost.min(limit.max()));
         }
     }
 
@@ -184,7 +182,7 @@ impl Codec {
         for p in &policies {
             cmd.arg(p.limits().len());
             for limit in p.limits() {
-                self.rate_limit(cmd, limit, 1);
+                rate_limit(cmd, limit, 1);
             }
         }
         for (e, i) in entries.iter().zip(index) {
@@ -197,35 +195,9 @@ impl Codec {
         }
     }
 
-    /// Every limit's key on the lean path: under [`Layout::V2`] a fixed window's is its counter.
+    /// Every limit's key on the lean path (as on the general one).
     fn rate_keys(&self, policy: &Policy, key: &str) -> Vec<String> {
-        let mut keys = keys::policy_keys(&self.prefix, policy, key);
-        if self.layout == Layout::V2 {
-            for (k, limit) in keys.iter_mut().zip(policy.limits()) {
-                if limit.algorithm() == Algorithm::FixedWindow {
-                    *k = keys::counter_key(k, &self.margin_ms);
-                }
-            }
-        }
-        keys
-    }
-
-    /// One limit's values on the lean layout; a bucket's step is that of `units`.
-    fn rate_limit(&self, cmd: &mut redis::Cmd, limit: &Limit, units: u64) {
-        let v2 = self.layout == Layout::V2;
-        match limit.algorithm() {
-            Algorithm::FixedWindow => {
-                cmd.arg(match (limit.align(), v2) {
-                    (false, false) => 1,
-                    (true, false) => 2,
-                    (false, true) => 5,
-                    (true, true) => 6,
-                })
-                .arg(limit.max())
-                .arg(limit.per_ms());
-            }
-            _ => rate_limit(cmd, limit, units),
-        }
+        keys::policy_keys(&self.prefix, policy, key, &self.margin_ms)
     }
 
     fn now(&self, cmd: &mut redis::Cmd, now_ms: u64) {
@@ -311,7 +283,7 @@ mod tests {
         let expected = [
             // numkeys, KEYS: one per limit, in the policy's order, sharing a hash tag.
             "2",
-            "sluice:{3:api:user:42}:fw1000",
+            "sluice:{3:api:user:42}:fw1000:c1500",
             "sluice:{3:api:user:42}:sw60000p1000",
             // ARGV[1..4]: now, cost, expiry margin, n.
             "1700000000000",
@@ -351,7 +323,7 @@ mod tests {
         let args = encoded(&codec(ClockSource::Redis), &p, Op::Refund { cost: 40 });
         let expected = [
             "2",
-            "sluice:{3:api:user:42}:fwa60000",
+            "sluice:{3:api:user:42}:fwa60000:c1500",
             "sluice:{3:api:user:42}:tb1000m3b5",
             "redis",
             "40",
@@ -443,7 +415,7 @@ mod tests {
         codec(ClockSource::App).encode_rate(&mut cmd, &p, "user:42", 2, NOW);
         let expected = [
             "3",
-            "sluice:{3:api:user:42}:fwa1000",
+            "sluice:{3:api:user:42}:fwa1000:c1500",
             "sluice:{3:api:user:42}:sw60000p1000",
             "sluice:{3:api:user:42}:tb1000m3b5",
             // now, cost, margin
@@ -493,7 +465,7 @@ mod tests {
         let expected = [
             "3",
             "sluice:{3:api:x}:tb1000m3b3",
-            "sluice:{1:b:y}:fw60000",
+            "sluice:{1:b:y}:fw60000:c1500",
             "sluice:{3:api:z}:tb1000m3b3",
             "1500",
             "redis",

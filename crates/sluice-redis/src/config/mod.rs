@@ -56,26 +56,6 @@ pub enum ClockSource {
     Redis,
 }
 
-/// Where a fixed window's state lives (docs/redis.md, "Keys" and "Rolling upgrades"). Every
-/// release since layout v2 reads both layouts; the setting says where a window is *opened*.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
-#[non_exhaustive]
-pub enum Layout {
-    /// A hash per window (`<stem>:fw<per>`: `reset`, `used`), as every release before layout
-    /// v2 wrote it: the safe setting while such a release may still run on the same Redis.
-    #[default]
-    V1,
-    /// A plain counter per window (`<stem>:fw<per>:c<margin ms>`) whose absolute expiry is the
-    /// window's end + the expiry margin: one command less per decision. Only once no process
-    /// of a release before layout v2 runs on the same Redis.
-    V2,
-}
-
 /// Waiting for replicas after each write: the store sends `WAIT <replicas> <timeout>` right
 /// behind every call that may write (checks, refunds, acquires; not peeks), on the same
 /// connection, so an admitted decision has reached `replicas` replicas before it is returned.
@@ -329,7 +309,10 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Keys expire this long after their state stops mattering. Expiry only cleans up (the
     /// script compares stored times with now), so the margin only needs to cover clock
-    /// differences between the limiter and Redis. Default 1 s.
+    /// differences between the limiter and Redis; a fixed window opens as a counter (its end
+    /// its absolute expiry less the margin) only when the limiter's clock is within half of it
+    /// of Redis's. It is part of a fixed window's key: changing it starts fresh fixed windows
+    /// (docs/redis.md, "Keys"). Default 1 s.
     pub expiry_margin: Duration,
     /// Function library or EVALSHA.
     pub script_mode: ScriptMode,
@@ -351,8 +334,6 @@ pub struct RedisConfig {
     /// go out together. 1 sends every decision alone. Default
     /// [`DEFAULT_COALESCE`].
     pub coalesce: usize,
-    /// Where fixed windows are opened. Default [`Layout::V1`].
-    pub layout: Layout,
 }
 
 impl RedisConfig {
@@ -424,7 +405,6 @@ impl RedisConfig {
             sentinel_credentials: None,
             wait_for_replicas: None,
             coalesce: DEFAULT_COALESCE,
-            layout: Layout::default(),
         }
     }
 
@@ -458,12 +438,6 @@ impl RedisConfig {
     /// Sets the key prefix.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Sets where fixed windows are opened.
-    pub fn layout(mut self, layout: Layout) -> Self {
-        self.layout = layout;
         self
     }
 

@@ -18,14 +18,28 @@ use crate::store::RedisStore;
 /// fallback), in the policy's order.
 pub(super) type Offsets = [u64; MAX_LIMITS_PER_POLICY];
 
-/// The offsets of a decision under `mode`: `local_share` leaves `max / regions`, `local_only`
-/// the whole `max` (the local count alone), `closed` nothing.
-pub(super) fn fallback_offsets(policy: &Policy, mode: Fallback, regions: usize) -> Offsets {
+/// The offsets of a decision under `mode`, given what the other regions were last known to
+/// have used (`known`: their last reads that still count, which within a window only
+/// grow): `local_share` leaves this region's own count `(max − known) / regions` (rounded
+/// down; `max / regions` when nothing is known), `local_only` the whole `max` (the local
+/// count alone), `closed` nothing.
+///
+/// `local_share` thus never hands out a fresh share on top of a spent limit: a region that
+/// saw the others use the whole window before the cut admits nothing more in it. With every
+/// region under it (a cut is seen from both sides, `health`), their counts add up to at most
+/// `max` plus what they had not seen when their views stopped (docs/regions.md, "A cut
+/// mid-window").
+pub(super) fn fallback_offsets(
+    policy: &Policy,
+    mode: Fallback,
+    regions: usize,
+    known: &Offsets,
+) -> Offsets {
     let mut offsets = [0; MAX_LIMITS_PER_POLICY];
     let regions = u64::try_from(regions).unwrap_or(u64::MAX).max(1);
-    for (o, limit) in offsets.iter_mut().zip(policy.limits()) {
+    for ((o, limit), &k) in offsets.iter_mut().zip(policy.limits()).zip(known) {
         *o = match mode {
-            Fallback::LocalShare => limit.max() - limit.max() / regions,
+            Fallback::LocalShare => limit.max() - limit.max().saturating_sub(k) / regions,
             Fallback::LocalOnly => 0,
             Fallback::Closed => limit.max(),
         };
@@ -193,8 +207,39 @@ mod tests {
     #[test]
     fn fallback_offsets_leave_a_share_all_or_nothing() {
         let p = policy();
-        assert_eq!(fallback_offsets(&p, Fallback::LocalShare, 3)[..2], [7, 67]);
-        assert_eq!(fallback_offsets(&p, Fallback::LocalOnly, 3)[..2], [0, 0]);
-        assert_eq!(fallback_offsets(&p, Fallback::Closed, 3)[..2], [10, 100]);
+        let none = [0; MAX_LIMITS_PER_POLICY];
+        assert_eq!(
+            fallback_offsets(&p, Fallback::LocalShare, 3, &none)[..2],
+            [7, 67]
+        );
+        assert_eq!(
+            fallback_offsets(&p, Fallback::LocalOnly, 3, &none)[..2],
+            [0, 0]
+        );
+        assert_eq!(
+            fallback_offsets(&p, Fallback::Closed, 3, &none)[..2],
+            [10, 100]
+        );
+    }
+
+    /// The share is of what the others were not known to use: 10 − 4 = 6 left, 2 each of 3
+    /// regions; a spent limit leaves nothing (the offset is `max`: saturated).
+    #[test]
+    fn local_share_splits_what_is_left_after_the_known_usage() {
+        let p = policy();
+        let known = [4, 100, 0, 0];
+        assert_eq!(
+            fallback_offsets(&p, Fallback::LocalShare, 3, &known)[..2],
+            [8, 100]
+        );
+        let over = [12, 250, 0, 0];
+        assert_eq!(
+            fallback_offsets(&p, Fallback::LocalShare, 3, &over)[..2],
+            [10, 100]
+        );
+        assert_eq!(
+            fallback_offsets(&p, Fallback::LocalOnly, 3, &known)[..2],
+            [0, 0]
+        );
     }
 }

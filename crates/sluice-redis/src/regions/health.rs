@@ -4,13 +4,18 @@
 //!
 //! Every `refresh / 4` one task writes this region's heartbeat if the last is `refresh / 2`
 //! old (`SET <prefix>{sluice-regions}:heartbeat:<region> <now ms>` on the local primary,
-//! kept for a minute past `max_lag`) and decides the fallbacks again; and a task per other
-//! region reads that region's heartbeat from its replica (lag = read time − heartbeat:
-//! replication lag plus up to `refresh / 2` of heartbeat age) and every key whose view is
-//! `refresh / 2` old, at once when a key is first seen. A view is thus at most about
-//! `3/4 refresh` plus a read old. A region is under the fallback while its replica does not
-//! answer, its lag exceeds `max_lag`, or its heartbeat was last read more than `max_lag` ago
-//! (a read that hangs); a region never read is under it too.
+//! kept for a minute past `max_lag`, followed by one line per region whose view this region
+//! does not trust) and decides the fallbacks again; and a task per other region reads that
+//! region's heartbeat from its replica (lag = read time − heartbeat: replication lag plus up
+//! to `refresh / 2` of heartbeat age) and every key whose view is `refresh / 2` old, at once
+//! when a key is first seen. A view is thus at most about `3/4 refresh` plus a read old.
+//!
+//! A region is under the fallback while its replica does not answer, its lag exceeds
+//! `max_lag`, or its heartbeat was last read more than `max_lag` ago (a read that hangs); a
+//! region never read is under it too. So is a region whose heartbeat says it does not trust
+//! its view of *this* one: a cut is seen from both sides, even when only one direction of
+//! replication broke, so that no region keeps admitting up to `max` on a view of a region
+//! that admits its share blind (docs/regions.md, "A cut mid-window").
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -34,6 +39,10 @@ pub(super) struct Health {
 
 #[derive(Default)]
 struct RegionHealth {
+    /// Whether this region's view of it is not trusted (unreachable, lagging, never read).
+    stale: AtomicBool,
+    /// Whether its last heartbeat said it does not trust its view of this region.
+    blind: AtomicBool,
     reachable: AtomicBool,
     /// The last heartbeat read (ms; 0: none yet).
     heartbeat_ms: AtomicU64,
@@ -49,6 +58,7 @@ impl Health {
         let regions = (0..remotes)
             .map(|_| RegionHealth {
                 // Until its heartbeat is read, a region is under the fallback.
+                stale: AtomicBool::new(true),
                 fallback: AtomicBool::new(true),
                 ..RegionHealth::default()
             })
@@ -88,11 +98,16 @@ impl Health {
             let reachable = r.reachable.load(Ordering::Relaxed);
             let lag = read.saturating_sub(heartbeat);
             let stale = now_ms.saturating_sub(read);
-            let active =
+            let untrusted =
                 !reachable || heartbeat == 0 || lag > self.max_lag_ms || stale > self.max_lag_ms;
+            r.stale.store(untrusted, Ordering::Relaxed);
+            let blind = r.blind.load(Ordering::Relaxed);
+            let active = untrusted || blind;
             if r.fallback.swap(active, Ordering::Relaxed) != active {
-                if active {
+                if untrusted {
                     tracing::warn!(region = %name, reachable, lag_ms = lag, "region's view is not trusted: decisions fall back");
+                } else if active {
+                    tracing::warn!(region = %name, "region does not trust its view of this one: decisions fall back");
                 } else {
                     tracing::info!(region = %name, lag_ms = lag, "region's view is trusted again: decisions count every region");
                 }
@@ -112,12 +127,20 @@ pub(super) fn heartbeat_key(prefix: &str, region: &str) -> String {
     format!("{prefix}{{sluice-regions}}:heartbeat:{region}")
 }
 
-/// Writes this region's heartbeat into its primary.
+/// Writes this region's heartbeat into its primary: its clock, then a line per region whose
+/// view it does not trust.
 pub(super) async fn beat(inner: &Inner) -> Result<(), StoreError> {
     let config = &inner.config;
+    let mut value = inner.clock.now_ms().to_string();
+    for (health, remote) in inner.health.regions.iter().zip(&inner.remotes) {
+        if health.stale.load(Ordering::Relaxed) {
+            value.push('\n');
+            value.push_str(&remote.name);
+        }
+    }
     let mut set = redis::cmd("SET");
     set.arg(heartbeat_key(&config.primary.key_prefix, &config.local))
-        .arg(inner.clock.now_ms())
+        .arg(value)
         .arg("PX")
         .arg(millis(config.max_lag).saturating_add(60_000));
     inner.local.query_primary(&set).await.map(drop)
@@ -146,9 +169,14 @@ async fn check_one(inner: &Inner, r: usize) {
     match read.await {
         Ok(value) => {
             health.reachable.store(true, Ordering::Relaxed);
-            if let Ok(Some(beat)) = redis::from_redis_value::<Option<u64>>(value) {
+            let text = redis::from_redis_value::<Option<String>>(value)
+                .ok()
+                .flatten();
+            if let Some((beat, blind)) = text.as_deref().and_then(parse_beat) {
                 health.heartbeat_ms.fetch_max(beat, Ordering::Relaxed);
                 health.read_ms.store(now, Ordering::Relaxed);
+                let blind = blind.into_iter().any(|name| name == inner.config.local);
+                health.blind.store(blind, Ordering::Relaxed);
             }
         }
         Err(e) => {
@@ -156,6 +184,13 @@ async fn check_one(inner: &Inner, r: usize) {
             health.reachable.store(false, Ordering::Relaxed);
         }
     }
+}
+
+/// A heartbeat's clock and the regions it does not trust, or `None` if it is not one.
+fn parse_beat(text: &str) -> Option<(u64, Vec<&str>)> {
+    let mut lines = text.split('\n');
+    let beat = lines.next()?.parse().ok()?;
+    Some((beat, lines.collect()))
 }
 
 /// Reads region `r`'s usage of every key due.
@@ -286,4 +321,22 @@ async fn join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<It
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_beat;
+
+    #[test]
+    fn a_heartbeat_is_a_clock_then_the_regions_not_trusted() {
+        assert_eq!(
+            parse_beat("1700000000000"),
+            Some((1_700_000_000_000, vec![]))
+        );
+        assert_eq!(
+            parse_beat("1700000000000\nus\nap"),
+            Some((1_700_000_000_000, vec!["us", "ap"]))
+        );
+        assert_eq!(parse_beat("soon"), None);
+    }
 }

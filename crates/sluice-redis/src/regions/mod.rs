@@ -32,8 +32,11 @@
 //!
 //! **What falls back.** A region whose limiters all stop writes no heartbeat, so the others
 //! see its lag grow and fall back too: a heartbeat that stops is indistinguishable from
-//! replication that stops. While any other region is under the fallback, every decision of
-//! this region is (its policy's mode, on the local count only).
+//! replication that stops. A region whose view of another is stale says so in its heartbeat,
+//! and that region falls back too: a cut is seen from both sides. While any other region is
+//! under the fallback, every decision of this region is (its policy's mode, on the local
+//! count, with what it last knew of the others: `local_share` splits what that left, never
+//! `max` afresh; docs/regions.md, "A cut mid-window").
 //!
 //! **Lag and fallback.** Each region writes a heartbeat (its clock, ms) into its own primary
 //! every `refresh / 2` (`health`); a region reads the others' from their replicas:
@@ -72,7 +75,8 @@ pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(2);
     serde(rename_all = "snake_case")
 )]
 pub enum Fallback {
-    /// This region may use `max / regions` (rounded down), whatever the others did.
+    /// This region's own count may reach `(max − known) / regions` (rounded down), `known`
+    /// being what it last saw the other regions use in the window (0 in a new one).
     LocalShare,
     /// This region counts only its own usage, as a lone region would (up to `max` here).
     LocalOnly,
@@ -272,6 +276,26 @@ pub enum RegionsError {
         /// The limit's algorithm.
         algorithm: Algorithm,
     },
+    /// Two fixed windows of one `per` would count in one key once the regions store aligns
+    /// them to the epoch (`{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}`).
+    #[error(
+        "policy `{policy}`: limits[{first}] ({first_limit}) and limits[{second}] \
+         ({second_limit}) are fixed windows of the same `per`; a regions store aligns every \
+         fixed window to the epoch, so both would count the same window: merge the two limits \
+         or give them different windows"
+    )]
+    Collide {
+        /// The policy's name.
+        policy: String,
+        /// The index of the first limit.
+        first: usize,
+        /// The first limit, as `max per <duration>` (and `aligned` when it says so).
+        first_limit: String,
+        /// The index of the second limit.
+        second: usize,
+        /// The second limit, likewise.
+        second_limit: String,
+    },
 }
 
 /// Another region as seen from this one, for metrics and `/v1/stats`.
@@ -420,12 +444,29 @@ impl RegionsStore {
     }
 
     /// Whether a regions store can count `policy`: every limit a fixed window (counted
-    /// aligned to the epoch in a regions store) or a sliding window. A token bucket or a
-    /// concurrency limit is refused, naming the policy and the limit.
+    /// aligned to the epoch in a regions store) or a sliding window, and no two fixed windows
+    /// of one `per` (aligned, they would count the same window). A token bucket or a
+    /// concurrency limit is refused, naming the policy and the limit; two colliding windows,
+    /// naming both.
     pub fn admits_policy(policy: &Policy) -> Result<(), RegionsError> {
-        for (index, limit) in policy.limits().iter().enumerate() {
+        let limits = policy.limits();
+        for (index, limit) in limits.iter().enumerate() {
             match limit.algorithm() {
-                Algorithm::FixedWindow | Algorithm::SlidingWindow => {}
+                Algorithm::FixedWindow => {
+                    let earlier = limits[..index].iter().position(|l| {
+                        l.algorithm() == Algorithm::FixedWindow && l.per_ms() == limit.per_ms()
+                    });
+                    if let Some(first) = earlier {
+                        return Err(RegionsError::Collide {
+                            policy: policy.name().to_owned(),
+                            first,
+                            first_limit: describe(&limits[first]),
+                            second: index,
+                            second_limit: describe(limit),
+                        });
+                    }
+                }
+                Algorithm::SlidingWindow => {}
                 algorithm => {
                     return Err(RegionsError::Unsupported {
                         policy: policy.name().to_owned(),
@@ -493,12 +534,18 @@ impl RegionsStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .entry((policy.name().to_owned(), mode))
                 .or_insert(0) += 1;
-            decide::fallback_offsets(policy, mode, inner.config.regions())
+            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
         } else {
             remote
         };
         decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
     }
+}
+
+/// A fixed window as a refusal names it: `10 per 60000 ms`, `aligned` when it says so.
+fn describe(limit: &sluice::Limit) -> String {
+    let aligned = if limit.align() { ", aligned" } else { "" };
+    format!("max {} per {} ms{aligned}", limit.max(), limit.per_ms())
 }
 
 /// The configuration of the store that reads a remote region's replica: peeks on the replica

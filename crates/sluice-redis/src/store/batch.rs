@@ -106,7 +106,7 @@ impl Batches for RedisStore {
         for (p, item) in batch.into_iter().zip(items) {
             let e = &p.entry;
             let decided = match item {
-                Value::ServerError(failed) => Err(error::map_error(
+                Value::ServerError(failed) => Err(error::map_batch_error(
                     &redis::RedisError::from(failed),
                     &keys::stem(&self.inner.config.key_prefix, &e.policy, &e.key),
                 )),

@@ -403,16 +403,8 @@ impl Store for RedisStore {
         let prefix = &self.inner.config.key_prefix;
         let mut del = redis::cmd("DEL");
         let stem = keys::stem(prefix, policy, key);
-        let limit_keys = keys::policy_keys(prefix, policy, key);
-        // A fixed window's counter (layout v2) beside its hash, whichever layout this
-        // process opens windows in: another process may have opened one there.
         let margin = self.inner.config.expiry_margin.as_millis().to_string();
-        for (k, limit) in limit_keys.iter().zip(policy.limits()) {
-            if limit.algorithm() == sluice::Algorithm::FixedWindow {
-                del.arg(keys::counter_key(k, &margin));
-            }
-        }
-        del.arg(&limit_keys)
+        del.arg(keys::policy_keys(prefix, policy, key, &margin))
             .arg(keys::holders_key(&stem))
             .arg(keys::units_key(&stem));
         let timeout = self.inner.config.timeout;

@@ -222,6 +222,9 @@ pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Resul
                      its own"
                 ));
             }
+            Err(e @ sluice_redis::RegionsError::Collide { second, .. }) => {
+                return Err(format!("policies.{name}.limits[{second}]: {e}"));
+            }
             Err(e) => return Err(format!("policies.{name}: {e}")),
         }
     }
@@ -363,6 +366,31 @@ store:
             e.starts_with("sluice.yaml:4:9: policies.api.limits[0]: a concurrency limit"),
             "{e}"
         );
+    }
+
+    /// `{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}` is valid on any store,
+    /// but a regions store aligns every fixed window: both would count one window (and every
+    /// decision would be a store error). Refused at load, naming the policy and both limits.
+    #[test]
+    fn fixed_windows_that_collide_once_aligned_are_refused_naming_both() {
+        let text = EU.replace(
+            "      - { max: 100, per: 1m }",
+            "      - { max: 10, per: 1m }\n      - { max: 100, per: 1m, align: true }",
+        );
+        let e = error(&text);
+        assert!(
+            e.starts_with("sluice.yaml:5:9: policies.api.limits[1]: "),
+            "{e}"
+        );
+        for part in [
+            "limits[0] (max 10 per 60000 ms)",
+            "limits[1] (max 100 per 60000 ms, aligned)",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        // On any other store the two are two keys.
+        let alone = "policies:\n  api:\n    limits:\n      - { max: 10, per: 1m }\n      - { max: 100, per: 1m, align: true }\n";
+        assert!(Config::parse("sluice.yaml", alone).is_ok());
     }
 
     #[test]

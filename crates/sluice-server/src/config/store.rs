@@ -39,9 +39,6 @@ pub(super) struct RawStore {
     wait_for_replicas: Option<RawWait>,
     #[serde(default)]
     coalesce: Option<u64>,
-    /// `store.layout`: where fixed windows are opened (`v1` hashes, `v2` counters).
-    #[serde(default)]
-    layout: sluice_redis::Layout,
     /// `store.regions`: one limit across regions (docs/regions.md).
     #[serde(default)]
     regions: Option<super::regions::RawRegions>,
@@ -209,8 +206,7 @@ fn with_settings(
         .timeout(timeout)
         .clock(raw.clock)
         .key_prefix(key_prefix)
-        .coalesce(coalesce(raw.coalesce)?)
-        .layout(raw.layout);
+        .coalesce(coalesce(raw.coalesce)?);
     config.tls = raw.tls.map(|t| tls_files(t, base));
     config.credentials = credentials;
     config.sentinel_credentials = sentinel_credentials;

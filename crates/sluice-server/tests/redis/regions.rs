@@ -317,7 +317,8 @@ async fn three_regions_admit_within_the_bound_with_a_200ms_refresh() {
 /// eu's replica of us's primary dies: eu's view of us is stale, so `api` takes its
 /// `local_share` (60 / 3 regions = 20 for eu) and `guarded` its `closed`; eu keeps answering
 /// from its own primary (ready, no error), the metrics and `/v1/stats` say which region and
-/// which fallbacks; us, whose views are whole, keeps summing.
+/// which fallbacks; us falls back on eu too (eu says it cannot see us); ap, whose views are
+/// whole and whom both see, keeps summing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_whose_replica_is_gone_answers_in_its_fallback_mode() {
     if !sluice_testkit::require_redis() {
@@ -426,13 +427,24 @@ async fn a_region_whose_replica_is_gone_answers_in_its_fallback_mode() {
         "{eu_stats}"
     );
 
-    // us sees eu and ap whole: it sums them, so a key eu used up to its share has max − 20
-    // left in us once us has read eu's usage.
+    // eu's heartbeat says it does not trust its view of us: us falls back on eu too (a cut
+    // is seen from both sides), though its replica of eu answers.
     let us = &servers[1];
+    until("us falls back on eu", async || {
+        stats(&c, us).await["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "eu" && r["reachable"] == true && r["fallback"] == true)
+    })
+    .await;
+    // ap sees eu and us whole and neither is blind to it: it sums them, so a key eu used up
+    // to its share has max − 20 left in ap once ap has read eu's usage.
+    let ap = &servers[2];
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = c
-            .post(format!("{}/v1/peek", us.url))
+            .post(format!("{}/v1/peek", ap.url))
             .json(&json!({"policy": "api", "key": "user:cut"}))
             .send()
             .await
@@ -444,20 +456,234 @@ async fn a_region_whose_replica_is_gone_answers_in_its_fallback_mode() {
         }
         assert!(
             Instant::now() < deadline,
-            "us never read eu's usage of user:cut (and only it): {body}"
+            "ap never read eu's usage of user:cut (and only it): {body}"
         );
         tokio::time::sleep(sluice_testkit::POLL_INTERVAL).await;
     }
-    let us_stats = stats(&c, us).await;
+    let ap_stats = stats(&c, ap).await;
     assert!(
-        us_stats["regions"]
+        ap_stats["regions"]
             .as_array()
             .unwrap()
             .iter()
             .all(|r| r["reachable"] == true && r["fallback"] == false),
-        "{us_stats}"
+        "{ap_stats}"
     );
     for s in servers {
         s.stop().await;
     }
+}
+
+/// Two regions, `us` and `eu`, each a primary and a replica of the other's, as `Regions`
+/// does for three.
+struct TwoRegions {
+    primaries: [RedisServer; 2],
+    /// `replicas[r]`: in region `r`, the replica of the other region's primary.
+    replicas: [RedisServer; 2],
+}
+
+impl TwoRegions {
+    const NAMES: [&str; 2] = ["us", "eu"];
+
+    fn start() -> Self {
+        let primaries = [RedisServer::start().unwrap(), RedisServer::start().unwrap()];
+        let replicas = [1, 0].map(|o| {
+            ServerOptions::new()
+                .replica_of(primaries[o].port())
+                .start()
+                .unwrap()
+        });
+        sluice_testkit::wait_until(
+            sluice_testkit::SYNC_TIMEOUT,
+            "both replicas' links to their primaries to be up",
+            || {
+                for replica in &replicas {
+                    let link = replica.info_field("replication", "master_link_status")?;
+                    if link.as_deref() != Some("up") {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            },
+        )
+        .unwrap();
+        Self {
+            primaries,
+            replicas,
+        }
+    }
+
+    /// Region `r`'s configuration with `policies` (YAML under `policies:`).
+    fn config(&self, r: usize, policies: &str) -> String {
+        format!(
+            "policies:
+{policies}
+store:
+  backend: redis
+  timeout: 2s
+  regions:
+    local: {local}
+    primary: {{ url: {primary} }}
+    remotes:
+      {other}: {{ url: {replica} }}
+    refresh: 100ms
+    max_lag: 1s
+    fallback: local_share
+",
+            local = Self::NAMES[r],
+            primary = self.primaries[r].url(),
+            other = Self::NAMES[1 - r],
+            replica = self.replicas[r].url(),
+        )
+    }
+}
+
+/// The policy of issue 40's reproductions: 100 per hour.
+const ORDERS: &str = "  orders:\n    limits:\n      - { max: 100, per: 1h }";
+
+async fn post_status(c: &Client, url: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    let r = c
+        .post(format!("{url}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap())
+}
+
+/// Issue 40, item 5, through two `sluice serve`: `us` admits all 100 of the hour, `eu` sees
+/// it and answers 429; then eu's replica of us dies. Past `max_lag` eu is under
+/// `local_share`, and its share is of what it last knew to be left, 0: it admitted 50 more
+/// (150 of 100 in one window) when the fallback forgot the usage it had seen. us, told by
+/// eu's heartbeat that eu cannot see it, falls back too and admits nothing more either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    // The test counts one hour-long window: not across its end.
+    let now = sluice::Clock::now_ms(&sluice::SystemClock);
+    let left = 3_600_000 - now % 3_600_000;
+    if left < 60_000 {
+        tokio::time::sleep(Duration::from_millis(left + 100)).await;
+    }
+    let mut regions = tokio::task::block_in_place(TwoRegions::start);
+    let us = TestServer::start(&regions.config(0, ORDERS), &[]).await;
+    let eu = TestServer::start(&regions.config(1, ORDERS), &[]).await;
+    let c = Client::new();
+    for s in [&us, &eu] {
+        until("each region trusts the other", async || {
+            stats(&c, s).await["regions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["reachable"] == true && r["fallback"] == false)
+        })
+        .await;
+    }
+    let order = |cost: u64| json!({"policy": "orders", "key": "shop", "cost": cost});
+    // eu names the key first, so that its view of us is read from then on.
+    let (status, _) = post_status(&c, &eu.url, "/v1/peek", order(0)).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut used = 0;
+    for _ in 0..100 {
+        let (status, body) = post_status(&c, &us.url, "/v1/check", order(1)).await;
+        assert!(body.get("degraded").is_none(), "{body}");
+        used += u64::from(status == StatusCode::OK);
+    }
+    assert_eq!(used, 100, "us admits the whole hour");
+    until("eu sees us's 100", async || {
+        let (_, body) = post_status(&c, &eu.url, "/v1/peek", order(0)).await;
+        body["remaining"] == 0
+    })
+    .await;
+    let (status, _) = post_status(&c, &eu.url, "/v1/check", order(1)).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "eu refuses: the hour is spent"
+    );
+
+    tokio::task::block_in_place(|| regions.replicas[1].kill()).unwrap();
+    for (name, s, other) in [("eu", &eu, "us"), ("us", &us, "eu")] {
+        until("the region falls back on the other", async || {
+            stats(&c, s).await["regions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["name"] == other && r["fallback"] == true)
+        })
+        .await;
+        let mut admitted = 0;
+        for _ in 0..60 {
+            let (status, body) = post_status(&c, &s.url, "/v1/check", order(1)).await;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{status} {body}"
+            );
+            assert!(body.get("degraded").is_none(), "{body}");
+            admitted += u64::from(status == StatusCode::OK);
+        }
+        assert_eq!(
+            admitted, 0,
+            "{name} admitted {admitted} on a spent hour while cut"
+        );
+    }
+    let text = metrics(&c, &eu).await;
+    assert!(
+        sample(
+            &text,
+            "sluice_region_fallbacks_total",
+            "policy=\"orders\",mode=\"local_share\""
+        )
+        .is_some_and(|n| n >= 60.0),
+        "{text}"
+    );
+    us.stop().await;
+    eu.stop().await;
+}
+
+/// Issue 40, item 4: `{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}` is valid
+/// on any store, but a regions store aligns every fixed window, both would count one window,
+/// and both `sluice serve` answered every check `503 store_unavailable`. Now neither region's
+/// configuration loads: the refusal names the policy and both limits, and the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_that_collide_once_aligned_are_refused_when_each_region_loads() {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let regions = tokio::task::block_in_place(TwoRegions::start);
+    let policy = "  api:\n    limits:\n      - { max: 10, per: 1m }\n      - { max: 100, per: 1m, align: true }";
+    for r in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(&file, regions.config(r, policy)).unwrap();
+        let e = sluice_server::config::Config::load(&file)
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "sluice.yaml:5:9: policies.api.limits[1]: ",
+            "limits[0] (max 10 per 60000 ms)",
+            "limits[1] (max 100 per 60000 ms, aligned)",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+    }
+    // The same policy on one region's Redis alone is two windows, and serves.
+    let alone = format!(
+        "policies:\n{policy}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n",
+        regions.primaries[0].url()
+    );
+    let s = TestServer::start(&alone, &[]).await;
+    let c = Client::new();
+    let (status, body) = post_status(
+        &c,
+        &s.url,
+        "/v1/check",
+        json!({"policy": "api", "key": "k"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    s.stop().await;
 }
