@@ -380,7 +380,7 @@ mod tests {
     /// One failure inside the script, as a single call reports it (Redis appends ` script:
     /// <function>, on @user_function:<line>.`, and prefixes `ERR` to a plain message) and as
     /// a batch reports it for one decision (the message a `pcall` caught, no suffix): the same
-    /// kind either way (issue 40: a single call's `non local key` was `rejected`, the batch's
+    /// kind either way (a single call's `non local key` was once `rejected`, the batch's
     /// `other`).
     #[test]
     fn a_failure_in_the_script_is_the_same_kind_single_or_batched() {

@@ -1,4 +1,4 @@
-//! Where bad state meets the script (issue 40): a counter left without expiry, number-like
+//! Where bad state meets the script: a counter left without expiry, number-like
 //! strings, thousands of lapsed leases. Each case is decided single and batched; a fault is
 //! corrupt state (not transient, the same single or batched) while the bad key exists, and
 //! never outlives it.
@@ -57,8 +57,8 @@ fn assert_corrupt(what: &str, r: &Result<Decision, StoreError>) {
 /// Bad state in a fixed window's key, each met by the fast path (single and batched): a
 /// negative count (found after the INCRBY), a key of another type, a hash without its end.
 /// The check fails as corrupt state and leaves the key as it was (no counter without expiry
-/// behind it), and once the bad key is deleted the key decides again. A hash of the layout
-/// before issue 40 (`<stem>:fw<per>`, which a fast path read unprotected after its INCRBY,
+/// behind it), and once the bad key is deleted the key decides again. A hash of the earlier
+/// layout (`<stem>:fw<per>`, which a fast path read unprotected after its INCRBY,
 /// leaving a counter without expiry that failed for ever) is no longer read at all.
 #[tokio::test]
 async fn a_failed_fast_path_leaves_nothing_behind() {

@@ -1,4 +1,4 @@
-//! Fixed windows as they are stored (issue 40, docs/redis.md "Keys"): one key per window, a
+//! Fixed windows as they are stored (docs/redis.md "Keys"): one key per window, a
 //! counter whose absolute expiry is the window's end, or a hash in the same key when the
 //! caller's clock is too far off Redis's; a stale replica's peek of a counter window that
 //! closed; exactness under 64 tasks; what Cluster's MIGRATE does to a window's end.
@@ -231,7 +231,7 @@ async fn a_window_opened_off_redis_clock_is_a_hash_every_caller_counts_into() {
     assert_eq!(key_type(&server, key), "string");
 }
 
-/// Issue 40, item 7: `MIGRATE` (what Cluster resharding runs, and what moves a key between
+/// `MIGRATE` (what Cluster resharding runs, and what moves a key between
 /// any two Redis) sends a key with its *remaining* TTL, and the target sets the expiry from
 /// its own clock. A counter's end is its expiry less the margin, so after a migration it moves
 /// by the offset between the two nodes' clocks plus the time the key spent in flight, once per

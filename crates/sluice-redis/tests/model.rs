@@ -1,5 +1,4 @@
-//! A randomized model test of the Redis store where the world hits it (issue 40, "Beyond the
-//! list"): the real scripts on a real Redis (standalone, and a 6-node Cluster), decisions
+//! A randomized model test of the Redis store where the world hits it: the real scripts on a real Redis (standalone, and a 6-node Cluster), decisions
 //! single and coalesced into batches, every rate algorithm and mixed policies, interleaved
 //! with faults drawn at random, and invariants checked after every step.
 //!

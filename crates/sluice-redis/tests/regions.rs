@@ -389,7 +389,7 @@ async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u
     admitted
 }
 
-/// A cut that starts mid-window (issue 40): region 1 has used 20 of 30 and every region
+/// A cut that starts mid-window: region 1 has used 20 of 30 and every region
 /// saw it; then region 0 is cut off both ways. Under `local_share` each region's own count may
 /// reach its share of what the others were last known to leave, `(30 − known) / 3`: region 0
 /// (knew 20) 3, region 1 (knew 0, but has 20 itself) none, region 2 (knew 20) 3; 26 in all,

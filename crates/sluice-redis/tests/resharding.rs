@@ -1,4 +1,4 @@
-//! A Cluster slot in migration under the script (issue 40, item 1): while a slot is
+//! A Cluster slot in migration under the script: while a slot is
 //! `MIGRATING` a policy's keys are still on the source node and the call runs there. The
 //! script touches only the keys it declares, so a decision past the window's end is made
 //! there (not `ERR Script attempted to access a non local key`, which a single call reported

@@ -538,7 +538,7 @@ store:
     }
 }
 
-/// The policy of issue 40's reproductions: 100 per hour.
+/// The policy of the reproductions below: 100 per hour.
 const ORDERS: &str = "  orders:\n    limits:\n      - { max: 100, per: 1h }";
 
 async fn post_status(c: &Client, url: &str, path: &str, body: Value) -> (StatusCode, Value) {
@@ -552,7 +552,7 @@ async fn post_status(c: &Client, url: &str, path: &str, body: Value) -> (StatusC
     (status, r.json().await.unwrap())
 }
 
-/// Issue 40, item 5, through two `sluice serve`: `us` admits all 100 of the hour, `eu` sees
+/// Through two `sluice serve`: `us` admits all 100 of the hour, `eu` sees
 /// it and answers 429; then eu's replica of us dies. Past `max_lag` eu is under
 /// `local_share`, and its share is of what it last knew to be left, 0: it admitted 50 more
 /// (150 of 100 in one window) when the fallback forgot the usage it had seen. us, told by
