@@ -173,8 +173,8 @@ fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
     }
 }
 
-/// `store.layout` (where fixed windows opened, `v1` or `v2`) is gone with the second layout
-/// (issue 40): a file that still sets it is refused, naming the key and its line.
+/// `store.layout` (where fixed windows opened, `v1` or `v2`) is gone with the second layout:
+/// a file that still sets it is refused, naming the key and its line.
 #[test]
 fn store_layout_is_gone_and_a_file_that_sets_it_is_told() {
     let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";

@@ -644,7 +644,7 @@ async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit()
     eu.stop().await;
 }
 
-/// Issue 40, item 4: `{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}` is valid
+/// `{max: 10, per: 1m}` beside `{max: 100, per: 1m, align: true}` is valid
 /// on any store, but a regions store aligns every fixed window, both would count one window,
 /// and both `sluice serve` answered every check `503 store_unavailable`. Now neither region's
 /// configuration loads: the refusal names the policy and both limits, and the line.
