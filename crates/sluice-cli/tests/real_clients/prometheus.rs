@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::support::{self, Client, Envoy, Proc, Sluice};
+use crate::support::{self, Client, Proc, Sluice};
 
 /// A Prometheus scraping `targets` every second, its storage in a temporary directory.
 struct Prometheus {
@@ -131,16 +131,7 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         redis.url()
     );
     let sluice = Sluice::start_in(dir.path(), &config);
-    let listener = support::port();
-    let bootstrap = support::with_ports(
-        &support::read("examples/envoy/envoy-rls.yaml"),
-        &[
-            (10000, listener),
-            (10010, support::port()),
-            (8081, sluice.grpc),
-        ],
-    );
-    let _envoy = Envoy::start(&envoy_bin, &bootstrap);
+    let (_envoy, listener) = support::example_rls_envoy(&envoy_bin, sluice.grpc, false);
     let prometheus = Prometheus::start(&prometheus_bin, &[sluice.http]);
     // Prometheus has scraped Sluice before the traffic starts: a counter's first increase is
     // seen only against an earlier sample.

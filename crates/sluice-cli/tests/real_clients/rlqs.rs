@@ -77,19 +77,7 @@ fn the_docs_bootstrap_runs_in_a_real_envoy_and_holds_the_bound() {
     let sluice = Sluice::start_in(dir.path(), &config);
     let (listener, app) = (support::port(), support::upstream());
     // The docs' bootstrap with only its addresses changed.
-    let bootstrap = support::yaml_after("server.md", "example: envoy bootstrap")
-        .replace(
-            "address: 0.0.0.0, port_value: 10000",
-            &format!("address: 127.0.0.1, port_value: {listener}"),
-        )
-        .replace(
-            "address: app, port_value: 8000",
-            &format!("address: 127.0.0.1, port_value: {app}"),
-        )
-        .replace(
-            "address: sluice, port_value: 8081",
-            &format!("address: 127.0.0.1, port_value: {}", sluice.grpc),
-        );
+    let bootstrap = support::docs_bootstrap("server.md", "sluice", listener, app, sluice.grpc);
     let _envoy = Envoy::start(&envoy, &bootstrap);
     let (admitted, refused) = drive(listener, 40.0, 10.0, "/checkout", &[]);
     let limit = bound(30, 60, ENVOY_CADENCE_S, 1);

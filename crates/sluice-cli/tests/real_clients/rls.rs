@@ -3,27 +3,7 @@
 //! `rls.on_store_error` under both `failure_mode_deny`, the response headers, exactness over
 //! two servers on one Redis, and a restart under load.
 
-use std::path::Path;
-
 use crate::support::{self, Answer, Client, Envoy, Sluice};
-
-/// The example's Envoy in front of `sluice`, on a free listener port.
-fn example_envoy(envoy: &Path, sluice: &Sluice, failure_mode_deny: bool) -> (Envoy, u16) {
-    let listener = support::port();
-    let bootstrap = support::with_ports(
-        &support::read("examples/envoy/envoy-rls.yaml"),
-        &[
-            (10000, listener),
-            (10010, support::port()),
-            (8081, sluice.grpc),
-        ],
-    )
-    .replace(
-        "failure_mode_deny: false",
-        &format!("failure_mode_deny: {failure_mode_deny}"),
-    );
-    (Envoy::start(envoy, &bootstrap), listener)
-}
 
 fn statuses(client: &mut Client, path: &str, n: usize) -> Vec<u16> {
     (0..n).map(|_| client.get(path, &[]).status).collect()
@@ -36,7 +16,7 @@ fn the_example_admits_its_limit_then_answers_429_with_headers_and_stats_that_agr
     };
     let dir = support::repo().join("examples/envoy");
     let sluice = Sluice::start_in(&dir, &support::read("examples/envoy/sluice.yaml"));
-    let (envoy, port) = example_envoy(&bin, &sluice, false);
+    let (envoy, port) = support::example_rls_envoy(&bin, sluice.grpc, false);
     let mut c = Client::new(port);
     // 3 an hour on /login (each also counts toward the address's 10 a minute); the fourth is
     // refused by the nested rule and, refused, counts toward neither.
@@ -108,19 +88,13 @@ fn the_deploying_guide_bootstrap_runs_in_a_real_envoy() {
     .unwrap();
     let sluice = Sluice::start_in(rules.path(), "policies: {}\nrls: { config_dir: . }\n");
     let (listener, app) = (support::port(), support::upstream());
-    let bootstrap = support::yaml_after("deploying.md", "example: envoy bootstrap")
-        .replace(
-            "address: 0.0.0.0, port_value: 10000",
-            &format!("address: 127.0.0.1, port_value: {listener}"),
-        )
-        .replace(
-            "address: app, port_value: 8000",
-            &format!("address: 127.0.0.1, port_value: {app}"),
-        )
-        .replace(
-            "address: sluice-headless.sluice.svc.cluster.local, port_value: 8081",
-            &format!("address: 127.0.0.1, port_value: {}", sluice.grpc),
-        );
+    let bootstrap = support::docs_bootstrap(
+        "deploying.md",
+        "sluice-headless.sluice.svc.cluster.local",
+        listener,
+        app,
+        sluice.grpc,
+    );
     let _envoy = Envoy::start(&bin, &bootstrap);
     assert_eq!(
         statuses(&mut Client::new(listener), "/", 5),
@@ -278,7 +252,7 @@ fn failure_mode_deny_and_on_store_error_against_a_store_that_is_down() {
         .iter()
         .flat_map(|(mode, s)| {
             [false, true].map(|deny| {
-                let (e, port) = example_envoy(&bin, s, deny);
+                let (e, port) = support::example_rls_envoy(&bin, s.grpc, deny);
                 (*mode, deny, e, port)
             })
         })
@@ -495,7 +469,7 @@ fn response_headers_draft03_and_off_reach_the_client_as_configured() {
             &format!("rls:\n  config_dir: ./ratelimit-config\n  response_headers: {mode}\n"),
         );
         let sluice = Sluice::start_in(&dir, &config);
-        let (_envoy, port) = example_envoy(&bin, &sluice, false);
+        let (_envoy, port) = support::example_rls_envoy(&bin, sluice.grpc, false);
         let a = Client::new(port).get("/", &[]);
         assert_eq!(a.status, 200);
         let has = |h: &str| a.headers.contains_key(h);

@@ -299,6 +299,50 @@ impl Envoy {
     }
 }
 
+/// A deployment's Envoy bootstrap from `doc` (under docs/), on loopback: its listener on
+/// `listener`, the `app` cluster at `app`, the Sluice cluster (host `sluice_host`) at
+/// `sluice_grpc`; nothing else changed.
+pub(crate) fn docs_bootstrap(
+    doc: &str,
+    sluice_host: &str,
+    listener: u16,
+    app: u16,
+    sluice_grpc: u16,
+) -> String {
+    yaml_after(doc, "example: envoy bootstrap")
+        .replace(
+            "address: 0.0.0.0, port_value: 10000",
+            &format!("address: 127.0.0.1, port_value: {listener}"),
+        )
+        .replace(
+            "address: app, port_value: 8000",
+            &format!("address: 127.0.0.1, port_value: {app}"),
+        )
+        .replace(
+            &format!("address: {sluice_host}, port_value: 8081"),
+            &format!("address: 127.0.0.1, port_value: {sluice_grpc}"),
+        )
+}
+
+/// examples/envoy/envoy-rls.yaml on free ports, in front of the gRPC port `sluice_grpc`, with
+/// `failure_mode_deny` as given: the Envoy and its listener's port.
+pub(crate) fn example_rls_envoy(
+    bin: &Path,
+    sluice_grpc: u16,
+    failure_mode_deny: bool,
+) -> (Envoy, u16) {
+    let listener = port();
+    let bootstrap = with_ports(
+        &read("examples/envoy/envoy-rls.yaml"),
+        &[(10000, listener), (10010, port()), (8081, sluice_grpc)],
+    )
+    .replace(
+        "failure_mode_deny: false",
+        &format!("failure_mode_deny: {failure_mode_deny}"),
+    );
+    (Envoy::start(bin, &bootstrap), listener)
+}
+
 /// Replaces each `from` port number after `port_value: ` in `yaml`.
 pub(crate) fn with_ports(yaml: &str, ports: &[(u16, u16)]) -> String {
     let mut out = yaml.to_owned();
