@@ -2,14 +2,15 @@
 //!
 //! After a report is charged, the store's decision says how much every limit of the policy
 //! has left (`R`, the least `remaining`) and how many distinct streams have reported the key
-//! within the policy's shortest window (`N`, [`sluice::Decision::holders`]). The client gets
+//! within the policy's shortest window (`N`, [`sluice::Decision::holders`]). The client, which
+//! reports every `T` (the stream's cadence, see `StreamState::cadence`), gets
 //!
 //! ```text
-//! g = min(floor(R / N), ceil(C / N))     C = min over the limits of ceil(max × interval / per)
+//! g = min(floor(R / N), ceil(C / N))     C = min over the limits of ceil(max × T / per)
 //! ```
 //!
-//! as a token bucket of `g` tokens refilling `g` per reporting interval; `g = 0` is
-//! `DENY_ALL`. `C` is the limit's own rate over one interval, so the fleet together is paced
+//! as a token bucket of `g` tokens refilling `g` every `T`; `g = 0` is
+//! `DENY_ALL`. `C` is the limit's own rate over one report, so the fleet together is paced
 //! to about the limit's rate (an assignment is a rate, as the protocol's strategies are)
 //! instead of spending the whole window in its first seconds, and the first Envoy to report
 //! (while `N` is still 1) cannot take the window at once.
