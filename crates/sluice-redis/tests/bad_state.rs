@@ -52,7 +52,7 @@ fn assert_corrupt(what: &str, r: &Result<Decision, StoreError>) {
     }
 }
 
-// ----- item 2: a failed fast path leaves nothing behind ---------------------------------------
+// ----- a failed fast path leaves nothing behind ---------------------------------------
 
 /// Bad state in a fixed window's key, each met by the fast path (single and batched): a
 /// negative count (found after the INCRBY), a key of another type, a hash without its end.
@@ -105,7 +105,7 @@ async fn a_failed_fast_path_leaves_nothing_behind() {
     assert!(pexpiretime(&server, &counter) > 0);
 }
 
-// ----- item 3: a counter without expiry is re-armed --------------------------------------------
+// ----- a counter without expiry is re-armed --------------------------------------------
 
 /// How a counter lost its expiry.
 fn strip_expiry(server: &RedisServer, counter: &str, how: &str) {
@@ -229,7 +229,7 @@ async fn a_counter_without_expiry_is_rearmed_on_every_path() {
     }
 }
 
-// ----- item 6: number-like strings --------------------------------------------------------------
+// ----- number-like strings --------------------------------------------------------------
 
 /// What Lua's `tonumber` takes and Redis's `INCRBY`/`HINCRBY` refuse.
 const NUMBER_LIKE: [&str; 7] = ["0x1", " 5", "5 ", "1e3", "+5", "05", "1.0"];
@@ -418,7 +418,7 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
     }
 }
 
-// ----- item 8: thousands of lapsed leases ------------------------------------------------------
+// ----- thousands of lapsed leases ------------------------------------------------------
 
 /// 10,000 leases lapsed between two visits: the next decision reads and drops them all (in
 /// bounded chunks: Lua unpacks at most ~8,000 values at once), then decides as if the key were
