@@ -15,16 +15,16 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `units`, `unique`, `reply`, `policy_entry`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
 //! | 4 surfaces | `http`, `rls::grpc`, `rls::service`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
-//! * **Leaves** know nothing of the server: durations ([`units`]), the one parser of a policy
-//!   entry (`policy_entry`), duplicate-key-refusing JSON/YAML reading (`unique`), the JSON
-//!   error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
+//! * **Leaves** know nothing of the server (and the text forms every surface reads, policy
+//!   entries, durations, duplicate-refusing JSON and YAML and `FieldError`, are the crate
+//!   `sluice_spec` below it): the JSON error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
 //!   rule files ([`rls`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
 //!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
 //!   ([`simulate`]).
@@ -45,7 +45,6 @@ pub mod config;
 pub(crate) mod conn;
 pub mod http;
 pub(crate) mod observe;
-pub(crate) mod policy_entry;
 pub mod reflection;
 pub(crate) mod reload;
 pub(crate) mod reply;
@@ -55,8 +54,6 @@ pub mod rls_xds;
 pub mod simulate;
 pub mod state;
 pub(crate) mod tls;
-pub(crate) mod unique;
-pub(crate) mod units;
 pub mod url;
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
-use crate::policy_entry::FieldError;
+use sluice_spec::policy_entry::FieldError;
 
 /// `listen.tls` as written.
 #[derive(Debug, Deserialize)]

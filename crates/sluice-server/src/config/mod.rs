@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use sluice::Policy;
 
-use crate::policy_entry::{RawPolicy, build_policy};
-pub use crate::units::PositiveDuration;
+use sluice_spec::policy_entry::{RawPolicy, build_policy};
+pub use sluice_spec::units::PositiveDuration;
 
 /// The default HTTP address.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";

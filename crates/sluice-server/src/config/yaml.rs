@@ -29,7 +29,7 @@ pub(super) fn read_raw<T: DeserializeOwned>(file: &str, text: &str) -> Result<T,
 /// A key given twice in one mapping (serde would keep the last one silently), named with the
 /// lines of both.
 fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
-    use crate::unique::{Outcome, Probe, read};
+    use sluice_spec::unique::{Outcome, Probe, read};
     let Outcome::Duplicate { duplicate, error } =
         read(serde_yaml_ng::Deserializer::from_str(text), None)
     else {

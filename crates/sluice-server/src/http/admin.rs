@@ -2,7 +2,7 @@
 //! stats the dashboard polls, the simulator and the metrics.
 
 use super::*;
-use crate::policy_entry::FieldError;
+use sluice_spec::policy_entry::FieldError;
 
 // ----- the rest -----------------------------------------------------------------------------
 
@@ -392,7 +392,8 @@ pub(super) async fn simulate(
         let _slot = slot;
         // Not JSON, or a key given twice: a `FieldError` without a path, worded as the other
         // routes word it.
-        let value = crate::unique::json(&bytes).map_err(|e| FieldError::whole(e.to_string()))?;
+        let value =
+            sluice_spec::unique::json(&bytes).map_err(|e| FieldError::whole(e.to_string()))?;
         let bounds = crate::simulate::Bounds::default();
         crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };

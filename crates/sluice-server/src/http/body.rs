@@ -2,8 +2,8 @@
 //! each `400` names its field (a [`FieldError`], worded by [`ApiError::Invalid`]).
 
 use super::*;
-use crate::policy_entry::FieldError;
 use serde_json::Map;
+use sluice_spec::policy_entry::FieldError;
 
 // ----- the request body ---------------------------------------------------------------------
 
@@ -130,7 +130,7 @@ fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>
             ApiError::invalid(format!("the body could not be read: {rejection}"))
         }
     })?;
-    let value = crate::unique::json(&bytes).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let value = sluice_spec::unique::json(&bytes).map_err(|e| ApiError::invalid(e.to_string()))?;
     let Value::Object(map) = value else {
         return Err(ApiError::invalid(
             "the body must be a JSON object: {\"policy\": \"…\", \"key\": \"…\", \"cost\": 1}",

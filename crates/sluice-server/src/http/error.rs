@@ -9,8 +9,8 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::{MAX_BODY, MAX_SIMULATE_BODY, not_found_message};
-use crate::policy_entry::FieldError;
 use crate::reply::error;
+use sluice_spec::policy_entry::FieldError;
 
 /// Why a request gets no answer but an error.
 #[derive(Debug, thiserror::Error)]

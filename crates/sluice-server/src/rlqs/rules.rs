@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy_entry::FieldError;
-use crate::units::PositiveDuration;
+use sluice_spec::policy_entry::FieldError;
+use sluice_spec::units::PositiveDuration;
 
 /// The most entries of a bucket id.
 pub(crate) const MAX_BUCKET_ENTRIES: usize = 32;

@@ -43,12 +43,12 @@ use prost::Message;
 pub use settings::XdsSettings;
 
 use crate::observe::Untrusted;
-use crate::policy_entry::FieldError;
 use crate::rls::xds::{
     Budget, MAX_RESOURCES, RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, TooLarge,
 };
 use crate::rls::{LoadOptions, RlsConfig, RlsConfigError};
 use crate::state::Shared;
+use sluice_spec::policy_entry::FieldError;
 
 /// Why a stream to the control plane ended in error (logged, then connected again).
 #[derive(Debug, thiserror::Error)]

@@ -6,8 +6,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
-use crate::policy_entry::FieldError;
 use crate::url::ConfiguredUrl;
+use sluice_spec::policy_entry::FieldError;
 
 /// `rls.xds` as written.
 #[derive(Debug, Deserialize)]

@@ -41,7 +41,7 @@ pub const GENERATED_START_MS: u64 = 1_767_225_600_000;
 /// `policies[1].limits[0].per`) and what is wrong with it, the crate's one [`FieldError`].
 pub type SimError = FieldError;
 
-pub use crate::policy_entry::FieldError;
+pub use sluice_spec::policy_entry::FieldError;
 
 /// The bounds of one simulation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use super::{
     Bounds, Generated, KeyChoice, LogFormat, LogOptions, Pattern, SimError, Simulation, TimeUnit,
     Traffic, logs, memory_estimate, render,
 };
-use crate::units::PositiveDuration;
+use sluice_spec::units::PositiveDuration;
 
 /// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
 /// `{"policy": "<name>"}` entry may name.
@@ -240,7 +240,7 @@ fn parse_policy(item: &Value, path: &str, configured: &[Policy]) -> Result<Polic
             };
             let mut definition = map.clone();
             definition.remove("name");
-            crate::policy_entry::inline_policy(name, &Value::Object(definition))
+            sluice_spec::policy_entry::inline_policy(name, &Value::Object(definition))
                 .map_err(|e| bad(path.to_owned(), e.to_string()))?
         }
     };
@@ -555,9 +555,9 @@ pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
                 "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
             ));
         };
-        use crate::unique::Outcome;
+        use sluice_spec::unique::Outcome;
         let mut definition =
-            match crate::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
+            match sluice_spec::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
                 Outcome::Value(v) => v,
                 Outcome::Duplicate { duplicate, .. } => {
                     return Err(bad(

@@ -78,6 +78,7 @@ struct RawLimit {
 }
 
 /// A limit validated as it is read, so its errors carry a line.
+#[derive(Debug)]
 struct ValidLimit(Limit);
 
 impl<'de> Deserialize<'de> for ValidLimit {
@@ -117,9 +118,9 @@ impl ValidLimit {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawPolicy {
+pub struct RawPolicy {
     #[serde(default)]
     on_store_error: Option<String>,
     limits: Vec<ValidLimit>,
@@ -127,7 +128,7 @@ pub(crate) struct RawPolicy {
 
 /// A policy from its raw entry; an error names the path below `policies.<name>`
 /// (`on_store_error`, `limits[1]`; empty for the name).
-pub(crate) fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldError> {
+pub fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldError> {
     let on_store_error = match raw.on_store_error.as_deref() {
         None => FailureMode::Open,
         Some(mode) => mode
@@ -149,7 +150,7 @@ pub(crate) fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldEr
 /// [`entry_policy`] in the shape `config/mod.rs` reads today: (the path below
 /// `policies.<name>` with its leading `.`, e.g. `.on_store_error`, or empty; the reason).
 /// To go once the configuration reads a [`FieldError`] (`.within(&format!("policies.{name}"))`).
-pub(crate) fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
+pub fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
     entry_policy(name, raw).map_err(|e| {
         let path = if e.path.is_empty() {
             e.path
@@ -165,7 +166,7 @@ pub(crate) fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String
 /// from any self-describing value (a JSON body, a YAML flag) with the configuration's own
 /// rules, so an inline policy means and refuses exactly what a configured one does. The
 /// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
-pub(crate) fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, FieldError> {
+pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, FieldError> {
     let serde_json::Value::Object(map) = value else {
         return Err(FieldError::whole(
             "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}",

@@ -54,7 +54,7 @@ impl PositiveDuration {
         Ok(Self(Duration::from_millis(ms)))
     }
 
-    pub(crate) fn millis(self) -> u64 {
+    pub fn millis(self) -> u64 {
         u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
     }
 }

@@ -21,16 +21,16 @@ use serde_json::{Map, Value};
 
 /// A key a mapping names twice.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Duplicate {
+pub struct Duplicate {
     /// The path of the mapping (empty for the document itself).
-    pub(crate) path: String,
+    pub path: String,
     /// The key, as written.
-    pub(crate) key: String,
+    pub key: String,
 }
 
 impl Duplicate {
     /// `key` under `path`, as the configuration's errors write it (`policies.api`).
-    pub(crate) fn full_path(&self) -> String {
+    pub fn full_path(&self) -> String {
         if self.path.is_empty() {
             self.key.clone()
         } else {
@@ -42,7 +42,7 @@ impl Duplicate {
 /// Where [`read`] should stop instead: at the first occurrence of `key` in the mapping at
 /// `path`, to learn its position from the error.
 #[derive(Debug, Clone)]
-pub(crate) struct Probe(pub(crate) Duplicate);
+pub struct Probe(pub Duplicate);
 
 /// What [`read`] found besides the value or the error.
 #[derive(Debug, Default)]
@@ -54,7 +54,7 @@ struct Found {
 
 /// The outcome of [`read`].
 #[derive(Debug)]
-pub(crate) enum Outcome<E> {
+pub enum Outcome<E> {
     /// The document, every mapping's keys unique.
     Value(Value),
     /// A mapping names a key twice; `error` is the deserializer's error raised at the second
@@ -68,7 +68,7 @@ pub(crate) enum Outcome<E> {
 
 /// Reads a document into a JSON value, refusing a mapping that names a key twice; with
 /// `probe`, stops at the first occurrence of the probed key instead.
-pub(crate) fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Outcome<D::Error> {
+pub fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Outcome<D::Error> {
     let found = RefCell::new(Found {
         probe: probe.map(|p| p.0),
         ..Found::default()
@@ -91,7 +91,7 @@ pub(crate) fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Ou
 
 /// Why a JSON body cannot be read: its message is the message of a `400`.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum JsonError {
+pub enum JsonError {
     /// Not JSON, or something after the value.
     #[error("the body is not valid JSON: {0}")]
     NotJson(serde_json::Error),
@@ -104,7 +104,7 @@ pub(crate) enum JsonError {
 }
 
 /// Reads a JSON body, refusing a key given twice (`` `cost` is given twice``).
-pub(crate) fn json(bytes: &[u8]) -> Result<Value, JsonError> {
+pub fn json(bytes: &[u8]) -> Result<Value, JsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = match read(&mut de, None) {
         Outcome::Value(v) => v,

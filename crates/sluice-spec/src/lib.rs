@@ -1,0 +1,11 @@
+//! The text forms every Sluice surface reads alike: a policy entry ([`policy_entry`]), a
+//! duration as the configuration writes it ([`units`]), JSON and YAML read so that a key
+//! given twice is refused ([`unique`]), and the one error naming the field at fault
+//! ([`FieldError`]). The server's configuration, its HTTP body, the RLQS rules, the xDS
+//! settings and the simulator all read with these, so they mean and refuse the same things.
+
+pub mod policy_entry;
+pub mod unique;
+pub mod units;
+
+pub use policy_entry::FieldError;
