@@ -181,8 +181,8 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
 }
 
-/// The same on a policy of several fixed windows (`fw_fast_n`) and of a window and a bucket
-/// (the general lean path).
+/// The same on a policy of several fixed windows (`fw_fast`) and of a window and a bucket
+/// (`rate`, the lean path).
 #[tokio::test]
 async fn a_counter_without_expiry_is_rearmed_on_every_path() {
     if !sluice_testkit::require_redis() {
