@@ -259,11 +259,8 @@ mod tests {
         Policy::from_specs("api", specs).expect("valid policy")
     }
 
-    /// Every argument after the command name and function, as text.
-    fn encoded(codec: &Codec, policy: &Policy, op: Op) -> Vec<String> {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg("f");
-        codec.encode(&mut cmd, policy, "user:42", op, NOW);
+    /// Every argument of `cmd` after the command name and function, as text.
+    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
         cmd.args_iter()
             .skip(2)
             .map(|a| match a {
@@ -271,6 +268,14 @@ mod tests {
                 _ => "<not a simple argument>".to_owned(),
             })
             .collect()
+    }
+
+    /// The arguments `codec` encodes for `op` on `user:42`, as text.
+    fn encoded(codec: &Codec, policy: &Policy, op: Op) -> Vec<String> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec.encode(&mut cmd, policy, "user:42", op, NOW);
+        args_of(&cmd)
     }
 
     #[test]
@@ -391,16 +396,6 @@ mod tests {
             "1000",
         ];
         assert_eq!(args, expected);
-    }
-
-    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .skip(2)
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<not a simple argument>".to_owned(),
-            })
-            .collect()
     }
 
     #[test]
