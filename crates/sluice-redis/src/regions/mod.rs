@@ -58,6 +58,7 @@ use sluice::{Algorithm, Clock, Decision, Op, Policy, Store, StoreError, SystemCl
 use crate::config::{ClockSource, ReadFrom, RedisConfig, Topology};
 use crate::script::ScriptMode;
 use crate::store::RedisStore;
+use crate::tasks::Tasks;
 use health::Health;
 use views::Views;
 
@@ -333,7 +334,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Decisions taken under a fallback, per (policy, mode).
     fallbacks: Mutex<BTreeMap<(String, Fallback), u64>>,
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    tasks: Tasks,
 }
 
 /// One other region: its name and the store reading its replica, made once the replica first
@@ -354,19 +355,6 @@ impl Remote {
         let store = RedisStore::connect(self.config.clone()).await?;
         *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.clone());
         Ok(store)
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for task in self
-            .tasks
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            task.abort();
-        }
     }
 }
 
@@ -434,12 +422,12 @@ impl RegionsStore {
             remotes,
             clock,
             fallbacks: Mutex::new(BTreeMap::new()),
-            tasks: Mutex::new(Vec::new()),
+            tasks: Tasks::default(),
             config,
         });
         health::beat(&inner).await?;
         health::check(&inner).await;
-        *inner.tasks.lock().unwrap_or_else(|p| p.into_inner()) = health::spawn(&inner);
+        inner.tasks.set(health::spawn(&inner));
         Ok(Self { inner })
     }
 
