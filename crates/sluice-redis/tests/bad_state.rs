@@ -19,10 +19,16 @@ fn now() -> u64 {
     sluice::Clock::now_ms(&sluice::SystemClock)
 }
 
-async fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
+/// A fresh Redis and a store on it; `None` (the test is skipped) without `redis-server`.
+async fn started() -> Option<(RedisServer, RedisStore)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
         .await
-        .expect("connect to redis")
+        .expect("connect to redis");
+    Some((server, s))
 }
 
 /// The Redis key of limit `i` of `p` for `key` (a fixed window's carries the default margin
@@ -62,11 +68,9 @@ fn assert_corrupt(what: &str, r: &Result<Decision, StoreError>) {
 /// leaving a counter without expiry that failed for ever) is no longer read at all.
 #[tokio::test]
 async fn a_failed_fast_path_leaves_nothing_behind() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
     let counter = redis_key(&p, "k2", 0);
     let faults: [&[&str]; 3] = [
@@ -139,11 +143,9 @@ fn strip_expiry(server: &RedisServer, counter: &str, how: &str) {
 /// Checks admit what is left of `max`, peeks and refunds decide, single and batched.
 #[tokio::test]
 async fn a_counter_without_expiry_is_rearmed_with_its_count() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(5, 60_000)]);
     for how in ["PERSIST", "RESTORE 0", "SET"] {
         for batch in [false, true] {
@@ -185,11 +187,9 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
 /// (`rate`, the lean path).
 #[tokio::test]
 async fn a_counter_without_expiry_is_rearmed_on_every_path() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let policies = [
         policy(
             "two",
@@ -239,11 +239,9 @@ const NUMBER_LIKE: [&str; 7] = ["0x1", " 5", "5 ", "1e3", "+5", "05", "1.0"];
 /// same single and batched; deleting the bad key ends it.
 #[tokio::test]
 async fn number_like_strings_are_corrupt_state_before_any_write() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy(
         "mix",
         vec![
@@ -292,11 +290,9 @@ async fn number_like_strings_are_corrupt_state_before_any_write() {
 /// path.
 #[tokio::test]
 async fn number_like_strings_in_any_field_are_corrupt_state() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let bucket = policy("tb", vec![LimitSpec::token_bucket(10, 60_000)]);
     let sliding = policy(
         "sw",
@@ -425,12 +421,10 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
 /// new.
 #[tokio::test]
 async fn ten_thousand_lapsed_leases_are_dropped_in_one_decision() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
     const N: usize = 10_000;
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    let Some((server, s)) = started().await else {
+        return;
+    };
     let p = policy("cc", vec![LimitSpec::concurrency(20_000, 60_000)]);
     let stem = sluice_redis::keys::stem("sluice:", &p, "k");
     let (set, units) = (format!("{stem}:cc"), sluice_redis::keys::units_key(&stem));
@@ -469,11 +463,9 @@ async fn ten_thousand_lapsed_leases_are_dropped_in_one_decision() {
 /// kind.
 #[tokio::test]
 async fn the_same_fault_is_the_same_kind_single_and_batched() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
     let counter = redis_key(&p, "k2", 0);
     for setup in [

@@ -389,6 +389,19 @@ async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u
     admitted
 }
 
+/// Three regions under `local_share`, healthy, and a policy of one fixed window of 30 a day
+/// whose key `key` every region has read, away from the day's edge.
+async fn healthy_share_world(key: &str) -> (World, Policy) {
+    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let p = policy("share", vec![LimitSpec::fixed_window(30, DAY)]);
+    away_from_the_day_edge().await;
+    for s in &world.stores {
+        s.peek(&p, key, 0, now_ms()).await.expect("peek");
+    }
+    (world, p)
+}
+
 /// A cut that starts mid-window: region 1 has used 20 of 30 and every region
 /// saw it; then region 0 is cut off both ways. Under `local_share` each region's own count may
 /// reach its share of what the others were last known to leave, `(30 − known) / 3`: region 0
@@ -401,14 +414,8 @@ async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let (world, p) = healthy_share_world("mid").await;
     let max = 30;
-    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
-    away_from_the_day_edge().await;
-    for s in &world.stores {
-        s.peek(&p, "mid", 0, now_ms()).await.expect("peek");
-    }
     let d = world.stores[1]
         .check(&p, "mid", 20, now_ms())
         .await
@@ -472,14 +479,8 @@ async fn a_one_way_cut_is_seen_from_both_sides() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let (world, p) = healthy_share_world("one-way").await;
     let max = 30;
-    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
-    away_from_the_day_edge().await;
-    for s in &world.stores {
-        s.peek(&p, "one-way", 0, now_ms()).await.expect("peek");
-    }
     world.links[0][1].as_ref().expect("a link").1.cut();
     world
         .wait_statuses(
