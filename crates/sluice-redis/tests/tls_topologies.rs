@@ -7,14 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-mod topology_support;
+mod support;
 
 use std::time::{Duration, Instant};
 
 use sluice::{LimitSpec, Limiter, Policy, StoreExt};
 use sluice_redis::{Credentials, RedisConfig, RedisStore, TlsFiles};
 use sluice_testkit::{ClusterOptions, RedisServer, SentinelOptions, TlsCerts};
-use topology_support::{policy, until_ok, wait_replicated};
+use support::{policy, until_ok, wait_replicated};
 
 const DATA_PASSWORD: &str = "data-s3cret-0123456789";
 const SENTINEL_PASSWORD: &str = "sentinel-s3cret-9876543210";

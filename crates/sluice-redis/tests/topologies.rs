@@ -3,14 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-mod topology_support;
+mod support;
 
 use std::time::{Duration, Instant};
 
 use sluice::Limiter;
 use sluice_redis::{ReadFrom, RedisConfig, RedisStore, Shard, ShardedStore};
 use sluice_testkit::{RedisCluster, RedisServer, SentinelGroup};
-use topology_support::{policy, until_ok, wait_replicated};
+use support::{policy, until_ok, wait_replicated};
 
 /// [`wait_replicated`] for the Cluster node `primary` and every replica of it.
 fn wait_cluster_replicated(cluster: &RedisCluster, primary: usize) {
