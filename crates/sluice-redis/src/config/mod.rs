@@ -321,72 +321,51 @@ impl RedisConfig {
         self
     }
 
-    /// Sets where peeks read.
-    pub fn read_from(mut self, read_from: ReadFrom) -> Self {
-        self.read_from = read_from;
-        self
-    }
-
-    /// Sets the per-call timeout.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets the clock source.
-    pub fn clock(mut self, clock: ClockSource) -> Self {
-        self.clock = clock;
-        self
-    }
-
     /// Sets the key prefix.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
+}
 
+/// The setters of [`RedisConfig`] that set one field to their argument (`as Some`: an
+/// optional field, to `Some` of it), each with its doc.
+macro_rules! setters {
+    ($($(#[doc = $doc:literal])+ $name:ident: $ty:ty $(as $some:ident)?;)+) => {
+        impl RedisConfig {
+            $(
+                $(#[doc = $doc])+
+                pub fn $name(mut self, $name: $ty) -> Self {
+                    self.$name = $($some)?($name);
+                    self
+                }
+            )+
+        }
+    };
+}
+
+setters! {
+    /// Sets where peeks read.
+    read_from: ReadFrom;
+    /// Sets the per-call timeout.
+    timeout: Duration;
+    /// Sets the clock source.
+    clock: ClockSource;
     /// Sets the expiry margin.
-    pub fn expiry_margin(mut self, margin: Duration) -> Self {
-        self.expiry_margin = margin;
-        self
-    }
-
+    expiry_margin: Duration;
     /// Sets the certificates for `rediss://` URLs (a CA, and a client certificate if the
     /// servers require one).
-    pub fn tls(mut self, files: TlsFiles) -> Self {
-        self.tls = Some(files);
-        self
-    }
-
+    tls: TlsFiles as Some;
     /// Logs in as `credentials` on every node whose URL names no user.
-    pub fn credentials(mut self, credentials: Credentials) -> Self {
-        self.credentials = Some(credentials);
-        self
-    }
-
+    credentials: Credentials as Some;
     /// Logs in as `credentials` on every sentinel whose URL names no user.
-    pub fn sentinel_credentials(mut self, credentials: Credentials) -> Self {
-        self.sentinel_credentials = Some(credentials);
-        self
-    }
-
+    sentinel_credentials: Credentials as Some;
     /// Waits for replicas after each write ([`WaitForReplicas`]).
-    pub fn wait_for_replicas(mut self, wait: WaitForReplicas) -> Self {
-        self.wait_for_replicas = Some(wait);
-        self
-    }
-
+    wait_for_replicas: WaitForReplicas as Some;
     /// Sets the most decisions one coalesced call carries (1: every decision alone).
-    pub fn coalesce(mut self, max: usize) -> Self {
-        self.coalesce = max;
-        self
-    }
-
+    coalesce: usize;
     /// Sets how the code is loaded and called.
-    pub fn script_mode(mut self, mode: ScriptMode) -> Self {
-        self.script_mode = mode;
-        self
-    }
+    script_mode: ScriptMode;
 }
 
 #[cfg(test)]
