@@ -498,36 +498,6 @@ impl RegionsStore {
             .map(|((policy, mode), n)| (policy.clone(), *mode, *n))
             .collect()
     }
-
-    async fn run(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
-        if matches!(op, Op::Hold { .. } | Op::Release { .. }) {
-            return Err(StoreError::Backend(format!(
-                "a regions store cannot run {op:?}: it holds no concurrency limits"
-            )));
-        }
-        let inner = &self.inner;
-        let remote = inner.views.remote_use(policy, key, now_ms);
-        let offsets = if inner.health.any_fallback() {
-            let mode = inner.config.fallback_of(policy.name());
-            *inner
-                .fallbacks
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry((policy.name().to_owned(), mode))
-                .or_insert(0) += 1;
-            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
-        } else {
-            remote
-        };
-        decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
-    }
 }
 
 /// A fixed window as a refusal names it: `10 per 60000 ms`, `aligned` when it says so.
@@ -562,7 +532,27 @@ impl Store for RegionsStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.run(policy, key, op, now_ms).await
+        Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
+        if matches!(op, Op::Hold { .. } | Op::Release { .. }) {
+            return Err(StoreError::Backend(format!(
+                "a regions store cannot run {op:?}: it holds no concurrency limits"
+            )));
+        }
+        let inner = &self.inner;
+        let remote = inner.views.remote_use(policy, key, now_ms);
+        let offsets = if inner.health.any_fallback() {
+            let mode = inner.config.fallback_of(policy.name());
+            *inner
+                .fallbacks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((policy.name().to_owned(), mode))
+                .or_insert(0) += 1;
+            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
+        } else {
+            remote
+        };
+        decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
     }
 
     /// Forgets this region's state of `key`; the other regions keep theirs.
