@@ -305,95 +305,41 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
         let sliding_key = redis_key(&sliding, "k", 0);
         let stem = sluice_redis::keys::stem("sluice:", &leases, "k");
         let units = sluice_redis::keys::units_key(&stem);
+        let leases_key = format!("{stem}:cc");
         let current = (t - t % 1_000).to_string();
         let future = (t + 30_000).to_string();
         // A lease's cost is read once it has lapsed.
         let past = (t - 1_000).to_string();
-        let cases: Vec<(&Policy, Vec<Vec<String>>)> = vec![
+        let cases: Vec<(&Policy, Vec<Vec<&str>>)> = vec![
             (
                 &bucket,
-                vec![vec![
-                    "HSET".into(),
-                    bucket_key.clone(),
-                    "tat".into(),
-                    bad.into(),
-                    "frac".into(),
-                    "0".into(),
-                ]],
+                vec![vec!["HSET", &bucket_key, "tat", bad, "frac", "0"]],
             ),
             (
                 &bucket,
-                vec![vec![
-                    "HSET".into(),
-                    bucket_key.clone(),
-                    "tat".into(),
-                    future.clone(),
-                    "frac".into(),
-                    bad.into(),
-                ]],
+                vec![vec!["HSET", &bucket_key, "tat", &future, "frac", bad]],
             ),
-            (
-                &sliding,
-                vec![vec![
-                    "HSET".into(),
-                    sliding_key.clone(),
-                    current.clone(),
-                    bad.into(),
-                ]],
-            ),
-            (
-                &sliding,
-                vec![vec![
-                    "HSET".into(),
-                    sliding_key.clone(),
-                    format!("{bad}"),
-                    "1".into(),
-                ]],
-            ),
+            (&sliding, vec![vec!["HSET", &sliding_key, &current, bad]]),
+            (&sliding, vec![vec!["HSET", &sliding_key, bad, "1"]]),
             (
                 &leases,
                 vec![
-                    vec![
-                        "ZADD".into(),
-                        format!("{stem}:cc"),
-                        past.clone(),
-                        "7".into(),
-                    ],
-                    vec![
-                        "HSET".into(),
-                        units.clone(),
-                        "7".into(),
-                        bad.into(),
-                        "used".into(),
-                        "1".into(),
-                    ],
+                    vec!["ZADD", &leases_key, &past, "7"],
+                    vec!["HSET", &units, "7", bad, "used", "1"],
                 ],
             ),
             (
                 &leases,
                 vec![
-                    vec![
-                        "ZADD".into(),
-                        format!("{stem}:cc"),
-                        future.clone(),
-                        "7".into(),
-                    ],
-                    vec![
-                        "HSET".into(),
-                        units.clone(),
-                        "7".into(),
-                        "1".into(),
-                        "used".into(),
-                        bad.into(),
-                    ],
+                    vec!["ZADD", &leases_key, &future, "7"],
+                    vec!["HSET", &units, "7", "1", "used", bad],
                 ],
             ),
         ];
         for (p, setup) in cases {
             server.cmd(&["FLUSHALL"]).unwrap();
             for cmd in &setup {
-                let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-                server.cmd(&args).unwrap();
+                server.cmd(cmd).unwrap();
             }
             let what = format!("{bad:?}: {setup:?}");
             let ops = [
