@@ -436,8 +436,11 @@ local function sw_step(key, max, per, p, now, cost, out)
   local used, first, newest, count, stale = 0, nil, current, #out + 1, nil
   out[count] = 0
   for j = 1, #h, 2 do
-    local start = int_field(key, 'bucket', h[j])
-    local c = int_field(key, 'bucket ' .. h[j], h[j + 1])
+    local start, c = as_int(h[j]), as_int(h[j + 1])
+    if start == nil or c == nil then -- corrupt: named (only then, off the hot path) and raised
+      int_field(key, 'bucket', h[j])
+      int_field(key, 'bucket ' .. h[j], h[j + 1])
+    end
     if start >= lowest then
       used = used + c
       if start > newest then
