@@ -207,11 +207,14 @@ local function pair_sub(ams, af, bms, bf, m)
 end
 
 -- ----- the algorithms ----------------------------------------------------------------------
--- Each step returns: admits, remaining, reset, retry (-1 = never), write (a function or nil).
-
-local function outcome_refused(remaining, reset, retry)
-  return false, remaining, reset, retry, nil
-end
+-- One step per algorithm (`fw_step`, `sw_step`, `tb_step`; `concurrency` for leases) reads a
+-- limit's stored state, checks it, and judges a cost against it, writing nothing; its `_add`
+-- records an admitted cost. Every path calls them: the lean path (`rate`, single or batched,
+-- and `one` for a policy of one limit) replies with the state the step read, the general path
+-- (`decide`) reports each limit's remaining, reset and retry from what the step returns, and
+-- refunds read through them.
+-- `fw_fast` is the one other way a fixed window is counted: INCRBY first, for checks of
+-- policies of fixed windows only.
 
 -- ----- fixed windows ------------------------------------------------------------------------
 -- One key per window, in one of two encodings, chosen when the window opens:
@@ -308,92 +311,290 @@ local function fw_read(key, now, per, aligned, margin, write, redis_clock)
   return used, r, 'c'
 end
 
-local function fixed_window(key, l, cost, now, margin)
-  local used, reset, enc = fw_read(key, now, l.per, l.aligned, margin, l.write, l.redis_clock)
+-- The fixed window step: the window in `key` as `fw_read` reads it (used, reset, encoding;
+-- nil: none), whether it is open, and whether it admits `cost`.
+local function fw_step(key, max, per, aligned, now, cost, margin, write, redis_clock)
+  local used, reset, enc = fw_read(key, now, per, aligned, margin, write, redis_clock)
   local open = enc ~= nil and now < reset
+  local admits = cost <= max and (cost == 0 or not open or used + cost <= max)
+  return used, reset, enc, open, admits
+end
+
+-- Records `cost` in the window `fw_step` read (`enc`, `open`): added where it is when open,
+-- else a new window ending where one opened now ends.
+local function fw_add(key, enc, open, per, aligned, cost, now, margin, redis_clock)
   if not open then
-    used = 0
+    fw_write(key, window_end(now, per, aligned), cost, now, margin, redis_clock, enc)
+  elseif enc == 'c' then
+    redis.call('INCRBY', key, cost)
+  else
+    redis.call('HINCRBY', key, 'used', cost)
   end
-  local max, per = l.max, l.per
-  local remaining = max - used
-  if remaining < 0 then
-    remaining = 0
+end
+
+-- Whether a counter's end `reset`, read at `now`, belongs to a window that is open and whose
+-- end is where a window of `per` can end (not a counter to re-arm: `fw_read`).
+local function counter_open(reset, now, per, margin)
+  return now < reset and reset <= now + per + margin
+end
+
+-- Takes back the optimistic INCRBYs of the first `m` counters from KEYS[k] (`made[i]`: the
+-- INCRBY created the counter, which is then deleted; `made` is nil when none was).
+local function fw_undo(keys, k, m, cost, made)
+  for i = 0, m - 1 do
+    if made and made[i] then
+      redis.call('DEL', keys[k + i])
+    else
+      redis.call('DECRBY', keys[k + i], cost)
+    end
   end
-  local r
+end
+
+-- The fast path of a check of a cost above zero on a policy of n >= 1 limits, every one a
+-- fixed window (numbers from v[a], 3 per limit): INCRBY first, then the counter's expiry
+-- tells whether its window is open (2 commands per limit); if any refuses, every count is
+-- taken back with DECRBY. A counter INCRBY just made, or whose window has closed, opens a new
+-- window (its expiry set as `rate` would set it, SET PXAT, once all admit) when the caller's
+-- clock fits. Anything else (a cost above a max, a hash window, a counter to re-arm, a
+-- caller's clock too far off Redis's) is undone and left to `rate`: returns nil. Nothing else
+-- is written before a failure is raised, so a failed decision wrote nothing. The reply is
+-- `rate`'s: the state as read.
+local function fw_fast(keys, k, n, v, a, now, cost, margin, redis_clock)
+  -- The reply, sized for one limit (a table that grows is rebuilt as it grows).
+  local out, made, fresh, fits = {1, now, 0, 0}, nil, nil, nil
+  for i = 0, n - 1 do
+    local key, o = keys[k + i], a + 3 * i
+    local max, per = v[o + 1], v[o + 2]
+    if cost > max then
+      fw_undo(keys, k, i, cost, made)
+      return nil
+    end
+    local u = redis.pcall('INCRBY', key, cost)
+    if type(u) ~= 'number' then
+      fw_undo(keys, k, i, cost, made)
+      if string.sub(tostring(u.err), 1, 9) == 'WRONGTYPE' then
+        return nil -- a hash window (or corrupt state `rate` names): nothing was written
+      end
+      corrupt(key, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
+    end
+    local used = u - cost
+    if used < 0 then
+      fw_undo(keys, k, i + 1, cost, made)
+      corrupt(key, 'a fixed-window counter holds ' .. used)
+    end
+    local e = redis.call('PEXPIRETIME', key)
+    local reset = e - margin
+    if e >= 0 and counter_open(reset, now, per, margin) then
+      out[3 + 2 * i], out[4 + 2 * i] = reset, used
+      if u > max then
+        out[1] = 0
+      end
+    else
+      local new = used == 0 and e == -1
+      if new then
+        made = made or {}
+        made[i] = true
+      end
+      if not (new or (e >= 0 and reset <= now)) then
+        fw_undo(keys, k, i + 1, cost, made)
+        return nil
+      end
+      if fits == nil then
+        fits = counter_fits(now, margin, redis_clock)
+      end
+      if not fits then
+        fw_undo(keys, k, i + 1, cost, made)
+        return nil
+      end
+      fresh = fresh or {}
+      fresh[i] = window_end(now, per, v[o] == 2)
+      if new then
+        out[3 + 2 * i], out[4 + 2 * i] = 0, 0
+      else
+        out[3 + 2 * i], out[4 + 2 * i] = reset, used
+      end
+    end
+  end
+  if out[1] == 0 then
+    fw_undo(keys, k, n, cost, made)
+  elseif fresh then
+    for i, r in pairs(fresh) do
+      redis.call('SET', keys[k + i], cost, 'PXAT', r + margin)
+    end
+  end
+  return out
+end
+
+-- ----- sliding windows ----------------------------------------------------------------------
+
+-- The sliding window step: reads the buckets in `key` (<bucket start> -> units) and writes
+-- into `out` after `out[at]` the count k and the k counted buckets (start, units; any order).
+-- Returns whether it admits `cost`, the units counted, the current bucket's start, the oldest
+-- counted start (nil: none), the newest (at least the current one), the stale fields (nil:
+-- none) and the index of the last value it wrote.
+local function sw_step(key, max, per, p, now, cost, out, at)
+  local h = redis.call('HGETALL', key)
+  local current = now - now % p
+  local lowest = current + p - per
+  local used, first, newest, count, stale = 0, nil, current, at + 1, nil
+  at = count
+  for j = 1, #h, 2 do
+    local start, c = as_int(h[j]), as_int(h[j + 1])
+    if start == nil or c == nil then -- corrupt: named (only then, off the hot path) and raised
+      int_field(key, 'bucket', h[j])
+      int_field(key, 'bucket ' .. h[j], h[j + 1])
+    end
+    if start >= lowest then
+      used = used + c
+      if start > newest then
+        newest = start
+      end
+      if first == nil or start < first then
+        first = start
+      end
+      out[at + 1], out[at + 2] = start, c
+      at = at + 2
+    else
+      stale = stale or {}
+      stale[#stale + 1] = h[j]
+    end
+  end
+  out[count] = (at - count) / 2
+  return cost <= max and (cost == 0 or used + cost <= max), used, current, first, newest, stale,
+    at
+end
+
+-- Records `cost` in the current bucket: PEXPIRE only when that bucket is new (an existing one
+-- was given its expiry when it was made); HDEL of the stale buckets.
+local function sw_add(key, current, newest, per, cost, now, margin, stale)
+  if redis.call('HINCRBY', key, current, cost) == cost then
+    redis.call('PEXPIRE', key, newest + per - now + margin)
+  end
+  if stale then
+    call_chunked('HDEL', key, stale)
+  end
+end
+
+-- The counted buckets `sw_step` appended to `flat` (from flat[2]) as {start, units}, oldest
+-- first.
+local function sw_sorted(flat)
+  local t = {}
+  for j = 2, #flat, 2 do
+    t[#t + 1] = {flat[j], flat[j + 1]}
+  end
+  table.sort(t, function(x, y) return x[1] < y[1] end)
+  return t
+end
+
+-- ----- token buckets ------------------------------------------------------------------------
+
+-- The token bucket step (GCRA): reads the bucket in `key` and judges `cost`, whose step is
+-- (sms, sf) (a cost of 0, a report, steps by nothing). Returns whether it admits, the state as
+-- read (tat, frac; 0, 0: none), how far its TAT lies beyond now (ams, af), and the TAT after
+-- the cost, from now (nms, nf; nil when the cost is above max or burst: no wait admits it).
+local function tb_step(key, max, burst, tms, tf, sms, sf, now, cost)
+  local v = redis.call('HMGET', key, 'tat', 'frac')
+  local tat, frac = int_field(key, 'tat', v[1]), int_field(key, 'frac', v[2])
+  if (tat == nil) ~= (frac == nil) then
+    corrupt(key, 'a token bucket needs both tat and frac')
+  end
+  local ams, af = 0, 0
+  if tat == nil then
+    tat, frac = 0, 0
+  elseif frac >= max then
+    corrupt(key, 'frac ' .. fmt(frac) .. ' is not below max')
+  elseif tat > now or (tat == now and frac > 0) then
+    ams, af = tat - now, frac
+  end
+  if cost > max or cost > burst then
+    return false, tat, frac, ams, af, nil, nil
+  end
+  if cost == 0 then
+    sms, sf = 0, 0
+  end
+  local nms, nf = pair_add(ams, af, sms, sf, max)
+  return not pair_gt(nms, nf, tms, tf), tat, frac, ams, af, nms, nf
+end
+
+-- Records an admitted cost: the new TAT, now + (nms, nf), expiring with it + margin.
+local function tb_add(key, nms, nf, now, margin)
+  local ttl = nms + margin
+  if nf > 0 then
+    ttl = ttl + 1
+  end
+  redis.call('HSET', key, 'tat', now + nms, 'frac', nf)
+  redis.call('PEXPIRE', key, ttl)
+end
+
+-- The bucket step of `g` units from the step of one (sms, sf): g times (ms, frac), by doubling,
+-- so every intermediate stays exact (each partial step is at most the step of g <= burst).
+local function scale_step(sms, sf, max, g)
+  local rms, rf = 0, 0
+  while g > 0 do
+    local half = floor(g / 2)
+    if g - half * 2 == 1 then
+      rms, rf = pair_add(rms, rf, sms, sf, max)
+    end
+    g = half
+    if g > 0 then
+      sms, sf = pair_add(sms, sf, sms, sf, max)
+    end
+  end
+  return rms, rf
+end
+
+-- ----- the general path: each limit's report ------------------------------------------------
+-- Each returns: admits, remaining, reset, retry (-1 = never), write (a function or nil).
+
+local function outcome_refused(remaining, reset, retry)
+  return false, remaining, reset, retry, nil
+end
+
+local function fixed_window(key, l, cost, now, margin)
+  local max, per, aligned = l.max, l.per, l.aligned
+  local used, reset, enc, open, admits =
+    fw_step(key, max, per, aligned, now, cost, margin, l.write, l.redis_clock)
+  local remaining = max
+  if open then
+    remaining = math.max(max - used, 0)
+  end
+  local r = now
   if open then
     r = reset
-  elseif l.aligned then
+  elseif aligned then
     r = window_end(now, per, true)
-  else
-    r = now
   end
   if cost > max then
     return outcome_refused(remaining, r, -1)
   end
-  if cost > remaining then
+  if not admits then
     return outcome_refused(remaining, r, r - now)
   end
   if cost == 0 then
     return true, remaining, r, 0, nil
   end
-  if open then
-    return true, remaining - cost, r, 0, function()
-      if enc == 'c' then
-        redis.call('INCRBY', key, cost)
-      else
-        redis.call('HINCRBY', key, 'used', cost)
-      end
-    end
+  if not open then
+    r = window_end(now, per, aligned)
   end
-  local new_reset = window_end(now, per, l.aligned)
-  return true, remaining - cost, new_reset, 0, function()
-    fw_write(key, new_reset, cost, now, margin, l.redis_clock, enc)
+  return true, remaining - cost, r, 0, function()
+    fw_add(key, enc, open, per, aligned, cost, now, margin, l.redis_clock)
   end
-end
-
--- The counted buckets of a sliding window, oldest first, and the stale fields.
-local function sliding_buckets(key, l, now)
-  local h = redis.call('HGETALL', key)
-  local p, per = l.precision, l.per
-  local current = now - (now - idiv(now, p) * p)
-  local lowest = current + p - per
-  if lowest < 0 then
-    lowest = 0
-  end
-  local counted, stale = {}, {}
-  for i = 1, #h, 2 do
-    local start = int_field(key, 'bucket', h[i])
-    local n = int_field(key, 'bucket ' .. h[i], h[i + 1])
-    if start >= lowest then
-      counted[#counted + 1] = {start, n}
-    else
-      stale[#stale + 1] = h[i]
-    end
-  end
-  table.sort(counted, function(a, b) return a[1] < b[1] end)
-  return counted, stale, current
 end
 
 local function sliding_window(key, l, cost, now, margin)
-  local counted, stale, current = sliding_buckets(key, l, now)
-  local max, per = l.max, l.per
-  local used = 0
-  for i = 1, #counted do
-    used = used + counted[i][2]
-  end
-  local remaining = max - used
-  if remaining < 0 then
-    remaining = 0
-  end
+  local max, per, flat = l.max, l.per, {}
+  local admits, used, current, first, newest, stale =
+    sw_step(key, max, per, l.precision, now, cost, flat, 0)
+  local remaining = math.max(max - used, 0)
   local r = now
-  if #counted > 0 then
-    r = counted[1][1] + per
+  if first then
+    r = first + per
   end
   if cost > max then
     return outcome_refused(remaining, r, -1)
   end
-  if cost > remaining then
-    local left = used
+  if not admits then
+    local counted, left = sw_sorted(flat), used
     for i = 1, #counted do
       left = left - counted[i][2]
       if cost <= max - left then
@@ -406,36 +607,12 @@ local function sliding_window(key, l, cost, now, margin)
     return true, remaining, r, 0, nil
   end
   local oldest = current
-  if #counted > 0 and counted[1][1] < current then
-    oldest = counted[1][1]
-  end
-  local newest = current
-  if #counted > 0 and counted[#counted][1] > current then
-    newest = counted[#counted][1]
+  if first and first < current then
+    oldest = first
   end
   return true, remaining - cost, oldest + per, 0, function()
-    redis.call('HINCRBY', key, fmt(current), fmt(cost))
-    if #stale > 0 then
-      call_chunked('HDEL', key, stale)
-    end
-    redis.call('PEXPIRE', key, fmt(newest + per - now + margin))
+    sw_add(key, current, newest, per, cost, now, margin, stale)
   end
-end
-
--- How far the stored TAT lies beyond now, as a pair (ms, frac).
-local function bucket_ahead(key, l, now)
-  local v = redis.call('HMGET', key, 'tat', 'frac')
-  local tat, frac = int_field(key, 'tat', v[1]), int_field(key, 'frac', v[2])
-  if (tat == nil) ~= (frac == nil) then
-    corrupt(key, 'a token bucket needs both tat and frac')
-  end
-  if tat ~= nil and frac >= l.max then
-    corrupt(key, 'frac ' .. fmt(frac) .. ' is not below max')
-  end
-  if tat ~= nil and (tat > now or (tat == now and frac > 0)) then
-    return tat - now, frac
-  end
-  return 0, 0
 end
 
 local function bucket_remaining(l, ams, af)
@@ -453,30 +630,24 @@ local function ceil_ms(ms, f)
   return ms
 end
 
+
 local function token_bucket(key, l, cost, now, margin)
-  local ams, af = bucket_ahead(key, l, now)
+  local admits, _, _, ams, af, nms, nf =
+    tb_step(key, l.max, l.burst, l.tau_ms, l.tau_frac, l.step_ms, l.step_frac, now, cost)
   local remaining = bucket_remaining(l, ams, af)
   local reset = now + ceil_ms(ams, af)
-  if cost > l.max or cost > l.burst then
+  if nms == nil then
     return outcome_refused(remaining, reset, -1)
   end
-  -- The step in ARGV is for the request's cost; a cost of 0 (a report) steps by nothing.
-  local sms, sf = l.step_ms, l.step_frac
-  if cost == 0 then
-    sms, sf = 0, 0
-  end
-  local nms, nf = pair_add(ams, af, sms, sf, l.max)
-  if pair_gt(nms, nf, l.tau_ms, l.tau_frac) then
+  if not admits then
     local wms, wf = pair_sub(nms, nf, l.tau_ms, l.tau_frac, l.max)
     return outcome_refused(remaining, reset, ceil_ms(wms, wf))
   end
   if cost == 0 then
     return true, remaining, reset, 0, nil
   end
-  local new_reset = now + ceil_ms(nms, nf)
-  return true, bucket_remaining(l, nms, nf), new_reset, 0, function()
-    redis.call('HSET', key, 'tat', fmt(now + nms), 'frac', fmt(nf))
-    redis.call('PEXPIRE', key, fmt(new_reset - now + margin))
+  return true, bucket_remaining(l, nms, nf), now + ceil_ms(nms, nf), 0, function()
+    tb_add(key, nms, nf, now, margin)
   end
 end
 
@@ -626,10 +797,13 @@ local function refund_fixed(key, l, cost, now, margin)
 end
 
 local function refund_sliding(key, l, cost, now, margin)
-  local counted, stale = sliding_buckets(key, l, now)
+  local flat = {}
+  local _, _, _, _, _, stale = sw_step(key, l.max, l.per, l.precision, now, 0, flat, 0)
+  local counted = sw_sorted(flat)
   if #counted == 0 then
     return
   end
+  stale = stale or {}
   local left = cost
   for i = #counted, 1, -1 do
     if left == 0 then
@@ -653,7 +827,7 @@ local function refund_sliding(key, l, cost, now, margin)
 end
 
 local function refund_bucket(key, l, cost, now, margin)
-  local ams, af = bucket_ahead(key, l, now)
+  local _, _, _, ams, af = tb_step(key, l.max, l.burst, l.tau_ms, l.tau_frac, 0, 0, now, 0)
   if ams == 0 and af == 0 then
     return
   end
@@ -755,24 +929,6 @@ local function decide(keys, now, cost, margin, limits, record)
   return reply
 end
 
--- The bucket step of `g` units from the step of one: g times (ms, frac), by doubling, so every
--- intermediate stays exact (each partial step is at most the step of g <= burst).
-local function scale_step(l, g)
-  local rms, rf = 0, 0
-  local pms, pf = l.step_ms, l.step_frac
-  while g > 0 do
-    local half = floor(g / 2)
-    if g - half * 2 == 1 then
-      rms, rf = pair_add(rms, rf, pms, pf, l.max)
-    end
-    g = half
-    if g > 0 then
-      pms, pf = pair_add(pms, pf, pms, pf, l.max)
-    end
-  end
-  return rms, rf
-end
-
 -- Takes the most every limit admits now, between `cost` and the batch in the last ARGV
 -- (evaluate.rs `acquire`): each limit's remaining at cost 0 is exactly the most it admits.
 local function acquire(keys, args, now, cost, margin, limits)
@@ -796,7 +952,8 @@ local function acquire(keys, args, now, cost, margin, limits)
   end
   for i = 1, #limits do
     if limits[i].alg == 4 then
-      limits[i].step_ms, limits[i].step_frac = scale_step(limits[i], take)
+      local l = limits[i]
+      l.step_ms, l.step_frac = scale_step(l.step_ms, l.step_frac, l.max, take)
     end
   end
   local reply = decide(keys, now, take, margin, limits, true)
@@ -816,7 +973,6 @@ local function acquire(keys, args, now, cost, margin, limits)
   reply[#reply + 1] = holders
   return reply
 end
-
 -- ----- rate policies: the lean path -----------------------------------------------------------
 -- A check or peek of a policy whose limits are fixed windows, sliding windows and token buckets
 -- (any mix): the calls that make up nearly all the traffic. The Rust caller has validated
@@ -824,7 +980,8 @@ end
 -- the stored state is checked, before anything is written. The script decides and writes; it
 -- returns each limit's state as it was read, and the caller computes every reported number
 -- (remaining, reset, retry_after, the binding limit) with `sluice_core::evaluate` itself, the
--- very function the memory store runs. One pass, no table per limit, numbers passed to Redis
+-- very function the memory store runs. The same steps as the general path, without its
+-- closures and reports: no table per limit for a policy of one limit, numbers passed to Redis
 -- as they are.
 --
 -- Lean layout (functions __LIB___rate and __LIB___rate_ro):
@@ -845,419 +1002,148 @@ end
 --   fixed window    inside an open window only `used` (INCRBY of the counter, HINCRBY of
 --                   the hash): the expiry set when it opened still covers it; a new window:
 --                   SET counter cost PXAT end + margin, or HSET reset and used + PEXPIRE
---                   end - now + margin. A check of cost 1..max of a policy of fixed windows
---                   only takes `fw_fast` (one) or `fw_fast_n` (several): INCRBY, then
---                   PEXPIRETIME (DECRBY when refused; undone and left to the full path when
---                   the key holds a hash or a counter to re-arm).
+--                   end - now + margin. A check of a policy of fixed windows only takes
+--                   `fw_fast` first: INCRBY, then PEXPIRETIME (DECRBY when refused; undone
+--                   and left to `rate` when the key holds a hash or a counter to re-arm).
 --   sliding window  HINCRBY of the current bucket; PEXPIRE only when that bucket is new (an
 --                   existing one was given its expiry when it was made); HDEL of stale buckets
 --   token bucket    HSET tat and frac, PEXPIRE the new TAT + margin
--- A check of cost 1..max (a bucket: 1..min(max, burst)) of a policy of one token bucket or
--- one sliding window takes `tb_fast` or `sw_fast`: the same commands, reads and writes as the
--- full path, without its tables and second pass.
+-- The general path writes the same (the same `_add` functions).
 
--- An integer read from stored state: a number, whole, 0 to 2^53; anything else is corrupt.
-local function stored(key, name, v)
-  local n = as_int(v)
-  if n == nil then
-    corrupt(key, 'field ' .. name .. ' holds ' .. tostring(v) .. ', not an integer')
-  end
-  return n
-end
+-- The number of values per limit on the lean layout, by algorithm.
+local WIDTH = {3, 3, 4, 8}
 
--- Whether a counter's end `reset`, read at `now`, belongs to a window that is open and whose
--- end is where a window of `per` can end (not a counter to re-arm: `fw_read`).
-local function counter_open(reset, now, per, margin)
-  return now < reset and reset <= now + per + margin
-end
-
--- The fast path of a check of cost 1..max on a policy of one fixed window: INCRBY first, then
--- the counter's expiry tells whether its window is open (2 commands; a refusal takes its count
--- back with DECRBY). A counter INCRBY just made, or whose window has closed, opens a new window
--- (its expiry set as `rate` would set it) when the caller's clock fits. Anything else (a hash
--- window, a counter to re-arm, a caller's clock too far off Redis's) is undone and left to
--- `rate`: returns nil. The reply is `rate`'s: the state as read.
-local function fw_fast(key, max, per, aligned, now, cost, margin, redis_clock)
-  local u = redis.pcall('INCRBY', key, cost)
-  if type(u) ~= 'number' then
-    if string.sub(tostring(u.err), 1, 9) == 'WRONGTYPE' then
-      return nil -- a hash window (or corrupt state `rate` names): nothing was written
-    end
-    corrupt(key, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
-  end
-  local used = u - cost
-  if used < 0 then
-    redis.call('DECRBY', key, cost)
-    corrupt(key, 'a fixed-window counter holds ' .. used)
-  end
-  local e = redis.call('PEXPIRETIME', key)
-  local reset = e - margin
-  if e >= 0 and counter_open(reset, now, per, margin) then
-    if u <= max then
-      return {1, now, reset, used}
-    end
-    redis.call('DECRBY', key, cost)
-    return {0, now, reset, used}
-  end
-  if (used == 0 and e == -1) or (e >= 0 and reset <= now) then
-    if counter_fits(now, margin, redis_clock) then
-      redis.call('SET', key, cost, 'PXAT', window_end(now, per, aligned) + margin)
-      if e < 0 then
-        return {1, now, 0, 0}
-      end
-      return {1, now, reset, used}
-    end
-  end
-  if used == 0 and e == -1 then
-    redis.call('DEL', key)
+-- Records `cost` in limit `alg` of `key` as its step left it (x, y, z: what `rate` kept of
+-- the step's answer for the write).
+local function add(alg, key, per, x, y, z, cost, now, margin, redis_clock)
+  if alg == 1 or alg == 2 then
+    fw_add(key, x, y, per, alg == 2, cost, now, margin, redis_clock)
+  elseif alg == 3 then
+    sw_add(key, x, y, per, cost, now, margin, z)
   else
-    redis.call('DECRBY', key, cost)
-  end
-  return nil
-end
-
--- Takes back the optimistic INCRBYs of the first `m` counters from KEYS[k] (`made[i]`: the
--- INCRBY created the counter, which is then deleted).
-local function fw_undo(keys, k, m, cost, made)
-  for i = 0, m - 1 do
-    if made[i] then
-      redis.call('DEL', keys[k + i])
-    else
-      redis.call('DECRBY', keys[k + i], cost)
-    end
+    tb_add(key, x, y, now, margin)
   end
 end
 
--- `fw_fast` for a policy of n >= 2 limits, every one a fixed window (values from ARGV[a], 3
--- per limit): INCRBY + PEXPIRETIME per limit, then, if any refuses, every count is taken
--- back; windows that open are given their expiry (SET PXAT) once all admit. Nothing else is
--- written before a failure is raised, so a failed decision wrote nothing. Returns nil
--- (everything undone) where `rate` must decide.
-local function fw_fast_n(keys, k, n, args, a, now, cost, margin, redis_clock)
-  local out, made, fresh = {1, now}, {}, nil
-  local allowed, fits = true, nil
+-- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values (as
+-- numbers) start at v[a]; `n` limits. With `unit`, a bucket's step in `v` is that of one
+-- unit and is scaled to the cost here. Every limit is read and judged before anything is
+-- written; a policy of one limit writes at once, without a table but the reply.
+local function rate(keys, k, v, a, n, now, cost, margin, record, unit, redis_clock)
+  -- The reply, sized for one fixed window or bucket (a table that grows is rebuilt as it
+  -- grows); `at`: the index of its last value.
+  local out, at = {1, now, 0, 0}, 2
+  local write = record and cost > 0
+  local pending = nil -- what each limit would write, for a policy of several
+  local o = a
   for i = 0, n - 1 do
-    local key, o = keys[k + i], a + 3 * i
-    local max, per = tonumber(args[o + 1]), tonumber(args[o + 2])
-    if cost > max then
-      fw_undo(keys, k, i, cost, made)
-      return nil
-    end
-    local u = redis.pcall('INCRBY', key, cost)
-    if type(u) ~= 'number' then
-      fw_undo(keys, k, i, cost, made)
-      if string.sub(tostring(u.err), 1, 9) == 'WRONGTYPE' then
-        return nil
-      end
-      corrupt(key, 'a fixed-window counter is not an integer (' .. tostring(u.err) .. ')')
-    end
-    local used = u - cost
-    local e = redis.call('PEXPIRETIME', key)
-    local reset = e - margin
-    made[i] = used == 0 and e == -1
-    if used < 0 then
-      fw_undo(keys, k, i + 1, cost, made)
-      corrupt(key, 'a fixed-window counter holds ' .. used)
-    end
-    if e >= 0 and counter_open(reset, now, per, margin) then
-      out[3 + 2 * i], out[4 + 2 * i] = reset, used
-      if u > max then
-        allowed = false
-      end
-    else
-      if fits == nil then
-        fits = counter_fits(now, margin, redis_clock)
-      end
-      if not (fits and (made[i] or (e >= 0 and reset <= now))) then
-        fw_undo(keys, k, i + 1, cost, made)
-        return nil
-      end
-      fresh = fresh or {}
-      fresh[i] = window_end(now, per, args[o] == '2')
-      if made[i] then
-        out[3 + 2 * i], out[4 + 2 * i] = 0, 0
+    local key, alg, max, per = keys[k + i], v[o], v[o + 1], v[o + 2]
+    local admits, x, y, z, _
+    if alg == 1 or alg == 2 then
+      local used, reset
+      used, reset, x, y, admits = fw_step(key, max, per, alg == 2, now, cost, margin, record,
+        redis_clock)
+      if x then
+        out[at + 1], out[at + 2] = reset, used
       else
-        out[3 + 2 * i], out[4 + 2 * i] = reset, used
+        out[at + 1], out[at + 2] = 0, 0
       end
+      at = at + 2
+    elseif alg == 3 then
+      admits, _, x, _, y, z, at = sw_step(key, max, per, v[o + 3], now, cost, out, at)
+    else
+      local burst, sms, sf = v[o + 3], v[o + 6], v[o + 7]
+      if unit and cost > 1 and cost <= max and cost <= burst then
+        sms, sf = scale_step(sms, sf, max, cost)
+      end
+      local tat, frac
+      admits, tat, frac, _, _, x, y = tb_step(key, max, burst, v[o + 4], v[o + 5], sms, sf, now,
+        cost)
+      out[at + 1], out[at + 2] = tat, frac
+      at = at + 2
+    end
+    o = o + WIDTH[alg]
+    if not admits then
+      out[1], write = 0, false
+    elseif write and n == 1 then
+      add(alg, key, per, x, y, z, cost, now, margin, redis_clock)
+    elseif write then
+      pending = pending or {}
+      pending[i + 1] = {alg, per, x, y, z}
     end
   end
-  if not allowed then
-    fw_undo(keys, k, n, cost, made)
-    out[1] = 0
-  elseif fresh then
-    for i, r in pairs(fresh) do
-      redis.call('SET', keys[k + i], cost, 'PXAT', r + margin)
+  if write and n > 1 then
+    for i = 0, n - 1 do
+      local w = pending[i + 1]
+      add(w[1], keys[k + i], w[2], w[3], w[4], w[5], cost, now, margin, redis_clock)
     end
   end
+  out[at + 1] = nil -- a lone sliding window without buckets leaves one slot unused
   return out
 end
 
--- Whether the `n` limits whose values start at ARGV[a] are all fixed windows.
-local function all_fixed(args, a, n)
+-- A check of a policy of one sliding window or token bucket (values from v[a]): the limit's
+-- step, then its `_add` when it admits, as `rate` runs them for one limit, without its loop
+-- over limits (a tenth of a token bucket's Lua time in a batch).
+local function one(key, v, a, now, cost, margin, unit)
+  local alg, max, per = v[a], v[a + 1], v[a + 2]
+  if alg == 3 then
+    local out = {1, now}
+    local admits, _, current, _, newest, stale =
+      sw_step(key, max, per, v[a + 3], now, cost, out, 2)
+    if admits then
+      sw_add(key, current, newest, per, cost, now, margin, stale)
+    else
+      out[1] = 0
+    end
+    return out
+  end
+  local burst, sms, sf = v[a + 3], v[a + 6], v[a + 7]
+  if unit and cost > 1 and cost <= max and cost <= burst then
+    sms, sf = scale_step(sms, sf, max, cost)
+  end
+  local admits, tat, frac, _, _, nms, nf =
+    tb_step(key, max, burst, v[a + 4], v[a + 5], sms, sf, now, cost)
+  if not admits then
+    return {0, now, tat, frac}
+  end
+  tb_add(key, nms, nf, now, margin)
+  return {1, now, tat, frac}
+end
+
+-- Whether the `n` limits whose values start at v[a] are all fixed windows.
+local function all_fixed(v, a, n)
   for i = 0, n - 1 do
-    local alg = args[a + 3 * i]
-    if alg ~= '1' and alg ~= '2' then
+    local alg = v[a + 3 * i]
+    if alg ~= 1 and alg ~= 2 then
       return false
     end
   end
   return true
 end
 
--- A bucket's units as stored: `stored`, naming the bucket only when it is corrupt.
-local function bucket_units(key, start, v)
-  local n = as_int(v)
-  if n == nil then
-    stored(key, 'bucket ' .. start, v)
+-- `args[from..to]` as numbers, into `v` at `from - shift..to - shift` (from index 1, a table's
+-- array part: read faster than its hash part).
+local function numbers(args, from, to, v, shift)
+  for i = from, to do
+    v[i - shift] = tonumber(args[i])
   end
-  return n
-end
-
--- A token bucket's stored state, checked before anything is written: tat and frac as read
--- (0, 0: none), and how far the TAT lies beyond now as a pair (ms, frac).
-local function tb_read(key, max, now)
-  local v = redis.call('HMGET', key, 'tat', 'frac')
-  local tat, frac = v[1], v[2]
-  if not tat then
-    if frac then
-      corrupt(key, 'a token bucket needs both tat and frac')
-    end
-    return 0, 0, 0, 0
-  end
-  if not frac then
-    corrupt(key, 'a token bucket needs both tat and frac')
-  end
-  tat, frac = stored(key, 'tat', tat), stored(key, 'frac', frac)
-  if frac >= max then
-    corrupt(key, 'frac ' .. frac .. ' is not below max')
-  end
-  if tat > now or (tat == now and frac > 0) then
-    return tat, frac, tat - now, frac
-  end
-  return tat, frac, 0, 0
-end
-
--- A sliding window's buckets, checked before anything is written: appends the count k and the
--- k counted buckets (start, units) to `out`; returns the units they hold, the current bucket's
--- start, the newest start (at least the current one) and the stale fields (nil: none).
-local function sw_read(key, per, p, now, out)
-  local h = redis.call('HGETALL', key)
-  local current = now - now % p
-  local lowest = current + p - per
-  local used, newest, count, stale = 0, current, #out + 1, nil
-  out[count] = 0
-  for j = 1, #h, 2 do
-    local start = stored(key, 'bucket', h[j])
-    local c = bucket_units(key, h[j], h[j + 1])
-    if start >= lowest then
-      used = used + c
-      if start > newest then
-        newest = start
-      end
-      out[#out + 1], out[#out + 2] = start, c
-    else
-      stale = stale or {}
-      stale[#stale + 1] = h[j]
-    end
-  end
-  out[count] = (#out - count) / 2
-  return used, current, newest, stale
-end
-
--- A token bucket's values from ARGV[a] (its algorithm's) as numbers: max, tau (ms, frac) and
--- step (ms, frac); a sliding window's: max, per, precision. A batch reads them once.
-local function tb_values(args, a)
-  return tonumber(args[a + 1]), tonumber(args[a + 4]), tonumber(args[a + 5]),
-    tonumber(args[a + 6]), tonumber(args[a + 7])
-end
-local function sw_values(args, a)
-  return tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
-end
-
--- The fast path of a check of cost 1..min(max, burst) on a policy of one token bucket (max,
--- tau and step as `tb_values` reads them): HMGET, then HSET + PEXPIRE when it admits, with
--- the checks of stored state `rate` makes and no table but the reply. With `unit`, the step
--- is that of one unit (a batch) and is scaled to the cost here.
-local function tb_fast(key, max, tms, tf, sms, sf, now, cost, margin, unit)
-  local tat, frac, ams, af = tb_read(key, max, now)
-  if unit and cost > 1 then
-    sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
-  end
-  local nms, nf = pair_add(ams, af, sms, sf, max)
-  if pair_gt(nms, nf, tms, tf) then
-    return {0, now, tat, frac}
-  end
-  local ttl = nms + margin
-  if nf > 0 then
-    ttl = ttl + 1
-  end
-  redis.call('HSET', key, 'tat', now + nms, 'frac', nf)
-  redis.call('PEXPIRE', key, ttl)
-  return {1, now, tat, frac}
-end
-
--- The fast path of a check of cost 1..max on a policy of one sliding window (max, per and
--- precision as `sw_values` reads them): HGETALL, then HINCRBY of the current bucket when it
--- admits (PEXPIRE when that bucket is new, HDEL of stale buckets), as `rate` decides and
--- writes it, with no table but the reply and the stale fields.
-local function sw_fast(key, max, per, p, now, cost, margin)
-  local out = {1, now}
-  local used, current, newest, stale = sw_read(key, per, p, now, out)
-  if used + cost > max then
-    out[1] = 0
-    return out
-  end
-  if redis.call('HINCRBY', key, current, cost) == cost then
-    redis.call('PEXPIRE', key, newest + per - now + margin)
-  end
-  if stale then
-    call_chunked('HDEL', key, stale)
-  end
-  return out
-end
-
--- Decides `cost` for the policy whose keys start at KEYS[k] and whose limits' values start at
--- ARGV[a]; `n` limits. With `unit`, a bucket's step in ARGV is that of one unit and is scaled
--- to the cost here. Appends the reply to `out` (from `out[o]`) and returns it.
-local function rate(keys, k, args, a, n, now, cost, margin, record, unit, redis_clock)
-  local out = {1, now}
-  local allowed = true
-  -- Pass 1: read and judge every limit; remember what a write would need.
-  local w = {}
-  local o = a
-  for i = 0, n - 1 do
-    local key, alg, max, per = keys[k + i], args[o], tonumber(args[o + 1]), tonumber(args[o + 2])
-    if alg == '1' or alg == '2' then
-      local aligned = alg == '2'
-      local used, reset, enc = fw_read(key, now, per, aligned, margin, record, redis_clock)
-      if enc then
-        out[#out + 1], out[#out + 2] = reset, used
-      else
-        out[#out + 1], out[#out + 2] = 0, 0
-      end
-      if cost > max then
-        allowed = false
-      elseif enc and now < reset then
-        if cost > 0 and used + cost > max then
-          allowed = false
-        end
-        w[i + 1] = enc -- open: add to used where it is
-      else
-        w[i + 1] = {window_end(now, per, aligned), enc} -- a new window ending there
-      end
-      o = o + 3
-    elseif alg == '3' then
-      local used, current, newest, stale = sw_read(key, per, tonumber(args[o + 3]), now, out)
-      if cost > max or (cost > 0 and used + cost > max) then
-        allowed = false
-      end
-      w[i + 1] = {current, newest + per, stale}
-      o = o + 4
-    else
-      local burst = tonumber(args[o + 3])
-      local tat, frac, ams, af = tb_read(key, max, now)
-      out[#out + 1], out[#out + 2] = tat, frac
-      if cost > max or cost > burst then
-        allowed = false
-      else
-        local sms, sf = 0, 0
-        if cost > 0 then
-          sms, sf = tonumber(args[o + 6]), tonumber(args[o + 7])
-          if unit and cost > 1 then
-            sms, sf = scale_step({step_ms = sms, step_frac = sf, max = max}, cost)
-          end
-        end
-        local nms, nf = pair_add(ams, af, sms, sf, max)
-        if pair_gt(nms, nf, tonumber(args[o + 4]), tonumber(args[o + 5])) then
-          allowed = false
-        end
-        w[i + 1] = {nms, nf}
-      end
-      o = o + 8
-    end
-  end
-  -- Pass 2: record the cost in every limit, only if all admit.
-  if allowed and record and cost > 0 then
-    o = a
-    for i = 0, n - 1 do
-      local key, alg, x = keys[k + i], args[o], w[i + 1]
-      if alg == '1' or alg == '2' then
-        if x == 'c' then
-          redis.call('INCRBY', key, cost)
-        elseif x == 'h' then
-          redis.call('HINCRBY', key, 'used', cost)
-        else
-          fw_write(key, x[1], cost, now, margin, redis_clock, x[2])
-        end
-        o = o + 3
-      elseif alg == '3' then
-        if redis.call('HINCRBY', key, x[1], cost) == cost then
-          redis.call('PEXPIRE', key, x[2] - now + margin)
-        end
-        if x[3] then
-          call_chunked('HDEL', key, x[3])
-        end
-        o = o + 4
-      else
-        local reset = now + x[1]
-        if x[2] > 0 then
-          reset = reset + 1
-        end
-        redis.call('HSET', key, 'tat', now + x[1], 'frac', x[2])
-        redis.call('PEXPIRE', key, reset - now + margin)
-        o = o + 8
-      end
-    end
-  end
-  if not allowed then
-    out[1] = 0
-  end
-  return out
-end
-
--- The number of ARGV values of the `n` limits whose values start at ARGV[a].
-local function rate_width(args, a, n)
-  local o = a
-  for _ = 1, n do
-    local alg = args[o]
-    if alg == '3' then
-      o = o + 4
-    elseif alg == '4' then
-      o = o + 8
-    else
-      o = o + 3
-    end
-  end
-  return o - a
+  return v
 end
 
 -- A single call on the lean layout.
 local function rate_call(keys, args, record)
   local now, cost, margin = now_of(args[1]), tonumber(args[2]), tonumber(args[3])
-  local alg = args[4]
-  if record and #keys == 1 and (alg == '1' or alg == '2') and cost > 0
-    and cost <= tonumber(args[5]) then
-    local r = fw_fast(keys[1], tonumber(args[5]), tonumber(args[6]), alg == '2', now, cost,
-      margin, args[1] == 'redis')
+  local v, n, redis_clock = numbers(args, 4, #args, {}, 3), #keys, args[1] == 'redis'
+  if record and cost > 0 and all_fixed(v, 1, n) then
+    local r = fw_fast(keys, 1, n, v, 1, now, cost, margin, redis_clock)
     if r then
       return r
     end
+  elseif record and cost > 0 and n == 1 then
+    return one(keys[1], v, 1, now, cost, margin, false)
   end
-  if record and #keys == 1 and cost > 0 and cost <= tonumber(args[5]) then
-    if alg == '4' and cost <= tonumber(args[7]) then
-      local max, tms, tf, sms, sf = tb_values(args, 4)
-      return tb_fast(keys[1], max, tms, tf, sms, sf, now, cost, margin, false)
-    elseif alg == '3' then
-      local max, per, p = sw_values(args, 4)
-      return sw_fast(keys[1], max, per, p, now, cost, margin)
-    end
-  end
-  if record and #keys > 1 and cost > 0 and all_fixed(args, 4, #keys) then
-    local r = fw_fast_n(keys, 1, #keys, args, 4, now, cost, margin, args[1] == 'redis')
-    if r then
-      return r
-    end
-  end
-  return rate(keys, 1, args, 4, #keys, now, cost, margin, record, false, args[1] == 'redis')
+  return rate(keys, 1, v, 1, n, now, cost, margin, record, false, redis_clock)
 end
 
 -- ----- a batch: the concurrent decisions of one Redis (one slot) in one call ---------------------
@@ -1275,26 +1161,19 @@ end
 -- Reply: one entry per decision, the lean reply or an error.
 local function batch(keys, args)
   local margin, redis_time = tonumber(args[1]), args[2] == 'redis'
-  local policies, a = {}, 4
+  -- Each policy: where its values start in `v` (as numbers, read once), its n, and whether
+  -- its limits are all fixed windows (`fw_fast`).
+  local policies, v, a = {}, {}, 4
   for p = 1, tonumber(args[3]) do
     local n = tonumber(args[a])
-    policies[p] = {a + 1, n}
-    local alg = args[a + 1]
-    if n == 1 and (alg == '1' or alg == '2') then
-      -- One fixed window: its max, per and alignment, for `fw_fast`.
-      policies[p][3], policies[p][4] = tonumber(args[a + 2]), tonumber(args[a + 3])
-      policies[p][5] = alg == '2'
-    elseif n > 1 and all_fixed(args, a + 1, n) then
-      policies[p][6] = true -- every limit a fixed window: `fw_fast_n`
-    elseif n == 1 and alg == '4' then
-      -- One token bucket: `tb_fast` takes costs up to the smaller of max and burst.
-      policies[p][7] = math.min(tonumber(args[a + 2]), tonumber(args[a + 4]))
-      policies[p][9] = {tb_values(args, a + 1)}
-    elseif n == 1 and alg == '3' then
-      policies[p][8] = tonumber(args[a + 2]) -- one sliding window, up to max: `sw_fast`
-      policies[p][9] = {sw_values(args, a + 1)}
+    local o = a + 1
+    for _ = 1, n do
+      local width = WIDTH[tonumber(args[o])]
+      numbers(args, o, o + width - 1, v, 4)
+      o = o + width
     end
-    a = a + 1 + rate_width(args, a + 1, n)
+    policies[p] = {a - 3, n, all_fixed(v, a - 3, n)}
+    a = o
   end
   local now = nil
   if redis_time then
@@ -1306,19 +1185,13 @@ local function batch(keys, args)
     local at = now or tonumber(args[e + 2])
     local cost, record = tonumber(args[e + 3]), args[e] == '1'
     local ok, r = true, nil
-    if p[3] and record and cost > 0 and cost <= p[3] then
-      ok, r = pcall(fw_fast, keys[k], p[3], p[4], p[5], at, cost, margin, redis_time)
-    elseif p[6] and record and cost > 0 then
-      ok, r = pcall(fw_fast_n, keys, k, p[2], args, p[1], at, cost, margin, redis_time)
-    elseif p[7] and record and cost > 0 and cost <= p[7] then
-      local b = p[9]
-      ok, r = pcall(tb_fast, keys[k], b[1], b[2], b[3], b[4], b[5], at, cost, margin, true)
-    elseif p[8] and record and cost > 0 and cost <= p[8] then
-      local w = p[9]
-      ok, r = pcall(sw_fast, keys[k], w[1], w[2], w[3], at, cost, margin)
+    if p[3] and record and cost > 0 then
+      ok, r = pcall(fw_fast, keys, k, p[2], v, p[1], at, cost, margin, redis_time)
+    elseif p[2] == 1 and record and cost > 0 then
+      ok, r = pcall(one, keys[k], v, p[1], at, cost, margin, true)
     end
     if ok and not r then
-      ok, r = pcall(rate, keys, k, args, p[1], p[2], at, cost, margin, record, true, redis_time)
+      ok, r = pcall(rate, keys, k, v, p[1], p[2], at, cost, margin, record, true, redis_time)
     end
     if ok then
       out[#out + 1] = r

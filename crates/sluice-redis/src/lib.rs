@@ -13,8 +13,8 @@
 //! for one Redis sent as one call), `topology` (standalone with replicas, Sentinel and its
 //! `+switch-master` announcements, Cluster), `codec` (a call's arguments and reply, the wire
 //! format documented in `scripts/sluice.lua`), `config` (what [`RedisConfig`] holds), `script`
-//! (the Lua code and how it is loaded), `error` (Redis errors to [`sluice::StoreError`]) and
-//! `keys`.
+//! (the Lua code and how it is loaded), `error` (Redis errors to [`sluice::StoreError`]),
+//! `keys` and `tasks` (background tasks aborted with their store).
 //!
 //! Redis replicates asynchronously, so a failover can lose acknowledged writes and admit
 //! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow
@@ -48,6 +48,7 @@ pub mod regions;
 mod script;
 mod sharded;
 mod store;
+mod tasks;
 mod topology;
 
 pub use config::{

@@ -4,9 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use sluice::{LimitSpec, Policy, StoreExt};
 use sluice_redis::{RedisConfig, RedisStore};
-use sluice_testkit::ServerOptions;
+use support::server_with_alice;
 
 const PASSWORD: &str = "acl-s3cret-0123456789";
 
@@ -15,20 +17,7 @@ async fn an_acl_user_in_the_url_works_and_its_password_never_shows() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    // `alice` may run what Sluice runs, on its keys only (the default user stays for the kit's
-    // readiness PING).
-    let server = ServerOptions::new()
-        .args([
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~sluice:*",
-            "+@all",
-        ])
-        .start()
-        .unwrap();
-    let url = format!("redis://alice:{PASSWORD}@127.0.0.1:{}", server.port());
+    let (server, url) = server_with_alice(PASSWORD);
     let store = RedisStore::connect(RedisConfig::new(url.as_str()))
         .await
         .unwrap();

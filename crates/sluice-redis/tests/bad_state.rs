@@ -19,10 +19,16 @@ fn now() -> u64 {
     sluice::Clock::now_ms(&sluice::SystemClock)
 }
 
-async fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
+/// A fresh Redis and a store on it; `None` (the test is skipped) without `redis-server`.
+async fn started() -> Option<(RedisServer, RedisStore)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(5)))
         .await
-        .expect("connect to redis")
+        .expect("connect to redis");
+    Some((server, s))
 }
 
 /// The Redis key of limit `i` of `p` for `key` (a fixed window's carries the default margin
@@ -62,11 +68,9 @@ fn assert_corrupt(what: &str, r: &Result<Decision, StoreError>) {
 /// leaving a counter without expiry that failed for ever) is no longer read at all.
 #[tokio::test]
 async fn a_failed_fast_path_leaves_nothing_behind() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
     let counter = redis_key(&p, "k2", 0);
     let faults: [&[&str]; 3] = [
@@ -139,11 +143,9 @@ fn strip_expiry(server: &RedisServer, counter: &str, how: &str) {
 /// Checks admit what is left of `max`, peeks and refunds decide, single and batched.
 #[tokio::test]
 async fn a_counter_without_expiry_is_rearmed_with_its_count() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(5, 60_000)]);
     for how in ["PERSIST", "RESTORE 0", "SET"] {
         for batch in [false, true] {
@@ -181,15 +183,13 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
 }
 
-/// The same on a policy of several fixed windows (`fw_fast_n`) and of a window and a bucket
-/// (the general lean path).
+/// The same on a policy of several fixed windows (`fw_fast`) and of a window and a bucket
+/// (`rate`, the lean path).
 #[tokio::test]
 async fn a_counter_without_expiry_is_rearmed_on_every_path() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let policies = [
         policy(
             "two",
@@ -239,11 +239,9 @@ const NUMBER_LIKE: [&str; 7] = ["0x1", " 5", "5 ", "1e3", "+5", "05", "1.0"];
 /// same single and batched; deleting the bad key ends it.
 #[tokio::test]
 async fn number_like_strings_are_corrupt_state_before_any_write() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy(
         "mix",
         vec![
@@ -292,11 +290,9 @@ async fn number_like_strings_are_corrupt_state_before_any_write() {
 /// path.
 #[tokio::test]
 async fn number_like_strings_in_any_field_are_corrupt_state() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let bucket = policy("tb", vec![LimitSpec::token_bucket(10, 60_000)]);
     let sliding = policy(
         "sw",
@@ -309,95 +305,41 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
         let sliding_key = redis_key(&sliding, "k", 0);
         let stem = sluice_redis::keys::stem("sluice:", &leases, "k");
         let units = sluice_redis::keys::units_key(&stem);
+        let leases_key = format!("{stem}:cc");
         let current = (t - t % 1_000).to_string();
         let future = (t + 30_000).to_string();
         // A lease's cost is read once it has lapsed.
         let past = (t - 1_000).to_string();
-        let cases: Vec<(&Policy, Vec<Vec<String>>)> = vec![
+        let cases: Vec<(&Policy, Vec<Vec<&str>>)> = vec![
             (
                 &bucket,
-                vec![vec![
-                    "HSET".into(),
-                    bucket_key.clone(),
-                    "tat".into(),
-                    bad.into(),
-                    "frac".into(),
-                    "0".into(),
-                ]],
+                vec![vec!["HSET", &bucket_key, "tat", bad, "frac", "0"]],
             ),
             (
                 &bucket,
-                vec![vec![
-                    "HSET".into(),
-                    bucket_key.clone(),
-                    "tat".into(),
-                    future.clone(),
-                    "frac".into(),
-                    bad.into(),
-                ]],
+                vec![vec!["HSET", &bucket_key, "tat", &future, "frac", bad]],
             ),
-            (
-                &sliding,
-                vec![vec![
-                    "HSET".into(),
-                    sliding_key.clone(),
-                    current.clone(),
-                    bad.into(),
-                ]],
-            ),
-            (
-                &sliding,
-                vec![vec![
-                    "HSET".into(),
-                    sliding_key.clone(),
-                    format!("{bad}"),
-                    "1".into(),
-                ]],
-            ),
+            (&sliding, vec![vec!["HSET", &sliding_key, &current, bad]]),
+            (&sliding, vec![vec!["HSET", &sliding_key, bad, "1"]]),
             (
                 &leases,
                 vec![
-                    vec![
-                        "ZADD".into(),
-                        format!("{stem}:cc"),
-                        past.clone(),
-                        "7".into(),
-                    ],
-                    vec![
-                        "HSET".into(),
-                        units.clone(),
-                        "7".into(),
-                        bad.into(),
-                        "used".into(),
-                        "1".into(),
-                    ],
+                    vec!["ZADD", &leases_key, &past, "7"],
+                    vec!["HSET", &units, "7", bad, "used", "1"],
                 ],
             ),
             (
                 &leases,
                 vec![
-                    vec![
-                        "ZADD".into(),
-                        format!("{stem}:cc"),
-                        future.clone(),
-                        "7".into(),
-                    ],
-                    vec![
-                        "HSET".into(),
-                        units.clone(),
-                        "7".into(),
-                        "1".into(),
-                        "used".into(),
-                        bad.into(),
-                    ],
+                    vec!["ZADD", &leases_key, &future, "7"],
+                    vec!["HSET", &units, "7", "1", "used", bad],
                 ],
             ),
         ];
         for (p, setup) in cases {
             server.cmd(&["FLUSHALL"]).unwrap();
             for cmd in &setup {
-                let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-                server.cmd(&args).unwrap();
+                server.cmd(cmd).unwrap();
             }
             let what = format!("{bad:?}: {setup:?}");
             let ops = [
@@ -425,12 +367,10 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
 /// new.
 #[tokio::test]
 async fn ten_thousand_lapsed_leases_are_dropped_in_one_decision() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
     const N: usize = 10_000;
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    let Some((server, s)) = started().await else {
+        return;
+    };
     let p = policy("cc", vec![LimitSpec::concurrency(20_000, 60_000)]);
     let stem = sluice_redis::keys::stem("sluice:", &p, "k");
     let (set, units) = (format!("{stem}:cc"), sluice_redis::keys::units_key(&stem));
@@ -469,11 +409,9 @@ async fn ten_thousand_lapsed_leases_are_dropped_in_one_decision() {
 /// kind.
 #[tokio::test]
 async fn the_same_fault_is_the_same_kind_single_and_batched() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started().await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(&server).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
     let counter = redis_key(&p, "k2", 0);
     for setup in [

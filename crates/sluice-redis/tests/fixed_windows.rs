@@ -5,11 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::time::Duration;
 
 use sluice::{LimitSpec, Limiter, ManualClock, Policy};
 use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::{RedisServer, ReplicaSet};
+use support::admitted_by_64_tasks;
 
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
@@ -108,39 +111,12 @@ async fn sixty_four_tasks_admit_exactly_max_on_counters() {
     ] {
         server.cmd(&["FLUSHALL"]).unwrap();
         // The manual clock stands still at Redis's time (within half the margin, so the window
-        // opens in a counter); the long margin keeps it from expiring in real time.
-        let config = RedisConfig::new(server.url())
-            .timeout(Duration::from_secs(5))
-            .expiry_margin(Duration::from_secs(3_600));
-        let p = Policy::from_specs("hot", vec![spec.clone()]).unwrap();
-        let limiter = std::sync::Arc::new(
-            Limiter::new(RedisStore::connect(config).await.expect("connect"))
-                .with_clock(ManualClock::new(wall_ms()))
-                .with_policy(p),
+        // opens in a counter).
+        assert_eq!(
+            admitted_by_64_tasks(&server, spec.clone(), wall_ms(), 500).await,
+            (1_000, 0),
+            "{spec:?}: (admitted, degraded)"
         );
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let limiter = limiter.clone();
-                tokio::spawn(async move {
-                    let (mut admitted, mut degraded) = (0u64, 0u64);
-                    for _ in 0..500 {
-                        let d = limiter.check("hot", "the-key", 1).await.unwrap();
-                        if d.degraded.is_some() {
-                            degraded += 1;
-                        } else if d.allowed {
-                            admitted += 1;
-                        }
-                    }
-                    (admitted, degraded)
-                })
-            })
-            .collect();
-        let mut total = (0, 0);
-        for t in tasks {
-            let (a, d) = t.await.unwrap();
-            total = (total.0 + a, total.1 + d);
-        }
-        assert_eq!(total, (1_000, 0), "{spec:?}: (admitted, degraded)");
         let tag = if spec.align { "fwa60000" } else { "fw60000" };
         let counter = format!("sluice:{{3:hot:the-key}}:{tag}:c3600000");
         assert_eq!(

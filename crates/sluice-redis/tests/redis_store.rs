@@ -3,8 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{
@@ -12,6 +13,7 @@ use sluice::{
 };
 use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::{RedisServer, ReplicaSet};
+use support::admitted_by_64_tasks;
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -24,49 +26,6 @@ async fn store(config: RedisConfig) -> RedisStore {
 }
 
 // ----- exactness under concurrency ----------------------------------------------------------
-
-/// What Redis admitted of 64 tasks' checks, and how many answers were degraded (the policy
-/// fails open: a check the store could not answer in time is allowed without counting, so it
-/// is counted apart, never as an admission).
-async fn admitted_by_64_tasks(server: &RedisServer, spec: LimitSpec) -> (u64, u64) {
-    const TASKS: usize = 64;
-    const CHECKS: usize = 5_000;
-    // The manual clock stands still while Redis's runs: a long margin keeps the key from
-    // expiring in real time under a window the frozen clock still holds open (on a loaded
-    // machine a run can outlast the 60 s window's expiry).
-    let config = RedisConfig::new(server.url())
-        .timeout(Duration::from_secs(5))
-        .expiry_margin(Duration::from_secs(3_600));
-    let p = policy("hot", vec![spec]);
-    let limiter = Arc::new(
-        Limiter::new(store(config).await)
-            .with_clock(ManualClock::new(T0))
-            .with_policy(p),
-    );
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|_| {
-            let limiter = limiter.clone();
-            tokio::spawn(async move {
-                let (mut admitted, mut degraded) = (0u64, 0u64);
-                for _ in 0..CHECKS {
-                    let d = limiter.check("hot", "the-key", 1).await.unwrap();
-                    if d.degraded.is_some() {
-                        degraded += 1;
-                    } else if d.allowed {
-                        admitted += 1;
-                    }
-                }
-                (admitted, degraded)
-            })
-        })
-        .collect();
-    let mut total = (0, 0);
-    for t in tasks {
-        let (admitted, degraded) = t.await.unwrap();
-        total = (total.0 + admitted, total.1 + degraded);
-    }
-    total
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_admit_exactly_max_for_each_algorithm() {
@@ -81,7 +40,7 @@ async fn sixty_four_tasks_admit_exactly_max_for_each_algorithm() {
     ] {
         server.cmd(&["FLUSHALL"]).unwrap();
         assert_eq!(
-            admitted_by_64_tasks(&server, spec.clone()).await,
+            admitted_by_64_tasks(&server, spec.clone(), T0, 5_000).await,
             (1_000, 0),
             "{spec:?}: (admitted by Redis, degraded)"
         );

@@ -389,6 +389,19 @@ async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u
     admitted
 }
 
+/// Three regions under `local_share`, healthy, and a policy of one fixed window of 30 a day
+/// whose key `key` every region has read, away from the day's edge.
+async fn healthy_share_world(key: &str) -> (World, Policy) {
+    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
+    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let p = policy("share", vec![LimitSpec::fixed_window(30, DAY)]);
+    away_from_the_day_edge().await;
+    for s in &world.stores {
+        s.peek(&p, key, 0, now_ms()).await.expect("peek");
+    }
+    (world, p)
+}
+
 /// A cut that starts mid-window: region 1 has used 20 of 30 and every region
 /// saw it; then region 0 is cut off both ways. Under `local_share` each region's own count may
 /// reach its share of what the others were last known to leave, `(30 − known) / 3`: region 0
@@ -401,14 +414,8 @@ async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let (world, p) = healthy_share_world("mid").await;
     let max = 30;
-    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
-    away_from_the_day_edge().await;
-    for s in &world.stores {
-        s.peek(&p, "mid", 0, now_ms()).await.expect("peek");
-    }
     let d = world.stores[1]
         .check(&p, "mid", 20, now_ms())
         .await
@@ -472,14 +479,8 @@ async fn a_one_way_cut_is_seen_from_both_sides() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
+    let (world, p) = healthy_share_world("one-way").await;
     let max = 30;
-    let p = policy("share", vec![LimitSpec::fixed_window(max, DAY)]);
-    away_from_the_day_edge().await;
-    for s in &world.stores {
-        s.peek(&p, "one-way", 0, now_ms()).await.expect("peek");
-    }
     world.links[0][1].as_ref().expect("a link").1.cut();
     world
         .wait_statuses(
@@ -597,6 +598,20 @@ async fn a_region_decides_as_a_model_summing_every_region_does() {
     );
 }
 
+/// Every region reads `key` of `p`, then region 1 uses `cost` of it, and every region sees
+/// that.
+async fn region_1_uses(world: &World, p: &Policy, key: &str, cost: u64) {
+    for s in &world.stores {
+        s.peek(p, key, 0, now_ms()).await.expect("peek");
+    }
+    let d = world.stores[1]
+        .check(p, key, cost, now_ms())
+        .await
+        .expect("check");
+    assert!(d.allowed, "{d:?}");
+    wait_views_fresh(world).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalescing_and_reservation_work_inside_a_region() {
     if !sluice_testkit::require_redis() {
@@ -605,21 +620,14 @@ async fn coalescing_and_reservation_work_inside_a_region() {
     let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
     world.wait_fallback(false, Duration::from_secs(10)).await;
     let p = policy("api", vec![LimitSpec::fixed_window(50, DAY)]);
-    for s in &world.stores {
-        s.peek(&p, "burst", 0, now_ms()).await.expect("peek");
-    }
-    assert!(
-        world.stores[1]
-            .check(&p, "burst", 10, now_ms())
-            .await
-            .expect("check")
-            .allowed
-    );
-    wait_views_fresh(&world).await;
+    region_1_uses(&world, &p, "burst", 10).await;
 
     // 64 concurrent checks in region 0: exactly the 40 the others left, in fewer calls.
-    let calls_before = world.primaries[0].command_calls("evalsha").unwrap_or(0)
-        + world.primaries[0].command_calls("fcall").unwrap_or(0);
+    let script_calls = || {
+        world.primaries[0].command_calls("evalsha").unwrap_or(0)
+            + world.primaries[0].command_calls("fcall").unwrap_or(0)
+    };
+    let calls_before = script_calls();
     let mut tasks = Vec::new();
     for _ in 0..64 {
         let (s, p) = (world.stores[0].clone(), p.clone());
@@ -631,9 +639,7 @@ async fn coalescing_and_reservation_work_inside_a_region() {
     for t in tasks {
         admitted += u64::from(t.await.expect("task").expect("decides").allowed);
     }
-    let calls = world.primaries[0].command_calls("evalsha").unwrap_or(0)
-        + world.primaries[0].command_calls("fcall").unwrap_or(0)
-        - calls_before;
+    let calls = script_calls() - calls_before;
     println!("64 concurrent checks: {admitted} admitted in {calls} script calls");
     assert_eq!(admitted, 40);
     assert!(calls < 64, "coalesced: {calls} calls for 64 decisions");
@@ -654,17 +660,7 @@ async fn coalescing_and_reservation_work_inside_a_region() {
 
     // Reservation (`local:`) over the regions store: leases come from the region's share.
     let q = policy("leased", vec![LimitSpec::fixed_window(200, DAY)]);
-    for s in &world.stores {
-        s.peek(&q, "r", 0, now_ms()).await.expect("peek");
-    }
-    assert!(
-        world.stores[1]
-            .check(&q, "r", 50, now_ms())
-            .await
-            .expect("check")
-            .allowed
-    );
-    wait_views_fresh(&world).await;
+    region_1_uses(&world, &q, "r", 50).await;
     let reserving = Reserving::new(
         world.stores[2].clone(),
         ReserveConfig::default().max_error(0.1),

@@ -6,11 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::time::Duration;
 
 use sluice::{Degraded, FailureMode, LimitSpec, Limiter, Policy, StoreExt};
 use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisCluster;
+use support::{node_id, primaries};
 
 fn now() -> u64 {
     sluice::Clock::now_ms(&sluice::SystemClock)
@@ -30,16 +33,8 @@ async fn a_migrating_slot_decides_past_the_window_on_the_source() {
         .unwrap()
         .with_failure_mode(FailureMode::Open);
     let limiter = Limiter::new(store.clone()).with_policy(p.clone());
-    let id = |i: usize| match cluster.nodes()[i].cmd(&["CLUSTER", "MYID"]).unwrap() {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        other => panic!("{other:?}"),
-    };
-    let primaries: Vec<usize> = cluster
-        .shards()
-        .unwrap()
-        .iter()
-        .map(|s| s.primary)
-        .collect();
+    let id = |i: usize| node_id(&cluster, i);
+    let primaries = primaries(&cluster);
     let slot_n = sluice_testkit::key_slot(sluice_redis::keys::stem("sluice:", &p, "a").as_bytes());
     let slot = slot_n.to_string();
     let source = cluster.primary_for_slot(slot_n).unwrap();

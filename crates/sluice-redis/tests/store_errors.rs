@@ -10,13 +10,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use sluice::{
     Degraded, Error, FailureMode, LimitSpec, Limiter, Policy, StoreError, StoreErrorKind, StoreExt,
 };
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
-use sluice_testkit::{RedisCluster, RedisServer, ServerOptions};
+use sluice_testkit::{RedisCluster, RedisServer};
+use support::{node_id, primaries, server_with_alice};
 
 /// What a loaded 2-core machine answers within.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -148,29 +151,12 @@ async fn out_of_memory_is_transient() {
 
 const PASSWORD: &str = "store-errors-0123456789";
 
-/// A server where `alice` may do what Sluice does; the default user stays for the kit.
-fn server_with_alice() -> (RedisServer, String) {
-    let server = ServerOptions::new()
-        .args([
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~sluice:*",
-            "+@all",
-        ])
-        .start()
-        .unwrap();
-    let url = format!("redis://alice:{PASSWORD}@127.0.0.1:{}", server.port());
-    (server, url)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_change_is_transient() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let (server, url) = server_with_alice();
+    let (server, url) = server_with_alice(PASSWORD);
     let s = setup(&url).await;
     assert!(s.limiter.check("closed", "k", 1).await.unwrap().allowed);
 
@@ -208,7 +194,7 @@ async fn a_flushed_library_is_reloaded_and_when_it_cannot_be_the_error_is_transi
     if !sluice_testkit::require_redis() {
         return;
     }
-    let (server, url) = server_with_alice();
+    let (server, url) = server_with_alice(PASSWORD);
     let s = setup(&url).await;
     assert!(s.limiter.check("closed", "k", 1).await.unwrap().allowed);
 
@@ -346,16 +332,8 @@ async fn a_migrating_slot_is_transient() {
     // keys of "open", "closed" and "local" differ; use their slots one at a time.
     let stem = |policy: &str, key: &str| format!("sluice:{{{}:{policy}:{key}}}", policy.len());
     let slot_of = |policy: &str, key: &str| sluice_testkit::key_slot(stem(policy, key).as_bytes());
-    let id = |i: usize| match cluster.nodes()[i].cmd(&["CLUSTER", "MYID"]).unwrap() {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        other => panic!("{other:?}"),
-    };
-    let primaries: Vec<usize> = cluster
-        .shards()
-        .unwrap()
-        .iter()
-        .map(|s| s.primary)
-        .collect();
+    let id = |i: usize| node_id(&cluster, i);
+    let primaries = primaries(&cluster);
 
     // Already decided keys stay where they are; the keys checked below are new.
     assert!(store.check(&one, "used", 1, now()).await.unwrap().allowed);

@@ -7,11 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::time::{Duration, Instant};
 
-use sluice::{Error, FailureMode, LimitSpec, Limiter, Policy, Store, StoreExt};
+use sluice::{LimitSpec, Limiter, Policy, StoreExt};
 use sluice_redis::{Credentials, RedisConfig, RedisStore, TlsFiles};
 use sluice_testkit::{ClusterOptions, RedisServer, SentinelOptions, TlsCerts};
+use support::{policy, until_ok, wait_replicated};
 
 const DATA_PASSWORD: &str = "data-s3cret-0123456789";
 const SENTINEL_PASSWORD: &str = "sentinel-s3cret-9876543210";
@@ -53,50 +56,6 @@ async fn refused(config: RedisConfig) -> String {
     let e = e.to_string();
     assert_no_password(&e);
     e
-}
-
-fn policy(max: u64) -> Policy {
-    // Closed: a store failure is an error, so the test sees exactly when Redis answers again.
-    Policy::from_specs("api", vec![LimitSpec::fixed_window(max, 3_600_000)])
-        .unwrap()
-        .with_failure_mode(FailureMode::Closed)
-}
-
-/// Polls until every replica's replication offset reached the primary's.
-fn wait_replicated(primary: &RedisServer, replicas: &[&RedisServer]) {
-    let offset = |s: &RedisServer, field: &str| -> u64 {
-        s.info_field("replication", field)
-            .unwrap()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let target = offset(primary, "master_repl_offset");
-    sluice_testkit::wait_until(Duration::from_secs(10), "replicas to catch up", || {
-        Ok(replicas
-            .iter()
-            .all(|r| offset(r, "slave_repl_offset") >= target))
-    })
-    .unwrap();
-}
-
-/// Polls `check` every 5 ms until it succeeds.
-async fn until_ok<S: Store>(limiter: &Limiter<S>, key: &str, limit: Duration) -> sluice::Decision {
-    let started = Instant::now();
-    loop {
-        match limiter.check("api", key, 1).await {
-            Ok(d) => return d,
-            Err(Error::Store(e)) => {
-                assert!(e.is_transient(), "{e}");
-                assert_no_password(&e.to_string());
-            }
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            started.elapsed() < limit,
-            "checks did not succeed within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,7 +130,10 @@ async fn sentinel_over_tls_with_acl_users_follows_a_forced_failover() {
         .cmd(&["REPLICAOF", "127.0.0.1", &new_port.to_string()])
         .unwrap();
     let demoted = Instant::now();
-    let d = until_ok(&limiter, "k", Duration::from_secs(10)).await;
+    let (d, _, _) = until_ok(&limiter, "k", Duration::from_secs(10), |e| {
+        assert_no_password(&e.to_string())
+    })
+    .await;
     println!(
         "sentinel over TLS: decisions continued on the new primary {:?} after the old one \
          refused writes",

@@ -3,31 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::time::{Duration, Instant};
 
-use sluice::{Error, FailureMode, LimitSpec, Limiter, Policy, Store};
+use sluice::Limiter;
 use sluice_redis::{ReadFrom, RedisConfig, RedisStore, Shard, ShardedStore};
 use sluice_testkit::{RedisCluster, RedisServer, SentinelGroup};
-
-/// Polls until every replica's replication offset reached the primary's (the writes so far
-/// are on the replicas). `WAIT` cannot do it here: it waits for its own connection's writes,
-/// and the store wrote through another one.
-fn wait_replicated(primary: &RedisServer, replicas: &[&RedisServer]) {
-    let offset = |s: &RedisServer, field: &str| -> u64 {
-        s.info_field("replication", field)
-            .unwrap()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let target = offset(primary, "master_repl_offset");
-    assert!(target > 0, "the primary has written nothing");
-    sluice_testkit::wait_until(Duration::from_secs(10), "replicas to catch up", || {
-        Ok(replicas
-            .iter()
-            .all(|r| offset(r, "slave_repl_offset") >= target))
-    })
-    .unwrap();
-}
+use support::{policy, until_ok, wait_replicated};
 
 /// [`wait_replicated`] for the Cluster node `primary` and every replica of it.
 fn wait_cluster_replicated(cluster: &RedisCluster, primary: usize) {
@@ -38,38 +21,6 @@ fn wait_cluster_replicated(cluster: &RedisCluster, primary: usize) {
         .map(|i| &cluster.nodes()[i])
         .collect();
     wait_replicated(&cluster.nodes()[primary], &replicas);
-}
-
-fn policy(max: u64) -> Policy {
-    // Closed: a store failure is an error, so the test sees exactly when Redis answers again.
-    Policy::from_specs("api", vec![LimitSpec::fixed_window(max, 3_600_000)])
-        .unwrap()
-        .with_failure_mode(FailureMode::Closed)
-}
-
-/// Polls `check` every 5 ms until it succeeds; returns its result and how long it took.
-async fn until_ok<S: Store>(
-    limiter: &Limiter<S>,
-    key: &str,
-    limit: Duration,
-) -> (sluice::Decision, Duration, u32) {
-    let started = Instant::now();
-    let mut failures = 0;
-    loop {
-        match limiter.check("api", key, 1).await {
-            Ok(d) => return (d, started.elapsed(), failures),
-            Err(Error::Store(e)) => {
-                assert!(e.is_transient(), "{e}");
-                failures += 1;
-            }
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            started.elapsed() < limit,
-            "checks did not succeed within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +59,7 @@ async fn sentinel_failover_is_followed_without_a_restart() {
             .unwrap();
     let promoted = stalled.elapsed();
     assert_ne!(new_port, old_port);
-    let (d, took, failures) = until_ok(&limiter, "k", Duration::from_secs(10)).await;
+    let (d, took, failures) = until_ok(&limiter, "k", Duration::from_secs(10), |_| ()).await;
     println!(
         "sentinel: primary {old_port} stalled; replica {new_port} promoted after {promoted:?}; \
          checks succeeded {took:?} after that ({failures} failed checks meanwhile)"
@@ -235,7 +186,7 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
         tokio::task::block_in_place(|| cluster.wait_failover(primary, Duration::from_secs(30)))
             .unwrap();
     let promoted = killed.elapsed();
-    let (d, took, failures) = until_ok(&limiter, key, Duration::from_secs(10)).await;
+    let (d, took, failures) = until_ok(&limiter, key, Duration::from_secs(10), |_| ()).await;
     println!(
         "cluster: node {primary} killed; node {promoted_node} promoted after {promoted:?}; \
          checks succeeded {took:?} after that ({failures} failed checks meanwhile)"

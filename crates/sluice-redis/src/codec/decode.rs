@@ -6,13 +6,25 @@ use redis::Value;
 use sluice::core::{Algorithm, FixedWindowState, SlidingWindowState, TokenBucketState, evaluate};
 use sluice::{Decision, LimitState, LimitStatus, Op, Policy, StoreError};
 
+/// A reply that does not follow the layout, saying how.
+fn bad(what: &str) -> StoreError {
+    StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
+}
+
+/// A reply of `items` whose length does not fit `op` on `policy`.
+fn bad_length(items: &[Value], policy: &Policy, op: Op) -> StoreError {
+    bad(&format!(
+        "{} values for {} limits of a {}",
+        items.len(),
+        policy.limits().len(),
+        op.name()
+    ))
+}
+
 /// Turns a lean reply (the state of every limit as the script read it) into the decision of
 /// `op`: computed by `sluice_core::evaluate`, the function the memory store runs, so every
 /// reported number is the core's own. The script's `allowed` must agree with it.
 pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Decision, StoreError> {
-    let bad = |what: &str| {
-        StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
-    };
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
@@ -20,12 +32,7 @@ pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Deci
     let mut int = |what: &str| match next.next() {
         Some(Value::Int(n)) => u64::try_from(*n).map_err(|_| bad(&format!("{what} is {n}"))),
         Some(_) => Err(bad(&format!("{what} is not an integer"))),
-        None => Err(bad(&format!(
-            "{} values for {} limits of a {}",
-            items.len(),
-            policy.limits().len(),
-            op.name()
-        ))),
+        None => Err(bad_length(items, policy, op)),
     };
     let allowed = int("allowed")? == 1;
     let now = int("now")?;
@@ -59,12 +66,7 @@ pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Deci
         states.push(state);
     }
     if next.next().is_some() {
-        return Err(bad(&format!(
-            "{} values for {} limits of a {}",
-            items.len(),
-            policy.limits().len(),
-            op.name()
-        )));
+        return Err(bad_length(items, policy, op));
     }
     let decision = evaluate::apply(policy, &states, op, now).decision;
     if decision.allowed != allowed {
@@ -84,9 +86,6 @@ pub(crate) fn decode_rate(reply: &Value, policy: &Policy, op: Op) -> Result<Deci
 /// Turns the script's reply to `op` under `policy` into a decision (the binding limit is
 /// chosen here, by the same function the memory store uses).
 pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision, StoreError> {
-    let bad = |what: &str| {
-        StoreError::Backend(format!("unexpected reply from the Sluice script: {what}"))
-    };
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
@@ -97,12 +96,7 @@ pub(crate) fn decode(reply: &Value, policy: &Policy, op: Op) -> Result<Decision,
     // the lease held.
     let expected = 2 + 4 * limits.len() + 2 * usize::from(acquire) + usize::from(release);
     if items.len() != expected {
-        return Err(bad(&format!(
-            "{} values for {} limits of a {}",
-            items.len(),
-            limits.len(),
-            op.name()
-        )));
+        return Err(bad_length(items, policy, op));
     }
     let int = |v: &Value, what: &str| match v {
         Value::Int(n) => Ok(*n),

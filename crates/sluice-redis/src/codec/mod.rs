@@ -44,7 +44,7 @@ impl Codec {
         op: Op,
         now_ms: u64,
     ) {
-        let mut keys = keys::policy_keys(&self.prefix, policy, key, &self.margin_ms);
+        let mut keys = self.rate_keys(policy, key);
         if let Op::Acquire { .. } = op {
             keys.push(keys::holders_key(&keys::stem(&self.prefix, policy, key)));
         }
@@ -56,24 +56,12 @@ impl Codec {
             keys.push(keys::units_key(&keys::stem(&self.prefix, policy, key)));
         }
         cmd.arg(keys.len()).arg(&keys);
-        match self.clock {
-            ClockSource::App => cmd.arg(now_ms),
-            ClockSource::Redis => cmd.arg("redis"),
-        };
+        self.now(cmd, now_ms);
         let cost = op.cost();
         cmd.arg(cost)
             .arg(&self.margin_ms)
             .arg(policy.limits().len());
         for limit in policy.limits() {
-            let alg = match limit.algorithm() {
-                Algorithm::FixedWindow if limit.align() => 2,
-                Algorithm::FixedWindow => 1,
-                Algorithm::SlidingWindow => 3,
-                Algorithm::Concurrency => 5,
-                _ => 4,
-            };
-            let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
-            let tau = u128::from(limit.burst()) * per;
             // The bucket's step. A check uses it only for costs it may admit (cost <= max;
             // larger ones are refused first). A refund of `burst` or more empties the bucket
             // whatever the cost, so capping it there keeps the step below 2^53 ms for Lua.
@@ -84,16 +72,13 @@ impl Codec {
                 Op::Acquire { .. } => 1,
                 _ => cost.min(limit.max()),
             };
-            let step = u128::from(capped) * per;
-            cmd.arg(alg)
+            cmd.arg(code(limit))
                 .arg(limit.max())
                 .arg(limit.per_ms())
                 .arg(limit.precision_ms())
                 .arg(limit.burst())
-                .arg((tau / max).to_string())
-                .arg((tau % max).to_string())
-                .arg((step / max).to_string())
-                .arg((step % max).to_string());
+                .arg(&ms_and_frac(limit.burst(), limit))
+                .arg(&ms_and_frac(capped, limit));
         }
         if let Op::Acquire { max, holder, .. } = op {
             // A holder counts for the policy's shortest window after its last acquire.
@@ -210,33 +195,43 @@ impl Codec {
 
 /// One limit's values on the lean layout; a bucket's step is that of `units`.
 fn rate_limit(cmd: &mut redis::Cmd, limit: &Limit, units: u64) {
+    cmd.arg(code(limit)).arg(limit.max()).arg(limit.per_ms());
     match limit.algorithm() {
         Algorithm::SlidingWindow => {
-            cmd.arg(3)
-                .arg(limit.max())
-                .arg(limit.per_ms())
-                .arg(limit.precision_ms());
+            cmd.arg(limit.precision_ms());
         }
         Algorithm::TokenBucket => {
-            let (max, per) = (u128::from(limit.max()), u128::from(limit.per_ms()));
-            let tau = u128::from(limit.burst()) * per;
-            let step = u128::from(units) * per;
-            cmd.arg(4)
-                .arg(limit.max())
-                .arg(limit.per_ms())
-                .arg(limit.burst())
-                .arg((tau / max).to_string())
-                .arg((tau % max).to_string())
-                .arg((step / max).to_string())
-                .arg((step % max).to_string());
+            cmd.arg(limit.burst())
+                .arg(&ms_and_frac(limit.burst(), limit))
+                .arg(&ms_and_frac(units, limit));
         }
-        _ => {
-            cmd.arg(if limit.align() { 2 } else { 1 })
-                .arg(limit.max())
-                .arg(limit.per_ms());
-        }
+        _ => {}
     }
 }
+
+/// A limit's algorithm as the script numbers it: 1 fixed window, 2 aligned, 3 sliding
+/// window, 4 token bucket, 5 concurrency.
+fn code(limit: &Limit) -> u8 {
+    match limit.algorithm() {
+        Algorithm::FixedWindow if limit.align() => 2,
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 3,
+        Algorithm::Concurrency => 5,
+        _ => 4,
+    }
+}
+
+/// `units·per/max` of a bucket (its tau for `burst` units, its step for a cost) as whole ms
+/// and a numerator over max, computed exactly in 128 bits: Lua numbers are exact only up to
+/// 2^53.
+fn ms_and_frac(units: u64, limit: &Limit) -> [String; 2] {
+    let (max, t) = (
+        u128::from(limit.max()),
+        u128::from(units) * u128::from(limit.per_ms()),
+    );
+    [(t / max).to_string(), (t % max).to_string()]
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -259,11 +254,8 @@ mod tests {
         Policy::from_specs("api", specs).expect("valid policy")
     }
 
-    /// Every argument after the command name and function, as text.
-    fn encoded(codec: &Codec, policy: &Policy, op: Op) -> Vec<String> {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg("f");
-        codec.encode(&mut cmd, policy, "user:42", op, NOW);
+    /// Every argument of `cmd` after the command name and function, as text.
+    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
         cmd.args_iter()
             .skip(2)
             .map(|a| match a {
@@ -271,6 +263,14 @@ mod tests {
                 _ => "<not a simple argument>".to_owned(),
             })
             .collect()
+    }
+
+    /// The arguments `codec` encodes for `op` on `user:42`, as text.
+    fn encoded(codec: &Codec, policy: &Policy, op: Op) -> Vec<String> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("f");
+        codec.encode(&mut cmd, policy, "user:42", op, NOW);
+        args_of(&cmd)
     }
 
     #[test]
@@ -391,16 +391,6 @@ mod tests {
             "1000",
         ];
         assert_eq!(args, expected);
-    }
-
-    fn args_of(cmd: &redis::Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .skip(2)
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<not a simple argument>".to_owned(),
-            })
-            .collect()
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! How to reach and use Redis: [`RedisConfig`] (the [`Topology`], where peeks read, the
 //! clock, timeouts, keys) and its defaults. How it logs in and encrypts (credentials,
-//! certificates, URLs redacted) is in `access`, which imports nothing from here.
+//! certificates, URLs redacted) is in `access`, and waiting for replicas after each write
+//! in `wait`; neither imports anything from here.
 
 mod access;
+mod wait;
 
 use std::time::Duration;
 
 pub use access::{Credentials, TlsFiles, redact};
+pub use wait::{Shortfall, WaitError, WaitForReplicas};
 
 use crate::keys::DEFAULT_PREFIX;
 use crate::script::ScriptMode;
@@ -54,105 +57,6 @@ pub enum ClockSource {
     App,
     /// Redis `TIME`, read inside the script: for fleets whose clocks disagree.
     Redis,
-}
-
-/// Waiting for replicas after each write: the store sends `WAIT <replicas> <timeout>` right
-/// behind every call that may write (checks, refunds, acquires; not peeks), on the same
-/// connection, so an admitted decision has reached `replicas` replicas before it is returned.
-///
-/// It narrows, and does not close, what a failover can lose: Redis replication stays
-/// asynchronous (a replica may acknowledge a write and still not be the one promoted, and
-/// Sentinel or Cluster may promote a replica that lags), so this is not strong consistency.
-/// See docs/scaling.md ("Failover: what can be over-admitted") for the measured effect and cost:
-/// `WAIT` blocks the node's shared connection until the replicas answer, so every decision on
-/// that node waits for a replication round trip in turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WaitForReplicas {
-    /// How many replicas must acknowledge the write (at least 1).
-    pub replicas: u32,
-    /// How long to wait for them (at least 1 ms, and shorter than the call timeout).
-    pub timeout: Duration,
-    /// What a decision is when fewer replicas acknowledged it in time.
-    pub on_shortfall: Shortfall,
-}
-
-impl WaitForReplicas {
-    /// Waits for `replicas` replicas for at most `timeout`; a shortfall keeps the decision.
-    pub fn new(replicas: u32, timeout: Duration) -> Self {
-        Self {
-            replicas,
-            timeout,
-            on_shortfall: Shortfall::default(),
-        }
-    }
-
-    /// Sets what a shortfall does.
-    pub fn on_shortfall(mut self, on_shortfall: Shortfall) -> Self {
-        self.on_shortfall = on_shortfall;
-        self
-    }
-
-    /// Checks the values against the call timeout `call_timeout`; the error names the field.
-    pub fn validate(&self, call_timeout: Duration) -> Result<(), WaitError> {
-        if self.replicas == 0 {
-            return Err(WaitError::NoReplica);
-        }
-        if self.timeout < Duration::from_millis(1) {
-            // `WAIT n 0` would block forever.
-            return Err(WaitError::NoTimeout);
-        }
-        if self.timeout >= call_timeout {
-            return Err(WaitError::NotShorterThanTheCall {
-                timeout_ms: self.timeout.as_millis(),
-                call_timeout_ms: call_timeout.as_millis(),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// A [`WaitForReplicas`] that cannot work, naming its field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WaitError {
-    /// `replicas: 0`.
-    #[error("wait_for_replicas.replicas: wait for at least 1 replica")]
-    NoReplica,
-    /// A timeout under 1 ms (`WAIT n 0` would block forever).
-    #[error("wait_for_replicas.timeout: give at least 1ms")]
-    NoTimeout,
-    /// A timeout the call's own timeout would cut short.
-    #[error(
-        "wait_for_replicas.timeout ({timeout_ms}ms) must be shorter than the call timeout \
-         ({call_timeout_ms}ms): the call would time out before WAIT answers"
-    )]
-    NotShorterThanTheCall {
-        /// The WAIT timeout, ms.
-        timeout_ms: u128,
-        /// The call timeout, ms.
-        call_timeout_ms: u128,
-    },
-}
-
-/// What a decision is when fewer replicas than [`WaitForReplicas::replicas`] acknowledged
-/// its write within [`WaitForReplicas::timeout`]. Either way the primary has recorded it and
-/// replicates it when it can; `sluice_store_unreplicated_total{store}` counts shortfalls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
-#[non_exhaustive]
-pub enum Shortfall {
-    /// The decision stands: a lagging or stopped replica slows decisions down to the `WAIT`
-    /// timeout but does not fail them.
-    #[default]
-    Keep,
-    /// The call fails with [`StoreError::Unavailable`](sluice::StoreError::Unavailable), so
-    /// the policy's failure mode decides (closed: an error; open: allowed, marked degraded).
-    /// The primary has counted the cost already, so a retry counts it again.
-    Fail,
 }
 
 /// One client-side shard of [`Topology::Shards`]: a primary (decisions) and its replicas
@@ -417,72 +321,51 @@ impl RedisConfig {
         self
     }
 
-    /// Sets where peeks read.
-    pub fn read_from(mut self, read_from: ReadFrom) -> Self {
-        self.read_from = read_from;
-        self
-    }
-
-    /// Sets the per-call timeout.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets the clock source.
-    pub fn clock(mut self, clock: ClockSource) -> Self {
-        self.clock = clock;
-        self
-    }
-
     /// Sets the key prefix.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
+}
 
+/// The setters of [`RedisConfig`] that set one field to their argument (`as Some`: an
+/// optional field, to `Some` of it), each with its doc.
+macro_rules! setters {
+    ($($(#[doc = $doc:literal])+ $name:ident: $ty:ty $(as $some:ident)?;)+) => {
+        impl RedisConfig {
+            $(
+                $(#[doc = $doc])+
+                pub fn $name(mut self, $name: $ty) -> Self {
+                    self.$name = $($some)?($name);
+                    self
+                }
+            )+
+        }
+    };
+}
+
+setters! {
+    /// Sets where peeks read.
+    read_from: ReadFrom;
+    /// Sets the per-call timeout.
+    timeout: Duration;
+    /// Sets the clock source.
+    clock: ClockSource;
     /// Sets the expiry margin.
-    pub fn expiry_margin(mut self, margin: Duration) -> Self {
-        self.expiry_margin = margin;
-        self
-    }
-
+    expiry_margin: Duration;
     /// Sets the certificates for `rediss://` URLs (a CA, and a client certificate if the
     /// servers require one).
-    pub fn tls(mut self, files: TlsFiles) -> Self {
-        self.tls = Some(files);
-        self
-    }
-
+    tls: TlsFiles as Some;
     /// Logs in as `credentials` on every node whose URL names no user.
-    pub fn credentials(mut self, credentials: Credentials) -> Self {
-        self.credentials = Some(credentials);
-        self
-    }
-
+    credentials: Credentials as Some;
     /// Logs in as `credentials` on every sentinel whose URL names no user.
-    pub fn sentinel_credentials(mut self, credentials: Credentials) -> Self {
-        self.sentinel_credentials = Some(credentials);
-        self
-    }
-
+    sentinel_credentials: Credentials as Some;
     /// Waits for replicas after each write ([`WaitForReplicas`]).
-    pub fn wait_for_replicas(mut self, wait: WaitForReplicas) -> Self {
-        self.wait_for_replicas = Some(wait);
-        self
-    }
-
+    wait_for_replicas: WaitForReplicas as Some;
     /// Sets the most decisions one coalesced call carries (1: every decision alone).
-    pub fn coalesce(mut self, max: usize) -> Self {
-        self.coalesce = max;
-        self
-    }
-
+    coalesce: usize;
     /// Sets how the code is loaded and called.
-    pub fn script_mode(mut self, mode: ScriptMode) -> Self {
-        self.script_mode = mode;
-        self
-    }
+    script_mode: ScriptMode;
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ use sluice::{Algorithm, Clock, Decision, Op, Policy, Store, StoreError, SystemCl
 use crate::config::{ClockSource, ReadFrom, RedisConfig, Topology};
 use crate::script::ScriptMode;
 use crate::store::RedisStore;
+use crate::tasks::Tasks;
 use health::Health;
 use views::Views;
 
@@ -333,7 +334,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Decisions taken under a fallback, per (policy, mode).
     fallbacks: Mutex<BTreeMap<(String, Fallback), u64>>,
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    tasks: Tasks,
 }
 
 /// One other region: its name and the store reading its replica, made once the replica first
@@ -354,19 +355,6 @@ impl Remote {
         let store = RedisStore::connect(self.config.clone()).await?;
         *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.clone());
         Ok(store)
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for task in self
-            .tasks
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            task.abort();
-        }
     }
 }
 
@@ -434,12 +422,12 @@ impl RegionsStore {
             remotes,
             clock,
             fallbacks: Mutex::new(BTreeMap::new()),
-            tasks: Mutex::new(Vec::new()),
+            tasks: Tasks::default(),
             config,
         });
         health::beat(&inner).await?;
         health::check(&inner).await;
-        *inner.tasks.lock().unwrap_or_else(|p| p.into_inner()) = health::spawn(&inner);
+        inner.tasks.set(health::spawn(&inner));
         Ok(Self { inner })
     }
 
@@ -510,36 +498,6 @@ impl RegionsStore {
             .map(|((policy, mode), n)| (policy.clone(), *mode, *n))
             .collect()
     }
-
-    async fn run(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
-        if matches!(op, Op::Hold { .. } | Op::Release { .. }) {
-            return Err(StoreError::Backend(format!(
-                "a regions store cannot run {op:?}: it holds no concurrency limits"
-            )));
-        }
-        let inner = &self.inner;
-        let remote = inner.views.remote_use(policy, key, now_ms);
-        let offsets = if inner.health.any_fallback() {
-            let mode = inner.config.fallback_of(policy.name());
-            *inner
-                .fallbacks
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry((policy.name().to_owned(), mode))
-                .or_insert(0) += 1;
-            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
-        } else {
-            remote
-        };
-        decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
-    }
 }
 
 /// A fixed window as a refusal names it: `10 per 60000 ms`, `aligned` when it says so.
@@ -574,7 +532,27 @@ impl Store for RegionsStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
-        self.run(policy, key, op, now_ms).await
+        Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
+        if matches!(op, Op::Hold { .. } | Op::Release { .. }) {
+            return Err(StoreError::Backend(format!(
+                "a regions store cannot run {op:?}: it holds no concurrency limits"
+            )));
+        }
+        let inner = &self.inner;
+        let remote = inner.views.remote_use(policy, key, now_ms);
+        let offsets = if inner.health.any_fallback() {
+            let mode = inner.config.fallback_of(policy.name());
+            *inner
+                .fallbacks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((policy.name().to_owned(), mode))
+                .or_insert(0) += 1;
+            decide::fallback_offsets(policy, mode, inner.config.regions(), &remote)
+        } else {
+            remote
+        };
+        decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
     }
 
     /// Forgets this region's state of `key`; the other regions keep theirs.

@@ -24,6 +24,7 @@ use crate::config::{ReadFrom, RedisConfig};
 use crate::error::{Failure, query};
 use crate::keys;
 use crate::script::{Code, Entry};
+use crate::tasks::Tasks;
 use crate::topology::Backend;
 
 /// A [`Store`] on Redis: one primary with optional replicas (at fixed addresses or found
@@ -52,7 +53,7 @@ struct Inner {
     code: Code,
     codec: Codec,
     /// Sentinel subscriptions (`+switch-master`), stopped with the store.
-    followers: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    followers: Tasks,
     /// The lanes of coalesced decisions (`RedisConfig::coalesce`).
     lanes: Lanes,
     /// How long calls took over the last minute.
@@ -79,19 +80,6 @@ struct Call<'a> {
     now_ms: u64,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for follower in self
-            .followers
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            follower.abort();
-        }
-    }
-}
-
 impl RedisStore {
     /// Connects (lazily: the first call opens the connections) and loads the code on the
     /// primary (every primary of a Cluster). Fails if the primary cannot be reached (Sentinel:
@@ -115,7 +103,7 @@ impl RedisStore {
                 code,
                 codec: Codec::new(&config),
                 config,
-                followers: std::sync::Mutex::new(Vec::new()),
+                followers: Tasks::default(),
                 lanes: Lanes::default(),
                 latency: sluice::latency::LatencyWindow::new(),
             }),
@@ -132,11 +120,7 @@ impl RedisStore {
     /// On Sentinel: subscribes to every sentinel's failover announcements.
     async fn follow_sentinels(&self) {
         let followers = self.inner.backend.follow_sentinels().await;
-        *self
-            .inner
-            .followers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = followers;
+        self.inner.followers.set(followers);
     }
 
     /// The store's identity: the primary's URL, `sentinel:<master>` or `cluster:<first

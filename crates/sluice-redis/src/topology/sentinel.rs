@@ -4,6 +4,7 @@
 //! that needs: the sentinels, the nodes in use (shared with the store) and the code to load
 //! on a new primary.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -328,6 +329,20 @@ struct Answer {
     primary: Result<String, String>,
 }
 
+/// Where a node a sentinel lists (`SENTINEL MASTER`, `SENTINEL REPLICAS`) is, unless the
+/// sentinel flags it down.
+fn up_at(info: &HashMap<String, String>) -> Option<(&str, u16)> {
+    let field = |name: &str| info.get(name).map(String::as_str);
+    let down = field("flags")
+        .unwrap_or("")
+        .split(',')
+        .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+    if down {
+        return None;
+    }
+    Some((field("ip")?, field("port")?.parse().ok()?))
+}
+
 /// Asks one sentinel (connecting first if needed) for `master`'s address, and checks that
 /// the node there is a primary. Owns what it needs: the lookups run as tasks.
 async fn ask(
@@ -341,7 +356,7 @@ async fn ask(
     let failed = |e: redis::RedisError| with_tls_hint(&url, format!("sentinel {url}: {e}"));
     let mut cmd = redis::cmd("SENTINEL");
     cmd.arg("MASTER").arg(&master);
-    let reply: Result<std::collections::HashMap<String, String>, String> = async {
+    let reply: Result<HashMap<String, String>, String> = async {
         // A cached connection that broke (the sentinel restarted) is made again once, now.
         let cached = conn.take();
         let retry = cached.is_some();
@@ -373,21 +388,12 @@ async fn ask(
         }
     }
     .await;
-    let primary = reply.and_then(|info| {
-        let field = |name: &str| info.get(name).map(String::as_str);
-        let flags = field("flags").unwrap_or("");
-        let down = flags
-            .split(',')
-            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
-        match (
-            field("ip"),
-            field("port").and_then(|p| p.parse::<u16>().ok()),
-        ) {
-            (Some(ip), Some(port)) if !down => Ok(nodes.url(ip, port)),
-            _ => Err(format!(
-                "sentinel {url}: no primary for `{master}` that is up (flags `{flags}`)"
-            )),
-        }
+    let primary = reply.and_then(|info| match up_at(&info) {
+        Some((ip, port)) => Ok(nodes.url(ip, port)),
+        None => Err(format!(
+            "sentinel {url}: no primary for `{master}` that is up (flags `{}`)",
+            info.get("flags").map_or("", String::as_str)
+        )),
     });
     let primary = match primary {
         Ok(node) => match nodes.role(&node).await {
@@ -480,7 +486,7 @@ async fn replicas(sentinels: &mut Sentinels, i: usize, master: &str) -> Vec<Stri
     let Some(conn) = sentinels.links.get_mut(i).and_then(|l| l.conn.as_mut()) else {
         return Vec::new();
     };
-    let listed: Vec<std::collections::HashMap<String, String>> = match redis::cmd("SENTINEL")
+    let listed: Vec<HashMap<String, String>> = match redis::cmd("SENTINEL")
         .arg("REPLICAS")
         .arg(master)
         .query_async(conn)
@@ -491,14 +497,7 @@ async fn replicas(sentinels: &mut Sentinels, i: usize, master: &str) -> Vec<Stri
     };
     let mut checks = tokio::task::JoinSet::new();
     for (n, info) in listed.iter().enumerate() {
-        let field = |name: &str| info.get(name).map(String::as_str);
-        let up = !field("flags")
-            .unwrap_or("")
-            .split(',')
-            .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
-        if let (true, Some(ip), Some(port)) =
-            (up, field("ip"), field("port").and_then(|p| p.parse().ok()))
-        {
+        if let Some((ip, port)) = up_at(info) {
             let nodes = sentinels.nodes.clone();
             let url = nodes.url(ip, port);
             checks.spawn(async move {
