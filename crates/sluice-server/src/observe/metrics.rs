@@ -9,8 +9,9 @@
 //! | `sluice_decisions_total` | policy (or configured Envoy domain, else `unknown`), op (check/peek/refund/should_rate_limit), outcome (allowed/denied/degraded/error) |
 //! | `sluice_rls_hits_total` | domain, key (a rule's statistics key, at most `rls::service::MAX_STATS_KEYS`), result (within_limit/over_limit/shadow_mode) |
 //! | `sluice_decision_latency_seconds` (histogram) | op: the whole decision, any store, failure mode included |
-//! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `sluice-redis`) |
-//! | `sluice_store_errors_total` | store, kind (`sluice::StoreErrorKind::as_str`: timeout, unavailable, oom, readonly, busy, denied, …, corrupt, rejected): failed Redis calls |
+//! | `sluice_store_latency_seconds` (histogram) | store: one Redis call (recorded by `state::store`'s `TracedStore`; a call an open circuit refused counts too) |
+//! | `sluice_store_errors_total` | store, kind (`sluice::StoreErrorKind::as_str`: timeout, unavailable, oom, readonly, busy, denied, …, corrupt, rejected): failed Redis calls, a call an open circuit refused too (`unavailable`) |
+//! | `sluice_store_unreplicated_total` | store: writes fewer replicas acknowledged than `store.wait_for_replicas` asks (read from the store at each scrape) |
 //! | `sluice_store_circuit_state` (gauge) | store: 0 closed, 1 open, 2 half-open |
 //! | `sluice_store_circuit_opened_total` | store: times the shard's circuit opened |
 //! | `sluice_reserve_total` | served (local/cached_denial/waited/direct), fetches, refunds: the reservation layer (`local.enabled`) |
@@ -31,10 +32,14 @@
 //! A store is named by its primary's URL, `sentinel:<master>` or `cluster:<first node>`.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::hash::Hash;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::{Counter, Histogram, SharedString};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::observe::stats::Outcome;
 
 /// Histogram buckets for decision and store latency, in seconds: 10 µs to 1 s (a decision in
 /// memory takes tens of µs, one over Redis a few hundred).
@@ -43,172 +48,307 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0,
 ];
 
-static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+/// One server's metrics: a Prometheus recorder of its own, never the process's global one, so
+/// that two servers in one process (an embedding application's, a test binary's) each count
+/// only what they did. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Metrics(Arc<Recorded>);
 
-/// Installs the process-wide Prometheus recorder (once) and returns its handle; `None` when
-/// another recorder was installed first (an embedding application's).
-pub(crate) fn handle() -> Option<&'static PrometheusHandle> {
-    HANDLE
-        .get_or_init(|| {
-            let builder = PrometheusBuilder::new();
-            let builder = match builder.set_buckets(LATENCY_BUCKETS) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics buckets refused; using summaries");
-                    PrometheusBuilder::new()
-                }
-            };
-            let recorder = builder.build_recorder();
-            let handle = recorder.handle();
-            match metrics::set_global_recorder(recorder) {
-                Ok(()) => {
-                    describe();
-                    Some(handle)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "another metrics recorder is installed; /metrics is off");
-                    None
-                }
-            }
-        })
-        .as_ref()
+struct Recorded {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// `sluice_decisions_total` by policy name (its address), operation and outcome.
+    decisions: Handles<(usize, Literal, Outcome), Name, Counter>,
+    /// `sluice_rls_hits_total` by domain and statistics key (their addresses) and result.
+    rls_hits: Handles<(usize, usize, Literal), (Name, Name), Counter>,
+    /// `sluice_decision_latency_seconds` by operation.
+    latency: Handles<Literal, (), Histogram>,
 }
 
-/// The text exposition of every metric.
-pub(crate) fn render() -> Option<String> {
-    handle().map(|h| {
-        h.run_upkeep();
-        h.render()
-    })
-}
-
-/// Counts one decision.
-pub(crate) fn decision(
-    policy: &std::sync::Arc<str>,
-    op: &'static str,
-    outcome: crate::observe::stats::Outcome,
-) {
-    let register = || {
-        // An `Arc<str>` label is a reference count, not an allocation per request.
-        metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome.as_str())
-    };
-    let key = (address(policy), literal(op), outcome);
-    cached(
-        &DECISIONS,
-        key,
-        || policy.clone(),
-        register,
-        |c| {
-            c.increment(1);
-        },
-    );
-}
-
-/// Counts one Envoy descriptor's hits under its rule's statistics key (the reference's
-/// per-rule `total_hits` split by result: `within_limit`, `over_limit`, `shadow_mode`).
-pub(crate) fn rls_hits(
-    domain: &std::sync::Arc<str>,
-    key: &std::sync::Arc<str>,
-    result: &'static str,
-    hits: u64,
-) {
-    let register = || metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result);
-    let names = (address(domain), address(key), literal(result));
-    let hold = || (domain.clone(), key.clone());
-    cached(&RLS_HITS, names, hold, register, |c| c.increment(hits));
-}
-
-/// Counts an admitted decision that left one of its limits at least the near-limit ratio
-/// used ([`crate::config::NearLimit::reached`]).
-pub(crate) fn near_limit(policy: &std::sync::Arc<str>) {
-    metrics::counter!("sluice_decisions_near_limit_total", "policy" => policy.clone()).increment(1);
-}
-
-/// Records how long a decision took (store call and failure mode included).
-pub(crate) fn decision_latency(op: &'static str, took: Duration) {
-    let register = || metrics::histogram!("sluice_decision_latency_seconds", "op" => op);
-    if !installed() {
-        return register().record(took.as_secs_f64());
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
     }
-    LATENCY.with_borrow_mut(|handles| {
-        if let Some((_, h)) = handles.iter().find(|(o, _)| *o == literal(op)) {
-            return h.record(took.as_secs_f64());
-        }
-        let h = register();
-        h.record(took.as_secs_f64());
-        // Operations are literals: a handful, unless one literal has several addresses.
-        if handles.len() < 64 {
-            handles.push((literal(op), h));
-        }
-    });
 }
 
-// ----- handles kept per thread --------------------------------------------------------------
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A recorder with every metric described and nothing recorded yet.
+    pub(crate) fn new() -> Self {
+        let builder = match PrometheusBuilder::new().set_buckets(LATENCY_BUCKETS) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics buckets refused; using summaries");
+                PrometheusBuilder::new()
+            }
+        };
+        let recorder = builder.build_recorder();
+        let metrics = Self(Arc::new(Recorded {
+            handle: recorder.handle(),
+            recorder,
+            decisions: Handles::default(),
+            rls_hits: Handles::default(),
+            latency: Handles::default(),
+        }));
+        metrics.with(describe);
+        metrics
+    }
+
+    /// Runs `record` with this server's recorder as the one the `metrics` macros use.
+    pub(crate) fn with<T>(&self, record: impl FnOnce() -> T) -> T {
+        metrics::with_local_recorder(&self.0.recorder, record)
+    }
+
+    /// The text exposition of every metric recorded.
+    pub(crate) fn render(&self) -> String {
+        self.0.handle.run_upkeep();
+        self.0.handle.render()
+    }
+
+    /// Counts one decision.
+    pub(crate) fn decision(&self, policy: &Name, op: &'static str, outcome: Outcome) {
+        let register = || {
+            // An `Arc<str>` label is a reference count, not an allocation per request.
+            metrics::counter!("sluice_decisions_total", "policy" => policy.clone(), "op" => op, "outcome" => outcome.as_str())
+        };
+        let key = (address(policy), literal(op), outcome);
+        let hold = || policy.clone();
+        self.cached(&self.0.decisions, key, hold, register, |c| c.increment(1));
+    }
+
+    /// Counts one Envoy descriptor's hits under its rule's statistics key (the reference's
+    /// per-rule `total_hits` split by result: `within_limit`, `over_limit`, `shadow_mode`).
+    pub(crate) fn rls_hits(&self, domain: &Name, key: &Name, result: &'static str, hits: u64) {
+        let register = || metrics::counter!("sluice_rls_hits_total", "domain" => domain.clone(), "key" => key.clone(), "result" => result);
+        let names = (address(domain), address(key), literal(result));
+        let hold = || (domain.clone(), key.clone());
+        self.cached(&self.0.rls_hits, names, hold, register, |c| {
+            c.increment(hits);
+        });
+    }
+
+    /// Counts an admitted decision that left one of its limits at least the near-limit ratio
+    /// used ([`crate::config::NearLimit::reached`]).
+    pub(crate) fn near_limit(&self, policy: &Name) {
+        self.with(
+            || metrics::counter!("sluice_decisions_near_limit_total", "policy" => policy.clone()),
+        )
+        .increment(1);
+    }
+
+    /// Records how long a decision took (store call and failure mode included).
+    pub(crate) fn decision_latency(&self, op: &'static str, took: Duration) {
+        let register = || metrics::histogram!("sluice_decision_latency_seconds", "op" => op);
+        self.cached(
+            &self.0.latency,
+            literal(op),
+            || (),
+            register,
+            |h| {
+                h.record(took.as_secs_f64());
+            },
+        );
+    }
+
+    /// The series of the store named `name` (a Redis shard, a Cluster, a region's own Redis).
+    pub(crate) fn store(&self, name: &str) -> StoreSeries {
+        let name = SharedString::from(name.to_owned());
+        let latency = self
+            .with(|| metrics::histogram!("sluice_store_latency_seconds", "store" => name.clone()));
+        StoreSeries {
+            metrics: self.clone(),
+            name,
+            latency,
+        }
+    }
+
+    /// The series of the listener named `listener` (`http`, `grpc`, `admin`).
+    pub(crate) fn listener(&self, listener: &'static str) -> ListenerSeries {
+        ListenerSeries {
+            open: self.with(|| metrics::gauge!("sluice_connections_open", "listener" => listener)),
+            metrics: self.clone(),
+            listener,
+        }
+    }
+
+    /// Publishes the reservation layer's counters (called before rendering).
+    pub(crate) fn reservation(&self, stats: sluice::ReserveStats) {
+        for (what, n) in [
+            ("local", stats.local),
+            ("cached_denial", stats.cached_denials),
+            ("waited", stats.waited),
+            ("direct", stats.direct),
+            ("fetch", stats.fetches),
+            ("refund", stats.refunds),
+        ] {
+            self.with(|| metrics::counter!("sluice_reserve_total", "what" => what))
+                .absolute(n);
+        }
+    }
+
+    /// Publishes each shard's circuit breaker (called before rendering).
+    pub(crate) fn circuits(&self, sharded: &sluice_redis::ShardedStore) {
+        for shard in sharded.shards() {
+            let name = shard.name().to_owned();
+            self.with(|| {
+                metrics::gauge!("sluice_store_circuit_state", "store" => name.clone())
+                    .set(shard.state().as_gauge());
+                metrics::counter!("sluice_store_circuit_opened_total", "store" => name)
+                    .absolute(shard.opened_total());
+            });
+        }
+    }
+
+    /// Publishes a Redis store's writes that fewer replicas acknowledged than
+    /// `store.wait_for_replicas` asks (called before rendering; none until the first).
+    pub(crate) fn unreplicated(&self, store: &sluice_redis::RedisStore) {
+        let n = store.unreplicated_total();
+        if n > 0 {
+            let name = store.name().to_owned();
+            self.with(|| metrics::counter!("sluice_store_unreplicated_total", "store" => name))
+                .absolute(n);
+        }
+    }
+
+    /// Counts a configuration change, applied (`ok`) or refused.
+    pub(crate) fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.with(|| metrics::counter!("sluice_config_reloads_total", "result" => result))
+            .increment(1);
+    }
+
+    /// Counts one RLQS action sent, by kind (`sluice_rlqs_actions_total{action}`).
+    pub(crate) fn rlqs_action(&self, action: &'static str) {
+        self.with(|| metrics::counter!("sluice_rlqs_actions_total", "action" => action))
+            .increment(1);
+    }
+
+    /// Counts a report's requests under its RLQS rule (`sluice_rlqs_requests_total{rule,
+    /// result}`): `charged` to the store, `lost` (admitted by Envoy after the store was full),
+    /// `denied` by Envoy.
+    pub(crate) fn rlqs_requests(&self, rule: &str, charged: u64, lost: u64, denied: u64) {
+        for (result, n) in [("charged", charged), ("lost", lost), ("denied", denied)] {
+            if n > 0 {
+                let rule = rule.to_owned();
+                self.with(|| metrics::counter!("sluice_rlqs_requests_total", "rule" => rule, "result" => result))
+                    .increment(n);
+            }
+        }
+    }
+
+    /// Whether the stream to the `rls.xds` control plane is open (`sluice_xds_connected`).
+    pub(crate) fn xds_connected(&self, open: bool) {
+        self.with(|| metrics::gauge!("sluice_xds_connected"))
+            .set(if open { 1.0 } else { 0.0 });
+    }
+
+    /// Counts a response of the `rls.xds` control plane, acknowledged or refused.
+    pub(crate) fn xds_update(&self, ack: bool) {
+        let result = if ack { "ack" } else { "nack" };
+        self.with(|| metrics::counter!("sluice_xds_updates_total", "result" => result))
+            .increment(1);
+    }
+
+    /// Applies `apply` to the handle `key` names in `cache`, registered (`register`) the
+    /// first time beside what `hold` returns: the `Arc`s whose addresses are in `key`, kept
+    /// alive so that no other name can take their address.
+    fn cached<K: Hash + Eq, H, M>(
+        &self,
+        cache: &Handles<K, H, M>,
+        key: K,
+        hold: impl FnOnce() -> H,
+        register: impl FnOnce() -> M,
+        apply: impl FnOnce(&M),
+    ) {
+        if let Some((_, handle)) = cache.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return apply(handle);
+        }
+        let handle = self.with(register);
+        apply(&handle);
+        let mut handles = cache.write().unwrap_or_else(|p| p.into_inner());
+        if handles.len() >= MAX_CACHED {
+            handles.clear();
+        }
+        handles.entry(key).or_insert_with(|| (hold(), handle));
+    }
+}
+
+/// The series of one store, registered once: each call's latency, and its errors by kind.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSeries {
+    metrics: Metrics,
+    name: SharedString,
+    latency: Histogram,
+}
+
+impl StoreSeries {
+    /// Records one call: how long it took and, when it failed, its error's kind.
+    pub(crate) fn record(&self, took: Duration, error: Option<&sluice::StoreError>) {
+        self.latency.record(took.as_secs_f64());
+        if let Some(e) = error {
+            let name = self.name.clone();
+            self.metrics
+                .with(|| metrics::counter!("sluice_store_errors_total", "store" => name, "kind" => e.kind().as_str()))
+                .increment(1);
+        }
+    }
+}
+
+/// The series of one listener: its open connections' gauge, registered once, and the
+/// counters of the rarer events, registered when they happen.
+#[derive(Debug)]
+pub(crate) struct ListenerSeries {
+    metrics: Metrics,
+    listener: &'static str,
+    open: metrics::Gauge,
+}
+
+impl crate::conn::ListenerEvents for ListenerSeries {
+    fn opened(&self, delta: f64) {
+        self.open.increment(delta);
+    }
+
+    fn limited(&self) {
+        let listener = self.listener;
+        self.metrics
+            .with(|| metrics::counter!("sluice_connections_limited_total", "listener" => listener))
+            .increment(1);
+    }
+
+    fn timed_out(&self, timeout: &'static str) {
+        let listener = self.listener;
+        self.metrics
+            .with(|| metrics::counter!("sluice_connection_timeouts_total", "listener" => listener, "timeout" => timeout))
+            .increment(1);
+    }
+}
+
+// ----- handles kept per server --------------------------------------------------------------
 //
 // Registering a handle (what `metrics::counter!` does on each call) builds the metric's key,
-// hashes it and looks it up in the recorder's registry, behind locks every thread shares. A
-// decision instead finds its handle in a map of its own thread and only increments it.
+// hashes it and looks it up in the recorder's registry. A decision instead finds its handle
+// by the addresses of its names in a map of its server and only increments it.
 
-/// The most handles of one kind a thread keeps; past it the map starts again (a reload makes
+/// The most handles of one kind a server keeps; past it the map starts again (a reload makes
 /// new `Arc`s of the policy names, so each reload can add a policy's handles again).
 const MAX_CACHED: usize = 4096;
 
 /// A literal's address and length.
 type Literal = (usize, usize);
 
-type Name = std::sync::Arc<str>;
+type Name = Arc<str>;
 
-/// `sluice_decisions_total` by policy name (its address), operation and outcome.
-type DecisionHandles =
-    HashMap<(usize, Literal, crate::observe::stats::Outcome), (Name, metrics::Counter)>;
-
-/// `sluice_rls_hits_total` by domain and statistics key (their addresses) and result.
-type RlsHitHandles = HashMap<(usize, usize, Literal), ((Name, Name), metrics::Counter)>;
-
-thread_local! {
-    static DECISIONS: std::cell::RefCell<DecisionHandles> = std::cell::RefCell::new(HashMap::new());
-    static RLS_HITS: std::cell::RefCell<RlsHitHandles> = std::cell::RefCell::new(HashMap::new());
-    /// `sluice_decision_latency_seconds` by operation.
-    static LATENCY: std::cell::RefCell<Vec<(Literal, metrics::Histogram)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Applies `apply` to the counter `key` names in this thread's `cache`, registered (`register`)
-/// the first time, beside what `hold` returns: the `Arc`s whose addresses are in `key`, kept
-/// alive so that no other name can take their address. Without this module's recorder,
-/// registers every time and keeps nothing (a handle taken before a recorder is installed
-/// would record nowhere, for ever).
-fn cached<K: std::hash::Hash + Eq, H>(
-    cache: &'static std::thread::LocalKey<std::cell::RefCell<HashMap<K, (H, metrics::Counter)>>>,
-    key: K,
-    hold: impl FnOnce() -> H,
-    register: impl FnOnce() -> metrics::Counter,
-    apply: impl FnOnce(&metrics::Counter),
-) {
-    if !installed() {
-        return apply(&register());
-    }
-    cache.with_borrow_mut(|handles| {
-        if let Some((_, counter)) = handles.get(&key) {
-            return apply(counter);
-        }
-        if handles.len() >= MAX_CACHED {
-            handles.clear();
-        }
-        let counter = register();
-        apply(&counter);
-        handles.insert(key, (hold(), counter));
-    });
-}
-
-/// Whether this module's recorder is the process's.
-fn installed() -> bool {
-    matches!(HANDLE.get(), Some(Some(_)))
-}
+/// Handles by key, each beside the names its key holds the addresses of.
+type Handles<K, H, M> = RwLock<HashMap<K, (H, M)>>;
 
 /// A name's address: the same for clones of one `Arc`, never for two that are alive.
 fn address(name: &Name) -> usize {
-    std::sync::Arc::as_ptr(name).cast::<u8>() as usize
+    Arc::as_ptr(name).cast::<u8>() as usize
 }
 
 /// A literal's address and length.
@@ -216,40 +356,8 @@ fn literal(s: &'static str) -> Literal {
     (s.as_ptr() as usize, s.len())
 }
 
-/// Publishes the reservation layer's counters (called before rendering).
-pub(crate) fn reservation(stats: sluice::ReserveStats) {
-    for (what, n) in [
-        ("local", stats.local),
-        ("cached_denial", stats.cached_denials),
-        ("waited", stats.waited),
-        ("direct", stats.direct),
-        ("fetch", stats.fetches),
-        ("refund", stats.refunds),
-    ] {
-        metrics::counter!("sluice_reserve_total", "what" => what).absolute(n);
-    }
-}
-
-/// Publishes each shard's circuit breaker (called before rendering).
-pub(crate) fn circuits(sharded: &sluice_redis::ShardedStore) {
-    for shard in sharded.shards() {
-        let name = shard.name().to_owned();
-        metrics::gauge!("sluice_store_circuit_state", "store" => name.clone())
-            .set(shard.state().as_gauge());
-        metrics::counter!("sluice_store_circuit_opened_total", "store" => name)
-            .absolute(shard.opened_total());
-    }
-}
-
-/// Counts a configuration reload.
-pub(crate) fn reload(ok: bool) {
-    let result = if ok { "ok" } else { "error" };
-    metrics::counter!("sluice_config_reloads_total", "result" => result).increment(1);
-}
-
 /// Every metric this process can expose, with its unit and the `# HELP` line Prometheus
-/// shows (the wording of docs/server.md's table, shortened). Metrics recorded by
-/// `sluice-redis` are described here too: the server installs the recorder.
+/// shows (the wording of docs/server.md's table, shortened).
 const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
     (
         "sluice_decisions_total",
@@ -439,27 +547,25 @@ mod tests {
             .unwrap_or(0.0)
     }
 
-    /// Handles kept per thread count into the registry's series: from several threads, for
-    /// a policy name whose `Arc` a reload replaced, and once a thread's map has started again.
+    /// Handles kept per server count into its series: from several threads, for a policy
+    /// name whose `Arc` a reload replaced, and once the map has started again; another
+    /// server's metrics show none of it.
     #[test]
-    fn handles_kept_per_thread_count_into_the_shared_series() {
-        assert!(
-            super::handle().is_some(),
-            "the test's recorder is installed"
-        );
+    fn handles_kept_per_server_count_into_its_series() {
+        let m = super::Metrics::new();
         let series =
             r#"sluice_decisions_total{policy="handles-test",op="check",outcome="allowed"}"#;
         let hits = r#"sluice_rls_hits_total{domain="handles-test",key="k",result="over_limit"}"#;
         let first: Arc<str> = Arc::from("handles-test");
         let key: Arc<str> = Arc::from("k");
         for _ in 0..3 {
-            super::decision(&first, "check", Outcome::Allowed);
-            super::rls_hits(&first, &key, "over_limit", 2);
+            m.decision(&first, "check", Outcome::Allowed);
+            m.rls_hits(&first, &key, "over_limit", 2);
         }
-        let other = first.clone();
+        let (other, on_thread) = (first.clone(), m.clone());
         std::thread::spawn(move || {
             for _ in 0..4 {
-                super::decision(&other, "check", Outcome::Allowed);
+                on_thread.decision(&other, "check", Outcome::Allowed);
             }
         })
         .join()
@@ -467,46 +573,53 @@ mod tests {
         // A reload: the same name in a new `Arc`, the old one gone.
         drop(first);
         let reloaded: Arc<str> = Arc::from("handles-test");
-        super::decision(&reloaded, "check", Outcome::Allowed);
-        super::decision(&reloaded, "check", Outcome::Denied);
+        m.decision(&reloaded, "check", Outcome::Allowed);
+        m.decision(&reloaded, "check", Outcome::Denied);
         // The map keeps each name it holds a handle for alive, so that no other name can be
         // allocated where it is while the handle is kept.
         let held: Arc<str> = Arc::from("handles-held");
-        let registering = held.clone();
+        // One literal for both threads: a handle is found by the literal's address, and the
+        // compiler need not give two copies of a literal one address.
+        let (check, over_limit) = ("check", "over_limit");
+        let (registering, on_thread) = (held.clone(), m.clone());
         std::thread::spawn(move || {
-            super::decision(&registering, "check", Outcome::Denied);
-            super::rls_hits(&registering, &registering, "over_limit", 1);
+            on_thread.decision(&registering, check, Outcome::Denied);
+            on_thread.rls_hits(&registering, &registering, over_limit, 1);
         })
         .join()
         .unwrap();
-        // Registered, by a thread now gone: only this thread's maps can take more clones.
+        // Registered by a thread now gone: found, not held again; new series hold the name.
         let before = Arc::strong_count(&held);
-        super::decision(&held, "check", Outcome::Denied);
+        m.decision(&held, check, Outcome::Denied);
+        m.rls_hits(&held, &held, over_limit, 1);
+        assert_eq!(Arc::strong_count(&held), before, "found, not held twice");
+        // A new series: the registry's key and the map each hold its names.
+        m.decision(&held, "peek", Outcome::Denied);
         assert_eq!(
             Arc::strong_count(&held),
-            before + 1,
+            before + 2,
             "decisions hold the name"
         );
-        super::rls_hits(&held, &held, "over_limit", 1);
+        m.rls_hits(&held, &held, "within_limit", 1);
         assert_eq!(
             Arc::strong_count(&held),
-            before + 3,
+            before + 6,
             "RLS hits hold both names"
         );
         // Another name where a dropped one was (the allocator is free to reuse its address).
         for name in ["handles-x1", "handles-x2", "handles-x3"] {
-            super::decision(&Arc::from(name), "check", Outcome::Denied);
+            m.decision(&Arc::from(name), "check", Outcome::Denied);
         }
         // A full map starts again.
         for i in 0..super::MAX_CACHED {
-            super::decision(
+            m.decision(
                 &Arc::from(format!("handles-test-{i}")),
                 "peek",
                 Outcome::Allowed,
             );
         }
-        super::decision(&reloaded, "check", Outcome::Allowed);
-        let text = super::render().unwrap();
+        m.decision(&reloaded, "check", Outcome::Allowed);
+        let text = m.render();
         assert_eq!(value(&text, series), 9.0, "{series}");
         assert_eq!(value(&text, hits), 6.0, "{hits}");
         let denied = series.replace("allowed", "denied");
@@ -515,6 +628,8 @@ mod tests {
             let series = denied.replace("handles-test", name);
             assert_eq!(value(&text, &series), 1.0, "{series}");
         }
+        let other = super::Metrics::new().render();
+        assert_eq!(value(&other, series), 0.0, "{other}");
     }
 
     /// Every metric a source file of the workspace records is described: a new metric without

@@ -1,5 +1,6 @@
 //! The store behind the limiter: which one the configuration chose ([`StoreHandle`]), kept
-//! concrete for readiness checks, and the span around each call when traces are on.
+//! concrete for readiness checks, the stores kept across reloads ([`Stores`]), and each call
+//! measured and, when traces are on, inside its span ([`TracedStore`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +13,8 @@ use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreEr
 use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
 
 use super::ServerClock;
+use crate::observe::Observe;
+use crate::observe::metrics::{Metrics, StoreSeries};
 use crate::observe::traces::Traces;
 
 /// Why the store cannot decide (`/readyz`'s `503`), naming the shards at fault.
@@ -51,10 +54,30 @@ impl StoreHandle {
         }
     }
 
-    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
-    pub fn publish_circuits(&self) {
-        if let Self::Redis(sharded) = self {
-            crate::observe::metrics::circuits(sharded);
+    /// Publishes to `metrics` what the store counts itself: each shard's circuit breaker, and
+    /// the writes fewer replicas acknowledged than asked (called before rendering them).
+    pub(crate) fn publish(&self, metrics: &Metrics) {
+        match self {
+            StoreHandle::Memory(_) => {}
+            StoreHandle::Redis(sharded) => {
+                metrics.circuits(sharded);
+                for shard in sharded.shards() {
+                    metrics.unreplicated(shard.inner());
+                }
+            }
+            StoreHandle::Cluster(c) => metrics.unreplicated(c),
+            StoreHandle::Regions(r) => metrics.unreplicated(r.local()),
+        }
+    }
+
+    /// The names of the Redis stores a call can go to, numbered as
+    /// [`StoreHandle::shard_of`] numbers them (none for the memory store).
+    fn redis_names(&self) -> Vec<String> {
+        match self {
+            StoreHandle::Memory(_) => Vec::new(),
+            StoreHandle::Redis(r) => r.names().to_vec(),
+            StoreHandle::Cluster(c) => vec![c.name().to_owned()],
+            StoreHandle::Regions(r) => vec![r.local().name().to_owned()],
         }
     }
 
@@ -236,23 +259,63 @@ impl Store for DecidingStore {
     }
 }
 
-/// The store as decisions call it: with traces on, a span around each call
-/// (`sluice.store`, a child of the decision being made), carrying the shard the store chose and
-/// what it answered; with traces off, the store's call alone.
+/// The stores of a server, kept across reloads: the configured one, what limiters decide
+/// with, the reservation layer with its leases (`local.enabled`) and the insurance store that
+/// decides `on_store_error: local` policies while the store is down.
+#[derive(Debug)]
+pub(super) struct Stores {
+    pub(super) handle: StoreHandle,
+    pub(super) deciding: DecidingStore,
+    pub(super) reserving: Option<Arc<Reserving<TracedStore>>>,
+    pub(super) insurance: Arc<MemoryStore>,
+}
+
+impl Stores {
+    /// Decides with `handle` (through the reservation layer when `local` is given), its calls
+    /// observed by `observe`.
+    pub(super) fn new(
+        handle: StoreHandle,
+        local: Option<sluice::ReserveConfig>,
+        observe: &Observe,
+    ) -> Self {
+        let traced = TracedStore::new(handle.clone(), observe);
+        let reserving = local.map(|local| Arc::new(Reserving::new(traced.clone(), local)));
+        Self {
+            handle,
+            deciding: DecidingStore::new(traced, reserving.clone()),
+            reserving,
+            insurance: Arc::new(MemoryStore::new()),
+        }
+    }
+}
+
+/// The store as decisions call it: each call to a Redis store measured
+/// (`sluice_store_latency_seconds`, `sluice_store_errors_total`), and with traces on, a span
+/// around each call (`sluice.store`, a child of the decision being made), carrying the shard
+/// the store chose and what it answered; on the memory store with traces off, the store's
+/// call alone.
 #[derive(Debug, Clone)]
 pub(crate) struct TracedStore {
     handle: StoreHandle,
     traces: Traces,
+    /// The series of each Redis store, numbered as [`StoreHandle::shard_of`] numbers them.
+    series: Arc<[StoreSeries]>,
 }
 
 impl TracedStore {
-    /// `handle`'s calls, traced by `traces` when they are on.
-    pub(super) fn new(handle: StoreHandle, traces: Traces) -> Self {
-        Self { handle, traces }
+    /// `handle`'s calls, measured in `observe`'s metrics and traced when traces are on.
+    fn new(handle: StoreHandle, observe: &Observe) -> Self {
+        let names = handle.redis_names();
+        let series = names.iter().map(|n| observe.metrics.store(n)).collect();
+        Self {
+            handle,
+            traces: observe.traces.clone(),
+            series,
+        }
     }
 
-    /// A store call inside its span (`sluice.store`).
-    async fn traced_call(
+    /// A store call, measured and inside its span (`sluice.store`).
+    async fn observed_call(
         &self,
         policy: &Policy,
         key: &str,
@@ -273,7 +336,15 @@ impl TracedStore {
             }
             attributes
         });
+        let started = std::time::Instant::now();
         let result = self.handle.call(policy, key, op, now_ms).await;
+        let index = match &self.handle {
+            StoreHandle::Redis(sharded) => sharded.shard_for(policy, key),
+            _ => 0,
+        };
+        if let Some(series) = self.series.get(index) {
+            series.record(started.elapsed(), result.as_ref().err());
+        }
         match &result {
             Ok(d) if d.allowed => span.finish("allowed", None),
             Ok(_) => span.finish("denied", None),
@@ -299,8 +370,8 @@ impl Store for TracedStore {
         op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        if self.traces.is_on() {
-            Either::Right(Box::pin(self.traced_call(policy, key, op, now_ms)))
+        if self.traces.is_on() || !self.series.is_empty() {
+            Either::Right(Box::pin(self.observed_call(policy, key, op, now_ms)))
         } else {
             Either::Left(self.handle.call(policy, key, op, now_ms))
         }
