@@ -9,14 +9,14 @@
 //! into each other's figures.
 
 pub(crate) mod history;
-pub(crate) mod metrics;
+pub mod metrics;
 pub(crate) mod regions;
 pub(crate) mod rules;
 pub(crate) mod scrape;
 pub(crate) mod stats;
 pub(crate) mod streams;
 pub mod top;
-pub(crate) mod traces;
+pub mod traces;
 pub(crate) mod untrusted;
 
 pub(crate) use untrusted::Untrusted;
@@ -55,7 +55,7 @@ pub(crate) struct Observe {
 
 impl Observe {
     /// Nothing observed yet, heavy hitters kept as `top` says, spans made by `traces`.
-    pub(crate) fn new(top: crate::config::TopSettings, traces: traces::Traces) -> Self {
+    pub(crate) fn new(top: top::settings::TopSettings, traces: traces::Traces) -> Self {
         Self {
             metrics: metrics::Metrics::new(),
             counts: stats::DecisionCounts::default(),

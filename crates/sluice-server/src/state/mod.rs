@@ -72,7 +72,7 @@ pub struct Generation {
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::config::admin::AdminConfig>,
     /// When an admitted decision counts as near its limit (`metrics.near_limit_ratio`).
-    pub near_limit: crate::config::NearLimit,
+    pub near_limit: crate::observe::metrics::settings::NearLimit,
 }
 
 impl Generation {

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub mod settings;
 mod space_saving;
 
 use space_saving::sort;

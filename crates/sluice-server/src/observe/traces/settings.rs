@@ -1,12 +1,16 @@
 //! The `tracing` section: where decision traces go over OTLP, and how many are kept
 //! (docs/configuration.md#tracing). The standard `OTEL_*` variables override the file.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::url::ConfiguredUrl;
 
 /// `tracing`, as written.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawTracing {
+pub(crate) struct RawTracing {
     #[serde(default)]
     endpoint: Option<String>,
     #[serde(default)]
@@ -67,7 +71,7 @@ const DISABLED_VAR: &str = "OTEL_SDK_DISABLED";
 /// environment): a variable overrides its key of the file, a key of the file its default.
 /// `None`: tracing is off (no endpoint anywhere, or `OTEL_SDK_DISABLED=true`). An error names
 /// the key (`tracing.sample_ratio: …`) or the variable.
-pub(super) fn trace_config(
+pub(crate) fn trace_config(
     raw: Option<RawTracing>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<TraceSettings>, String> {

@@ -25,8 +25,11 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicCo
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
-use crate::config::{TraceProtocol, TraceSettings};
 use crate::observe::Untrusted;
+
+pub mod settings;
+
+pub use settings::{TraceProtocol, TraceSettings};
 
 /// How long a stopping server waits for the last spans to reach the collector.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);

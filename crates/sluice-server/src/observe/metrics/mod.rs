@@ -41,6 +41,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 
 use crate::observe::stats::Outcome;
 
+pub mod settings;
+
 /// Histogram buckets for decision and store latency, in seconds: 10 µs to 1 s (a decision in
 /// memory takes tens of µs, one over Redis a few hundred).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -133,7 +135,7 @@ impl Metrics {
     }
 
     /// Counts an admitted decision that left one of its limits at least the near-limit ratio
-    /// used ([`crate::config::NearLimit::reached`]).
+    /// used ([`settings::NearLimit::reached`]).
     pub(crate) fn near_limit(&self, policy: &Name) {
         self.with(
             || metrics::counter!("sluice_decisions_near_limit_total", "policy" => policy.clone()),
@@ -677,7 +679,7 @@ mod tests {
         let stale: Vec<_> = described.difference(&recorded).collect();
         assert!(stale.is_empty(), "described but never recorded: {stale:?}");
         // A scraped family is written, by its name, in `scrape.rs`.
-        let scrape = include_str!("scrape.rs");
+        let scrape = include_str!("../scrape.rs");
         for (name, _, _) in DESCRIPTIONS.iter().filter(|d| matches!(d.1, Kind::Scraped)) {
             assert!(
                 scrape.contains(&format!("\"{name}\"")),
