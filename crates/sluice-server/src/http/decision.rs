@@ -139,10 +139,10 @@ pub(super) async fn answer(
     let Some(policy) = limiter.policy(&req.policy) else {
         return Err(unknown_policy(&req.policy, &snapshot));
     };
-    let span = shared
-        .observe()
-        .traces
-        .decision(op.span_name(), &crate::observe::traces::Headers(headers));
+    let span = shared.observe().traces.decision(
+        op.span_name(),
+        &opentelemetry_http::HeaderExtractor(headers),
+    );
     span.set(|| {
         vec![
             opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),

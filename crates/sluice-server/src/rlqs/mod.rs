@@ -99,9 +99,9 @@ impl RateLimitQuotaService for RlqsService {
         // The stream's trace context (`traceparent` in its metadata) is the parent of each
         // report's span; copied only when traces are on.
         let metadata = if self.shared.observe().traces.is_on() {
-            request.metadata().clone()
+            request.metadata().clone().into_headers()
         } else {
-            tonic::metadata::MetadataMap::new()
+            axum::http::HeaderMap::new()
         };
         let peer = request.remote_addr().map(|a| a.to_string());
         let mut inbound = request.into_inner();
@@ -140,7 +140,7 @@ impl RateLimitQuotaService for RlqsService {
                 };
                 let span = shared.observe().traces.decision(
                     "sluice.rlqs.report",
-                    &crate::observe::traces::Metadata(&metadata),
+                    &opentelemetry_http::HeaderExtractor(&metadata),
                 );
                 span.set(|| {
                     let buckets = i64::try_from(reports.bucket_quota_usages.len()).unwrap_or(0);
