@@ -127,18 +127,14 @@ impl StoreHandle {
         }
     }
 
-    /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
-    /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
-    fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
+    /// Where `key` under `policy` is decided, as the store chooses it: its place in
+    /// [`StoreHandle::redis_names`] (a Cluster has one name, its client picking the node by
+    /// slot), and whether that place is a client-side shard's; nothing for the memory store.
+    fn shard_of(&self, policy: &Policy, key: &str) -> Option<(usize, bool)> {
         match self {
-            StoreHandle::Memory(_) => ("memory".to_owned(), None),
-            StoreHandle::Redis(sharded) => {
-                let i = sharded.shard_for(policy, key);
-                let name = sharded.names().get(i).cloned().unwrap_or_default();
-                (name, Some(i))
-            }
-            StoreHandle::Cluster(c) => (c.name().to_owned(), None),
-            StoreHandle::Regions(r) => (r.local().name().to_owned(), None),
+            StoreHandle::Memory(_) => None,
+            StoreHandle::Redis(sharded) => Some((sharded.shard_for(policy, key), true)),
+            StoreHandle::Cluster(_) | StoreHandle::Regions(_) => Some((0, false)),
         }
     }
 }
@@ -322,15 +318,17 @@ impl TracedStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
+        let shard = self.handle.shard_of(policy, key);
+        let series = shard.and_then(|(i, _)| self.series.get(i));
         let span = self.traces.store_call();
         span.set(|| {
-            let (shard, index) = self.handle.shard_of(policy, key);
+            let name = series.map_or("memory", StoreSeries::name);
             let mut attributes = vec![
-                opentelemetry::KeyValue::new("sluice.shard", shard),
+                opentelemetry::KeyValue::new("sluice.shard", name.to_owned()),
                 opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
                 opentelemetry::KeyValue::new("sluice.op", op.name()),
             ];
-            if let Some(i) = index {
+            if let Some((i, true)) = shard {
                 let i = i64::try_from(i).unwrap_or(i64::MAX);
                 attributes.push(opentelemetry::KeyValue::new("sluice.shard.index", i));
             }
@@ -338,11 +336,7 @@ impl TracedStore {
         });
         let started = std::time::Instant::now();
         let result = self.handle.call(policy, key, op, now_ms).await;
-        let index = match &self.handle {
-            StoreHandle::Redis(sharded) => sharded.shard_for(policy, key),
-            _ => 0,
-        };
-        if let Some(series) = self.series.get(index) {
+        if let Some(series) = series {
             series.record(started.elapsed(), result.as_ref().err());
         }
         match &result {

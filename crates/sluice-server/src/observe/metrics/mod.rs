@@ -56,9 +56,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// One server's metrics: a Prometheus recorder of its own, never the process's global one, so
 /// that two servers in one process (an embedding application's, a test binary's) each count
 /// only what they did. Cheap to clone.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Metrics(Arc<Recorded>);
 
+#[derive(Debug)]
 struct Recorded {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
@@ -68,18 +69,6 @@ struct Recorded {
     rls_hits: Handles<(usize, usize, Literal), (Name, Name), Counter>,
     /// `sluice_decision_latency_seconds` by operation.
     latency: Handles<Literal, (), Histogram>,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Metrics")
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl Metrics {
@@ -149,15 +138,8 @@ impl Metrics {
     /// Records how long a decision took (store call and failure mode included).
     pub(crate) fn decision_latency(&self, op: &'static str, took: Duration) {
         let register = || metrics::histogram!("sluice_decision_latency_seconds", "op" => op);
-        self.cached(
-            &self.0.latency,
-            literal(op),
-            || (),
-            register,
-            |h| {
-                h.record(took.as_secs_f64());
-            },
-        );
+        let record = |h: &Histogram| h.record(took.as_secs_f64());
+        self.cached(&self.0.latency, literal(op), || (), register, record);
     }
 
     /// The series of the store named `name` (a Redis shard, a Cluster, a region's own Redis).
@@ -292,6 +274,11 @@ pub(crate) struct StoreSeries {
 }
 
 impl StoreSeries {
+    /// The store's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Records one call: how long it took and, when it failed, its error's kind.
     pub(crate) fn record(&self, took: Duration, error: Option<&sluice::StoreError>) {
         self.latency.record(took.as_secs_f64());
