@@ -94,13 +94,16 @@ impl Listeners {
 fn serve_http(
     listener: TcpListener,
     name: conn::Listener,
-    config: &Config,
+    (config, shared): (&Config, &Shared),
     tls: Option<&Arc<rustls::ServerConfig>>,
     app: axum::Router,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    let incoming = conn::Incoming::new(listener, name, config.connections, tls.cloned());
-    conn::serve_http(incoming, name, config.connections, app, stopped)
+    let series: Arc<dyn conn::ListenerEvents> =
+        Arc::new(shared.observe().metrics.listener(name.as_str()));
+    let limits = config.connections;
+    let incoming = conn::Incoming::new(listener, name, limits, tls.cloned(), series.clone());
+    conn::serve_http(incoming, series, limits, app, stopped)
 }
 
 /// The warning of a server without an `admin` section whose admin routes others can reach:
@@ -220,7 +223,7 @@ pub async fn run_with_clock(
     let served = serve_http(
         listeners.http,
         conn::Listener::Http,
-        &config,
+        (&config, &shared),
         http_tls.as_ref(),
         app,
         stopped(stop_rx),
@@ -246,8 +249,6 @@ async fn start_state(
     config: &Config,
     clock: &ServerClock,
 ) -> Result<(Arc<Shared>, crate::observe::traces::Traces), ServeError> {
-    // Install the recorder before the first request so that no early metric is lost.
-    let _ = crate::observe::metrics::handle();
     let rls = load_rls(config)?;
     let store = connect_store(config).await?;
     tracing::info!(store = %store.describe(), "store connected");
@@ -318,7 +319,7 @@ fn serve_admin(
     Ok(serve_http(
         listener,
         conn::Listener::Admin,
-        config,
+        (config, shared),
         tls,
         app,
         stopped,
@@ -415,8 +416,10 @@ async fn serve_grpc(
         .add_service(crate::reflection::v1alpha()?);
     // The connections come through the same accept loop as HTTP's: TLS, the
     // connection bound and the read deadlines of an HTTP/2 connection (conn.rs).
+    let grpc = conn::Listener::Grpc;
+    let series = Arc::new(shared.observe().metrics.listener(grpc.as_str()));
     let incoming =
-        conn::Incoming::new(listener, conn::Listener::Grpc, config.connections, tls).into_stream();
+        conn::Incoming::new(listener, grpc, config.connections, tls, series).into_stream();
     Ok(tokio::spawn(
         server.serve_with_incoming_shutdown(incoming, stop),
     ))

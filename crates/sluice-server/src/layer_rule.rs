@@ -190,7 +190,7 @@ fn the_rule_catches_an_import_from_above_in_each_form() {
         assert_eq!(violations(&rows, "f.rs", &leaf, bad).len(), 1, "{bad}");
     }
     for fine in [
-        "use crate::units::PositiveDuration;",
+        "use sluice_spec::units::PositiveDuration;",
         "use super::{Rule, Unit};",
         "// crate::state::Shared in a comment",
         "#[cfg(test)]\nmod tests {\n    use crate::state::Shared;\n}",

@@ -15,7 +15,7 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `reply`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `observe::metrics::settings`, `observe::top::settings`, `observe::traces::settings`, `simulate`, `url` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
@@ -29,8 +29,9 @@
 //!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
 //!   ([`simulate`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
-//!   module.
-//! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
+//!   module; the sections of observation (`metrics`, `top`, `tracing`) are read by the
+//!   `settings` leaves of their [`observe`] modules, which the configuration composes.
+//! * **Observation** ([`observe`]) is the metrics (those recorded and those computed at each
 //!   scrape), the decision counts, the top keys and the OTLP traces of decisions.
 //! * **Runtime** ([`state`]) is what requests read: the current policies over the store;
 //!   `reload` watches the configuration and swaps them.
@@ -44,7 +45,7 @@ pub mod app;
 pub mod config;
 pub(crate) mod conn;
 pub mod http;
-pub(crate) mod observe;
+pub mod observe;
 pub mod reflection;
 pub(crate) mod reload;
 pub(crate) mod reply;

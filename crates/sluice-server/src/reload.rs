@@ -220,13 +220,11 @@ pub(crate) async fn watch_config(source: ConfigSource, shared: Arc<Shared>) {
                 } else {
                     shared.apply(&config, rls);
                 }
-                crate::observe::metrics::reload(true);
                 tracing::info!(file = %file, policies = config.policies.len(), "configuration reloaded");
             }
             Err(e) => {
                 tracing::error!(file = %file, error = %e, "configuration reload refused; keeping the last good one");
                 shared.reload_failed(crate::state::ReloadSource::File, e.to_string());
-                crate::observe::metrics::reload(false);
             }
         }
     }

@@ -83,7 +83,7 @@ pub enum WaitError {
 
 /// What a decision is when fewer replicas than [`WaitForReplicas::replicas`] acknowledged
 /// its write within [`WaitForReplicas::timeout`]. Either way the primary has recorded it and
-/// replicates it when it can; `sluice_store_unreplicated_total{store}` counts shortfalls.
+/// replicates it when it can; [`crate::RedisStore::unreplicated_total`] counts shortfalls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "serde",

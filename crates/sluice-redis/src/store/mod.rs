@@ -12,7 +12,7 @@ mod batch;
 mod send;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
@@ -46,8 +46,8 @@ pub struct RedisStore {
 struct Inner {
     backend: Backend,
     name: String,
-    /// `name` as a metrics label (cloned per call without allocating).
-    label: metrics::SharedString,
+    /// Writes fewer replicas acknowledged than `wait_for_replicas` asks.
+    unreplicated: AtomicU64,
     next_replica: AtomicUsize,
     config: RedisConfig,
     code: Code,
@@ -97,7 +97,7 @@ impl RedisStore {
         let store = Self {
             inner: Arc::new(Inner {
                 backend,
-                label: metrics::SharedString::from(name.clone()),
+                unreplicated: AtomicU64::new(0),
                 name,
                 next_replica: AtomicUsize::new(0),
                 code,
@@ -187,6 +187,12 @@ impl RedisStore {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Writes fewer replicas acknowledged than [`RedisConfig::wait_for_replicas`] asks, since
+    /// connect (the server publishes it as `sluice_store_unreplicated_total{store}`).
+    pub fn unreplicated_total(&self) -> u64 {
+        self.inner.unreplicated.load(Ordering::Relaxed)
     }
 
     /// How long this store's calls took over the last minute ([`sluice::latency`]).
@@ -359,9 +365,7 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    /// [`Store::call`], measured: `sluice_store_latency_seconds{store}` and
-    /// `sluice_store_errors_total{store, kind}` through the `metrics` facade (recorded only if
-    /// the application installed a recorder).
+    /// [`Store::call`], its latency kept for [`RedisStore::call_latency`].
     async fn call(
         &self,
         policy: &Policy,
@@ -371,15 +375,7 @@ impl Store for RedisStore {
     ) -> Result<Decision, StoreError> {
         let started = Instant::now();
         let result = self.run(policy, key, op, now_ms).await;
-        let label = self.inner.label.clone();
-        let took = started.elapsed();
-        metrics::histogram!("sluice_store_latency_seconds", "store" => label.clone())
-            .record(took.as_secs_f64());
-        self.inner.latency.record(started, took);
-        if let Err(e) = &result {
-            metrics::counter!("sluice_store_errors_total", "store" => label, "kind" => e.kind().as_str())
-                .increment(1);
-        }
+        self.inner.latency.record(started, started.elapsed());
         result
     }
 

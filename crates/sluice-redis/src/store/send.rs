@@ -132,7 +132,7 @@ impl RedisStore {
     }
 
     /// The reply of a call that was sent, once its `WAIT` (if any) is judged: fewer replicas
-    /// than asked are counted in `sluice_store_unreplicated_total{store}` and, with
+    /// than asked are counted ([`RedisStore::unreplicated_total`]) and, with
     /// [`Shortfall::Fail`], fail the call.
     fn replicated(
         &self,
@@ -145,8 +145,9 @@ impl RedisStore {
         if acked >= i64::from(wait.replicas) {
             return Ok(sent.reply);
         }
-        metrics::counter!("sluice_store_unreplicated_total", "store" => self.inner.label.clone())
-            .increment(1);
+        self.inner
+            .unreplicated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A primary that lost its replicas may have been replaced (Sentinel moves the replicas
         // to the promoted node first): ask whether another node is the primary now.
         self.rediscover_soon();

@@ -41,21 +41,17 @@ pub use sluice::FailureMode;
 pub mod admin;
 mod listen;
 mod locate;
-mod metrics;
 mod overrides;
 pub mod regions;
 mod rls;
 mod store;
-mod top;
-mod traces;
 mod yaml;
 use self::listen::*;
-pub use self::metrics::{MetricsSettings, NearLimit};
-use self::metrics::{RawMetrics, metrics_config};
 pub use self::overrides::*;
 pub use self::rls::*;
-pub use self::top::*;
-pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
+use crate::observe::metrics::settings::{MetricsSettings, RawMetrics, metrics_config};
+use crate::observe::top::settings::{RawTop, TopSettings, top_config};
+use crate::observe::traces::settings::{RawTracing, TraceSettings, trace_config};
 pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
@@ -253,7 +249,7 @@ struct RawConfig {
     top: RawTop,
     #[serde(default)]
     metrics: RawMetrics,
-    tracing: Option<traces::RawTracing>,
+    tracing: Option<RawTracing>,
 }
 
 impl Config {
@@ -305,8 +301,7 @@ impl Config {
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
         let metrics = metrics_config(raw.metrics).map_err(err)?;
-        let tracing =
-            traces::trace_config(raw.tracing, |name| std::env::var(name).ok()).map_err(err)?;
+        let tracing = trace_config(raw.tracing, |name| std::env::var(name).ok()).map_err(err)?;
         let admin = raw
             .admin
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))

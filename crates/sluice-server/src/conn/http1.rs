@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::{Activity, ConnLimits, Incoming, Listener, timed_out};
+use super::{Activity, ConnLimits, Incoming, ListenerEvents};
 
 /// hyper's timer for one HTTP/1 connection. hyper asks a server connection's timer for one
 /// thing only: the header-read deadline, armed each time the connection starts waiting for a
@@ -24,7 +24,7 @@ use super::{Activity, ConnLimits, Incoming, Listener, timed_out};
 struct HeadTimer {
     activity: Arc<Activity>,
     limits: ConnLimits,
-    listener: Listener,
+    series: Arc<dyn ListenerEvents>,
 }
 
 impl hyper::rt::Timer for HeadTimer {
@@ -39,7 +39,7 @@ impl hyper::rt::Timer for HeadTimer {
             activity: self.activity.clone(),
             armed,
             limits: self.limits,
-            listener: self.listener,
+            series: self.series.clone(),
             sleep: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
                 armed + self.limits.idle_timeout,
             ))),
@@ -66,7 +66,7 @@ struct HeadSleep {
     activity: Arc<Activity>,
     armed: Instant,
     limits: ConnLimits,
-    listener: Listener,
+    series: Arc<dyn ListenerEvents>,
     sleep: Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -84,10 +84,8 @@ impl Future for HeadSleep {
             self.sleep.as_mut().reset(deadline);
         }
         ready!(self.sleep.as_mut().poll(cx));
-        timed_out(
-            self.listener,
-            if started.is_some() { "header" } else { "idle" },
-        );
+        let which = if started.is_some() { "header" } else { "idle" };
+        self.series.timed_out(which);
         Poll::Ready(())
     }
 }
@@ -98,13 +96,13 @@ impl hyper::rt::Sleep for HeadSleep {}
 /// stops accepting and lets the requests in flight finish (idle connections close at once).
 pub(crate) fn serve_http(
     mut incoming: Incoming,
-    listener: Listener,
+    series: Arc<dyn ListenerEvents>,
     limits: ConnLimits,
     app: axum::Router,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<io::Result<()>> {
     let app = app.layer(axum::middleware::from_fn_with_state(
-        (limits.body_timeout, listener),
+        (limits.body_timeout, series.clone()),
         body_deadline,
     ));
     tokio::spawn(async move {
@@ -117,7 +115,7 @@ pub(crate) fn serve_http(
                     let timer = HeadTimer {
                         activity: conn.activity.clone(),
                         limits,
-                        listener,
+                        series: series.clone(),
                     };
                     let mut builder = hyper::server::conn::http1::Builder::new();
                     builder.timer(timer).header_read_timeout(limits.header_timeout);
@@ -146,7 +144,7 @@ pub(crate) fn serve_http(
 /// fails where the handler reads it, and the answer becomes `408 request_timeout` with
 /// `connection: close`: what the handler made of the failed read is not sent.
 pub(crate) async fn body_deadline(
-    State((limit, listener)): State<(Duration, Listener)>,
+    State((limit, series)): State<(Duration, Arc<dyn ListenerEvents>)>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -164,7 +162,7 @@ pub(crate) async fn body_deadline(
     if !expired.load(Ordering::Relaxed) {
         return response;
     }
-    timed_out(listener, "body");
+    series.timed_out("body");
     let mut r = crate::reply::error(
         StatusCode::REQUEST_TIMEOUT,
         "request_timeout",

@@ -35,7 +35,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -126,9 +126,15 @@ impl Listener {
     }
 }
 
-fn timed_out(listener: Listener, timeout: &'static str) {
-    metrics::counter!("sluice_connection_timeouts_total", "listener" => listener.as_str(), "timeout" => timeout)
-        .increment(1);
+/// What a listener reports of its connections (the server's metrics take it).
+pub(crate) trait ListenerEvents: Send + Sync + std::fmt::Debug {
+    /// A connection opened (`1.0`) or closed (`-1.0`).
+    fn opened(&self, delta: f64);
+    /// The listener reached `listen.max_connections`.
+    fn limited(&self);
+    /// A connection was closed by the listen timeout `timeout` (idle, header, body,
+    /// handshake).
+    fn timed_out(&self, timeout: &'static str);
 }
 
 // ----- accepting ----------------------------------------------------------------------------
@@ -175,25 +181,6 @@ impl Activity {
     }
 }
 
-/// The open connections of one listener, for the gauge.
-#[derive(Debug)]
-struct Open {
-    listener: Listener,
-    count: AtomicUsize,
-}
-
-impl Open {
-    fn add(&self, delta: isize) {
-        let n = if delta > 0 {
-            self.count.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
-            self.count.fetch_sub(1, Ordering::Relaxed).saturating_sub(1)
-        };
-        metrics::gauge!("sluice_connections_open", "listener" => self.listener.as_str())
-            .set(n as f64);
-    }
-}
-
 /// The read deadline of an HTTP/2 connection: `idle_timeout` until the first byte,
 /// `header_timeout` from it to the end of the preface, then `idle_timeout` from each read.
 #[derive(Debug)]
@@ -209,11 +196,10 @@ struct H2Deadline {
 #[derive(Debug)]
 pub(crate) struct Conn {
     stream: Stream,
-    listener: Listener,
     limits: ConnLimits,
     activity: Arc<Activity>,
     h2: Option<H2Deadline>,
-    open: Arc<Open>,
+    series: Arc<dyn ListenerEvents>,
     _slot: OwnedSemaphorePermit,
     local: Option<std::net::SocketAddr>,
     remote: Option<std::net::SocketAddr>,
@@ -227,10 +213,9 @@ impl Conn {
         };
         let (local, remote) = (tcp.local_addr().ok(), tcp.peer_addr().ok());
         let now = Instant::now();
-        accepting.open.add(1);
+        accepting.series.opened(1.0);
         Self {
             stream,
-            listener: accepting.listener,
             limits: accepting.limits,
             activity: Arc::default(),
             h2: accepting.listener.http2().then(|| H2Deadline {
@@ -239,7 +224,7 @@ impl Conn {
                 last_read: now,
                 sleep: Box::pin(tokio::time::sleep(accepting.limits.idle_timeout)),
             }),
-            open: accepting.open.clone(),
+            series: accepting.series.clone(),
             _slot: slot,
             local,
             remote,
@@ -262,7 +247,7 @@ impl Conn {
             h2.sleep.as_mut().reset(deadline);
         }
         if h2.sleep.as_mut().poll(cx).is_ready() {
-            timed_out(self.listener, which);
+            self.series.timed_out(which);
             let what = if which == "header" {
                 "the HTTP/2 preface did not arrive within listen.header_timeout"
             } else {
@@ -276,7 +261,7 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.open.add(-1);
+        self.series.opened(-1.0);
     }
 }
 
@@ -375,7 +360,7 @@ impl tonic::transport::server::Connected for Conn {
 struct Accepting {
     listener: Listener,
     limits: ConnLimits,
-    open: Arc<Open>,
+    series: Arc<dyn ListenerEvents>,
 }
 
 /// The connections a listener accepts, as they come (TLS-terminated when `tls` is given);
@@ -396,21 +381,19 @@ impl Drop for AbortOnDrop {
 }
 
 impl Incoming {
-    /// Starts accepting on `listener` under `limits`.
+    /// Starts accepting on `listener` under `limits`, counting into `series`.
     pub(crate) fn new(
         tcp: TcpListener,
         listener: Listener,
         limits: ConnLimits,
         tls: Option<Arc<rustls::ServerConfig>>,
+        series: Arc<dyn ListenerEvents>,
     ) -> Self {
         let (tx, conns) = mpsc::channel(64);
         let accepting = Arc::new(Accepting {
             listener,
             limits,
-            open: Arc::new(Open {
-                listener,
-                count: AtomicUsize::new(0),
-            }),
+            series,
         });
         let accept_loop = tokio::spawn(accept_loop(tcp, accepting, tls.map(TlsAcceptor::from), tx));
         Self {
@@ -454,8 +437,7 @@ async fn accept_loop(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                metrics::counter!("sluice_connections_limited_total", "listener" => accepting.listener.as_str())
-                    .increment(1);
+                accepting.series.limited();
                 if last_logged.is_none_or(|t| t.elapsed() >= BOUND_LOG_EVERY) {
                     last_logged = Some(Instant::now());
                     tracing::warn!(
@@ -503,7 +485,7 @@ async fn accept_loop(
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => {
-                            timed_out(accepting.listener, "handshake");
+                            accepting.series.timed_out("handshake");
                             tracing::debug!(%peer, "TLS handshake timed out");
                         }
                     }

@@ -82,19 +82,22 @@ pub(super) async fn top(
     let (policy, by, limit) = top_query(query.as_deref())?;
     let snapshot = shared.snapshot();
     let configured = snapshot.limiter.policy(&policy);
-    if configured.is_none() && !shared.top().tracks(&policy) && !shared.rules().tracks(&policy) {
+    if configured.is_none()
+        && !shared.observe().top.tracks(&policy)
+        && !shared.observe().rules.tracks(&policy)
+    {
         return Err(ApiError::UnknownTopPolicy {
             configured: configured_names(&snapshot),
             name: policy,
         });
     }
     let now = sluice::Clock::now_ms(shared.clock());
-    let reading = shared.top().read(&policy, by, limit, now);
+    let reading = shared.observe().top.read(&policy, by, limit, now);
     let mut keys = Vec::with_capacity(reading.keys.len());
     for c in &reading.keys {
         let mut entry = json!({"key": &*c.key, "count": c.count, "error": c.error});
         if configured.is_none()
-            && let Some(entries) = shared.rules().entries_of(&policy, &c.key)
+            && let Some(entries) = shared.observe().rules.entries_of(&policy, &c.key)
         {
             entry["entries"] = json!(entries);
         }
@@ -118,7 +121,7 @@ pub(super) async fn top(
             },
             "since_ms": reading.from_ms,
             "total": reading.total,
-            "capacity": shared.top().capacity(),
+            "capacity": shared.observe().top.capacity(),
             "keys": keys,
         }),
     ))
@@ -236,7 +239,7 @@ pub(super) async fn stats(
     let keys = number_query(query.as_deref(), "keys", (0, MAX_STATS_KEYS, 10))?;
     let now = sluice::Clock::now_ms(shared.clock());
     let snapshot = shared.snapshot();
-    let mut counted = shared.counts().read();
+    let mut counted = shared.observe().counts.read();
     let policies: std::collections::BTreeMap<String, crate::observe::stats::Counts> = snapshot
         .limiter
         .policies()
@@ -245,11 +248,12 @@ pub(super) async fn stats(
             (p.name().to_owned(), c)
         })
         .collect();
-    let streams = shared.rlqs_streams().read();
+    let streams = shared.observe().streams.read();
     let buckets_total: u64 = streams.iter().map(|s| s.buckets).sum();
     let at = std::time::Instant::now();
     let [http, grpc] = shared
-        .decision_latency()
+        .observe()
+        .decision_latency
         .each_ref()
         .map(|w| quantiles(w.read(at)));
     let reservation = shared.reserving().map(|r| {
@@ -264,7 +268,7 @@ pub(super) async fn stats(
         &json!({
             "now_ms": now,
             "policies": policies,
-            "rules": shared.rules().read(keys),
+            "rules": shared.observe().rules.read(keys),
             "latency": {
                 "window_s": sluice::latency::WINDOW_S,
                 "decision": {"http": http, "grpc": grpc},
@@ -353,7 +357,7 @@ pub(super) async fn stats_history(
         ),
     )?;
     shared.sample_history();
-    let (end_ms, series) = shared.history().read(seconds);
+    let (end_ms, series) = shared.observe().history.read(seconds);
     let series: std::collections::BTreeMap<String, crate::observe::history::Series> =
         series.into_iter().collect();
     Ok(json_response(
@@ -406,11 +410,12 @@ pub(super) async fn simulate(
 }
 
 pub(super) async fn metrics_text(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
-    shared.store().publish_circuits();
+    let metrics = &shared.observe().metrics;
+    shared.store().publish(metrics);
     if let Some(reserving) = shared.reserving() {
-        metrics::reservation(reserving.stats());
+        metrics.reservation(reserving.stats());
     }
-    let mut text = metrics::render().ok_or(ApiError::MetricsUnavailable)?;
+    let mut text = metrics.render();
     let snapshot = shared.snapshot();
     crate::observe::scrape::limits(&mut text, snapshot.limiter.policies());
     if let Some(rls) = &snapshot.rls {

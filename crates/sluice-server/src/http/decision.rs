@@ -95,7 +95,7 @@ impl axum::extract::FromRequestParts<Arc<Shared>> for TraceHeaders {
         shared: &Arc<Shared>,
     ) -> Result<Self, Self::Rejection> {
         let mut headers = HeaderMap::new();
-        if shared.traces().is_on() {
+        if shared.observe().traces.is_on() {
             for name in ["traceparent", "tracestate"] {
                 if let Some(value) = parts.headers.get(name) {
                     headers.insert(HeaderName::from_static(name), value.clone());
@@ -139,9 +139,10 @@ pub(super) async fn answer(
     let Some(policy) = limiter.policy(&req.policy) else {
         return Err(unknown_policy(&req.policy, &snapshot));
     };
-    let span = shared
-        .traces()
-        .decision(op.span_name(), &crate::observe::traces::Headers(headers));
+    let span = shared.observe().traces.decision(
+        op.span_name(),
+        &opentelemetry_http::HeaderExtractor(headers),
+    );
     span.set(|| {
         vec![
             opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
@@ -154,7 +155,8 @@ pub(super) async fn answer(
     let started = std::time::Instant::now();
     let (result, lease) = span.around(ask(limiter, policy, op, &req)).await;
     let op_name = op.name();
-    shared.decision_took(op_name, crate::state::Surface::Http, started);
+    let observe = shared.observe();
+    observe.decision_took(op_name, crate::observe::Surface::Http, started);
     match result {
         Ok(d) => {
             let outcome = Outcome::of(d.degraded.is_some(), d.allowed);
@@ -174,9 +176,11 @@ pub(super) async fn answer(
         }
         Err(LimitError::Store(e)) => {
             span.finish(Outcome::Error.as_str(), Some(e.to_string()));
-            metrics::decision(policy.name_arc(), op_name, Outcome::Error);
+            observe
+                .metrics
+                .decision(policy.name_arc(), op_name, Outcome::Error);
             if op.admits() {
-                shared.counts().count(policy.name_arc(), Outcome::Error);
+                observe.counts.count(policy.name_arc(), Outcome::Error);
             }
             Err(ApiError::StoreUnavailable(store_failure(
                 policy, &req.key, &e,
@@ -231,16 +235,19 @@ fn admitted(
     d: &Decision,
     outcome: Outcome,
 ) {
-    metrics::decision(policy.name_arc(), op.name(), outcome);
+    let observe = shared.observe();
+    observe
+        .metrics
+        .decision(policy.name_arc(), op.name(), outcome);
     if !op.admits() {
         return;
     }
     if outcome == Outcome::Allowed && near_limit(snapshot, d) {
-        metrics::near_limit(policy.name_arc());
+        observe.metrics.near_limit(policy.name_arc());
     }
-    shared.counts().count(policy.name_arc(), outcome);
+    observe.counts.count(policy.name_arc(), outcome);
     // On the server's clock, as readings are (a decision's own instant may be Redis's).
-    shared.top().record(
+    observe.top.record(
         policy.name_arc(),
         &req.key,
         d.allowed,

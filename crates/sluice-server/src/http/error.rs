@@ -62,9 +62,6 @@ pub(crate) enum ApiError {
         n = crate::simulate::MAX_CONCURRENT
     )]
     Busy,
-    /// `/metrics` while another recorder is installed (`503 metrics_unavailable`).
-    #[error("another metrics recorder is installed in this process")]
-    MetricsUnavailable,
     /// A failure of the server itself (`500 internal`).
     #[error("{0}")]
     Internal(String),
@@ -116,9 +113,7 @@ impl ApiError {
             | Self::UnknownTopPolicy { .. }
             | Self::AdminListener { .. }
             | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::StoreUnavailable(_) | Self::Busy | Self::MetricsUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::StoreUnavailable(_) | Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::CrossSite(_) => StatusCode::FORBIDDEN,
@@ -134,7 +129,6 @@ impl ApiError {
             Self::UnknownPolicy { .. } | Self::UnknownTopPolicy { .. } => "unknown_policy",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Busy => "busy",
-            Self::MetricsUnavailable => "metrics_unavailable",
             Self::Internal(_) => "internal",
             Self::Unauthorized { .. } => "unauthorized",
             Self::CrossSite(_) => "cross_site",

@@ -21,7 +21,6 @@ use serde_json::{Value, json};
 use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
 
-use crate::observe::metrics;
 use crate::reply::json_response;
 use crate::state::Shared;
 

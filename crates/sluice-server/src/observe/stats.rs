@@ -14,7 +14,7 @@ pub(crate) const MAX_NAMES: usize = 4_096;
 
 /// What became of a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Admitted.
     Allowed = 0,
     /// Refused.
@@ -49,7 +49,7 @@ impl Outcome {
 
 /// The counts of one name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Checks admitted.
     pub allowed: u64,
     /// Checks refused.
@@ -62,13 +62,13 @@ pub struct Counts {
 
 /// Counts per name.
 #[derive(Debug, Default)]
-pub struct DecisionCounts {
+pub(crate) struct DecisionCounts {
     by_name: RwLock<HashMap<Arc<str>, Arc<[AtomicU64; 4]>>>,
 }
 
 impl DecisionCounts {
     /// Counts one check of `name`.
-    pub fn count(&self, name: &Arc<str>, outcome: Outcome) {
+    pub(crate) fn count(&self, name: &Arc<str>, outcome: Outcome) {
         let counters = {
             let read = self.by_name.read().unwrap_or_else(|p| p.into_inner());
             read.get(name).cloned()
@@ -87,7 +87,7 @@ impl DecisionCounts {
     }
 
     /// Every name's counts, by name.
-    pub fn read(&self) -> std::collections::BTreeMap<String, Counts> {
+    pub(crate) fn read(&self) -> std::collections::BTreeMap<String, Counts> {
         let read = self.by_name.read().unwrap_or_else(|p| p.into_inner());
         read.iter()
             .map(|(name, c)| {

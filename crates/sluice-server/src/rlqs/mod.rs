@@ -51,6 +51,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::observe::metrics::Metrics;
 use crate::state::{Generation, Shared};
 use assign::Assignment;
 use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
@@ -97,10 +98,10 @@ impl RateLimitQuotaService for RlqsService {
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         // The stream's trace context (`traceparent` in its metadata) is the parent of each
         // report's span; copied only when traces are on.
-        let metadata = if self.shared.traces().is_on() {
-            request.metadata().clone()
+        let metadata = if self.shared.observe().traces.is_on() {
+            request.metadata().clone().into_headers()
         } else {
-            tonic::metadata::MetadataMap::new()
+            axum::http::HeaderMap::new()
         };
         let peer = request.remote_addr().map(|a| a.to_string());
         let mut inbound = request.into_inner();
@@ -109,10 +110,11 @@ impl RateLimitQuotaService for RlqsService {
         let shared = self.shared.clone();
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
-            let mut stream = StreamState::new();
+            let mut stream = StreamState::new(shared.observe().metrics.clone());
             // Listed in /v1/stats while the task lives.
             let listed = shared
-                .rlqs_streams()
+                .observe()
+                .streams
                 .open(peer, sluice::Clock::now_ms(shared.clock()));
             loop {
                 let next = tokio::select! {
@@ -136,9 +138,9 @@ impl RateLimitQuotaService for RlqsService {
                         break;
                     }
                 };
-                let span = shared.traces().decision(
+                let span = shared.observe().traces.decision(
                     "sluice.rlqs.report",
-                    &crate::observe::traces::Metadata(&metadata),
+                    &opentelemetry_http::HeaderExtractor(&metadata),
                 );
                 span.set(|| {
                     let buckets = i64::try_from(reports.bucket_quota_usages.len()).unwrap_or(0);
@@ -195,6 +197,8 @@ struct StreamState {
     /// configuration expects. The longest gap, not the last: a bucket created just before a
     /// periodic report shows a short one.
     cadence_s: Option<u64>,
+    /// The server's metrics, where the actions and the requests reported are counted.
+    metrics: Metrics,
 }
 
 /// One bucket's usage in a message, duplicates summed.
@@ -293,13 +297,14 @@ enum Plan<'a> {
 }
 
 impl StreamState {
-    fn new() -> Self {
+    fn new(metrics: Metrics) -> Self {
         // Any nonzero id: a stream is a holder of every key it reports.
         Self {
             holder: rand::random::<u64>() | 1,
             domain: None,
             buckets: HashMap::new(),
             cadence_s: None,
+            metrics,
         }
     }
 
@@ -457,30 +462,31 @@ impl StreamState {
         match plan {
             Plan::Abandon => {
                 self.buckets.remove(&u.canonical);
-                action_metric("abandon");
+                self.metrics.rlqs_action("abandon");
                 Some(Action::AbandonAction(AbandonAction {}))
             }
-            Plan::Blanket(a) => Some(assign_action(config, cadence, a)),
+            Plan::Blanket(a) => Some(assign_action(&self.metrics, config, cadence, a)),
             Plan::Charge { rule, policy, .. } => match result {
                 Some(Ok(d)) => {
                     let taken = if d.allowed { d.cost } else { 0 };
-                    usage_metrics(
+                    self.metrics.rlqs_requests(
                         &rule.name,
                         taken,
                         u.allowed - taken.min(u.allowed),
                         u.denied,
                     );
                     let share = assign::share(policy, &d, duration_ms(cadence));
-                    Some(assign_action(config, cadence, assign::assignment(share)))
+                    let assigned = assign::assignment(share);
+                    Some(assign_action(&self.metrics, config, cadence, assigned))
                 }
                 Some(Err(e)) => {
                     tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
-                    action_metric("store_error");
+                    self.metrics.rlqs_action("store_error");
                     None
                 }
                 // The task failed (it cannot panic short of a bug): no answer for it.
                 None => {
-                    action_metric("store_error");
+                    self.metrics.rlqs_action("store_error");
                     None
                 }
             },
@@ -556,8 +562,13 @@ fn duration_ms(d: Duration) -> u64 {
 /// The action of an assignment for a stream reporting every `cadence`: a token bucket refilled
 /// once per `cadence`, living `assignment_ttl` or three reports, whichever is longer, so that
 /// a report missed or late does not let it lapse into Envoy's `no_assignment_behavior`.
-fn assign_action(config: &RlqsConfig, cadence: Duration, a: Assignment) -> Action {
-    action_metric(match a {
+fn assign_action(
+    metrics: &Metrics,
+    config: &RlqsConfig,
+    cadence: Duration,
+    a: Assignment,
+) -> Action {
+    metrics.rlqs_action(match a {
         Assignment::AllowAll => "allow_all",
         Assignment::DenyAll => "deny_all",
         Assignment::Tokens(_) => "token_bucket",
@@ -575,21 +586,4 @@ fn assign_action(config: &RlqsConfig, cadence: Duration, a: Assignment) -> Actio
         }),
         rate_limit_strategy: Some(a.strategy(cadence.as_secs())),
     })
-}
-
-/// Counts one action sent, by kind (`sluice_rlqs_actions_total{action}`).
-fn action_metric(action: &'static str) {
-    metrics::counter!("sluice_rlqs_actions_total", "action" => action).increment(1);
-}
-
-/// Counts a report's requests under its rule (`sluice_rlqs_requests_total{rule, result}`):
-/// `charged` to the store, `lost` (admitted by Envoy after the store was full), `denied` by
-/// Envoy.
-fn usage_metrics(rule: &str, charged: u64, lost: u64, denied: u64) {
-    for (result, n) in [("charged", charged), ("lost", lost), ("denied", denied)] {
-        if n > 0 {
-            metrics::counter!("sluice_rlqs_requests_total", "rule" => rule.to_owned(), "result" => result)
-                .increment(n);
-        }
-    }
 }

@@ -13,13 +13,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use opentelemetry_http::HeaderExtractor;
 use tonic::{Request, Response, Status};
 
 use super::Unit;
 use super::answer::{Code, DescriptorStatus, RlsAnswer, RlsError, RuleLimit};
 use super::request::{CarriedLimit, Descriptor, RlsRequest};
 use super::service::Rls;
-use crate::observe::traces::Metadata;
 use crate::state::Shared;
 
 /// The most bytes of a `ShouldRateLimit` request message (an Envoy request is a few hundred);
@@ -60,7 +60,7 @@ impl RateLimitService for RlsService {
         };
         match self
             .rls
-            .should_rate_limit(&plain, &Metadata(&metadata))
+            .should_rate_limit(&plain, &HeaderExtractor(&metadata.into_headers()))
             .await
         {
             Ok(answer) => Ok(Response::new(response(answer))),

@@ -42,7 +42,6 @@ use super::answer::{
 };
 use super::request::{Descriptor, RlsRequest};
 use crate::config::{ResponseHeaders, RlsSettings};
-use crate::observe::metrics;
 use crate::observe::stats::Outcome;
 use crate::rls::{Match, RulePolicies, rule_policy};
 use crate::state::{Generation, ServerLimiter, Shared};
@@ -93,7 +92,8 @@ impl Rls {
         // Envoy with its tracing on sends the `traceparent` in the metadata.
         let span = self
             .shared
-            .traces()
+            .observe()
+            .traces
             .decision("sluice.rls.should_rate_limit", carrier);
         span.set(|| {
             let descriptors = i64::try_from(req.descriptors.len()).unwrap_or(i64::MAX);
@@ -113,8 +113,11 @@ impl Rls {
             .cloned()
             .unwrap_or_else(|| UNKNOWN_DOMAIN.clone());
         let answer = span.around(self.answer(&snapshot, &label, req)).await;
-        self.shared
-            .decision_took("should_rate_limit", crate::state::Surface::Grpc, started);
+        self.shared.observe().decision_took(
+            "should_rate_limit",
+            crate::observe::Surface::Grpc,
+            started,
+        );
         let outcome = match &answer {
             Ok(r) if r.overall_code == Code::OverLimit => Outcome::Denied,
             // A descriptor decided without the store shows in the dynamic metadata.
@@ -126,7 +129,8 @@ impl Rls {
             Ok(_) => span.finish(outcome.as_str(), None),
             Err(e) => span.finish(outcome.as_str(), Some(e.to_string())),
         }
-        metrics::decision(&label, "should_rate_limit", outcome);
+        let metrics = &self.shared.observe().metrics;
+        metrics.decision(&label, "should_rate_limit", outcome);
         answer
     }
 
@@ -204,7 +208,7 @@ fn count_rule(shared: &Shared, m: &Match, descriptor: &Descriptor<'_>, outcome: 
         detailed: m.rule.detailed_metric.then_some(m.stats_key.as_str()),
         entries: &entries,
     };
-    shared.rules().count(&counted, outcome);
+    shared.observe().rules.count(&counted, outcome);
 }
 
 /// All or nothing: gives back what the descriptors of a refused or failed request were
@@ -320,6 +324,7 @@ impl Rls {
         refused: bool,
         now: u64,
     ) {
+        let observe = self.shared.observe();
         for (part, descriptor) in parts.iter().zip(&req.descriptors) {
             if let Some(m) = &part.found
                 && !descriptor.is_negative_hits
@@ -331,13 +336,13 @@ impl Rls {
                     (false, _) => "within_limit",
                 };
                 let rule = self.stats_label(label, m);
-                metrics::rls_hits(label, &rule, result, cost);
+                observe.metrics.rls_hits(label, &rule, result, cost);
                 if !part.limited
                     && !refused
                     && part.degraded.is_none()
                     && near_limit(snapshot, part)
                 {
-                    metrics::near_limit(label);
+                    observe.metrics.near_limit(label);
                 }
                 let outcome = Outcome::of(part.degraded.is_some(), !part.limited);
                 count_rule(&self.shared, m, descriptor, outcome);
@@ -345,8 +350,8 @@ impl Rls {
                 // Heavy hitters are kept per rule (`domain.rule`), detailed keys included.
                 if part.limited || !refused {
                     let by_rule = &m.rule.full_key;
-                    self.shared
-                        .top()
+                    observe
+                        .top
                         .record(by_rule, &m.counter_key, !part.limited, cost, now);
                 }
             }

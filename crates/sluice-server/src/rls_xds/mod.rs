@@ -175,7 +175,7 @@ pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
     let mut backoff = Backoff::default();
     loop {
         let outcome = client.session(&mut backoff).await;
-        connected(false);
+        client.shared.observe().metrics.xds_connected(false);
         let wait = backoff.next_wait();
         let rules = if client.accepted_version.is_empty() {
             "no rules yet".to_owned()
@@ -239,7 +239,7 @@ impl Client {
             .await
             .map_err(|s| StreamError::Open(Untrusted::new(s.message()).to_string()))?
             .into_inner();
-        connected(true);
+        self.shared.observe().metrics.xds_connected(true);
         tracing::info!(control_plane = %self.settings.address, node_id = %self.node.id, "xDS stream open; waiting for rate limit rules");
         loop {
             let response = match responses.message().await {
@@ -287,8 +287,7 @@ impl Client {
                     "rate limit rules from xDS applied"
                 );
                 self.shared.replace_rls(Arc::new(rules));
-                crate::observe::metrics::reload(true);
-                update(true);
+                self.shared.observe().metrics.xds_update(true);
                 self.accepted_version = response.version_info.clone();
                 self.request(response.version_info.clone(), response.nonce.clone(), None)
             }
@@ -303,8 +302,7 @@ impl Client {
                 tracing::error!(error = %message, "rate limit rules from xDS refused (NACK); keeping the last good ones");
                 self.shared
                     .reload_failed(crate::state::ReloadSource::Xds, format!("xDS: {message}"));
-                crate::observe::metrics::reload(false);
-                update(false);
+                self.shared.observe().metrics.xds_update(false);
                 self.request(
                     self.accepted_version.clone(),
                     response.nonce.clone(),
@@ -380,15 +378,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-fn connected(open: bool) {
-    metrics::gauge!("sluice_xds_connected").set(if open { 1.0 } else { 0.0 });
-}
-
-fn update(ack: bool) {
-    let result = if ack { "ack" } else { "nack" };
-    metrics::counter!("sluice_xds_updates_total", "result" => result).increment(1);
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::{Arc, RwLock};
 use sluice::{Clock, Limiter, MemoryStore, Reserving};
 
 use crate::config::Config;
+use crate::observe::Observe;
 use crate::observe::traces::Traces;
 use crate::rls::RlsConfig;
 
@@ -14,8 +15,8 @@ mod store;
 mod tests;
 
 pub use reload::{MAX_RELOADS, Reload, ReloadSource};
-use store::TracedStore;
 pub use store::{DecidingStore, StoreDown, StoreHandle};
+use store::{Stores, TracedStore};
 
 /// The server's clock: the system clock, or a test's manual clock.
 #[derive(Clone)]
@@ -71,28 +72,26 @@ pub struct Generation {
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::config::admin::AdminConfig>,
     /// When an admitted decision counts as near its limit (`metrics.near_limit_ratio`).
-    pub near_limit: crate::config::NearLimit,
+    pub near_limit: crate::observe::metrics::settings::NearLimit,
 }
 
 impl Generation {
     fn new(
         number: u64,
         config: &Config,
-        store: &StoreHandle,
-        deciding: &DecidingStore,
-        insurance: &Arc<MemoryStore>,
+        stores: &Stores,
         rls: Option<Arc<RlsConfig>>,
         clock: &ServerClock,
     ) -> Self {
-        let limiter = Limiter::new(deciding.clone())
+        let limiter = Limiter::new(stores.deciding.clone())
             .with_clock(clock.clone())
-            .with_insurance(insurance.clone())
+            .with_insurance(stores.insurance.clone())
             .with_policies(config.policies.iter().map(|p| p.policy.clone()));
         let rls_policies = rule_policies(rls.as_deref(), config.rls.as_ref());
         Self {
             number,
             limiter,
-            store: store.clone(),
+            store: stores.handle.clone(),
             rls,
             rls_settings: config.rls.clone(),
             rls_policies,
@@ -126,50 +125,20 @@ fn rule_policies(
     }
 }
 
-/// Where a decision was asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    /// The HTTP API.
-    Http = 0,
-    /// The gRPC rate limit service (`ShouldRateLimit`).
-    Grpc = 1,
-}
-
 /// Shared by every request handler.
 #[derive(Debug)]
 pub struct Shared {
     current: RwLock<Arc<Generation>>,
-    store: StoreHandle,
-    /// What limiters decide with: the store, or the reservation layer over it.
-    deciding: DecidingStore,
-    /// The reservation layer (`local.enabled`), kept across reloads with its leases.
-    reserving: Option<Arc<Reserving<TracedStore>>>,
-    /// Decides `on_store_error: local` policies while the store is down; kept across reloads.
-    insurance: Arc<MemoryStore>,
+    stores: Stores,
     /// The configuration the server started with: its `listen`, `store`, `local` and `top`
     /// sections are the ones in force until a restart.
     started_with: Config,
-    /// The error of the last failed reload, cleared by a successful one.
-    last_reload_error: RwLock<Option<String>>,
     /// The last [`MAX_RELOADS`] configuration changes, newest last.
     reloads: std::sync::Mutex<std::collections::VecDeque<Reload>>,
     clock: ServerClock,
-    /// The heavy hitters per policy (`top`); sized at start.
-    top: crate::observe::top::TopKeys,
-    /// Checks per policy and outcome since start.
-    counts: crate::observe::stats::DecisionCounts,
-    /// Checks per Envoy rule and detailed key since start.
-    rules: crate::observe::rules::RuleCounts,
-    /// The last hour of checks per second, per policy and rule.
-    history: crate::observe::history::History,
-    /// How long decisions took over the last minute: the HTTP API's, then gRPC's.
-    decision_latency: [sluice::latency::LatencyWindow; 2],
-    /// The open RLQS streams.
-    rlqs_streams: crate::observe::streams::Streams,
+    observe: Observe,
     /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
-    /// Decisions as spans over OTLP (`tracing`); off by default.
-    traces: Traces,
 }
 
 impl Shared {
@@ -191,21 +160,13 @@ impl Shared {
         clock: ServerClock,
         traces: Traces,
     ) -> Self {
-        let insurance = Arc::new(MemoryStore::new());
-        let traced = TracedStore::new(store.clone(), traces.clone());
-        let reserving = config
-            .local
-            .map(|local| Arc::new(Reserving::new(traced.clone(), local)));
-        let deciding = DecidingStore::new(traced, reserving.clone());
-        let first = Generation::new(1, config, &store, &deciding, &insurance, rls, &clock);
+        let observe = Observe::new(config.top, traces);
+        let stores = Stores::new(store, config.local, &observe);
+        let first = Generation::new(1, config, &stores, rls, &clock);
         Self {
             current: RwLock::new(Arc::new(first)),
-            store,
-            deciding,
-            reserving,
-            insurance,
+            stores,
             started_with: config.clone(),
-            last_reload_error: RwLock::new(None),
             reloads: std::sync::Mutex::new(std::collections::VecDeque::from([Reload {
                 at_ms: clock.now_ms(),
                 generation: 1,
@@ -213,20 +174,14 @@ impl Shared {
                 source: ReloadSource::Start,
             }])),
             clock,
-            top: crate::observe::top::TopKeys::new(config.top.capacity, config.top.window_ms),
-            counts: crate::observe::stats::DecisionCounts::default(),
-            rules: crate::observe::rules::RuleCounts::default(),
-            history: crate::observe::history::History::default(),
-            decision_latency: Default::default(),
-            rlqs_streams: crate::observe::streams::Streams::default(),
+            observe,
             simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
-            traces,
         }
     }
 
-    /// The tracer of decisions (off unless `tracing` is configured).
-    pub(crate) fn traces(&self) -> &Traces {
-        &self.traces
+    /// What the server records of its decisions: metrics, counts, heavy hitters, traces.
+    pub(crate) fn observe(&self) -> &Observe {
+        &self.observe
     }
 
     /// The slots of `POST /v1/simulate`: a simulation runs holding one.
@@ -234,65 +189,23 @@ impl Shared {
         &self.simulations
     }
 
-    /// Checks per policy (and Envoy rule) and outcome since start.
-    pub fn counts(&self) -> &crate::observe::stats::DecisionCounts {
-        &self.counts
-    }
-
-    /// Checks per Envoy rule and detailed key since start.
-    pub(crate) fn rules(&self) -> &crate::observe::rules::RuleCounts {
-        &self.rules
-    }
-
-    /// How long decisions took over the last minute: `[http, grpc]`.
-    pub fn decision_latency(&self) -> &[sluice::latency::LatencyWindow; 2] {
-        &self.decision_latency
-    }
-
-    /// Records how long a decision that started at `started` took, in the metrics
-    /// (`sluice_decision_latency_seconds{op}`) and in the last minute of its surface.
-    pub(crate) fn decision_took(
-        &self,
-        op: &'static str,
-        surface: Surface,
-        started: std::time::Instant,
-    ) {
-        let took = started.elapsed();
-        crate::observe::metrics::decision_latency(op, took);
-        self.decision_latency[surface as usize].record(started, took);
-    }
-
-    /// The open RLQS streams.
-    pub(crate) fn rlqs_streams(&self) -> &crate::observe::streams::Streams {
-        &self.rlqs_streams
-    }
-
-    /// The last hour of checks per second.
-    pub(crate) fn history(&self) -> &crate::observe::history::History {
-        &self.history
-    }
-
     /// Samples the counts into the history (once a second, by the server's background task;
     /// and before the history is read, so a reading is up to date with the clock).
     pub fn sample_history(&self) {
         let snapshot = self.snapshot();
+        let observe = &self.observe;
         let mut counts: std::collections::HashMap<String, crate::observe::stats::Counts> =
-            self.counts.read().into_iter().collect();
+            observe.counts.read().into_iter().collect();
         for p in snapshot.limiter.policies() {
             counts.entry(p.name().to_owned()).or_default();
         }
-        let rules = self.rules.totals();
+        let rules = observe.rules.totals();
         let rule_names: std::collections::HashSet<String> =
             rules.iter().map(|(name, _)| name.clone()).collect();
         counts.extend(rules);
-        self.history.sample(self.clock.now_ms(), counts, |name| {
+        observe.history.sample(self.clock.now_ms(), counts, |name| {
             snapshot.limiter.policy(name).is_some() || rule_names.contains(name)
         });
-    }
-
-    /// The heavy hitters per policy and per Envoy rule.
-    pub fn top(&self) -> &crate::observe::top::TopKeys {
-        &self.top
     }
 
     /// The current generation (cheap: one reference count).
@@ -311,12 +224,12 @@ impl Shared {
 
     /// The store.
     pub fn store(&self) -> &StoreHandle {
-        &self.store
+        &self.stores.handle
     }
 
     /// The reservation layer, when `local.enabled`.
     pub(crate) fn reserving(&self) -> Option<&Arc<Reserving<TracedStore>>> {
-        self.reserving.as_ref()
+        self.stores.reserving.as_ref()
     }
 
     /// The server's clock.
@@ -326,6 +239,6 @@ impl Shared {
 
     /// The insurance store of `on_store_error: local` policies.
     pub fn insurance(&self) -> &Arc<MemoryStore> {
-        &self.insurance
+        &self.stores.insurance
     }
 }

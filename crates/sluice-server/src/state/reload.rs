@@ -51,15 +51,7 @@ impl Shared {
     /// of the configuration file).
     pub fn apply(&self, config: &Config, rls: Option<Arc<RlsConfig>>) {
         self.swap(ReloadSource::File, |current| {
-            Generation::new(
-                current.number + 1,
-                config,
-                &self.store,
-                &self.deciding,
-                &self.insurance,
-                rls,
-                &self.clock,
-            )
+            Generation::new(current.number + 1, config, &self.stores, rls, &self.clock)
         });
     }
 
@@ -83,15 +75,8 @@ impl Shared {
     /// configuration file while the rules come from xDS.
     pub fn apply_keeping_rls(&self, config: &Config) {
         self.swap(ReloadSource::File, |current| {
-            Generation::new(
-                current.number + 1,
-                config,
-                &self.store,
-                &self.deciding,
-                &self.insurance,
-                current.rls.clone(),
-                &self.clock,
-            )
+            let rls = current.rls.clone();
+            Generation::new(current.number + 1, config, &self.stores, rls, &self.clock)
         });
     }
 
@@ -105,10 +90,6 @@ impl Shared {
             *current = Arc::new(next(&current));
             current.clone()
         };
-        *self
-            .last_reload_error
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = None;
         let domains: Vec<String> = generation
             .rls
             .iter()
@@ -120,9 +101,12 @@ impl Shared {
                     .is_some_and(|r| r.starts_with('.'))
             })
         };
-        self.top
+        let observe = &self.observe;
+        observe
+            .top
             .retain(|name| generation.limiter.policy(name).is_some() || in_rules(name));
-        self.rules
+        observe
+            .rules
             .retain_domains(|domain| domains.iter().any(|d| d == domain));
         self.record_reload(Reload {
             at_ms: self.clock.now_ms(),
@@ -134,10 +118,6 @@ impl Shared {
 
     /// Records a reload that failed (the last good configuration stays).
     pub fn reload_failed(&self, source: ReloadSource, error: String) {
-        *self
-            .last_reload_error
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
         self.record_reload(Reload {
             at_ms: self.clock.now_ms(),
             generation: self.snapshot().number,
@@ -146,7 +126,9 @@ impl Shared {
         });
     }
 
+    /// Remembers a change, and counts it (`sluice_config_reloads_total{result}`).
     fn record_reload(&self, reload: Reload) {
+        self.observe.metrics.reload(reload.ok());
         let mut reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
         if reloads.len() >= MAX_RELOADS {
             reloads.pop_front();
@@ -162,9 +144,7 @@ impl Shared {
 
     /// The error of the last failed reload, cleared by a successful one.
     pub fn last_reload_error(&self) -> Option<String> {
-        self.last_reload_error
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
+        reloads.back().and_then(|r| r.error.clone())
     }
 }

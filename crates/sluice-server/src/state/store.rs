@@ -1,5 +1,6 @@
 //! The store behind the limiter: which one the configuration chose ([`StoreHandle`]), kept
-//! concrete for readiness checks, and the span around each call when traces are on.
+//! concrete for readiness checks, the stores kept across reloads ([`Stores`]), and each call
+//! measured and, when traces are on, inside its span ([`TracedStore`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +13,8 @@ use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreEr
 use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
 
 use super::ServerClock;
+use crate::observe::Observe;
+use crate::observe::metrics::{Metrics, StoreSeries};
 use crate::observe::traces::Traces;
 
 /// Why the store cannot decide (`/readyz`'s `503`), naming the shards at fault.
@@ -51,10 +54,30 @@ impl StoreHandle {
         }
     }
 
-    /// Publishes each shard's circuit breaker to the metrics (called before rendering them).
-    pub fn publish_circuits(&self) {
-        if let Self::Redis(sharded) = self {
-            crate::observe::metrics::circuits(sharded);
+    /// Publishes to `metrics` what the store counts itself: each shard's circuit breaker, and
+    /// the writes fewer replicas acknowledged than asked (called before rendering them).
+    pub(crate) fn publish(&self, metrics: &Metrics) {
+        match self {
+            StoreHandle::Memory(_) => {}
+            StoreHandle::Redis(sharded) => {
+                metrics.circuits(sharded);
+                for shard in sharded.shards() {
+                    metrics.unreplicated(shard.inner());
+                }
+            }
+            StoreHandle::Cluster(c) => metrics.unreplicated(c),
+            StoreHandle::Regions(r) => metrics.unreplicated(r.local()),
+        }
+    }
+
+    /// The names of the Redis stores a call can go to, numbered as
+    /// [`StoreHandle::shard_of`] numbers them (none for the memory store).
+    fn redis_names(&self) -> Vec<String> {
+        match self {
+            StoreHandle::Memory(_) => Vec::new(),
+            StoreHandle::Redis(r) => r.names().to_vec(),
+            StoreHandle::Cluster(c) => vec![c.name().to_owned()],
+            StoreHandle::Regions(r) => vec![r.local().name().to_owned()],
         }
     }
 
@@ -104,18 +127,14 @@ impl StoreHandle {
         }
     }
 
-    /// The shard that decides `key` under `policy`, as the store chooses it: a Redis shard's
-    /// name and index; a Cluster's name (its client picks the node by slot); `memory`.
-    fn shard_of(&self, policy: &Policy, key: &str) -> (String, Option<usize>) {
+    /// Where `key` under `policy` is decided, as the store chooses it: its place in
+    /// [`StoreHandle::redis_names`] (a Cluster has one name, its client picking the node by
+    /// slot), and whether that place is a client-side shard's; nothing for the memory store.
+    fn shard_of(&self, policy: &Policy, key: &str) -> Option<(usize, bool)> {
         match self {
-            StoreHandle::Memory(_) => ("memory".to_owned(), None),
-            StoreHandle::Redis(sharded) => {
-                let i = sharded.shard_for(policy, key);
-                let name = sharded.names().get(i).cloned().unwrap_or_default();
-                (name, Some(i))
-            }
-            StoreHandle::Cluster(c) => (c.name().to_owned(), None),
-            StoreHandle::Regions(r) => (r.local().name().to_owned(), None),
+            StoreHandle::Memory(_) => None,
+            StoreHandle::Redis(sharded) => Some((sharded.shard_for(policy, key), true)),
+            StoreHandle::Cluster(_) | StoreHandle::Regions(_) => Some((0, false)),
         }
     }
 }
@@ -236,44 +255,90 @@ impl Store for DecidingStore {
     }
 }
 
-/// The store as decisions call it: with traces on, a span around each call
-/// (`sluice.store`, a child of the decision being made), carrying the shard the store chose and
-/// what it answered; with traces off, the store's call alone.
+/// The stores of a server, kept across reloads: the configured one, what limiters decide
+/// with, the reservation layer with its leases (`local.enabled`) and the insurance store that
+/// decides `on_store_error: local` policies while the store is down.
+#[derive(Debug)]
+pub(super) struct Stores {
+    pub(super) handle: StoreHandle,
+    pub(super) deciding: DecidingStore,
+    pub(super) reserving: Option<Arc<Reserving<TracedStore>>>,
+    pub(super) insurance: Arc<MemoryStore>,
+}
+
+impl Stores {
+    /// Decides with `handle` (through the reservation layer when `local` is given), its calls
+    /// observed by `observe`.
+    pub(super) fn new(
+        handle: StoreHandle,
+        local: Option<sluice::ReserveConfig>,
+        observe: &Observe,
+    ) -> Self {
+        let traced = TracedStore::new(handle.clone(), observe);
+        let reserving = local.map(|local| Arc::new(Reserving::new(traced.clone(), local)));
+        Self {
+            handle,
+            deciding: DecidingStore::new(traced, reserving.clone()),
+            reserving,
+            insurance: Arc::new(MemoryStore::new()),
+        }
+    }
+}
+
+/// The store as decisions call it: each call to a Redis store measured
+/// (`sluice_store_latency_seconds`, `sluice_store_errors_total`), and with traces on, a span
+/// around each call (`sluice.store`, a child of the decision being made), carrying the shard
+/// the store chose and what it answered; on the memory store with traces off, the store's
+/// call alone.
 #[derive(Debug, Clone)]
 pub(crate) struct TracedStore {
     handle: StoreHandle,
     traces: Traces,
+    /// The series of each Redis store, numbered as [`StoreHandle::shard_of`] numbers them.
+    series: Arc<[StoreSeries]>,
 }
 
 impl TracedStore {
-    /// `handle`'s calls, traced by `traces` when they are on.
-    pub(super) fn new(handle: StoreHandle, traces: Traces) -> Self {
-        Self { handle, traces }
+    /// `handle`'s calls, measured in `observe`'s metrics and traced when traces are on.
+    fn new(handle: StoreHandle, observe: &Observe) -> Self {
+        let names = handle.redis_names();
+        let series = names.iter().map(|n| observe.metrics.store(n)).collect();
+        Self {
+            handle,
+            traces: observe.traces.clone(),
+            series,
+        }
     }
 
-    /// A store call inside its span (`sluice.store`).
-    async fn traced_call(
+    /// A store call, measured and inside its span (`sluice.store`).
+    async fn observed_call(
         &self,
         policy: &Policy,
         key: &str,
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
+        let shard = self.handle.shard_of(policy, key);
+        let series = shard.and_then(|(i, _)| self.series.get(i));
         let span = self.traces.store_call();
         span.set(|| {
-            let (shard, index) = self.handle.shard_of(policy, key);
+            let name = series.map_or("memory", StoreSeries::name);
             let mut attributes = vec![
-                opentelemetry::KeyValue::new("sluice.shard", shard),
+                opentelemetry::KeyValue::new("sluice.shard", name.to_owned()),
                 opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
                 opentelemetry::KeyValue::new("sluice.op", op.name()),
             ];
-            if let Some(i) = index {
+            if let Some((i, true)) = shard {
                 let i = i64::try_from(i).unwrap_or(i64::MAX);
                 attributes.push(opentelemetry::KeyValue::new("sluice.shard.index", i));
             }
             attributes
         });
+        let started = std::time::Instant::now();
         let result = self.handle.call(policy, key, op, now_ms).await;
+        if let Some(series) = series {
+            series.record(started.elapsed(), result.as_ref().err());
+        }
         match &result {
             Ok(d) if d.allowed => span.finish("allowed", None),
             Ok(_) => span.finish("denied", None),
@@ -299,8 +364,8 @@ impl Store for TracedStore {
         op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        if self.traces.is_on() {
-            Either::Right(Box::pin(self.traced_call(policy, key, op, now_ms)))
+        if self.traces.is_on() || !self.series.is_empty() {
+            Either::Right(Box::pin(self.observed_call(policy, key, op, now_ms)))
         } else {
             Either::Left(self.handle.call(policy, key, op, now_ms))
         }

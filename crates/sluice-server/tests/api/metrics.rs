@@ -157,6 +157,40 @@ async fn near_limit_counts_from_eighty_percent_used() {
     s.stop().await;
 }
 
+/// Two servers in one process each count only what they decided: traffic to one leaves the
+/// other's `/metrics` without any of it.
+#[tokio::test]
+async fn two_servers_in_one_process_keep_their_own_metrics() {
+    const CONFIG: &str = "policies:\n  own:\n    limits:\n      - { max: 2, per: 1h }\n";
+    let (busy, quiet) = (
+        TestServer::start(CONFIG, &[]).await,
+        TestServer::start(CONFIG, &[]).await,
+    );
+    let c = reqwest::Client::new();
+    for want in [200, 200, 429] {
+        assert_eq!(check(&c, &busy.url, "own").await, want);
+    }
+    let decisions = |text: &str, outcome: &str| {
+        let labels = [("policy", "own"), ("op", "check"), ("outcome", outcome)];
+        sample(text, "sluice_decisions_total", &labels)
+    };
+    let text = scrape(&busy.url).await;
+    assert_eq!(decisions(&text, "allowed"), Some(2.0), "{text}");
+    assert_eq!(decisions(&text, "denied"), Some(1.0), "{text}");
+    assert!(
+        text.contains("sluice_decision_latency_seconds_count{op=\"check\"} 3"),
+        "{text}"
+    );
+    let text = scrape(&quiet.url).await;
+    assert!(!text.contains("sluice_decision"), "{text}");
+    assert_eq!(check(&c, &quiet.url, "own").await, 200);
+    let text = scrape(&quiet.url).await;
+    assert_eq!(decisions(&text, "allowed"), Some(1.0), "{text}");
+    assert_eq!(decisions(&text, "denied"), None, "{text}");
+    busy.stop().await;
+    quiet.stop().await;
+}
+
 /// `metrics.near_limit_ratio` sets the ratio (reloaded with the policies); a ratio outside
 /// (0, 1] is refused, naming the field.
 #[tokio::test]

@@ -25,8 +25,11 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicCo
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
-use crate::config::{TraceProtocol, TraceSettings};
 use crate::observe::Untrusted;
+
+pub mod settings;
+
+pub use settings::{TraceProtocol, TraceSettings};
 
 /// How long a stopping server waits for the last spans to reach the collector.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -344,38 +347,6 @@ impl Traced {
     }
 }
 
-/// gRPC metadata as a carrier of `traceparent` (Envoy sends it there when its tracing is on).
-pub(crate) struct Metadata<'a>(pub(crate) &'a tonic::metadata::MetadataMap);
-
-impl Extractor for Metadata<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0
-            .keys()
-            .filter_map(|k| match k {
-                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
-                tonic::metadata::KeyRef::Binary(_) => None,
-            })
-            .collect()
-    }
-}
-
-/// HTTP headers as a carrier of `traceparent`.
-pub(crate) struct Headers<'a>(pub(crate) &'a axum::http::HeaderMap);
-
-impl Extractor for Headers<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(axum::http::HeaderName::as_str).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,7 +371,10 @@ mod tests {
     fn off_makes_no_span_and_reads_no_header() {
         let traces = Traces::off();
         let headers = axum::http::HeaderMap::new();
-        let span = traces.decision("sluice.check", &Headers(&headers));
+        let span = traces.decision(
+            "sluice.check",
+            &opentelemetry_http::HeaderExtractor(&headers),
+        );
         assert!(span.context().is_none());
         assert!(traces.store_call().context().is_none());
     }

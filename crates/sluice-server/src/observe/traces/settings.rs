@@ -1,12 +1,27 @@
 //! The `tracing` section: where decision traces go over OTLP, and how many are kept
 //! (docs/configuration.md#tracing). The standard `OTEL_*` variables override the file.
+//!
+//! Five variables are read here rather than left to the OpenTelemetry SDK (0.33), which reads
+//! them otherwise than the documentation promises: its exporter prefers an endpoint given in
+//! code to `OTEL_EXPORTER_OTLP_ENDPOINT` (here the variable overrides the file, and alone
+//! turns tracing on), picks the transport from `OTEL_EXPORTER_OTLP_PROTOCOL` only in a builder
+//! that cannot take the server's HTTP client, and ignores a bad value with a warning (here a
+//! load error names it); it reads `OTEL_TRACES_SAMPLER_ARG` only for its own samplers, never
+//! for the random, caller-aware one of [`super`]; it finds `OTEL_SERVICE_NAME` only in a
+//! resource whose name a file's `service_name` would override; and it has no
+//! `OTEL_SDK_DISABLED`. What the exporter does read as documented (`OTEL_EXPORTER_OTLP_HEADERS`,
+//! `OTEL_EXPORTER_OTLP_TIMEOUT`, the `OTEL_BSP_*` bounds) is left to it.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::url::ConfiguredUrl;
 
 /// `tracing`, as written.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawTracing {
+pub(crate) struct RawTracing {
     #[serde(default)]
     endpoint: Option<String>,
     #[serde(default)]
@@ -67,7 +82,7 @@ const DISABLED_VAR: &str = "OTEL_SDK_DISABLED";
 /// environment): a variable overrides its key of the file, a key of the file its default.
 /// `None`: tracing is off (no endpoint anywhere, or `OTEL_SDK_DISABLED=true`). An error names
 /// the key (`tracing.sample_ratio: …`) or the variable.
-pub(super) fn trace_config(
+pub(crate) fn trace_config(
     raw: Option<RawTracing>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<TraceSettings>, String> {

@@ -1,14 +1,16 @@
 //! The `top` section: the heavy-hitter summaries' size and window.
 
-use super::*;
+use serde::Deserialize;
+
+use sluice_spec::units::PositiveDuration;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawTop {
+pub(crate) struct RawTop {
     #[serde(default)]
-    pub(super) capacity: Option<usize>,
+    capacity: Option<usize>,
     #[serde(default)]
-    pub(super) window: Option<PositiveDuration>,
+    window: Option<PositiveDuration>,
 }
 
 /// `top`: how many keys per policy the heavy-hitter summaries hold, over what window.
@@ -25,7 +27,7 @@ pub const DEFAULT_TOP_CAPACITY: usize = 64;
 /// The largest `top.capacity`.
 pub const MAX_TOP_CAPACITY: usize = 10_000;
 
-pub(super) fn top_config(raw: RawTop) -> Result<TopSettings, String> {
+pub(crate) fn top_config(raw: RawTop) -> Result<TopSettings, String> {
     let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
     if capacity > MAX_TOP_CAPACITY {
         return Err(format!(

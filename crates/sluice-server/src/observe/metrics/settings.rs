@@ -1,12 +1,12 @@
 //! The `metrics` section: what `/metrics` counts beyond the decisions themselves.
 
-use super::*;
+use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawMetrics {
+pub(crate) struct RawMetrics {
     #[serde(default)]
-    pub(super) near_limit_ratio: Option<f64>,
+    near_limit_ratio: Option<f64>,
 }
 
 /// `metrics`: reloaded with the policies.
@@ -24,7 +24,7 @@ impl Default for MetricsSettings {
     }
 }
 
-pub(super) fn metrics_config(raw: RawMetrics) -> Result<MetricsSettings, String> {
+pub(crate) fn metrics_config(raw: RawMetrics) -> Result<MetricsSettings, String> {
     let near_limit = match raw.near_limit_ratio {
         None => NearLimit::DEFAULT,
         Some(r) => NearLimit::new(r).ok_or_else(|| {
