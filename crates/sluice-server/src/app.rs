@@ -35,7 +35,7 @@ pub enum ServeError {
     },
     /// The Envoy rate limit files (`rls.config_dir`) could not be read.
     #[error(transparent)]
-    Rls(#[from] crate::rls::RlsConfigError),
+    Rls(#[from] sluice_envoy_rules::RlsConfigError),
     /// The store could not be connected.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -8,24 +8,23 @@
 //!
 //! The crate is layered: a module imports (through `crate::`/`super::` paths) only from its
 //! own layer or the layers below it, never from above, so it reads top-down and no two files
-//! name each other. A module in a folder belongs to the row of its longest listed path
-//! (`rls::service` and `rls::grpc` are surfaces, the rest of `rls`, the request and answer
-//! types included, a leaf). The table is the rule: a unit test (`layer_rule`) reads it from
+//! name each other. A module in a folder belongs to the row of its longest listed path. The
+//! table is the rule: a unit test (`layer_rule`) reads it from
 //! this file and fails when a source file imports from a layer above its own.
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `reply`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
-//! | 4 surfaces | `http`, `rls::grpc`, `rls::service`, `rlqs`, `rls_xds` |
+//! | 4 surfaces | `http`, `rls`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
 //! * **Leaves** know nothing of the server (and the text forms every surface reads, policy
 //!   entries, durations, duplicate-refusing JSON and YAML and `FieldError`, are the crate
-//!   `sluice_spec` below it): the JSON error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
-//!   rule files ([`rls`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
+//!   `sluice_spec` below it, and the Envoy rule language, the crate `sluice_envoy_rules`): the
+//!   JSON error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
 //!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
 //!   ([`simulate`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
@@ -49,7 +48,7 @@ pub mod reflection;
 pub(crate) mod reload;
 pub(crate) mod reply;
 pub(crate) mod rlqs;
-pub mod rls;
+pub(crate) mod rls;
 pub mod rls_xds;
 pub mod simulate;
 pub mod state;

@@ -6,7 +6,7 @@ use sluice::{Clock, Limiter, MemoryStore, Reserving};
 
 use crate::config::Config;
 use crate::observe::traces::Traces;
-use crate::rls::RlsConfig;
+use sluice_envoy_rules::RlsConfig;
 
 mod reload;
 mod store;
@@ -65,7 +65,7 @@ pub struct Generation {
     pub rls_settings: Option<crate::config::RlsSettings>,
     /// The policy of each of those rules, failing as the settings say: built here, so a
     /// descriptor finds its rule's policy without a lock.
-    pub rls_policies: crate::rls::RulePolicies,
+    pub rls_policies: sluice_envoy_rules::RulePolicies,
     /// Envoy rate limit quota rules (`rlqs`), when configured.
     pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
@@ -117,12 +117,12 @@ impl Generation {
 fn rule_policies(
     rules: Option<&RlsConfig>,
     settings: Option<&crate::config::RlsSettings>,
-) -> crate::rls::RulePolicies {
+) -> sluice_envoy_rules::RulePolicies {
     match (rules, settings) {
         (Some(rules), Some(settings)) => {
-            crate::rls::RulePolicies::new(rules, settings.on_store_error)
+            sluice_envoy_rules::RulePolicies::new(rules, settings.on_store_error)
         }
-        _ => crate::rls::RulePolicies::default(),
+        _ => sluice_envoy_rules::RulePolicies::default(),
     }
 }
 
