@@ -14,7 +14,7 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `simulate`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `url` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
@@ -23,10 +23,10 @@
 //!
 //! * **Leaves** know nothing of the server (and the text forms every surface reads, policy
 //!   entries, durations, duplicate-refusing JSON and YAML and `FieldError`, are the crate
-//!   `sluice_spec` below it, and the Envoy rule language, the crate `sluice_envoy_rules`): the
-//!   JSON error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
-//!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
-//!   ([`simulate`]).
+//!   `sluice_spec` below it, the Envoy rule language is the crate `sluice_envoy_rules` and
+//!   the simulator engine the crate `sluice_simulate`): the JSON error body (`reply`), TLS
+//!   and the connection loop ([`tls`], [`conn`]), the gRPC reflection's descriptors
+//!   ([`reflection`]) and the RLQS rules and share maths ([`rlqs::rules`], [`rlqs::assign`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module.
 //! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
@@ -50,7 +50,6 @@ pub(crate) mod reply;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
 pub mod rls_xds;
-pub mod simulate;
 pub mod state;
 pub(crate) mod tls;
 pub mod url;

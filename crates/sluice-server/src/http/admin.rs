@@ -366,7 +366,7 @@ pub(super) async fn stats_history(
 /// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
 /// a request the simulator refuses is a 400 naming the field or the bound.
 /// An admin route: it reads configured policies' limits, and it spends CPU on request. At
-/// most [`crate::simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
+/// most [`sluice_simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
 /// read (so a refused request costs no buffer) and held by the work itself until it ends,
 /// even if the client leaves.
 pub(super) async fn simulate(
@@ -394,8 +394,8 @@ pub(super) async fn simulate(
         // routes word it.
         let value =
             sluice_spec::unique::json(&bytes).map_err(|e| FieldError::whole(e.to_string()))?;
-        let bounds = crate::simulate::Bounds::default();
-        crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
+        let bounds = sluice_simulate::Bounds::default();
+        sluice_simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
     let report = tokio::task::spawn_blocking(work)
         .await

@@ -166,7 +166,7 @@ pub struct Shared {
     decision_latency: [sluice::latency::LatencyWindow; 2],
     /// The open RLQS streams.
     rlqs_streams: crate::observe::streams::Streams,
-    /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
+    /// The slots of `POST /v1/simulate` ([`sluice_simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
     /// Decisions as spans over OTLP (`tracing`); off by default.
     traces: Traces,
@@ -219,7 +219,7 @@ impl Shared {
             history: crate::observe::history::History::default(),
             decision_latency: Default::default(),
             rlqs_streams: crate::observe::streams::Streams::default(),
-            simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
+            simulations: Arc::new(tokio::sync::Semaphore::new(sluice_simulate::MAX_CONCURRENT)),
             traces,
         }
     }
