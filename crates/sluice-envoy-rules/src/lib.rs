@@ -55,6 +55,7 @@ mod error;
 mod matcher;
 mod policies;
 pub mod request;
+pub mod rlqs;
 mod tree;
 mod unit;
 pub mod xds;

@@ -14,7 +14,7 @@
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::assign`, `url`, `xds_settings` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
@@ -26,7 +26,8 @@
 //!   `sluice_spec` below it, the Envoy rule language is the crate `sluice_envoy_rules` and
 //!   the simulator engine the crate `sluice_simulate`): the JSON error body (`reply`), TLS
 //!   and the connection loop ([`tls`], [`conn`]), the gRPC reflection's descriptors
-//!   ([`reflection`]) and the RLQS rules and share maths ([`rlqs::rules`], [`rlqs::assign`]).
+//!   ([`reflection`]), the RLQS share maths (`rlqs::assign`) and where the xDS control plane
+//!   is ([`xds_settings`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module.
 //! * **Observation** (`observe`) is the metrics (those recorded and those computed at each
@@ -35,8 +36,7 @@
 //!   `reload` watches the configuration and swaps them.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   (the semantics in [`rls::service`], the protobuf in [`rls::grpc`]), RLQS ([`rlqs`]),
-//!   and the xDS client that brings Envoy rules from a control plane ([`rls_xds`]; its
-//!   settings, [`rls_xds::settings`], are a leaf the configuration reads).
+//!   and the xDS client that brings Envoy rules from a control plane ([`rls_xds`]).
 //! * **Composition** ([`app`]) binds it together and spawns the servers.
 
 pub mod app;
@@ -53,6 +53,7 @@ pub mod rls_xds;
 pub mod state;
 pub(crate) mod tls;
 pub mod url;
+pub mod xds_settings;
 
 #[cfg(test)]
 mod layer_rule;

@@ -130,7 +130,7 @@ pub struct Config {
     /// Envoy RLS settings, if any.
     pub rls: Option<RlsSettings>,
     /// Envoy's rate limit quota service (`rlqs`), if configured.
-    pub rlqs: Option<crate::rlqs::rules::RlqsConfig>,
+    pub rlqs: Option<sluice_envoy_rules::rlqs::RlqsConfig>,
     /// The store.
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
@@ -206,10 +206,10 @@ fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>,
 
 /// `rlqs`: its rules, each naming a policy of `policies` whose limits are all rates.
 fn rlqs_section(
-    raw: crate::rlqs::rules::RawRlqs,
+    raw: sluice_envoy_rules::rlqs::RawRlqs,
     policies: &[PolicyConfig],
-) -> Result<crate::rlqs::rules::RlqsConfig, String> {
-    let rlqs = crate::rlqs::rules::rlqs_config(raw, |name| {
+) -> Result<sluice_envoy_rules::rlqs::RlqsConfig, String> {
+    let rlqs = sluice_envoy_rules::rlqs::rlqs_config(raw, |name| {
         policies
             .iter()
             .find(|p| p.policy.name() == name)
@@ -242,7 +242,7 @@ struct RawConfig {
     #[serde(default)]
     rls: Option<RawRls>,
     #[serde(default)]
-    rlqs: Option<crate::rlqs::rules::RawRlqs>,
+    rlqs: Option<sluice_envoy_rules::rlqs::RawRlqs>,
     #[serde(default)]
     store: RawStore,
     #[serde(default)]

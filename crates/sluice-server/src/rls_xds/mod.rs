@@ -29,8 +29,6 @@
 //! Metrics: `sluice_xds_updates_total{result="ack|nack"}` and `sluice_xds_connected` (1 while
 //! a stream to the control plane is open, else 0).
 
-pub mod settings;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,10 +38,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 
-pub use settings::XdsSettings;
-
 use crate::observe::Untrusted;
 use crate::state::Shared;
+use crate::xds_settings::XdsSettings;
 use sluice_envoy_rules::xds::{
     Budget, MAX_RESOURCES, RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, TooLarge,
 };

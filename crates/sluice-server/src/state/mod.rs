@@ -67,7 +67,7 @@ pub struct Generation {
     /// descriptor finds its rule's policy without a lock.
     pub rls_policies: sluice_envoy_rules::RulePolicies,
     /// Envoy rate limit quota rules (`rlqs`), when configured.
-    pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
+    pub rlqs: Option<Arc<sluice_envoy_rules::rlqs::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::config::admin::AdminConfig>,
     /// When an admitted decision counts as near its limit (`metrics.near_limit_ratio`).
