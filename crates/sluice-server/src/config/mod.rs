@@ -41,21 +41,21 @@ pub use sluice::FailureMode;
 pub mod admin;
 mod listen;
 mod locate;
-mod metrics;
+mod near_limit;
 mod overrides;
-pub mod regions;
 mod rls;
 mod store;
-mod top;
-mod traces;
+pub mod store_regions;
+mod top_keys;
+mod trace_export;
 mod yaml;
 use self::listen::*;
-pub use self::metrics::{MetricsSettings, NearLimit};
-use self::metrics::{RawMetrics, metrics_config};
+pub use self::near_limit::{MetricsSettings, NearLimit};
+use self::near_limit::{RawMetrics, metrics_config};
 pub use self::overrides::*;
 pub use self::rls::*;
-pub use self::top::*;
-pub use self::traces::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
+pub use self::top_keys::*;
+pub use self::trace_export::{DEFAULT_SERVICE_NAME, TraceProtocol, TraceSettings};
 pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
@@ -253,7 +253,7 @@ struct RawConfig {
     top: RawTop,
     #[serde(default)]
     metrics: RawMetrics,
-    tracing: Option<traces::RawTracing>,
+    tracing: Option<trace_export::RawTracing>,
 }
 
 impl Config {
@@ -300,13 +300,13 @@ impl Config {
             .map_err(err)?;
         let store = store_config(raw.store, base).map_err(err)?;
         if let StoreConfig::Regions(r) = &store {
-            regions::check(r, &policies).map_err(err)?;
+            store_regions::check(r, &policies).map_err(err)?;
         }
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;
         let metrics = metrics_config(raw.metrics).map_err(err)?;
-        let tracing =
-            traces::trace_config(raw.tracing, |name| std::env::var(name).ok()).map_err(err)?;
+        let tracing = trace_export::trace_config(raw.tracing, |name| std::env::var(name).ok())
+            .map_err(err)?;
         let admin = raw
             .admin
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))

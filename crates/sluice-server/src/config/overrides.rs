@@ -519,7 +519,7 @@ pub fn describe_store(store: &StoreConfig) -> String {
     let redis = match store {
         StoreConfig::Memory => return "memory".to_owned(),
         StoreConfig::Redis(redis) => redis,
-        StoreConfig::Regions(regions) => return super::regions::describe(regions),
+        StoreConfig::Regions(regions) => return super::store_regions::describe(regions),
     };
     match &redis.topology {
         Topology::Shards { shards } => {

@@ -25,14 +25,14 @@ use crate::observe::metrics;
 use crate::reply::json_response;
 use crate::state::Shared;
 
-mod admin;
+mod admin_routes;
 mod assets;
 mod body;
 mod decision;
 mod error;
 
-pub use self::admin::MAX_TOP_LIMIT;
-use self::admin::*;
+pub use self::admin_routes::MAX_TOP_LIMIT;
+use self::admin_routes::*;
 pub use self::assets::OPENAPI;
 use self::assets::*;
 use self::body::*;

@@ -8,14 +8,14 @@ use crate::config::Config;
 use crate::observe::traces::Traces;
 use sluice_envoy_rules::RlsConfig;
 
-mod reload;
-mod store;
+mod apply;
+mod store_handle;
 #[cfg(test)]
 mod tests;
 
-pub use reload::{MAX_RELOADS, Reload, ReloadSource};
-use store::TracedStore;
-pub use store::{DecidingStore, StoreDown, StoreHandle};
+pub use apply::{MAX_RELOADS, Reload, ReloadSource};
+use store_handle::TracedStore;
+pub use store_handle::{DecidingStore, StoreDown, StoreHandle};
 
 /// The server's clock: the system clock, or a test's manual clock.
 #[derive(Clone)]
