@@ -555,17 +555,17 @@ pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
                 "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
             ));
         };
-        use sluice_spec::unique::Outcome;
+        use sluice_spec::unique::Parsed;
         let mut definition =
             match sluice_spec::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
-                Outcome::Value(v) => v,
-                Outcome::Duplicate { duplicate, .. } => {
+                Parsed::Value(v) => v,
+                Parsed::Duplicate { duplicate, .. } => {
                     return Err(bad(
                         field,
                         format!("`{}` is given twice", duplicate.full_path()),
                     ));
                 }
-                Outcome::Probed(e) | Outcome::Other(e) => {
+                Parsed::Probed(e) | Parsed::Other(e) => {
                     return Err(bad(field, format!("not a policy definition: {e}")));
                 }
             };

@@ -149,7 +149,7 @@ pub const MAX_SIMULATE_BODY: usize = 8 * 1024 * 1024;
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
+pub enum Routes {
     /// Every route: the HTTP listener when there is no admin listener, and the admin listener.
     All,
     /// What any client may call (check, peek, acquire, release, health, the OpenAPI
@@ -160,20 +160,20 @@ pub enum Surface {
 
 /// The routes of the HTTP API.
 pub fn router(shared: Arc<Shared>) -> Router {
-    router_for(shared, Surface::All)
+    router_for(shared, Routes::All)
 }
 
-/// The routes `surface` serves, from [`TABLE`]: an admin route behind the admin guard (a
+/// The routes `routes` names, from [`TABLE`]: an admin route behind the admin guard (a
 /// `route_layer`, so a wrong method is still a `405` and an unknown path a `404`), or, on the
 /// public listener of a server with an admin listener, answering `404 admin_listener`.
-pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
+pub fn router_for(shared: Arc<Shared>, routes: Routes) -> Router {
     let router = TABLE.iter().fold(Router::new(), |router, r| {
         let path = axum_path(r.path);
-        match (surface, r.access) {
-            (_, Access::Public) | (Surface::All, Access::Dashboard) => {
+        match (routes, r.access) {
+            (_, Access::Public) | (Routes::All, Access::Dashboard) => {
                 router.route(&path, (r.handler)())
             }
-            (Surface::All, access) => {
+            (Routes::All, access) => {
                 let guard = Guard {
                     shared: Arc::clone(&shared),
                     route: route_name(r).into(),
@@ -183,7 +183,7 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
                 router.route(&path, (r.handler)().route_layer(layer))
             }
             // Every admin route answers `404 admin_listener`, whatever its method.
-            (Surface::Public, _) => router.route(&path, any(on_admin_listener)),
+            (Routes::Public, _) => router.route(&path, any(on_admin_listener)),
         }
     });
     router
