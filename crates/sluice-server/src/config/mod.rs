@@ -7,13 +7,10 @@
 //! validate: what comes out is a [`Config`] of valid [`Policy`]s, addresses and durations.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer};
 use sluice::Policy;
 
 use sluice_spec::policy_entry::{RawPolicy, build_policy};

@@ -1,6 +1,6 @@
 //! The `metrics` section: what `/metrics` counts beyond the decisions themselves.
 
-use super::*;
+use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -1,6 +1,9 @@
 //! The `rls` section: Envoy rate limit service settings, as written and as applied.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice::FailureMode;
 
 /// Envoy rate limit service settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The `top` section: the heavy-hitter summaries' size and window.
 
-use super::*;
+use serde::Deserialize;
+use sluice_spec::units::PositiveDuration;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,11 @@
 //! The `tracing` section: where decision traces go over OTLP, and how many are kept
 //! (docs/configuration.md#tracing). The standard `OTEL_*` variables override the file.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::url::ConfiguredUrl;
 
 /// `tracing`, as written.
 #[derive(Deserialize, Default)]

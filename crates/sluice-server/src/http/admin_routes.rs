@@ -1,8 +1,22 @@
 //! The admin routes beside the decisions: forgetting a key, the policy list, the top keys, the
 //! stats the dashboard polls, the simulator and the metrics.
 
-use super::*;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use sluice::{Error as LimitError, Policy};
 use sluice_spec::policy_entry::FieldError;
+
+use super::decision::{configured_names, unknown_policy};
+use super::error::ApiError;
+use crate::observe::metrics;
+use crate::reply::json_response;
+use crate::state::Shared;
 
 // ----- the rest -----------------------------------------------------------------------------
 

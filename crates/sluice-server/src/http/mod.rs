@@ -11,17 +11,12 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, State};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any, delete, get, post};
-use serde_json::{Value, json};
-use sluice::headers::secs_up;
-use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
+use serde_json::json;
 
-use crate::observe::metrics;
 use crate::reply::json_response;
 use crate::state::Shared;
 
@@ -35,7 +30,6 @@ pub use self::admin_routes::MAX_TOP_LIMIT;
 use self::admin_routes::*;
 pub use self::assets::OPENAPI;
 use self::assets::*;
-use self::body::*;
 use self::decision::*;
 pub use self::decision::{add_headers, decision_response};
 pub(crate) use self::error::ApiError;
