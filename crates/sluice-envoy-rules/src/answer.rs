@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 
 use sluice::Policy;
 
-use super::{Match, Unit};
+use crate::rule::Match;
+use crate::unit::Unit;
 
 /// A descriptor's or a request's code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sluice::{FailureMode, LimitSpec, Policy};
 
-use super::RlsConfig;
+use crate::config::RlsConfig;
 
 /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed window,
 /// named by the unit alone so that every rule of one unit counts a descriptor in one counter,

@@ -2,8 +2,10 @@
 //! descriptors (entries, a carried limit, their own hits) and the request's hits; its bounds,
 //! its cost per descriptor, and the rule each descriptor matches.
 
-use super::answer::RlsError;
-use super::{Match, RlsConfig, Unit};
+use crate::answer::RlsError;
+use crate::config::RlsConfig;
+use crate::rule::Match;
+use crate::unit::Unit;
 
 /// The most bytes of a request's domain.
 pub const MAX_DOMAIN_LEN: usize = 256;
