@@ -133,7 +133,7 @@ fn read_log(path: &std::path::Path) -> anyhow::Result<String> {
 /// with the same engine, prints the report and writes the chart.
 pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     use serde_json::json;
-    use sluice_server::simulate::{self, Bounds, Simulation};
+    use sluice_simulate::{Bounds, Simulation, policy_flag, render};
 
     let configured: Vec<sluice::Policy> = match &args.config {
         Some(path) => Config::load(path)?
@@ -146,7 +146,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     let policies = args
         .policies
         .iter()
-        .map(|p| simulate::policy_flag(p))
+        .map(|p| policy_flag(p))
         .collect::<Result<Vec<_>, _>>()?;
     let traffic = simulate_traffic(args)?;
     let mut request = json!({"policies": policies, "traffic": traffic});
@@ -163,7 +163,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", simulate::render::table(&report));
+        print!("{}", render::table(&report));
         let decisions = report.events * report.policies.len() as u64;
         println!(
             "\nsimulated {decisions} decisions in {:.3} s ({:.0} decisions/s)",
@@ -172,7 +172,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &args.svg {
-        std::fs::write(path, simulate::render::svg(&report))
+        std::fs::write(path, render::svg(&report))
             .map_err(|e| anyhow::anyhow!("--svg {}: {e}", path.display()))?;
         if !args.json {
             println!("wrote {}", path.display());

@@ -436,7 +436,7 @@ async fn every_yaml_and_json_example_and_every_curl_of_the_docs_works() {
         let marker = b.marker.as_deref().unwrap_or("config");
         let result = if marker == "rls rule file" {
             *counts.entry("rls rule files").or_default() += 1;
-            sluice_server::rls::RlsConfig::from_files(&[("example.yaml", b.text.as_str())])
+            sluice_envoy_rules::RlsConfig::from_files(&[("example.yaml", b.text.as_str())])
                 .map(|_| ())
                 .map_err(|e| format!("{}: the rls parser refuses this rule file: {e}", b.at))
         } else if marker.starts_with("envoy bootstrap") || marker == "fragment" {

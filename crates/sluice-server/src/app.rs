@@ -35,7 +35,7 @@ pub enum ServeError {
     },
     /// The Envoy rate limit files (`rls.config_dir`) could not be read.
     #[error(transparent)]
-    Rls(#[from] crate::rls::RlsConfigError),
+    Rls(#[from] sluice_envoy_rules::RlsConfigError),
     /// The store could not be connected.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -213,13 +213,13 @@ pub async fn run_with_clock(
         )?),
         None => None,
     };
-    let surface = if admin.is_some() {
-        http::Surface::Public
+    let routes = if admin.is_some() {
+        http::Routes::Public
     } else {
-        http::Surface::All
+        http::Routes::All
     };
     tracing::info!(http = %listeners.http.local_addr()?, tls = http_tls.is_some(), "sluice serving");
-    let app = http::router_for(shared.clone(), surface);
+    let app = http::router_for(shared.clone(), routes);
     let served = serve_http(
         listeners.http,
         conn::Listener::Http,
@@ -315,7 +315,7 @@ fn serve_admin(
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
     tracing::info!(admin = %listener.local_addr()?, tls = tls.is_some(), "sluice serving the admin routes");
-    let app = http::router_for(shared.clone(), http::Surface::All);
+    let app = http::router_for(shared.clone(), http::Routes::All);
     Ok(serve_http(
         listener,
         conn::Listener::Admin,

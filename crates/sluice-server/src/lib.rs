@@ -8,26 +8,26 @@
 //!
 //! The crate is layered: a module imports (through `crate::`/`super::` paths) only from its
 //! own layer or the layers below it, never from above, so it reads top-down and no two files
-//! name each other. A module in a folder belongs to the row of its longest listed path
-//! (`rls::service` and `rls::grpc` are surfaces, the rest of `rls`, the request and answer
-//! types included, a leaf). The table is the rule: a unit test (`layer_rule`) reads it from
+//! name each other. A module in a folder belongs to the row of its longest listed path. The
+//! table is the rule: a unit test (`layer_rule`) reads it from
 //! this file and fails when a source file imports from a layer above its own.
 //!
 //! | layer | modules |
 //! |-------|---------|
-//! | 0 leaves | `reply`, `tls`, `conn`, `rls`, `reflection`, `rlqs::rules`, `rlqs::assign`, `rls_xds::settings`, `observe::metrics::settings`, `observe::top::settings`, `observe::traces::settings`, `simulate`, `url` |
+//! | 0 leaves | `reply`, `tls`, `conn`, `reflection`, `rlqs::assign`, `url`, `xds_settings`, `observe::metrics::settings`, `observe::top::settings`, `observe::traces::settings` |
 //! | 1 configuration | `config` |
 //! | 2 observation | `observe` |
 //! | 3 runtime | `state`, `reload` |
-//! | 4 surfaces | `http`, `rls::grpc`, `rls::service`, `rlqs`, `rls_xds` |
+//! | 4 surfaces | `http`, `rls`, `rlqs`, `rls_xds` |
 //! | 5 composition | `app` |
 //!
 //! * **Leaves** know nothing of the server (and the text forms every surface reads, policy
 //!   entries, durations, duplicate-refusing JSON and YAML and `FieldError`, are the crate
-//!   `sluice_spec` below it): the JSON error body (`reply`), TLS and the connection loop ([`tls`], [`conn`]), the reference's
-//!   rule files ([`rls`]), the gRPC reflection's descriptors ([`reflection`]), the RLQS rules
-//!   and share maths ([`rlqs::rules`], [`rlqs::assign`]) and the simulator engine
-//!   ([`simulate`]).
+//!   `sluice_spec` below it, the Envoy rule language is the crate `sluice_envoy_rules` and
+//!   the simulator engine the crate `sluice_simulate`): the JSON error body (`reply`), TLS
+//!   and the connection loop ([`tls`], [`conn`]), the gRPC reflection's descriptors
+//!   ([`reflection`]), the RLQS share maths (`rlqs::assign`) and where the xDS control plane
+//!   is ([`xds_settings`]).
 //! * **Configuration** ([`config`]) reads and validates the file, each section in its own
 //!   module; the sections of observation (`metrics`, `top`, `tracing`) are read by the
 //!   `settings` leaves of their [`observe`] modules, which the configuration composes.
@@ -37,8 +37,7 @@
 //!   `reload` watches the configuration and swaps them.
 //! * **Surfaces** translate a protocol to the runtime and back: HTTP ([`http`]), Envoy RLS
 //!   (the semantics in [`rls::service`], the protobuf in [`rls::grpc`]), RLQS ([`rlqs`]),
-//!   and the xDS client that brings Envoy rules from a control plane ([`rls_xds`]; its
-//!   settings, [`rls_xds::settings`], are a leaf the configuration reads).
+//!   and the xDS client that brings Envoy rules from a control plane ([`rls_xds`]).
 //! * **Composition** ([`app`]) binds it together and spawns the servers.
 
 pub mod app;
@@ -50,12 +49,12 @@ pub mod reflection;
 pub(crate) mod reload;
 pub(crate) mod reply;
 pub(crate) mod rlqs;
-pub mod rls;
+pub(crate) mod rls;
 pub mod rls_xds;
-pub mod simulate;
 pub mod state;
 pub(crate) mod tls;
 pub mod url;
+pub mod xds_settings;
 
 #[cfg(test)]
 mod layer_rule;

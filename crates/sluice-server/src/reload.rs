@@ -8,18 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, ConfigSource};
-use crate::rls::RlsConfig;
 use crate::state::Shared;
+use sluice_envoy_rules::RlsConfig;
 
 /// How often the configuration file is checked for changes.
 pub const RELOAD_POLL: Duration = Duration::from_millis(500);
 
 /// Reads the Envoy rate limit service files, if configured.
-pub fn load_rls(config: &Config) -> Result<Option<Arc<RlsConfig>>, crate::rls::RlsConfigError> {
+pub fn load_rls(
+    config: &Config,
+) -> Result<Option<Arc<RlsConfig>>, sluice_envoy_rules::RlsConfigError> {
     let Some(settings) = &config.rls else {
         return Ok(None);
     };
-    let options = crate::rls::LoadOptions {
+    let options = sluice_envoy_rules::LoadOptions {
         merge_domains: settings.merge_domains,
         ignore_dot_files: settings.ignore_dot_files,
     };
@@ -52,7 +54,7 @@ fn fingerprint(path: Option<&std::path::Path>, rls_dir: Option<&std::path::Path>
         for entry in entries.flatten() {
             // What the loader reads: not kubelet's `..data` and `..<timestamp>` (their files
             // are read through the mount's top-level links), nor a linked directory.
-            if crate::rls::is_kubelet_entry(&entry.file_name()) {
+            if sluice_envoy_rules::is_kubelet_entry(&entry.file_name()) {
                 continue;
             }
             let Ok(file_type) = entry.file_type() else {
@@ -139,7 +141,7 @@ enum ReloadRefused {
     Config(#[from] crate::config::ConfigError),
     /// The Envoy rate limit files cannot be read.
     #[error(transparent)]
-    Rls(#[from] crate::rls::RlsConfigError),
+    Rls(#[from] sluice_envoy_rules::RlsConfigError),
     /// The rules would come from the other source (`rls.config_dir` or `rls.xds`).
     #[error(
         "rls: the source of the Envoy rules (config_dir or xds) changed; it is chosen at \

@@ -52,9 +52,9 @@ struct Found {
     probed: bool,
 }
 
-/// The outcome of [`read`].
+/// What [`read`] parsed.
 #[derive(Debug)]
-pub enum Outcome<E> {
+pub enum Parsed<E> {
     /// The document, every mapping's keys unique.
     Value(Value),
     /// A mapping names a key twice; `error` is the deserializer's error raised at the second
@@ -68,7 +68,7 @@ pub enum Outcome<E> {
 
 /// Reads a document into a JSON value, refusing a mapping that names a key twice; with
 /// `probe`, stops at the first occurrence of the probed key instead.
-pub fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Outcome<D::Error> {
+pub fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Parsed<D::Error> {
     let found = RefCell::new(Found {
         probe: probe.map(|p| p.0),
         ..Found::default()
@@ -80,11 +80,11 @@ pub fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Outcome<D
     .deserialize(de);
     let found = found.into_inner();
     match result {
-        Ok(value) => Outcome::Value(value),
+        Ok(value) => Parsed::Value(value),
         Err(error) => match found.duplicate {
-            Some(duplicate) => Outcome::Duplicate { duplicate, error },
-            None if found.probed => Outcome::Probed(error),
-            None => Outcome::Other(error),
+            Some(duplicate) => Parsed::Duplicate { duplicate, error },
+            None if found.probed => Parsed::Probed(error),
+            None => Parsed::Other(error),
         },
     }
 }
@@ -107,11 +107,11 @@ pub enum JsonError {
 pub fn json(bytes: &[u8]) -> Result<Value, JsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = match read(&mut de, None) {
-        Outcome::Value(v) => v,
-        Outcome::Duplicate { duplicate, .. } => {
+        Parsed::Value(v) => v,
+        Parsed::Duplicate { duplicate, .. } => {
             return Err(JsonError::Duplicate(duplicate.full_path()));
         }
-        Outcome::Probed(e) | Outcome::Other(e) => return Err(JsonError::NotJson(e)),
+        Parsed::Probed(e) | Parsed::Other(e) => return Err(JsonError::NotJson(e)),
     };
     // Trailing characters after the value, as serde_json::from_slice refuses them.
     de.end().map_err(JsonError::NotJson)?;
@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn a_yaml_key_given_twice_is_placed_at_both_occurrences() {
         let text = "policies:\n  api: 1\n  web: 2\n  api: 3\n";
-        let Outcome::Duplicate { duplicate, error } =
+        let Parsed::Duplicate { duplicate, error } =
             read(serde_yaml_ng::Deserializer::from_str(text), None)
         else {
             panic!("no duplicate found");
@@ -384,7 +384,7 @@ mod tests {
         assert_eq!(duplicate.full_path(), "policies.api");
         let at = error.location().unwrap();
         assert_eq!((at.line(), at.column()), (4, 3));
-        let Outcome::Probed(first) = read(
+        let Parsed::Probed(first) = read(
             serde_yaml_ng::Deserializer::from_str(text),
             Some(Probe(duplicate)),
         ) else {

@@ -1,4 +1,4 @@
-//! Envoy's rate limit service configuration (`sluice_server::rls`: the YAML reader, the
+//! Envoy's rate limit service configuration (`sluice_envoy_rules`: the YAML reader, the
 //! decoder and the descriptor tree), through [`RlsConfig::from_files_with`].
 //!
 //! Properties: no input panics; an error names one of the files given and a line within it;
@@ -9,8 +9,8 @@
 //! unit, and the same question gets the same answer.
 
 use bolero::check;
+use sluice_envoy_rules::{Asked, LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 use sluice_fuzz::{Edit, Many, Tally, Word, YAML_WORDS, apply_edits, budget, seeds, structured};
-use sluice_server::rls::{Asked, LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 /// Keys and values of the format, for edits.
 const WORDS: &[&str] = &[

@@ -1,6 +1,15 @@
 //! The `listen` section: the addresses, and what a connection may hold.
 
-use super::*;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::Deserializer;
+use serde::{Deserialize, de};
+use sluice_spec::units::PositiveDuration;
+
+use super::{DEFAULT_GRPC, DEFAULT_HTTP};
 
 /// A listen address as written: `IP:port`. A port alone or a host name is refused with what
 /// to write instead: which interfaces to expose is a decision to state, not to guess.

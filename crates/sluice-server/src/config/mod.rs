@@ -7,13 +7,10 @@
 //! validate: what comes out is a [`Config`] of valid [`Policy`]s, addresses and durations.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer};
 use sluice::Policy;
 
 use sluice_spec::policy_entry::{RawPolicy, build_policy};
@@ -42,9 +39,9 @@ pub mod admin;
 mod listen;
 mod locate;
 mod overrides;
-pub mod regions;
 mod rls;
 mod store;
+pub mod store_regions;
 mod yaml;
 use self::listen::*;
 pub use self::overrides::*;
@@ -126,7 +123,7 @@ pub struct Config {
     /// Envoy RLS settings, if any.
     pub rls: Option<RlsSettings>,
     /// Envoy's rate limit quota service (`rlqs`), if configured.
-    pub rlqs: Option<crate::rlqs::rules::RlqsConfig>,
+    pub rlqs: Option<sluice_envoy_rules::rlqs::RlqsConfig>,
     /// The store.
     pub store: StoreConfig,
     /// The heavy-hitter summaries (`top`).
@@ -202,10 +199,10 @@ fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>,
 
 /// `rlqs`: its rules, each naming a policy of `policies` whose limits are all rates.
 fn rlqs_section(
-    raw: crate::rlqs::rules::RawRlqs,
+    raw: sluice_envoy_rules::rlqs::RawRlqs,
     policies: &[PolicyConfig],
-) -> Result<crate::rlqs::rules::RlqsConfig, String> {
-    let rlqs = crate::rlqs::rules::rlqs_config(raw, |name| {
+) -> Result<sluice_envoy_rules::rlqs::RlqsConfig, String> {
+    let rlqs = sluice_envoy_rules::rlqs::rlqs_config(raw, |name| {
         policies
             .iter()
             .find(|p| p.policy.name() == name)
@@ -238,7 +235,7 @@ struct RawConfig {
     #[serde(default)]
     rls: Option<RawRls>,
     #[serde(default)]
-    rlqs: Option<crate::rlqs::rules::RawRlqs>,
+    rlqs: Option<sluice_envoy_rules::rlqs::RawRlqs>,
     #[serde(default)]
     store: RawStore,
     #[serde(default)]
@@ -296,7 +293,7 @@ impl Config {
             .map_err(err)?;
         let store = store_config(raw.store, base).map_err(err)?;
         if let StoreConfig::Regions(r) = &store {
-            regions::check(r, &policies).map_err(err)?;
+            store_regions::check(r, &policies).map_err(err)?;
         }
         let local = local_config(raw.local).map_err(err)?;
         let top = top_config(raw.top).map_err(err)?;

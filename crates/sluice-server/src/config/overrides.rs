@@ -6,9 +6,15 @@
 //! path from a file and these values to a [`Config`]: `serve`, `config check` and a reload
 //! all take it, so a reload re-reads the file and re-applies the same values.
 
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
 use sluice_redis::{Shard, Topology};
 
-use super::*;
+use super::listen::{ListenAddr, check_listen};
+use super::rls::{RlsSettings, RulesSource};
+use super::{Config, ConfigError, StoreConfig, store};
 
 /// A setting an operator may give as a flag or a variable instead of in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -519,7 +525,7 @@ pub fn describe_store(store: &StoreConfig) -> String {
     let redis = match store {
         StoreConfig::Memory => return "memory".to_owned(),
         StoreConfig::Redis(redis) => redis,
-        StoreConfig::Regions(regions) => return super::regions::describe(regions),
+        StoreConfig::Regions(regions) => return super::store_regions::describe(regions),
     };
     match &redis.topology {
         Topology::Shards { shards } => {
@@ -581,6 +587,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use sluice::FailureMode;
+    use std::path::Path;
+    use std::time::Duration;
 
     const FILE: &str = "listen:\n  http: 127.0.0.1:7001\npolicies:\n  api:\n    limits:\n      - { max: 1, per: 1s }\n";
 

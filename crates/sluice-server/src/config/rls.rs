@@ -1,6 +1,9 @@
 //! The `rls` section: Envoy rate limit service settings, as written and as applied.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice::FailureMode;
 
 /// Envoy rate limit service settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +34,7 @@ pub enum RulesSource {
     /// `rls.config_dir`: the directory of the reference's YAML files, reloaded when they change.
     Dir(PathBuf),
     /// `rls.xds`: an xDS control plane, as Envoy Gateway configures its rate limit service.
-    Xds(crate::rls_xds::settings::XdsSettings),
+    Xds(crate::xds_settings::XdsSettings),
 }
 
 impl RlsSettings {
@@ -44,7 +47,7 @@ impl RlsSettings {
     }
 
     /// The control plane, when the rules come from xDS.
-    pub fn xds(&self) -> Option<&crate::rls_xds::settings::XdsSettings> {
+    pub fn xds(&self) -> Option<&crate::xds_settings::XdsSettings> {
         match &self.source {
             RulesSource::Xds(xds) => Some(xds),
             RulesSource::Dir(_) => None,
@@ -69,7 +72,7 @@ impl RlsSettings {
         let source = match (r.config_dir, r.xds) {
             (Some(dir), None) => RulesSource::Dir(dir),
             (None, Some(xds)) => {
-                RulesSource::Xds(crate::rls_xds::settings::XdsSettings::resolve(xds, base)?)
+                RulesSource::Xds(crate::xds_settings::XdsSettings::resolve(xds, base)?)
             }
             (Some(_), Some(_)) => {
                 return Err(
@@ -128,7 +131,7 @@ pub(super) struct RawRls {
     #[serde(default)]
     pub(super) config_dir: Option<PathBuf>,
     #[serde(default)]
-    pub(super) xds: Option<crate::rls_xds::settings::RawXds>,
+    pub(super) xds: Option<crate::xds_settings::RawXds>,
     #[serde(default)]
     pub(super) shadow_mode: bool,
     #[serde(default)]

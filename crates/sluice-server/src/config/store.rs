@@ -41,7 +41,7 @@ pub(super) struct RawStore {
     coalesce: Option<u64>,
     /// `store.regions`: one limit across regions (docs/regions.md).
     #[serde(default)]
-    regions: Option<super::regions::RawRegions>,
+    regions: Option<super::store_regions::RawRegions>,
 }
 
 /// `store.wait_for_replicas`: `WAIT` behind every write.
@@ -157,7 +157,7 @@ fn redis_config(mut raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, S
 /// `store.regions`: this region's primary and the local replica of every other region's, each
 /// with the section's other settings (timeout, prefix, TLS, user, …).
 fn regions_config(
-    regions: super::regions::RawRegions,
+    regions: super::store_regions::RawRegions,
     raw: RawStore,
     base: Option<&Path>,
 ) -> Result<sluice_redis::RegionsConfig, String> {
@@ -168,9 +168,9 @@ fn regions_config(
                 .to_owned(),
         );
     }
-    let (topology, regions) = super::regions::primary_topology(regions)?;
+    let (topology, regions) = super::store_regions::primary_topology(regions)?;
     let template = with_settings(topology, raw, base)?;
-    super::regions::regions_config(regions, template)
+    super::store_regions::regions_config(regions, template)
 }
 
 /// The settings of `store` besides the topology, checked in the order of the section, onto

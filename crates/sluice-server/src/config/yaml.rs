@@ -29,8 +29,8 @@ pub(super) fn read_raw<T: DeserializeOwned>(file: &str, text: &str) -> Result<T,
 /// A key given twice in one mapping (serde would keep the last one silently), named with the
 /// lines of both.
 fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
-    use sluice_spec::unique::{Outcome, Probe, read};
-    let Outcome::Duplicate { duplicate, error } =
+    use sluice_spec::unique::{Parsed, Probe, read};
+    let Parsed::Duplicate { duplicate, error } =
         read(serde_yaml_ng::Deserializer::from_str(text), None)
     else {
         return Ok(());
@@ -40,7 +40,7 @@ fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
         serde_yaml_ng::Deserializer::from_str(text),
         Some(Probe(duplicate.clone())),
     ) {
-        Outcome::Probed(e) => e.location().map(|l| l.line()),
+        Parsed::Probed(e) => e.location().map(|l| l.line()),
         _ => None,
     };
     let lines = match (first, second) {

@@ -1,6 +1,7 @@
 //! What the server serves as it is: the dashboard's page and script, and the OpenAPI document.
 
-use super::*;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 
 /// The OpenAPI document of this API (also kept in docs/openapi.json).
 pub const OPENAPI: &str = include_str!("../../../../docs/openapi.json");

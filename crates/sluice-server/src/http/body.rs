@@ -1,11 +1,54 @@
 //! The request body of the decision routes: read as bytes under the cap, validated by hand so
 //! each `400` names its field (a [`FieldError`], worded by [`ApiError::Invalid`]).
 
-use super::*;
-use serde_json::Map;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde_json::{Map, Value};
+use sluice::MAX_KEY_LEN;
 use sluice_spec::policy_entry::FieldError;
 
+use super::error::ApiError;
+
 // ----- the request body ---------------------------------------------------------------------
+
+/// The decision route a body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    Check,
+    Peek,
+    Refund,
+    Acquire,
+    Release,
+}
+
+impl Endpoint {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Endpoint::Check => "check",
+            Endpoint::Peek => "peek",
+            Endpoint::Refund => "refund",
+            Endpoint::Acquire => "acquire",
+            Endpoint::Release => "release",
+        }
+    }
+
+    /// The name of its span (docs/configuration.md#tracing).
+    pub(super) fn span_name(self) -> &'static str {
+        match self {
+            Endpoint::Check => "sluice.http.check",
+            Endpoint::Peek => "sluice.http.peek",
+            Endpoint::Refund => "sluice.http.refund",
+            Endpoint::Acquire => "sluice.http.acquire",
+            Endpoint::Release => "sluice.http.release",
+        }
+    }
+
+    /// Whether it admits requests (counted in stats and top keys; 429 when denied).
+    pub(super) fn admits(self) -> bool {
+        matches!(self, Endpoint::Check | Endpoint::Acquire)
+    }
+}
 
 /// A validated `{"policy", "key", "cost"}` body, or `{"policy", "key", "lease"}` for a
 /// release.

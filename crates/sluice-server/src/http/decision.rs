@@ -1,47 +1,22 @@
 //! The decision routes (check, peek, acquire, release, refund): parse the body, ask the
 //! limiter, observe, render the decision body and headers.
 
-use super::*;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sluice::headers::secs_up;
+use sluice::{Decision, Error as LimitError, Policy};
+
+use super::body::{Endpoint, lease_text, parse_request};
+use super::error::ApiError;
 use crate::observe::stats::Outcome;
+use crate::state::Shared;
 
 // ----- decisions ----------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Endpoint {
-    Check,
-    Peek,
-    Refund,
-    Acquire,
-    Release,
-}
-
-impl Endpoint {
-    fn name(self) -> &'static str {
-        match self {
-            Endpoint::Check => "check",
-            Endpoint::Peek => "peek",
-            Endpoint::Refund => "refund",
-            Endpoint::Acquire => "acquire",
-            Endpoint::Release => "release",
-        }
-    }
-
-    /// The name of its span (docs/configuration.md#tracing).
-    fn span_name(self) -> &'static str {
-        match self {
-            Endpoint::Check => "sluice.http.check",
-            Endpoint::Peek => "sluice.http.peek",
-            Endpoint::Refund => "sluice.http.refund",
-            Endpoint::Acquire => "sluice.http.acquire",
-            Endpoint::Release => "sluice.http.release",
-        }
-    }
-
-    /// Whether it admits requests (counted in stats and top keys; 429 when denied).
-    fn admits(self) -> bool {
-        matches!(self, Endpoint::Check | Endpoint::Acquire)
-    }
-}
 
 pub(super) async fn check(
     State(s): State<Arc<Shared>>,

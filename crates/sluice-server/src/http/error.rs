@@ -59,7 +59,7 @@ pub(crate) enum ApiError {
     #[error(
         "{n} simulations are running, the most this server runs at once (max_concurrent {n}); \
          retry in a moment",
-        n = crate::simulate::MAX_CONCURRENT
+        n = sluice_simulate::MAX_CONCURRENT
     )]
     Busy,
     /// A failure of the server itself (`500 internal`).

@@ -11,30 +11,25 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, State};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any, delete, get, post};
-use serde_json::{Value, json};
-use sluice::headers::secs_up;
-use sluice::{Decision, Error as LimitError, MAX_KEY_LEN, Policy};
+use serde_json::json;
 
 use crate::reply::json_response;
 use crate::state::Shared;
 
-mod admin;
+mod admin_routes;
 mod assets;
 mod body;
 mod decision;
 mod error;
 
-pub use self::admin::MAX_TOP_LIMIT;
-use self::admin::*;
+pub use self::admin_routes::MAX_TOP_LIMIT;
+use self::admin_routes::*;
 pub use self::assets::OPENAPI;
 use self::assets::*;
-use self::body::*;
 use self::decision::*;
 pub use self::decision::{add_headers, decision_response};
 pub(crate) use self::error::ApiError;
@@ -148,7 +143,7 @@ pub const MAX_SIMULATE_BODY: usize = 8 * 1024 * 1024;
 
 /// Which routes a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
+pub enum Routes {
     /// Every route: the HTTP listener when there is no admin listener, and the admin listener.
     All,
     /// What any client may call (check, peek, acquire, release, health, the OpenAPI
@@ -159,20 +154,20 @@ pub enum Surface {
 
 /// The routes of the HTTP API.
 pub fn router(shared: Arc<Shared>) -> Router {
-    router_for(shared, Surface::All)
+    router_for(shared, Routes::All)
 }
 
-/// The routes `surface` serves, from [`TABLE`]: an admin route behind the admin guard (a
+/// The routes `routes` names, from [`TABLE`]: an admin route behind the admin guard (a
 /// `route_layer`, so a wrong method is still a `405` and an unknown path a `404`), or, on the
 /// public listener of a server with an admin listener, answering `404 admin_listener`.
-pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
+pub fn router_for(shared: Arc<Shared>, routes: Routes) -> Router {
     let router = TABLE.iter().fold(Router::new(), |router, r| {
         let path = axum_path(r.path);
-        match (surface, r.access) {
-            (_, Access::Public) | (Surface::All, Access::Dashboard) => {
+        match (routes, r.access) {
+            (_, Access::Public) | (Routes::All, Access::Dashboard) => {
                 router.route(&path, (r.handler)())
             }
-            (Surface::All, access) => {
+            (Routes::All, access) => {
                 let guard = Guard {
                     shared: Arc::clone(&shared),
                     route: route_name(r).into(),
@@ -182,7 +177,7 @@ pub fn router_for(shared: Arc<Shared>, surface: Surface) -> Router {
                 router.route(&path, (r.handler)().route_layer(layer))
             }
             // Every admin route answers `404 admin_listener`, whatever its method.
-            (Surface::Public, _) => router.route(&path, any(on_admin_listener)),
+            (Routes::Public, _) => router.route(&path, any(on_admin_listener)),
         }
     });
     router

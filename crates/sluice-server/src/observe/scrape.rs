@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::formatting::{
 };
 use sluice::Policy;
 
-use crate::rls::RlsConfig;
+use sluice_envoy_rules::RlsConfig;
 
 /// Writes a family's `# HELP` and `# TYPE` lines.
 fn header(text: &mut String, name: &str, kind: &str) {
@@ -72,7 +72,7 @@ pub(crate) fn limits<'a>(text: &mut String, policies: impl Iterator<Item = &'a P
 }
 
 /// `sluice_rule_limit`: the `requests_per_unit` of each Envoy rule in force, labelled with
-/// its domain, its key path (the rule's statistics key, [`crate::rls::Rule::full_key`]) and
+/// its domain, its key path (the rule's statistics key, [`sluice_envoy_rules::Rule::full_key`]) and
 /// its unit. Unlimited rules have no series: they have no number to graph.
 pub(crate) fn rules(text: &mut String, rls: &RlsConfig) {
     let rules = rls.rules();

@@ -4,7 +4,7 @@
 //! filter") says how to point Envoy at it.
 //!
 //! Every report is charged to the store under the policy and key of the bucket's rule
-//! ([`rules`]), so the limit is fleet-wide: any number of Envoys, reporting to any number of
+//! ([`sluice_envoy_rules::rlqs`]), so the limit is fleet-wide: any number of Envoys, reporting to any number of
 //! Sluice servers over one store, share it. The charge is one [`Op::Acquire`] that takes what
 //! fits and carries the stream's holder id, so the same atomic call tells how much is left and
 //! how many streams share the key; [`assign`] turns that into the assignment and states the
@@ -28,7 +28,6 @@
 //! `INVALID_ARGUMENT` naming what is wrong, before anything of it is charged.
 
 pub(crate) mod assign;
-pub(crate) mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,7 +53,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::observe::metrics::Metrics;
 use crate::state::{Generation, Shared};
 use assign::Assignment;
-use rules::{MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched};
+use sluice_envoy_rules::rlqs::{
+    BucketRule, MAX_BUCKET_ENTRIES, MAX_ENTRY_LEN, RlqsConfig, Unmatched, canonical,
+};
 
 /// The most bytes of one report message.
 pub(crate) const MAX_MESSAGE: usize = 1024 * 1024;
@@ -260,7 +261,7 @@ fn usages(reports: RateLimitQuotaUsageReports) -> Result<Vec<Usage>, Status> {
                 )));
             }
         }
-        let canonical = rules::canonical(&id.bucket);
+        let canonical = canonical(&id.bucket);
         match index.get(&canonical) {
             Some(&j) => {
                 let seen = &mut out[j];
@@ -290,7 +291,7 @@ enum Plan<'a> {
     Blanket(Assignment),
     /// Charge the usage and assign a share.
     Charge {
-        rule: &'a rules::BucketRule,
+        rule: &'a BucketRule,
         policy: &'a Policy,
         key: String,
     },

@@ -16,11 +16,11 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use opentelemetry_http::HeaderExtractor;
 use tonic::{Request, Response, Status};
 
-use super::Unit;
-use super::answer::{Code, DescriptorStatus, RlsAnswer, RlsError, RuleLimit};
-use super::request::{CarriedLimit, Descriptor, RlsRequest};
 use super::service::Rls;
 use crate::state::Shared;
+use sluice_envoy_rules::Unit;
+use sluice_envoy_rules::answer::{Code, DescriptorStatus, RlsAnswer, RlsError, RuleLimit};
+use sluice_envoy_rules::request::{CarriedLimit, Descriptor, RlsRequest};
 
 /// The most bytes of a `ShouldRateLimit` request message (an Envoy request is a few hundred);
 /// a larger one is refused by the transport before it is decoded.

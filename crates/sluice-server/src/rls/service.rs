@@ -3,7 +3,7 @@
 //! these and back). What it answers, and where it differs from the reference service, is in
 //! docs/server.md ("Envoy, Istio, Envoy Gateway").
 //!
-//! The rules come from the reference service's YAML files ([`crate::rls`]); each matched rule
+//! The rules come from the reference service's YAML files ([`sluice_envoy_rules`]); each matched rule
 //! is an aligned fixed window of `requests_per_unit` per unit, counted under the reference's
 //! counter key. A descriptor may carry its own limit (`RateLimitDescriptor.limit`), which
 //! replaces the configured rule as in the reference.
@@ -36,15 +36,15 @@ use std::time::Instant;
 use opentelemetry::propagation::Extractor;
 use sluice::Policy;
 
-use super::answer::{
+use crate::config::{ResponseHeaders, RlsSettings};
+use crate::observe::stats::Outcome;
+use crate::state::{Generation, ServerLimiter, Shared};
+use sluice_envoy_rules::answer::{
     Code, DescriptorStatus, Part, RlsAnswer, RlsError, draft03_headers, ietf_headers, rule_limit,
     until_reset,
 };
-use super::request::{Descriptor, RlsRequest};
-use crate::config::{ResponseHeaders, RlsSettings};
-use crate::observe::stats::Outcome;
-use crate::rls::{Match, RulePolicies, rule_policy};
-use crate::state::{Generation, ServerLimiter, Shared};
+use sluice_envoy_rules::request::{Descriptor, RlsRequest};
+use sluice_envoy_rules::{Match, RulePolicies, rule_policy};
 
 /// The metric label of a domain that is not configured: labels never carry what a client
 /// made up.

@@ -2,7 +2,7 @@
 //! `CONFIG_TYPE=GRPC_XDS_SOTW`, the way Envoy Gateway configures its rate limit service.
 //!
 //! A state-of-the-world client of one resource type, the rate limit configuration
-//! ([`crate::rls::xds::RATE_LIMIT_CONFIG_TYPE_URL`]), over the aggregated discovery service
+//! ([`sluice_envoy_rules::xds::RATE_LIMIT_CONFIG_TYPE_URL`]), over the aggregated discovery service
 //! (`envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources`): what
 //! the reference's `src/provider/xds_grpc_sotw_provider.go` opens through go-control-plane's
 //! `sotw.ADSClient`, and what Envoy Gateway serves on port 18001
@@ -11,7 +11,7 @@
 //! * The first request names the node (`node.id`, `node.cluster`) and the type; it carries the
 //!   version last accepted, so that a control plane reached again knows what Sluice holds.
 //! * Each response holds every resource (state of the world). They are decoded and loaded as
-//!   one configuration ([`crate::rls::RlsConfig::from_xds`], the loader of the rule files).
+//!   one configuration ([`sluice_envoy_rules::RlsConfig::from_xds`], the loader of the rule files).
 //!   Loaded, they replace the rules in force, as a reload of the rules directory does (the
 //!   generation of `/v1/stats` goes up, `sluice_config_reloads_total{result="ok"}`), and the
 //!   response is ACKed: a request with its `version_info` and `response_nonce`.
@@ -29,8 +29,6 @@
 //! Metrics: `sluice_xds_updates_total{result="ack|nack"}` and `sluice_xds_connected` (1 while
 //! a stream to the control plane is open, else 0).
 
-pub mod settings;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,14 +38,13 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 
-pub use settings::XdsSettings;
-
 use crate::observe::Untrusted;
-use crate::rls::xds::{
+use crate::state::Shared;
+use crate::xds_settings::XdsSettings;
+use sluice_envoy_rules::xds::{
     Budget, MAX_RESOURCES, RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, TooLarge,
 };
-use crate::rls::{LoadOptions, RlsConfig, RlsConfigError};
-use crate::state::Shared;
+use sluice_envoy_rules::{LoadOptions, RlsConfig, RlsConfigError};
 use sluice_spec::policy_entry::FieldError;
 
 /// Why a stream to the control plane ended in error (logged, then connected again).
@@ -96,7 +93,7 @@ pub enum XdsLoadError {
     /// More resources than [`MAX_RESOURCES`].
     #[error("{0} resources, more than the {MAX_RESOURCES} a response may hold")]
     TooManyResources(usize),
-    /// A resource past a bound ([`crate::rls::xds::Budget`]), before it is converted.
+    /// A resource past a bound ([`sluice_envoy_rules::xds::Budget`]), before it is converted.
     #[error("resources[{index}]: {source}")]
     TooLarge {
         /// Its place in the response.
@@ -118,11 +115,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 pings on an idle stream, so that a control plane gone without a word is noticed.
 const KEEPALIVE: Duration = Duration::from_secs(30);
 /// The largest response taken from the control plane (tonic's default is 4 MiB): a
-/// configuration of [`crate::rls::xds::MAX_DESCRIPTORS`] descriptors of Envoy Gateway's
+/// configuration of [`sluice_envoy_rules::xds::MAX_DESCRIPTORS`] descriptors of Envoy Gateway's
 /// size fits with room to spare; a larger one ends the stream.
 pub const MAX_RESPONSE: usize = 2 << 20;
 /// The most bytes of a refusal's reason kept (it names a resource, a descriptor and a key or
-/// value, each within [`crate::rls::xds::MAX_TEXT`]).
+/// value, each within [`sluice_envoy_rules::xds::MAX_TEXT`]).
 const MAX_REASON: usize = 1024;
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
@@ -383,7 +380,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rls::xds::{RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
+    use sluice_envoy_rules::xds::{RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
     #[test]
     fn backoff_doubles_with_jitter_up_to_its_ceiling() {
@@ -463,7 +460,7 @@ mod tests {
 
     #[test]
     fn a_response_past_a_bound_is_refused_naming_the_bound_before_conversion() {
-        use crate::rls::xds::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT};
+        use sluice_envoy_rules::xds::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT};
         let refused =
             |r: &DiscoveryResponse| load(r, &LoadOptions::default()).unwrap_err().to_string();
         // The crafted response: a 32 KiB name over many descriptors.

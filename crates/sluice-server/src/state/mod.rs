@@ -7,16 +7,16 @@ use sluice::{Clock, Limiter, MemoryStore, Reserving};
 use crate::config::Config;
 use crate::observe::Observe;
 use crate::observe::traces::Traces;
-use crate::rls::RlsConfig;
+use sluice_envoy_rules::RlsConfig;
 
-mod reload;
-mod store;
+mod apply;
+mod store_handle;
 #[cfg(test)]
 mod tests;
 
-pub use reload::{MAX_RELOADS, Reload, ReloadSource};
-pub use store::{DecidingStore, StoreDown, StoreHandle};
-use store::{Stores, TracedStore};
+pub use apply::{MAX_RELOADS, Reload, ReloadSource};
+pub use store_handle::{DecidingStore, StoreDown, StoreHandle};
+use store_handle::{Stores, TracedStore};
 
 /// The server's clock: the system clock, or a test's manual clock.
 #[derive(Clone)]
@@ -66,9 +66,9 @@ pub struct Generation {
     pub rls_settings: Option<crate::config::RlsSettings>,
     /// The policy of each of those rules, failing as the settings say: built here, so a
     /// descriptor finds its rule's policy without a lock.
-    pub rls_policies: crate::rls::RulePolicies,
+    pub rls_policies: sluice_envoy_rules::RulePolicies,
     /// Envoy rate limit quota rules (`rlqs`), when configured.
-    pub rlqs: Option<Arc<crate::rlqs::rules::RlqsConfig>>,
+    pub rlqs: Option<Arc<sluice_envoy_rules::rlqs::RlqsConfig>>,
     /// Who may use the admin routes (reloaded with the rest).
     pub admin: Option<crate::config::admin::AdminConfig>,
     /// When an admitted decision counts as near its limit (`metrics.near_limit_ratio`).
@@ -116,12 +116,12 @@ impl Generation {
 fn rule_policies(
     rules: Option<&RlsConfig>,
     settings: Option<&crate::config::RlsSettings>,
-) -> crate::rls::RulePolicies {
+) -> sluice_envoy_rules::RulePolicies {
     match (rules, settings) {
         (Some(rules), Some(settings)) => {
-            crate::rls::RulePolicies::new(rules, settings.on_store_error)
+            sluice_envoy_rules::RulePolicies::new(rules, settings.on_store_error)
         }
-        _ => crate::rls::RulePolicies::default(),
+        _ => sluice_envoy_rules::RulePolicies::default(),
     }
 }
 
@@ -137,7 +137,7 @@ pub struct Shared {
     reloads: std::sync::Mutex<std::collections::VecDeque<Reload>>,
     clock: ServerClock,
     observe: Observe,
-    /// The slots of `POST /v1/simulate` ([`crate::simulate::MAX_CONCURRENT`]).
+    /// The slots of `POST /v1/simulate` ([`sluice_simulate::MAX_CONCURRENT`]).
     simulations: Arc<tokio::sync::Semaphore>,
 }
 
@@ -175,7 +175,7 @@ impl Shared {
             }])),
             clock,
             observe,
-            simulations: Arc::new(tokio::sync::Semaphore::new(crate::simulate::MAX_CONCURRENT)),
+            simulations: Arc::new(tokio::sync::Semaphore::new(sluice_simulate::MAX_CONCURRENT)),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice_server::simulate::{Bounds, Report, SimError, Simulation};
+use sluice_simulate::{Bounds, Report, SimError, Simulation};
 
 use crate::support;
 
@@ -764,7 +764,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
 #[tokio::test]
 async fn more_simulations_at_once_than_allowed_are_refused_busy() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    assert_eq!(sluice_server::simulate::MAX_CONCURRENT, 2);
+    assert_eq!(sluice_simulate::MAX_CONCURRENT, 2);
     let s = support::TestServer::start(CONFIG, &[]).await;
     let body = json!({"policies": [{"policy": "api"}], "traffic": steady(2.0, "60s")}).to_string();
     let addr = s.url.trim_start_matches("http://").to_owned();
@@ -844,7 +844,6 @@ async fn a_field_given_twice_is_refused_naming_it() {
     let message = e["error"]["message"].as_str().unwrap();
     assert!(message.starts_with("`traffic.rate` is given twice"), "{e}");
     s.stop().await;
-    let e = sluice_server::simulate::policy_flag("p={limits: [{max: 1, per: 1s, max: 2}]}")
-        .unwrap_err();
+    let e = sluice_simulate::policy_flag("p={limits: [{max: 1, per: 1s, max: 2}]}").unwrap_err();
     assert_eq!(e.message, "`limits[0].max` is given twice", "{e}");
 }

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use serde_json::{Value, json};
-use sluice_server::simulate::{Bounds, LogReport, Report, SimError, Simulation};
+use sluice_simulate::{Bounds, LogReport, Report, SimError, Simulation};
 
 /// 1 request a key per 1 h, so a key's first request is admitted and the others denied.
 fn run(traffic: Value) -> Result<Report, SimError> {

@@ -777,7 +777,7 @@ async fn a_configmap_mount_is_read_once_and_its_atomic_update_reloads() {
     symlink("..data/edge.yaml", m.join("edge.yaml")).unwrap();
 
     // The loader sees one file, without a warning about the `..` entries.
-    let rls = sluice_server::rls::RlsConfig::load_dir(m).unwrap();
+    let rls = sluice_envoy_rules::RlsConfig::load_dir(m).unwrap();
     assert_eq!(rls.domains().collect::<Vec<_>>(), ["edge"]);
     assert!(rls.warnings().is_empty(), "{:?}", rls.warnings());
 

@@ -3,7 +3,7 @@
 //! Every case of the reference's `test/config/config_test.go` (loading, errors, descriptor
 //! matching, statistics keys) and the cache-key cases of `test/limiter/base_limiter_test.go`,
 //! with the reference's inputs (its small YAML files, re-expressed here as test inputs) and
-//! its expected answers, asserted against the pure API of `sluice_server::rls`. The README's
+//! its expected answers, asserted against the pure API of `sluice_envoy_rules`. The README's
 //! examples and a first set of matching cases live in `rls_config.rs`; this file covers the
 //! rest, case by case, each test naming the reference test it mirrors.
 //!
@@ -16,7 +16,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sluice_server::rls::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
+use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use sluice_server::rls::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
+use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 fn config(yaml: &str) -> RlsConfig {
     match RlsConfig::from_files(&[("test.yaml", yaml)]) {

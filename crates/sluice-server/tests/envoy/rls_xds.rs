@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
-use sluice_server::rls::xds::{
+use sluice_envoy_rules::xds::{
     RATE_LIMIT_CONFIG_TYPE_URL, RateLimitConfig, RateLimitDescriptor, RateLimitPolicy,
     RateLimitUnit,
 };

@@ -154,7 +154,7 @@ impl Traces {
             TraceProtocol::Grpc => {
                 let mut metadata = tonic::metadata::MetadataMap::new();
                 for (name, value) in &settings.headers {
-                    // Checked at load (config::traces): lowercase ASCII names and values.
+                    // Checked at load (config::trace_export): lowercase ASCII names and values.
                     let (Ok(name), Ok(value)) = (
                         tonic::metadata::MetadataKey::from_bytes(name.as_bytes()),
                         value.parse(),

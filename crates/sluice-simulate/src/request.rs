@@ -143,17 +143,27 @@ fn duration(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<
     }
 }
 
-/// Refuses a simulation whose [`memory_estimate`] is over `bounds.max_memory`, naming it.
-fn check_memory(field: &str, estimate: u64, what: String, bounds: &Bounds) -> Result<(), SimError> {
+/// Refuses a simulation whose [`memory_estimate`] for `(events, keys, key_text)` is over
+/// `bounds.max_memory`, naming it; `what` begins the message, before the counts.
+fn check_memory(
+    field: &str,
+    what: &str,
+    (events, keys, key_text): (u64, u64, u64),
+    policies: u64,
+    bounds: &Bounds,
+) -> Result<(), SimError> {
+    let estimate = memory_estimate(events, keys, key_text, policies, bounds.max_buckets);
     if estimate <= bounds.max_memory {
         return Ok(());
     }
     Err(bad(
         field,
         format!(
-            "{what} would hold about {} MiB, more than the {} MiB one simulation may use \
-             (max_memory); lower the rate, the duration or the keys, or simulate a part of the \
-             log",
+            "{what}{} over {} would hold about {} MiB, more than the {} MiB one simulation may \
+             use (max_memory); lower the rate, the duration or the keys, or simulate a part of \
+             the log",
+            render::count(events, "event", "events"),
+            render::count(keys, "key", "keys"),
             estimate.div_ceil(1 << 20),
             bounds.max_memory >> 20
         ),
@@ -338,12 +348,9 @@ fn parse_log(
     let keys = traffic.keys.len() as u64;
     check_memory(
         "traffic.log",
-        memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
-        format!(
-            "{} over {}",
-            render::count(events, "event", "events"),
-            render::count(keys, "key", "keys")
-        ),
+        "",
+        (events, keys, key_text),
+        policies,
         bounds,
     )?;
     Ok(traffic)
@@ -524,16 +531,8 @@ fn check_generated_memory(
     let events = generated.expected_events().ceil() as u64;
     if events <= bounds.max_events as u64 {
         let key_text = keys * (4 + keys.to_string().len() as u64);
-        check_memory(
-            "traffic",
-            memory_estimate(events, keys, key_text, policies, bounds.max_buckets),
-            format!(
-                "this pattern's {} over {}",
-                render::count(events, "event", "events"),
-                render::count(keys, "key", "keys")
-            ),
-            bounds,
-        )?;
+        let traffic = (events, keys, key_text);
+        check_memory("traffic", "this pattern's ", traffic, policies, bounds)?;
     }
     Ok(())
 }
@@ -555,17 +554,17 @@ pub fn policy_flag(spec: &str) -> Result<Value, SimError> {
                 "an inline policy needs a name: candidate={limits: [{max: 100, per: 1m}]}",
             ));
         };
-        use sluice_spec::unique::Outcome;
+        use sluice_spec::unique::Parsed;
         let mut definition =
             match sluice_spec::unique::read(serde_yaml_ng::Deserializer::from_str(rest), None) {
-                Outcome::Value(v) => v,
-                Outcome::Duplicate { duplicate, .. } => {
+                Parsed::Value(v) => v,
+                Parsed::Duplicate { duplicate, .. } => {
                     return Err(bad(
                         field,
                         format!("`{}` is given twice", duplicate.full_path()),
                     ));
                 }
-                Outcome::Probed(e) | Outcome::Other(e) => {
+                Parsed::Probed(e) | Parsed::Other(e) => {
                     return Err(bad(field, format!("not a policy definition: {e}")));
                 }
             };

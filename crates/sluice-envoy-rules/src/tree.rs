@@ -10,9 +10,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
-use super::error::{RlsConfigError, RlsConfigWarning};
-use super::{Rule, Unit};
+use crate::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
+use crate::error::{RlsConfigError, RlsConfigWarning};
+use crate::rule::Rule;
+use crate::unit::Unit;
 
 /// A domain: the root of its descriptor tree and where it was first defined.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use sluice::Clock;
 
 use super::{Generation, Shared};
 use crate::config::Config;
-use crate::rls::RlsConfig;
+use sluice_envoy_rules::RlsConfig;
 
 /// Reloads remembered.
 pub const MAX_RELOADS: usize = 20;

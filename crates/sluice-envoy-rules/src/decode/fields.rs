@@ -1,8 +1,10 @@
 //! A field's value as yaml.v2 decodes it into the reference's structs: lists, strings (the
 //! raw text of any scalar), `uint32` and `bool` (YAML 1.1's booleans), null as the zero value.
 
-use super::super::yaml::{Node, NodeKind, Resolved};
-use super::{Decoder, RlsConfigError};
+use super::Decoder;
+use crate::error::RlsConfigError;
+use crate::scalar::Resolved;
+use crate::yaml::{Node, NodeKind};
 
 impl Decoder<'_> {
     /// A list field: null is empty, a list is its items, anything else is an error.

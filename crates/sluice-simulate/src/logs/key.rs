@@ -3,7 +3,7 @@
 
 use super::format::{LogFormat, LogOptions};
 use super::text::{self, Kind};
-use crate::simulate::SimError;
+use crate::SimError;
 
 /// Why one line is skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sluice::{FailureMode, LimitSpec, Policy};
 
-use super::RlsConfig;
+use crate::config::RlsConfig;
 
 /// The policy counting a rule of `requests_per_unit` per `window`: one aligned fixed window,
 /// named by the unit alone so that every rule of one unit counts a descriptor in one counter,
@@ -14,7 +14,7 @@ use super::RlsConfig;
 /// `requests_per_unit` on a reload keeps the count. It fails as `rls.on_store_error` says (by
 /// default closed: a store failure reaches Envoy as an error and its `failure_mode_deny`
 /// decides). `None` for `requests_per_unit: 0`, which no limit can hold.
-pub(crate) fn rule_policy(
+pub fn rule_policy(
     window: u64,
     requests_per_unit: u32,
     on_store_error: FailureMode,
@@ -48,7 +48,7 @@ impl RulePolicies {
 
     /// The policy of a rule of `requests_per_unit` per `window` failing as `on_store_error`
     /// says, when one of the generation's rules has it.
-    pub(crate) fn get(
+    pub fn get(
         &self,
         window: u64,
         requests_per_unit: u32,

@@ -30,18 +30,6 @@ pub(crate) enum Kind {
 
 type Fields = &'static [(&'static str, Kind)];
 
-pub(crate) const NGINX_COMBINED: Fields = &[
-    ("remote_addr", Kind::Addr),
-    ("-", Kind::Text),
-    ("remote_user", Kind::Text),
-    ("time_local", Kind::CommonTime),
-    ("request", Kind::Request),
-    ("status", Kind::Number),
-    ("body_bytes_sent", Kind::Number),
-    ("http_referer", Kind::Text),
-    ("http_user_agent", Kind::Text),
-];
-
 pub(crate) const NGINX_MAIN: Fields = &[
     ("remote_addr", Kind::Addr),
     ("-", Kind::Text),
@@ -55,15 +43,8 @@ pub(crate) const NGINX_MAIN: Fields = &[
     ("http_x_forwarded_for", Kind::AddrList),
 ];
 
-pub(crate) const APACHE_COMMON: Fields = &[
-    ("remote_host", Kind::Host),
-    ("remote_logname", Kind::Text),
-    ("remote_user", Kind::Text),
-    ("time", Kind::CommonTime),
-    ("request", Kind::Request),
-    ("status", Kind::Number),
-    ("bytes", Kind::Number),
-];
+/// nginx's `combined`: `main` without `$http_x_forwarded_for`.
+pub(crate) const NGINX_COMBINED: Fields = NGINX_MAIN.split_at(9).0;
 
 pub(crate) const APACHE_COMBINED: Fields = &[
     ("remote_host", Kind::Host),
@@ -76,6 +57,9 @@ pub(crate) const APACHE_COMBINED: Fields = &[
     ("referer", Kind::Text),
     ("user_agent", Kind::Text),
 ];
+
+/// Apache's common log format: the combined one without the referer and the user agent.
+pub(crate) const APACHE_COMMON: Fields = APACHE_COMBINED.split_at(7).0;
 
 pub(crate) const ENVOY: Fields = &[
     ("start_time", Kind::Rfc3339),

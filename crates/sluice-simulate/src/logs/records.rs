@@ -8,7 +8,7 @@ use super::key::{Part, Row, Skip, clip, make_key};
 use super::sink::Sink;
 use super::text::Kind;
 use super::time::Clock;
-use crate::simulate::SimError;
+use crate::SimError;
 
 /// The time columns a CSV header may have, the first found taken.
 const TIME_COLUMNS: [&str; 4] = ["timestamp", "time", "start_time", "@timestamp"];

@@ -11,12 +11,14 @@
 //!
 //! The conversion is the reference's `ConfigXdsProtoToYaml` (`src/config/config_xds.go`): each
 //! resource becomes the decoded form of one configuration file, which then goes through the
-//! very loader a file goes through ([`super::tree::load_file`]), so an xDS rule and a file
+//! very loader a file goes through (`tree::load_file`), so an xDS rule and a file
 //! rule are validated, matched and counted alike. A resource is named `xds:<name>` where a
-//! file would be named by its path, in rules ([`super::Rule::file`]) and in errors.
+//! file would be named by its path, in rules ([`crate::Rule::file`]) and in errors.
 
-use super::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
-use super::{LoadOptions, RlsConfig, RlsConfigError, Unit};
+use crate::config::{LoadOptions, RlsConfig};
+use crate::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
+use crate::error::RlsConfigError;
+use crate::unit::Unit;
 
 /// The type URL of the resource, as sent in `DiscoveryRequest.type_url` and in each
 /// `Any` of a `DiscoveryResponse`.
@@ -264,7 +266,7 @@ impl RlsConfig {
         let mut warnings = Vec::new();
         for resource in resources {
             let file = resource_file(resource);
-            super::tree::load_file(
+            crate::tree::load_file(
                 &mut domains,
                 &file,
                 root(resource),

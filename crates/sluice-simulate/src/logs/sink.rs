@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::format::LogFormat;
 use super::key::{Row, Skip};
-use crate::simulate::{Bounds, Event, SimError, Traffic};
+use crate::{Bounds, Event, SimError, Traffic};
 
 /// How many skipped lines a report shows (line number and reason); all are counted.
 pub const SHOWN_SKIPS: usize = 5;
@@ -165,7 +165,7 @@ impl<'b> Sink<'b> {
                 "traffic.log",
                 format!(
                     "none of the {} could be read as {}: {}",
-                    crate::simulate::render::count(report.lines, "line", "lines"),
+                    crate::render::count(report.lines, "line", "lines"),
                     format.name(),
                     skip_summary(&report)
                 ),

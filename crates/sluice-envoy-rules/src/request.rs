@@ -2,53 +2,55 @@
 //! descriptors (entries, a carried limit, their own hits) and the request's hits; its bounds,
 //! its cost per descriptor, and the rule each descriptor matches.
 
-use super::answer::RlsError;
-use super::{Match, RlsConfig, Unit};
+use crate::answer::RlsError;
+use crate::config::RlsConfig;
+use crate::rule::Match;
+use crate::unit::Unit;
 
 /// The most bytes of a request's domain.
-pub(crate) const MAX_DOMAIN_LEN: usize = 256;
+pub const MAX_DOMAIN_LEN: usize = 256;
 /// The most descriptors in one request.
-pub(crate) const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_DESCRIPTORS: usize = 64;
 /// The most entries in one descriptor.
-pub(crate) const MAX_ENTRIES: usize = 32;
+pub const MAX_ENTRIES: usize = 32;
 
 /// One `ShouldRateLimit` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RlsRequest<'a> {
+pub struct RlsRequest<'a> {
     /// The rules' domain.
-    pub(crate) domain: &'a str,
+    pub domain: &'a str,
     /// The descriptors, in request order.
-    pub(crate) descriptors: Vec<Descriptor<'a>>,
+    pub descriptors: Vec<Descriptor<'a>>,
     /// The request's `hits_addend` (`0`, what Envoy sends when nothing sets it, means 1).
-    pub(crate) hits_addend: u32,
+    pub hits_addend: u32,
 }
 
 /// One request descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Descriptor<'a> {
+pub struct Descriptor<'a> {
     /// Its entries `(key, value)`, in order.
-    pub(crate) entries: Vec<(&'a str, &'a str)>,
+    pub entries: Vec<(&'a str, &'a str)>,
     /// The limit it carries (`RateLimitDescriptor.limit`), replacing the configured rule.
-    pub(crate) limit: Option<CarriedLimit>,
+    pub limit: Option<CarriedLimit>,
     /// Its own `hits_addend`, when set.
-    pub(crate) hits_addend: Option<u64>,
+    pub hits_addend: Option<u64>,
     /// `is_negative_hits`: its hits go back instead of being charged.
-    pub(crate) is_negative_hits: bool,
+    pub is_negative_hits: bool,
 }
 
 /// A limit a descriptor carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CarriedLimit {
+pub struct CarriedLimit {
     /// Its `requests_per_unit`.
-    pub(crate) requests_per_unit: u32,
+    pub requests_per_unit: u32,
     /// Its unit, or the number the request gave that names none.
-    pub(crate) unit: Result<Unit, i32>,
+    pub unit: Result<Unit, i32>,
 }
 
 impl RlsRequest<'_> {
     /// The request's shape: a domain, at least one descriptor, and the bounds
     /// (`check_bounds`).
-    pub(crate) fn validate(&self) -> Result<(), RlsError> {
+    pub fn validate(&self) -> Result<(), RlsError> {
         if self.domain.is_empty() {
             return Err(RlsError::Invalid(
                 "rate limit domain must not be empty".to_owned(),
@@ -98,17 +100,14 @@ impl RlsRequest<'_> {
     }
 
     /// The cost of one descriptor, as the reference's `GetHitsAddends`.
-    pub(crate) fn hits(&self, d: &Descriptor<'_>) -> u64 {
+    pub fn hits(&self, d: &Descriptor<'_>) -> u64 {
         d.hits_addend
             .map_or(u64::from(self.hits_addend.max(1)), |v| v)
     }
 
     /// The rule each descriptor matches (or none), once every counter key is known to fit:
     /// all or nothing, before anything is charged.
-    pub(crate) fn match_descriptors(
-        &self,
-        rls: &RlsConfig,
-    ) -> Result<Vec<Option<Match>>, RlsError> {
+    pub fn match_descriptors(&self, rls: &RlsConfig) -> Result<Vec<Option<Match>>, RlsError> {
         let mut asked = Vec::with_capacity(self.descriptors.len());
         for (i, d) in self.descriptors.iter().enumerate() {
             asked.push((d.entries.as_slice(), carried_limit(i, d)?));

@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::tree::{DescriptorNode, Domain};
-use super::{Match, Rule};
+use crate::rule::{Match, Rule};
+use crate::tree::{DescriptorNode, Domain};
 /// `wildcardMatch` of the reference: each `*` matches any run of characters (possibly
 /// empty); the first part must be a prefix, the last a suffix, the middle ones appear in
 /// order between them.

@@ -1,8 +1,21 @@
 //! The admin routes beside the decisions: forgetting a key, the policy list, the top keys, the
 //! stats the dashboard polls, the simulator and the metrics.
 
-use super::*;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use sluice::{Error as LimitError, Policy};
 use sluice_spec::policy_entry::FieldError;
+
+use super::decision::{configured_names, unknown_policy};
+use super::error::ApiError;
+use crate::reply::json_response;
+use crate::state::Shared;
 
 // ----- the rest -----------------------------------------------------------------------------
 
@@ -370,7 +383,7 @@ pub(super) async fn stats_history(
 /// policies on a manual clock, on a blocking thread (a large simulation is a second of CPU);
 /// a request the simulator refuses is a 400 naming the field or the bound.
 /// An admin route: it reads configured policies' limits, and it spends CPU on request. At
-/// most [`crate::simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
+/// most [`sluice_simulate::MAX_CONCURRENT`] run at once: the slot is taken before the body is
 /// read (so a refused request costs no buffer) and held by the work itself until it ends,
 /// even if the client leaves.
 pub(super) async fn simulate(
@@ -398,8 +411,8 @@ pub(super) async fn simulate(
         // routes word it.
         let value =
             sluice_spec::unique::json(&bytes).map_err(|e| FieldError::whole(e.to_string()))?;
-        let bounds = crate::simulate::Bounds::default();
-        crate::simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
+        let bounds = sluice_simulate::Bounds::default();
+        sluice_simulate::Simulation::from_request(&value, &configured, &bounds)?.run()
     };
     let report = tokio::task::spawn_blocking(work)
         .await

@@ -22,9 +22,9 @@ use sluice_spec::policy_entry::FieldError;
 use sluice_spec::units::PositiveDuration;
 
 /// The most entries of a bucket id.
-pub(crate) const MAX_BUCKET_ENTRIES: usize = 32;
+pub const MAX_BUCKET_ENTRIES: usize = 32;
 /// The most bytes of one name or value of a bucket id.
-pub(crate) const MAX_ENTRY_LEN: usize = 256;
+pub const MAX_ENTRY_LEN: usize = 256;
 
 /// What a bucket no rule matches is assigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -102,7 +102,7 @@ impl BucketRule {
 /// The canonical text of a bucket id: entries sorted by name, `k=v` joined by `,`, with `\`,
 /// `,` and `=` inside names and values escaped by a `\`, so that two bucket ids never share
 /// a text (`{a: "1,b=2"}` is `a=1\,b\=2`, not `{a: 1, b: 2}`'s `a=1,b=2`).
-pub(crate) fn canonical(bucket: &HashMap<String, String>) -> String {
+pub fn canonical(bucket: &HashMap<String, String>) -> String {
     fn push_escaped(out: &mut String, text: &str) {
         for c in text.chars() {
             if matches!(c, '\\' | ',' | '=') {
@@ -144,9 +144,9 @@ pub struct RlqsConfig {
 }
 
 /// The default `rlqs.reporting_interval`.
-pub(crate) const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_REPORTING_INTERVAL: Duration = Duration::from_secs(5);
 /// The default `rlqs.abandon_after`.
-pub(crate) const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(300);
+pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(300);
 
 impl RlqsConfig {
     /// The first rule that matches `bucket` in `domain`.
@@ -172,7 +172,7 @@ struct RawRule {
 /// `rlqs:` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawRlqs {
+pub struct RawRlqs {
     #[serde(default)]
     reporting_interval: Option<PositiveDuration>,
     #[serde(default)]
@@ -252,7 +252,7 @@ fn parse_template(
 
 /// [`rlqs_rules`] with its error as text, as `config/mod.rs` reads it today; to go once the
 /// configuration reads a [`FieldError`].
-pub(crate) fn rlqs_config(
+pub fn rlqs_config(
     raw: RawRlqs,
     shortest_window: impl Fn(&str) -> Option<u64>,
 ) -> Result<RlqsConfig, String> {
@@ -262,7 +262,7 @@ pub(crate) fn rlqs_config(
 /// Validates `rlqs:`; `shortest_window` gives the shortest `per` (ms) of a policy of
 /// `policies:`, `None` if there is no such policy. An error names the field:
 /// `rlqs.buckets[1].policy: no policy named `apii` in policies`.
-pub(crate) fn rlqs_rules(
+pub fn rlqs_rules(
     raw: RawRlqs,
     shortest_window: impl Fn(&str) -> Option<u64>,
 ) -> Result<RlqsConfig, FieldError> {

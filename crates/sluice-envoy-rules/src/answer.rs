@@ -6,11 +6,12 @@ use std::fmt::Write as _;
 
 use sluice::Policy;
 
-use super::{Match, Unit};
+use crate::rule::Match;
+use crate::unit::Unit;
 
 /// A descriptor's or a request's code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
+pub enum Code {
     /// Within the limit (or not limited, or in shadow mode).
     Ok,
     /// Over the limit.
@@ -19,31 +20,31 @@ pub(crate) enum Code {
 
 /// The rule's limit, as a status reports it (`current_limit`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RuleLimit {
+pub struct RuleLimit {
     /// The rule's `name` (empty without one).
-    pub(crate) name: String,
+    pub name: String,
     /// Its `requests_per_unit`.
-    pub(crate) requests_per_unit: u32,
+    pub requests_per_unit: u32,
     /// Its unit (`None`: unknown).
-    pub(crate) unit: Option<Unit>,
+    pub unit: Option<Unit>,
 }
 
 /// One descriptor's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DescriptorStatus {
+pub struct DescriptorStatus {
     /// Its code.
-    pub(crate) code: Code,
+    pub code: Code,
     /// The limit that applied, when one did.
-    pub(crate) current_limit: Option<RuleLimit>,
+    pub current_limit: Option<RuleLimit>,
     /// What is left of it.
-    pub(crate) limit_remaining: u32,
+    pub limit_remaining: u32,
     /// Whole seconds until its window ends, when a limit applied.
-    pub(crate) duration_until_reset: Option<u64>,
+    pub duration_until_reset: Option<u64>,
 }
 
 impl DescriptorStatus {
     /// `OK`, with nothing to report (no rule, or a replaced one).
-    pub(crate) fn ok() -> Self {
+    pub fn ok() -> Self {
         Self {
             code: Code::Ok,
             current_limit: None,
@@ -53,7 +54,7 @@ impl DescriptorStatus {
     }
 
     /// `OK` without a limit (an `unlimited` rule, or one without a unit).
-    pub(crate) fn unlimited() -> Self {
+    pub fn unlimited() -> Self {
         Self {
             limit_remaining: u32::MAX,
             ..Self::ok()
@@ -63,20 +64,20 @@ impl DescriptorStatus {
 
 /// The answer to a request that was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RlsAnswer {
+pub struct RlsAnswer {
     /// The overall code.
-    pub(crate) overall_code: Code,
+    pub overall_code: Code,
     /// One status per descriptor, in request order.
-    pub(crate) statuses: Vec<DescriptorStatus>,
+    pub statuses: Vec<DescriptorStatus>,
     /// The rate-limit headers for Envoy to add to the response (`rls.response_headers`).
-    pub(crate) headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, String)>,
     /// How a descriptor was decided without the store (`rls.on_store_error`), if one was.
-    pub(crate) degraded: Option<sluice::Degraded>,
+    pub degraded: Option<sluice::Degraded>,
 }
 
 /// Why a request got no answer: each is an error of its own kind for Envoy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum RlsError {
+pub enum RlsError {
     /// The request is malformed or out of bounds (`INVALID_ARGUMENT`).
     #[error("{0}")]
     Invalid(String),
@@ -97,25 +98,25 @@ pub(crate) enum RlsError {
 
 /// One descriptor's part of the answer, as it is decided.
 #[derive(Debug)]
-pub(crate) struct Part {
-    pub(crate) status: DescriptorStatus,
+pub struct Part {
+    pub status: DescriptorStatus,
     /// The rule that applied (none for unmatched, replaced and unlimited descriptors).
-    pub(crate) found: Option<Match>,
+    pub found: Option<Match>,
     /// Counted as a quota-mode descriptor (the rule's `quota_mode`, or the global one).
-    pub(crate) quota: bool,
+    pub quota: bool,
     /// Over its limit, shadow mode or not.
-    pub(crate) limited: bool,
+    pub limited: bool,
     /// A charge to give back if the request is refused.
-    pub(crate) charge: Option<(Policy, String, u64)>,
+    pub charge: Option<(Policy, String, u64)>,
     /// Whole seconds until the descriptor's window ends.
-    pub(crate) reset_secs: u64,
+    pub reset_secs: u64,
     /// Decided without the store (`rls.on_store_error: open` or `local`).
-    pub(crate) degraded: Option<sluice::Degraded>,
+    pub degraded: Option<sluice::Degraded>,
 }
 
 impl Part {
     /// A part that takes no part in the overall code, with `status`.
-    pub(crate) fn plain(status: DescriptorStatus) -> Self {
+    pub fn plain(status: DescriptorStatus) -> Self {
         Self {
             status,
             found: None,
@@ -127,13 +128,13 @@ impl Part {
         }
     }
 
-    pub(crate) fn over(&self) -> bool {
+    pub fn over(&self) -> bool {
         self.status.code == Code::OverLimit
     }
 }
 
 /// The limit a status reports for the rule of `m`.
-pub(crate) fn rule_limit(m: &Match) -> RuleLimit {
+pub fn rule_limit(m: &Match) -> RuleLimit {
     RuleLimit {
         name: m.rule.name.clone().unwrap_or_default(),
         requests_per_unit: m.rule.requests_per_unit,
@@ -143,7 +144,7 @@ pub(crate) fn rule_limit(m: &Match) -> RuleLimit {
 
 /// Seconds from `now_ms` to the end of its aligned `window_ms`, rounded up, as the
 /// reference's `CalculateReset` counts them (the rls windows are aligned to the epoch).
-pub(crate) fn until_reset(window_ms: u64, now_ms: u64) -> u64 {
+pub fn until_reset(window_ms: u64, now_ms: u64) -> u64 {
     sluice::headers::secs_up(window_ms - now_ms % window_ms)
 }
 
@@ -157,7 +158,7 @@ fn item_name(m: &Match) -> &str {
 /// `RateLimit-Policy` and `RateLimit` with one item per limited descriptor, in request order
 /// (draft-ietf-httpapi-ratelimit-headers-11: `q` quota and `w` window in seconds; `r`
 /// remaining and `t` seconds until the window ends).
-pub(crate) fn ietf_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
+pub fn ietf_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
     let mut policy = String::new();
     let mut state = String::new();
     for part in parts {
@@ -186,7 +187,7 @@ pub(crate) fn ietf_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
 
 /// The reference's draft-03 headers for the descriptor closest to its limit: the one with the
 /// least `limit_remaining`, or the last descriptor over its limit that is not in quota mode.
-pub(crate) fn draft03_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
+pub fn draft03_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
     let mut chosen: Option<&Part> = None;
     let mut least = u32::MAX;
     for part in parts {

@@ -97,3 +97,21 @@ impl fmt::Display for Unit {
         f.write_str(self.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(Unit::parse("minute"), Some(Unit::Minute));
+        assert_eq!(Unit::parse("SECOND"), Some(Unit::Second));
+        assert_eq!(Unit::parse("Week"), Some(Unit::Week));
+        assert_eq!(Unit::parse("unknown"), None);
+        assert_eq!(Unit::parse("fortnight"), None);
+        assert_eq!(Unit::parse(""), None);
+        assert_eq!(Unit::Day.millis(), 86_400_000);
+        assert_eq!(Unit::Year.seconds(), 31_536_000);
+        assert_eq!(Unit::Month.to_string(), "month");
+    }
+}

@@ -7,8 +7,9 @@
 //! `Unmarshal` (a known key in the wrong place is ignored; a key written twice keeps its last
 //! value; fields take yaml.v2's conversions). Sluice reports the ignored cases as warnings.
 
-use super::error::{RlsConfigError, RlsConfigWarning, suggestion};
-use super::yaml::{self, Lines, Node, NodeKind, Resolved};
+use crate::error::{RlsConfigError, RlsConfigWarning, suggestion};
+use crate::scalar::Resolved;
+use crate::yaml::{self, Lines, Node, NodeKind};
 
 mod fields;
 
