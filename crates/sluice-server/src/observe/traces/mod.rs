@@ -131,7 +131,7 @@ impl std::fmt::Debug for Traces {
 #[derive(Debug, thiserror::Error)]
 #[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
 pub(crate) struct TraceError {
-    endpoint: crate::config::ConfiguredUrl,
+    endpoint: crate::url::ConfiguredUrl,
     reason: String,
 }
 
