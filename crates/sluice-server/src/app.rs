@@ -251,7 +251,7 @@ async fn start_state(
     let _ = crate::observe::metrics::handle();
     let rls = load_rls(config)?;
     let store = connect_store(config).await?;
-    tracing::info!(store = %store.describe(), "store connected");
+    tracing::info!(store = %config.store, "store connected");
     let traces = start_traces(config)?;
     let shared = Arc::new(Shared::traced(
         config,
