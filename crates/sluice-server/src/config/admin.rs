@@ -50,30 +50,14 @@ impl std::fmt::Debug for AdminConfig {
 impl AdminConfig {
     /// Reads the tokens `raw` points at; a relative `tokens_file` is relative to `base`.
     pub(crate) fn resolve(raw: RawAdmin, base: Option<&Path>) -> Result<Self, FieldError> {
-        let text = match (&raw.tokens_file, &raw.tokens_env) {
-            (Some(file), None) => {
-                let path = sluice_spec::relative_to(base, file.clone());
-                std::fs::read_to_string(&path).map_err(|e| {
-                    FieldError::new(
-                        "admin.tokens_file",
-                        format!("cannot read {}: {e}", path.display()),
-                    )
-                })?
-            }
-            (None, Some(var)) => std::env::var(var).map_err(|_| {
-                FieldError::new(
-                    "admin.tokens_env",
-                    format!("the environment variable {var} is not set (or not UTF-8)"),
-                )
-            })?,
-            _ => {
-                return Err(FieldError::new(
-                    "admin",
-                    "give exactly one of tokens_file (one token per line) and tokens_env (the \
-                     name of a variable holding comma-separated tokens)",
-                ));
-            }
+        let secret = super::Secret {
+            at: "admin",
+            file: ("tokens_file", raw.tokens_file.clone()),
+            env: ("tokens_env", raw.tokens_env.clone()),
+            neither: "give exactly one of tokens_file (one token per line) and tokens_env (the \
+                      name of a variable holding comma-separated tokens)",
         };
+        let text = secret.read(base)?;
         let separator = if raw.tokens_env.is_some() { ',' } else { '\n' };
         let tokens: Vec<String> = text
             .split(separator)

@@ -73,6 +73,42 @@ pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
 
+/// A secret the configuration points at but never holds (`admin.tokens_file`,
+/// `store.auth.password_env`): the text of a file (relative to the configuration file) or of
+/// an environment variable, exactly one of them, so that the file can be shared without it.
+struct Secret<'a> {
+    /// The section: `admin`, `store.auth`.
+    at: &'a str,
+    /// The file's key and the file.
+    file: (&'a str, Option<std::path::PathBuf>),
+    /// The variable's key and the variable.
+    env: (&'a str, Option<String>),
+    /// What to say when neither or both are given.
+    neither: &'a str,
+}
+
+impl Secret<'_> {
+    /// The text, never shown in an error.
+    fn read(self, base: Option<&Path>) -> Result<String, FieldError> {
+        let at = |key: &str| format!("{}.{key}", self.at);
+        match (self.file, self.env) {
+            ((key, Some(file)), (_, None)) => {
+                let path = sluice_spec::relative_to(base, file);
+                std::fs::read_to_string(&path).map_err(|e| {
+                    FieldError::new(at(key), format!("cannot read {}: {e}", path.display()))
+                })
+            }
+            ((_, None), (key, Some(var))) => std::env::var(&var).map_err(|_| {
+                FieldError::new(
+                    at(key),
+                    format!("the environment variable {var} is not set (or not UTF-8)"),
+                )
+            }),
+            _ => Err(FieldError::new(self.at, self.neither)),
+        }
+    }
+}
+
 /// A configured policy (its failure mode is part of the [`Policy`]).
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {

@@ -84,29 +84,19 @@ fn read_credentials(
     raw: RawAuth,
     base: Option<&Path>,
 ) -> Result<sluice_redis::Credentials, FieldError> {
-    let password = match (raw.password_file, raw.password_env) {
-        (Some(file), None) => {
-            let path = sluice_spec::relative_to(base, file);
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                FieldError::new(
-                    format!("{section}.password_file"),
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            text.lines().next().unwrap_or_default().trim().to_owned()
-        }
-        (None, Some(var)) => std::env::var(&var).map_err(|_| {
-            FieldError::new(
-                format!("{section}.password_env"),
-                format!("the environment variable {var} is not set (or not UTF-8)"),
-            )
-        })?,
-        _ => {
-            return Err(FieldError::new(
-                section,
-                "give exactly one of password_file and password_env",
-            ));
-        }
+    let from_file = raw.password_file.is_some();
+    let secret = super::Secret {
+        at: section,
+        file: ("password_file", raw.password_file),
+        env: ("password_env", raw.password_env),
+        neither: "give exactly one of password_file and password_env",
+    };
+    let text = secret.read(base)?;
+    // A file's first line: editors end files with a newline.
+    let password = if from_file {
+        text.lines().next().unwrap_or_default().trim().to_owned()
+    } else {
+        text
     };
     if password.is_empty() {
         return Err(FieldError::new(section, "the password is empty"));
