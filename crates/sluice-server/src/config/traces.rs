@@ -85,7 +85,7 @@ pub(super) fn trace_config(
                 "tracing.endpoint",
                 format!(
                     "missing; name the OpenTelemetry collector, e.g. \
-                 http://otel-collector:4317 (or set {ENDPOINT_VAR}), or remove the section"
+                     http://otel-collector:4317 (or set {ENDPOINT_VAR}), or remove the section"
                 ),
             ));
         }
@@ -151,7 +151,7 @@ fn endpoint(field: &str, text: &str) -> Result<ConfiguredUrl, FieldError> {
                 field,
                 format!(
                     "`{shown}`: TLS to the collector is not supported; send to a collector \
-                 beside the server over http:// (it forwards over TLS)"
+                     beside the server over http:// (it forwards over TLS)"
                 ),
             ));
         }
@@ -197,7 +197,7 @@ fn ratio(field: &str, r: f64) -> Result<f64, FieldError> {
             field,
             format!(
                 "{r} is not a ratio; expected a number in [0, 1] (0: only traces a caller \
-             sampled, 1: every decision)"
+                 sampled, 1: every decision)"
             ),
         ))
     }
