@@ -304,11 +304,6 @@ impl fmt::Display for StoreConfig {
             let shown: Vec<String> = list.iter().map(|u| sluice_redis::redact(u)).collect();
             shown.join(", ")
         };
-        let standalone = |topology: &Topology| match topology {
-            Topology::Standalone { primary, .. } => sluice_redis::redact(primary),
-            Topology::Sentinel { master, .. } => format!("sentinel {master}"),
-            other => format!("{other:?}"),
-        };
         let redis = match self {
             StoreConfig::Memory => return f.write_str("memory"),
             StoreConfig::Redis(redis) => redis,
@@ -316,7 +311,7 @@ impl fmt::Display for StoreConfig {
                 let remotes: Vec<String> = regions
                     .remotes
                     .iter()
-                    .map(|r| format!("{} at {}", r.name, standalone(&r.replica.topology)))
+                    .map(|r| format!("{} at {}", r.name, r.replica.topology.name()))
                     .collect();
                 let text = |d: std::time::Duration| {
                     sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -325,7 +320,7 @@ impl fmt::Display for StoreConfig {
                     f,
                     "redis regions: {} (primary {}), remotes {}; refresh {}, max_lag {}",
                     regions.local,
-                    standalone(&regions.primary.topology),
+                    regions.primary.topology.name(),
                     remotes.join(", "),
                     text(regions.refresh),
                     text(regions.max_lag),
