@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::simulate::SimulateArgs;
 use sluice_server::config::{
-    Config, ConfigSource, DEMO, Given, NoFile, Overrides, Setting, StoreConfig,
+    Config, ConfigSource, DEMO, Given, NoFile, Overrides, SETTINGS, StoreConfig,
 };
 
 /// Sluice: a distributed rate limiter.
@@ -120,74 +120,73 @@ pub(crate) enum ConfigCommand {
 
 /// Where the configuration comes from: a file and the settings an operator gives per
 /// deployment as flags or `SLUICE_*` variables (a flag over its variable, either over the
-/// file; docs/configuration.md, "Flags and environment").
-#[derive(Debug, Clone, clap::Args)]
+/// file; docs/configuration.md, "Flags and environment"). The flags and variables are those
+/// of the server's one table of settings ([`SETTINGS`]), each marked flag or variable as
+/// clap found it.
+#[derive(Debug, Clone)]
 pub(crate) struct ConfigArgs {
-    /// The configuration file (YAML).
-    #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE")]
+    /// The configuration file (`--config`, `SLUICE_CONFIG`).
     pub(crate) config: Option<PathBuf>,
-    /// The HTTP API's address, IP:port (listen.http).
-    #[arg(long, env = "SLUICE_HTTP", value_name = "ADDR")]
-    http: Option<String>,
-    /// The gRPC address, IP:port (listen.grpc).
-    #[arg(long, env = "SLUICE_GRPC", value_name = "ADDR")]
-    grpc: Option<String>,
-    /// The admin listener's address, IP:port (listen.admin).
-    #[arg(long, env = "SLUICE_ADMIN", value_name = "ADDR")]
-    admin: Option<String>,
-    /// One Redis (redis://host:6379) instead of the file's memory store or single primary.
-    // Its value may hold a password: `--help` never shows it.
-    #[arg(
-        long,
-        env = "SLUICE_REDIS_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    redis_url: Option<String>,
-    /// The Redis key prefix (store.key_prefix).
-    #[arg(long, env = "SLUICE_KEY_PREFIX", value_name = "PREFIX")]
-    key_prefix: Option<String>,
-    /// The Envoy rate limit rules directory (rls.config_dir).
-    #[arg(long, env = "SLUICE_RLS_CONFIG_DIR", value_name = "DIR")]
-    rls_config_dir: Option<PathBuf>,
+    /// The settings given as flags or variables.
+    overrides: Overrides,
+}
+
+impl clap::Args for ConfigArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let config = clap::Arg::new("config")
+            .long("config")
+            .env("SLUICE_CONFIG")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help("The configuration file (YAML)");
+        SETTINGS.iter().fold(command.arg(config), |command, s| {
+            command.arg(
+                clap::Arg::new(s.flag)
+                    .long(s.flag)
+                    .env(s.env)
+                    .value_name(s.value_name)
+                    .help(s.help)
+                    .hide_env_values(s.secret),
+            )
+        })
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
+}
+
+impl clap::FromArgMatches for ConfigArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut overrides = Overrides::none();
+        for s in &SETTINGS {
+            if let Some(value) = matches.get_one::<String>(s.flag) {
+                let given = match matches.value_source(s.flag) {
+                    Some(clap::parser::ValueSource::EnvVariable) => Given::Env,
+                    _ => Given::Flag,
+                };
+                overrides.set(s.setting, value, given);
+            }
+        }
+        Ok(Self {
+            config: matches.get_one::<PathBuf>("config").cloned(),
+            overrides,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
 }
 
 impl ConfigArgs {
-    /// The configuration's source: these values, each marked flag or variable from `matches`
-    /// (the subcommand's), and `file` (a positional file, which wins over `--config`'s
-    /// variable).
-    pub(crate) fn source(
-        &self,
-        matches: Option<&clap::ArgMatches>,
-        file: Option<&PathBuf>,
-    ) -> ConfigSource {
-        let given = |id: &str| match matches.and_then(|m| m.value_source(id)) {
-            Some(clap::parser::ValueSource::EnvVariable) => Given::Env,
-            _ => Given::Flag,
-        };
-        let mut overrides = Overrides::none();
-        let values = [
-            (Setting::Http, "http", self.http.clone()),
-            (Setting::Grpc, "grpc", self.grpc.clone()),
-            (Setting::Admin, "admin", self.admin.clone()),
-            (Setting::RedisUrl, "redis_url", self.redis_url.clone()),
-            (Setting::KeyPrefix, "key_prefix", self.key_prefix.clone()),
-            (
-                Setting::RlsConfigDir,
-                "rls_config_dir",
-                self.rls_config_dir
-                    .as_ref()
-                    .map(|d| d.display().to_string()),
-            ),
-        ];
-        for (setting, id, value) in values {
-            if let Some(v) = value {
-                overrides.set(setting, v, given(id));
-            }
-        }
+    /// The configuration's source: these values and `file` (a positional file, which wins
+    /// over `--config`'s variable).
+    pub(crate) fn source(&self, file: Option<&PathBuf>) -> ConfigSource {
         ConfigSource {
             file: file.or(self.config.as_ref()).cloned(),
-            overrides,
+            overrides: self.overrides.clone(),
         }
     }
 
@@ -228,7 +227,7 @@ pub(crate) fn serve_config(source: &ConfigSource) -> anyhow::Result<Config> {
         Some(NoFile::Demo) => {
             let store = match &config.store {
                 StoreConfig::Memory => "the in-memory store".to_owned(),
-                other => sluice_server::config::describe_store(other),
+                other => other.to_string(),
             };
             println!(
                 "sluice: no --config given; serving {store} with this demo configuration:\n\n\
@@ -246,7 +245,7 @@ pub(crate) fn serve_config(source: &ConfigSource) -> anyhow::Result<Config> {
             println!(
                 "sluice: no --config given; serving the Envoy rules of {dir} on {} (no policy \
                  for the HTTP API: give a file with policies for it)",
-                sluice_server::config::describe_store(&config.store)
+                config.store
             );
         }
     }
@@ -274,14 +273,7 @@ pub(crate) fn config_check(
     };
     let n = config.policies.len();
     let policies = if n == 1 { "policy" } else { "policies" };
-    let name = source.file.as_ref().map_or_else(
-        || match source.without_file() {
-            Some(NoFile::Demo) => "the built-in demo configuration".to_owned(),
-            _ => "the defaults".to_owned(),
-        },
-        |p| p.display().to_string(),
-    );
-    println!("{name}: valid ({n} {policies})");
+    println!("{}: valid ({n} {policies})", source.file_name());
     if explain {
         let file = match &source.file {
             Some(path) => path.display().to_string(),

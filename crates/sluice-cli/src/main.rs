@@ -110,7 +110,7 @@ async fn run(
 ) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(args) => {
-            let source = args.source(matches.subcommand_matches("serve"), None);
+            let source = args.source(None);
             let settings = cli::serve_config(&source)?;
             let listeners = Listeners::bind(&settings).await?;
             app::run(listeners, settings, source, shutdown_signal()).await?;
@@ -164,7 +164,7 @@ async fn run(
             if file.is_some() && flag_config {
                 anyhow::bail!("give the file once: as an argument or as --config, not both");
             }
-            let source = settings.source(sub, file.as_ref());
+            let source = settings.source(file.as_ref());
             let file_origin = cli::ConfigArgs::file_origin(sub, file.is_some());
             Ok(cli::config_check(&source, explain, &file_origin, logging))
         }

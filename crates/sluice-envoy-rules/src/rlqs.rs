@@ -250,15 +250,6 @@ fn parse_template(
     Ok(pieces)
 }
 
-/// [`rlqs_rules`] with its error as text, as `config/mod.rs` reads it today; to go once the
-/// configuration reads a [`FieldError`].
-pub fn rlqs_config(
-    raw: RawRlqs,
-    shortest_window: impl Fn(&str) -> Option<u64>,
-) -> Result<RlqsConfig, String> {
-    rlqs_rules(raw, shortest_window).map_err(String::from)
-}
-
 /// Validates `rlqs:`; `shortest_window` gives the shortest `per` (ms) of a policy of
 /// `policies:`, `None` if there is no such policy. An error names the field:
 /// `rlqs.buckets[1].policy: no policy named `apii` in policies`.
@@ -415,7 +406,7 @@ mod tests {
     fn parse(yaml: &str) -> Result<RlqsConfig, String> {
         let raw: RawRlqs = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
         // `api`'s shortest window is 10 s.
-        rlqs_config(raw, |p| (p == "api").then_some(10_000))
+        rlqs_rules(raw, |p| (p == "api").then_some(10_000)).map_err(|e| e.to_string())
     }
 
     fn bucket(entries: &[(&str, &str)]) -> HashMap<String, String> {

@@ -57,7 +57,7 @@ pub use config::{
 };
 pub use keys::DEFAULT_PREFIX;
 pub use regions::{
-    Fallback, RegionStatus, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
+    Fallback, InvalidRegions, RegionStatus, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
 };
 pub use script::ScriptMode;
 pub use sharded::{DuplicateShard, ShardedStore, rendezvous, validate_shard_names};

@@ -776,12 +776,16 @@ fn an_invalid_regions_configuration_names_what_is_wrong() {
     let base = |remotes| RegionsConfig::new("eu", RedisConfig::new("redis://127.0.0.1:2"), remotes);
     assert_eq!(base(vec![remote("us")]).validate(), Ok(()));
     let cases = [
-        (base(vec![]), "at least one remote"),
-        (base(vec![remote("eu")]), "`eu` is named twice"),
-        (base(vec![remote("")]), "remotes[0] needs a name"),
+        (base(vec![]), "list every other region"),
+        (base(vec![remote("eu")]), "`eu` is this region"),
+        (
+            base(vec![remote("us"), remote("us")]),
+            "`us` names two remote regions",
+        ),
+        (base(vec![remote("")]), "`` is not a region name"),
         (
             base(vec![remote("us")]).max_lag(Duration::from_millis(100)),
-            "max_lag (100 ms) must be above refresh (250 ms)",
+            "100ms is not longer than refresh (250ms)",
         ),
         (
             base(vec![RemoteRegion::new(

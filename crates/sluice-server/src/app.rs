@@ -16,6 +16,7 @@ use crate::rlqs::RlqsService;
 use crate::rls::grpc::RlsService;
 use crate::state::{ServerClock, Shared, StoreHandle};
 
+pub use crate::observe::traces::TraceError;
 use crate::reload::watch_config;
 pub use crate::reload::{RELOAD_POLL, load_rls};
 
@@ -40,8 +41,8 @@ pub enum ServeError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The certificates (`listen.tls`) could not be read.
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(sluice_spec::FieldError),
     /// A listener failed while serving.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -52,8 +53,8 @@ pub enum ServeError {
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     /// The trace exporter (`tracing`) could not be built.
-    #[error("{0}")]
-    Traces(String),
+    #[error(transparent)]
+    Traces(#[from] TraceError),
     /// A server task ended without an answer (it panicked or was cancelled).
     #[error("a server task ended abnormally: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -184,8 +185,8 @@ pub async fn run_with_clock(
     // The certificates are read again at start: a file changed since the check is caught here.
     let (http_tls, grpc_tls) = match &config.tls {
         Some(tls) => (
-            Some(tls.server_config(&[b"http/1.1"]).map_err(ServeError::Tls)?),
-            Some(tls.server_config(&[b"h2"]).map_err(ServeError::Tls)?),
+            Some(tls.rustls_config(&[b"http/1.1"]).map_err(ServeError::Tls)?),
+            Some(tls.rustls_config(&[b"h2"]).map_err(ServeError::Tls)?),
         ),
         None => (None, None),
     };
@@ -251,7 +252,7 @@ async fn start_state(
 ) -> Result<(Arc<Shared>, crate::observe::traces::Traces), ServeError> {
     let rls = load_rls(config)?;
     let store = connect_store(config).await?;
-    tracing::info!(store = %store.describe(), "store connected");
+    tracing::info!(store = %config.store, "store connected");
     let traces = start_traces(config)?;
     let shared = Arc::new(Shared::traced(
         config,
@@ -348,8 +349,7 @@ fn start_traces(config: &Config) -> Result<crate::observe::traces::Traces, Serve
     match &config.tracing {
         Some(settings) => {
             tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
-            crate::observe::traces::Traces::start(settings)
-                .map_err(|e| ServeError::Traces(e.to_string()))
+            Ok(crate::observe::traces::Traces::start(settings)?)
         }
         None => Ok(crate::observe::traces::Traces::off()),
     }

@@ -14,7 +14,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
-use sluice_spec::policy_entry::FieldError;
+use sluice_redis::TlsFiles;
+use sluice_spec::FieldError;
 
 /// `listen.tls` as written.
 #[derive(Debug, Deserialize)]
@@ -41,13 +42,8 @@ impl ListenTls {
     /// Resolves relative paths against `base` (the configuration file's directory) and checks
     /// that the files are there and hold what they should, so `sluice config check` finds a
     /// wrong path, not the first client.
-    ///
-    /// Its error is text as `config/mod.rs` reads it today (a [`FieldError`] written out).
-    pub(crate) fn resolve(raw: RawListenTls, base: Option<&Path>) -> Result<Self, String> {
-        let at = |p: PathBuf| match base {
-            Some(dir) if p.is_relative() => dir.join(p),
-            _ => p,
-        };
+    pub(crate) fn resolve(raw: RawListenTls, base: Option<&Path>) -> Result<Self, FieldError> {
+        let at = |p: PathBuf| sluice_spec::relative_to(base, p);
         let tls = Self {
             cert_file: at(raw.cert_file),
             key_file: at(raw.key_file),
@@ -57,17 +53,11 @@ impl ListenTls {
         Ok(tls)
     }
 
-    /// [`ListenTls::rustls_config`] with its error as text, as `app.rs` reads it today
-    /// (`ServeError::Tls`).
-    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
-        Ok(self.rustls_config(alpn)?)
-    }
-
     /// A rustls server configuration offering `alpn` (e.g. `h2` for gRPC); every error names
     /// the `listen.tls` field and file at fault.
     pub fn rustls_config(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, FieldError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain = certificates(&self.cert_file, "cert_file")?;
+        let chain = certificates(&self.cert_file, "listen.tls.cert_file")?;
         let key = PrivateKeyDer::from_pem_file(&self.key_file).map_err(|e| {
             FieldError::new(
                 "listen.tls.key_file",
@@ -80,7 +70,7 @@ impl ListenTls {
         let builder = match &self.client_ca_file {
             Some(file) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in certificates(file, "client_ca_file")? {
+                for cert in certificates(file, "listen.tls.client_ca_file")? {
                     roots.add(cert).map_err(|e| {
                         FieldError::new(
                             "listen.tls.client_ca_file",
@@ -113,17 +103,61 @@ impl ListenTls {
     }
 }
 
-/// Every certificate of a PEM file; none is an error naming the field.
-fn certificates(file: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, FieldError> {
-    let path = || format!("listen.tls.{field}");
+/// Every certificate of a PEM file; none is an error naming the field at `path`.
+pub(crate) fn certificates(
+    file: &Path,
+    path: &str,
+) -> Result<Vec<CertificateDer<'static>>, FieldError> {
     let certs = CertificateDer::pem_file_iter(file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| FieldError::new(path(), format!("cannot read {}: {e}", file.display())))?;
+        .map_err(|e| FieldError::new(path, format!("cannot read {}: {e}", file.display())))?;
     if certs.is_empty() {
         return Err(FieldError::new(
-            path(),
+            path,
             format!("{} holds no PEM certificate", file.display()),
         ));
     }
     Ok(certs)
+}
+
+/// A client's certificates (`store.tls`, `rls.xds`) as the configuration means them: each
+/// relative path relative to the configuration file's directory (`base`).
+pub(crate) fn relative_files(mut files: TlsFiles, base: Option<&Path>) -> TlsFiles {
+    for path in [
+        &mut files.ca_file,
+        &mut files.cert_file,
+        &mut files.key_file,
+    ] {
+        *path = path.take().map(|p| sluice_spec::relative_to(base, p));
+    }
+    files
+}
+
+/// Reads a client's certificates, so that `sluice config check` finds a wrong path, not the
+/// first connection: the CA holds certificates, and a client certificate comes with its key.
+/// Errors name the field below `at` (`rls.xds.cert_file`).
+pub(crate) fn check_client_files(files: &TlsFiles, at: &str) -> Result<(), FieldError> {
+    if let Some(ca) = &files.ca_file {
+        certificates(ca, &format!("{at}.ca_file"))?;
+    }
+    match (&files.cert_file, &files.key_file) {
+        (None, None) => Ok(()),
+        (Some(cert), Some(key)) => {
+            certificates(cert, &format!("{at}.cert_file"))?;
+            PrivateKeyDer::from_pem_file(key).map(drop).map_err(|e| {
+                FieldError::new(
+                    format!("{at}.key_file"),
+                    format!("no private key in {}: {e}", key.display()),
+                )
+            })
+        }
+        (Some(_), None) => Err(FieldError::new(
+            format!("{at}.cert_file"),
+            "given without key_file; a client certificate needs its key",
+        )),
+        (None, Some(_)) => Err(FieldError::new(
+            format!("{at}.key_file"),
+            "given without cert_file; a client key needs its certificate",
+        )),
+    }
 }

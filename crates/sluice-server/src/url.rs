@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use sluice_spec::FieldError;
+
 /// A URL from the configuration besides the store's (the OTLP collector's `tracing.endpoint`,
 /// the xDS control plane's `rls.xds.address`). Its `Display` and `Debug` show it without
 /// credentials, through the one function that redacts the store's URLs
@@ -24,13 +26,13 @@ impl ConfiguredUrl {
 
     /// `text`, refused (the error shows the URL without them) when it carries credentials;
     /// `instead` says where they go.
-    pub(crate) fn parse(text: &str, instead: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str, instead: &str) -> Result<Self, FieldError> {
         let shown = sluice_redis::redact(text);
         if shown != text {
-            return Err(format!(
+            return Err(FieldError::whole(format!(
                 "`{shown}` carries credentials (user information, or user or pass \
                  parameters), which are never sent from this URL; remove them ({instead})"
-            ));
+            )));
         }
         Ok(Self::new(text))
     }
@@ -63,7 +65,9 @@ mod tests {
         assert_eq!(url.to_string(), "http://collector:4317");
         assert_eq!(format!("{url:?}"), "\"http://collector:4317\"");
         assert_eq!(url.expose(), "http://otel:S3CRET@collector:4317");
-        let err = ConfiguredUrl::parse(url.expose(), "use tracing.headers").unwrap_err();
+        let err = ConfiguredUrl::parse(url.expose(), "use tracing.headers")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("`http://collector:4317` carries"), "{err}");
         assert!(!err.contains("S3CRET"), "{err}");
         assert!(ConfiguredUrl::parse("http://c:4317/?pass=S3CRET", "").is_err());

@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
+use sluice_redis::TlsFiles;
 
+use crate::tls::{check_client_files, relative_files};
 use crate::url::ConfiguredUrl;
-use sluice_spec::policy_entry::FieldError;
+use sluice_spec::FieldError;
 
 /// `rls.xds` as written.
 #[derive(Debug, Deserialize)]
@@ -25,6 +25,17 @@ pub(crate) struct RawXds {
     key_file: Option<PathBuf>,
 }
 
+impl RawXds {
+    /// The certificate files as written.
+    fn files(&self) -> TlsFiles {
+        let mut files = TlsFiles::default();
+        files.ca_file.clone_from(&self.ca_file);
+        files.cert_file.clone_from(&self.cert_file);
+        files.key_file.clone_from(&self.key_file);
+        files
+    }
+}
+
 /// The xDS control plane the Envoy rules come from (`rls.xds`), validated, its files' paths
 /// resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,14 +48,10 @@ pub struct XdsSettings {
     pub node_id: String,
     /// The node's cluster, when set.
     pub cluster: Option<String>,
-    /// The CA the control plane's certificate is verified against (PEM); without it, the
-    /// system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// The client certificate chain presented to the control plane (PEM), with `key_file`:
-    /// Envoy Gateway's xDS server requires one (mutual TLS).
-    pub cert_file: Option<PathBuf>,
-    /// The client certificate's private key (PEM).
-    pub key_file: Option<PathBuf>,
+    /// The CA the control plane's certificate is verified against (PEM; without it, the
+    /// system's roots), and the client certificate and key presented to it: Envoy Gateway's
+    /// xDS server requires one (mutual TLS).
+    pub files: TlsFiles,
     /// Whether the address's scheme, as the URL parser reads it (in any case), is `https`.
     tls: bool,
 }
@@ -60,10 +67,6 @@ impl XdsSettings {
     pub(crate) fn resolve(raw: RawXds, base: Option<&Path>) -> Result<Self, FieldError> {
         // Errors show the address as every other place does: without credentials.
         let shown = sluice_redis::redact(&raw.address);
-        let at = |p: PathBuf| match base {
-            Some(dir) if p.is_relative() => dir.join(p),
-            _ => p,
-        };
         let uri: tonic::codegen::http::Uri = raw.address.parse().map_err(|e| {
             FieldError::new(
                 "rls.xds.address",
@@ -98,24 +101,24 @@ impl XdsSettings {
                  Gateway: envoy-ratelimit)",
             ));
         }
+        let files = raw.files();
         let settings = Self {
             address: ConfiguredUrl::parse(
                 &raw.address,
                 "the control plane is authenticated by TLS: ca_file, cert_file and key_file",
             )
-            .map_err(|e| FieldError::new("rls.xds.address", e))?,
+            .map_err(|e| e.within("rls.xds.address"))?,
             node_id: raw.node_id,
             cluster: raw.cluster.filter(|c| !c.is_empty()),
-            ca_file: raw.ca_file.map(at),
-            cert_file: raw.cert_file.map(at),
-            key_file: raw.key_file.map(at),
+            files: relative_files(files, base),
             tls,
         };
         if !tls {
+            let files = &settings.files;
             for (field, given) in [
-                ("ca_file", settings.ca_file.is_some()),
-                ("cert_file", settings.cert_file.is_some()),
-                ("key_file", settings.key_file.is_some()),
+                ("ca_file", files.ca_file.is_some()),
+                ("cert_file", files.cert_file.is_some()),
+                ("key_file", files.key_file.is_some()),
             ] {
                 if given {
                     return Err(FieldError::new(
@@ -129,36 +132,8 @@ impl XdsSettings {
                 }
             }
         }
-        settings.check_files()?;
+        check_client_files(&settings.files, "rls.xds")?;
         Ok(settings)
-    }
-
-    /// Reads the TLS files, so that `sluice config check` finds a wrong path, not the first
-    /// connection.
-    fn check_files(&self) -> Result<(), FieldError> {
-        if let Some(ca) = &self.ca_file {
-            certificates(ca, "ca_file")?;
-        }
-        match (&self.cert_file, &self.key_file) {
-            (None, None) => Ok(()),
-            (Some(cert), Some(key)) => {
-                certificates(cert, "cert_file")?;
-                PrivateKeyDer::from_pem_file(key).map(drop).map_err(|e| {
-                    FieldError::new(
-                        "rls.xds.key_file",
-                        format!("no private key in {}: {e}", key.display()),
-                    )
-                })
-            }
-            (Some(_), None) => Err(FieldError::new(
-                "rls.xds.cert_file",
-                "given without key_file; a client certificate needs its key",
-            )),
-            (None, Some(_)) => Err(FieldError::new(
-                "rls.xds.key_file",
-                "given without cert_file; a client key needs its certificate",
-            )),
-        }
     }
 
     /// The channel's TLS settings, `None` for `http://`.
@@ -177,13 +152,13 @@ impl XdsSettings {
             })
         };
         let mut config = tonic::transport::ClientTlsConfig::new();
-        config = match &self.ca_file {
+        config = match &self.files.ca_file {
             Some(ca) => config.ca_certificate(tonic::transport::Certificate::from_pem(read(
                 ca, "ca_file",
             )?)),
             None => config.with_native_roots(),
         };
-        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
+        if let (Some(cert), Some(key)) = (&self.files.cert_file, &self.files.key_file) {
             config = config.identity(tonic::transport::Identity::from_pem(
                 read(cert, "cert_file")?,
                 read(key, "key_file")?,
@@ -191,21 +166,6 @@ impl XdsSettings {
         }
         Ok(Some(config))
     }
-}
-
-/// Every certificate of a PEM file; none is an error naming the field.
-fn certificates(file: &Path, field: &str) -> Result<(), FieldError> {
-    let path = || format!("rls.xds.{field}");
-    let certs = CertificateDer::pem_file_iter(file)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| FieldError::new(path(), format!("cannot read {}: {e}", file.display())))?;
-    if certs.is_empty() {
-        return Err(FieldError::new(
-            path(),
-            format!("{} holds no PEM certificate", file.display()),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

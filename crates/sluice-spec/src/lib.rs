@@ -9,3 +9,15 @@ pub mod unique;
 pub mod units;
 
 pub use policy_entry::FieldError;
+
+use std::path::{Path, PathBuf};
+
+/// A file the configuration names, as it means it: a relative path is relative to the
+/// directory of the configuration file (`dir`), not to the working directory; a configuration
+/// given as text (`dir` is `None`) names it relative to the working directory.
+pub fn relative_to(dir: Option<&Path>, path: PathBuf) -> PathBuf {
+    match dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        _ => path,
+    }
+}

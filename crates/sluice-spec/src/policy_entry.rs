@@ -55,13 +55,6 @@ impl FieldError {
     }
 }
 
-/// For the callers that still pass errors on as text (the configuration's `?`).
-impl From<FieldError> for String {
-    fn from(e: FieldError) -> Self {
-        e.to_string()
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
@@ -145,20 +138,6 @@ pub fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldError> {
         FieldError::new(path, e.reason)
     })?;
     Ok(policy.with_failure_mode(on_store_error))
-}
-
-/// [`entry_policy`] in the shape `config/mod.rs` reads today: (the path below
-/// `policies.<name>` with its leading `.`, e.g. `.on_store_error`, or empty; the reason).
-/// To go once the configuration reads a [`FieldError`] (`.within(&format!("policies.{name}"))`).
-pub fn build_policy(name: &str, raw: RawPolicy) -> Result<Policy, (String, String)> {
-    entry_policy(name, raw).map_err(|e| {
-        let path = if e.path.is_empty() {
-            e.path
-        } else {
-            format!(".{}", e.path)
-        };
-        (path, e.message)
-    })
 }
 
 /// A policy defined inline, in the shape of a `policies.<name>` entry of the configuration
@@ -246,24 +225,25 @@ mod tests {
         assert_eq!(e.clone().within(""), e);
     }
 
-    /// What `config/mod.rs` writes from [`build_policy`] today is what it will write from
-    /// [`entry_policy`] seen `within` `policies.<name>`.
+    /// The configuration reads an entry's error `within` `policies.<name>`: the path below
+    /// the entry joined to the policy's, the name's own error at the policy's path.
     #[test]
     fn an_entry_error_within_its_policy_reads_as_the_configuration_writes_it() {
         let bad_mode = "{on_store_error: sometimes, limits: [{max: 1, per: 1s}]}";
         let no_limit = "{limits: []}";
         let fine = "{limits: [{max: 1, per: 1s}]}";
-        for (name, yaml) in [
-            ("api", bad_mode),
-            ("api", no_limit),
-            ("", fine),
-            ("a b", fine),
+        for (name, yaml, path) in [
+            ("api", bad_mode, "policies.api.on_store_error"),
+            ("api", no_limit, "policies.api.limits"),
+            ("", fine, "policies."),
+            ("a b", fine, "policies.a b"),
         ] {
-            let raw = || serde_yaml_ng::from_str::<RawPolicy>(yaml).unwrap();
-            let (field, reason) = build_policy(name, raw()).unwrap_err();
-            let today = format!("policies.{name}{field}: {reason}");
-            let e = entry_policy(name, raw()).unwrap_err();
-            assert_eq!(e.within(&format!("policies.{name}")).to_string(), today);
+            let raw = serde_yaml_ng::from_str::<RawPolicy>(yaml).unwrap();
+            let e = entry_policy(name, raw).unwrap_err();
+            let message = e.message.clone();
+            let e = e.within(&format!("policies.{name}"));
+            assert_eq!(e.path, path);
+            assert_eq!(e.to_string(), format!("{path}: {message}"));
         }
     }
 

@@ -47,6 +47,7 @@
 
 mod decide;
 mod health;
+mod validate;
 mod views;
 
 use std::collections::BTreeMap;
@@ -55,11 +56,12 @@ use std::time::Duration;
 
 use sluice::{Algorithm, Clock, Decision, Op, Policy, Store, StoreError, SystemClock};
 
-use crate::config::{ClockSource, ReadFrom, RedisConfig, Topology};
+use crate::config::{ReadFrom, RedisConfig, Topology};
 use crate::script::ScriptMode;
 use crate::store::RedisStore;
 use crate::tasks::Tasks;
 use health::Health;
+pub use validate::InvalidRegions;
 use views::Views;
 
 /// The default [`RegionsConfig::refresh`]: a remote view is at most this old.
@@ -195,74 +197,15 @@ impl RegionsConfig {
             .copied()
             .unwrap_or(self.fallback)
     }
-
-    /// Checks what [`RegionsStore::connect`] needs: names (non-empty, distinct), at least one
-    /// remote, a refresh from 1 ms and a `max_lag` above it, `clock: app`, remote replicas
-    /// that are standalone and share the local key prefix.
-    pub fn validate(&self) -> Result<(), RegionsError> {
-        let mut names: Vec<&str> = vec![&self.local];
-        names.extend(self.remotes.iter().map(|r| r.name.as_str()));
-        if let Some(i) = names.iter().position(|n| n.is_empty()) {
-            return Err(RegionsError::Config(if i == 0 {
-                "the local region needs a name".to_owned()
-            } else {
-                format!("remotes[{}] needs a name", i - 1)
-            }));
-        }
-        for (i, name) in names.iter().enumerate() {
-            if names[..i].contains(name) {
-                return Err(RegionsError::Config(format!(
-                    "region `{name}` is named twice; every region needs its own name"
-                )));
-            }
-        }
-        if self.remotes.is_empty() {
-            return Err(RegionsError::Config(
-                "a regions store needs at least one remote region".to_owned(),
-            ));
-        }
-        if self.refresh < Duration::from_millis(1) {
-            return Err(RegionsError::Config(
-                "refresh must be at least 1 ms".to_owned(),
-            ));
-        }
-        if self.max_lag <= self.refresh {
-            return Err(RegionsError::Config(format!(
-                "max_lag ({} ms) must be above refresh ({} ms): a heartbeat is up to a refresh old when read",
-                self.max_lag.as_millis(),
-                self.refresh.as_millis()
-            )));
-        }
-        if self.primary.clock != ClockSource::App {
-            return Err(RegionsError::Config(
-                "a regions store needs `clock: app`: windows and lag are measured on the limiters' clocks".to_owned(),
-            ));
-        }
-        for remote in &self.remotes {
-            if !matches!(remote.replica.topology, Topology::Standalone { .. }) {
-                return Err(RegionsError::Config(format!(
-                    "region `{}`: the replica must be a standalone node (a `replicaof` of that region's primary)",
-                    remote.name
-                )));
-            }
-            if remote.replica.key_prefix != self.primary.key_prefix {
-                return Err(RegionsError::Config(format!(
-                    "region `{}`: key prefix `{}` differs from the local `{}`; every region uses the same prefix",
-                    remote.name, remote.replica.key_prefix, self.primary.key_prefix
-                )));
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Why a regions store cannot be made, or cannot count a policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegionsError {
-    /// The configuration is invalid; the message names what is wrong.
+    /// The configuration is invalid ([`RegionsConfig::validate`]).
     #[error("regions: {0}")]
-    Config(String),
+    Config(#[from] InvalidRegions),
     /// A policy holds a limit whose counts do not add up across regions.
     #[error(
         "policy `{policy}`: limits[{index}] is a {algorithm} limit; a regions store shares only \
@@ -393,7 +336,7 @@ impl RegionsStore {
     ) -> Result<Self, StoreError> {
         config
             .validate()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(|e| StoreError::Backend(RegionsError::Config(e).to_string()))?;
         let local = RedisStore::connect(config.primary.clone()).await?;
         let mut remotes = Vec::with_capacity(config.remotes.len());
         for remote in &config.remotes {

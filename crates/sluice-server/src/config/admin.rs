@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use axum::http::HeaderMap;
 use serde::Deserialize;
+use sluice_spec::FieldError;
 use subtle::ConstantTimeEq;
 
 /// The shortest token accepted: 16 bytes, e.g. `openssl rand -hex 16` gives 32.
@@ -48,30 +49,15 @@ impl std::fmt::Debug for AdminConfig {
 
 impl AdminConfig {
     /// Reads the tokens `raw` points at; a relative `tokens_file` is relative to `base`.
-    pub(crate) fn resolve(raw: RawAdmin, base: Option<&Path>) -> Result<Self, String> {
-        let text = match (&raw.tokens_file, &raw.tokens_env) {
-            (Some(file), None) => {
-                let path = match base {
-                    Some(dir) if file.is_relative() => dir.join(file),
-                    _ => file.clone(),
-                };
-                std::fs::read_to_string(&path).map_err(|e| {
-                    format!("admin.tokens_file: cannot read {}: {e}", path.display())
-                })?
-            }
-            (None, Some(var)) => std::env::var(var).map_err(|_| {
-                format!(
-                    "admin.tokens_env: the environment variable {var} is not set (or not UTF-8)"
-                )
-            })?,
-            _ => {
-                return Err(
-                    "admin: give exactly one of tokens_file (one token per line) and tokens_env \
-                     (the name of a variable holding comma-separated tokens)"
-                        .to_owned(),
-                );
-            }
+    pub(crate) fn resolve(raw: RawAdmin, base: Option<&Path>) -> Result<Self, FieldError> {
+        let secret = super::Secret {
+            at: "admin",
+            file: ("tokens_file", raw.tokens_file.clone()),
+            env: ("tokens_env", raw.tokens_env.clone()),
+            neither: "give exactly one of tokens_file (one token per line) and tokens_env (the \
+                      name of a variable holding comma-separated tokens)",
         };
+        let text = secret.read(base)?;
         let separator = if raw.tokens_env.is_some() { ',' } else { '\n' };
         let tokens: Vec<String> = text
             .split(separator)
@@ -80,14 +66,17 @@ impl AdminConfig {
             .map(str::to_owned)
             .collect();
         if tokens.is_empty() {
-            return Err("admin: the token source holds no token".to_owned());
+            return Err(FieldError::new("admin", "the token source holds no token"));
         }
         if let Some(i) = tokens.iter().position(|t| t.len() < MIN_TOKEN_LEN) {
             // Which one, never what it is.
-            return Err(format!(
-                "admin: token {} is {} bytes; at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
-                i + 1,
-                tokens[i].len()
+            return Err(FieldError::new(
+                "admin",
+                format!(
+                    "token {} is {} bytes; at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
+                    i + 1,
+                    tokens[i].len()
+                ),
             ));
         }
         Ok(Self {
@@ -197,7 +186,9 @@ mod tests {
             tokens_env: None,
             protect_metrics: None,
         };
-        let e = AdminConfig::resolve(raw(), Some(&dir)).unwrap_err();
+        let e = AdminConfig::resolve(raw(), Some(&dir))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("token 2 is 12 bytes") && !e.contains("short-secret"),
             "{e}"
@@ -209,6 +200,7 @@ mod tests {
         assert!(
             AdminConfig::resolve(neither, None)
                 .unwrap_err()
+                .to_string()
                 .contains("exactly one")
         );
         std::fs::remove_dir_all(&dir).unwrap();

@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::de::Deserializer;
-use serde::{Deserialize, de};
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use sluice_spec::FieldError;
 use sluice_spec::units::PositiveDuration;
 
 use super::{DEFAULT_GRPC, DEFAULT_HTTP};
@@ -16,16 +17,16 @@ use super::{DEFAULT_GRPC, DEFAULT_HTTP};
 pub(super) struct ListenAddr(pub(super) SocketAddr);
 
 impl ListenAddr {
-    pub(super) fn parse(text: &str) -> Result<Self, String> {
+    pub(super) fn parse(text: &str) -> Result<Self, FieldError> {
         if let Ok(addr) = text.trim().parse() {
             return Ok(Self(addr));
         }
         let port = text.trim().trim_start_matches(':');
         if port.parse::<u16>().is_ok() {
-            return Err(format!(
+            return Err(FieldError::whole(format!(
                 "`{text}` is a port alone; write IP:port: 127.0.0.1:{port} (this machine only) \
                  or 0.0.0.0:{port} (every interface; [::]:{port} for IPv6 too)"
-            ));
+            )));
         }
         if let Some((host, port)) = text.trim().rsplit_once(':')
             && port.parse::<u16>().is_ok()
@@ -35,15 +36,15 @@ impl ListenAddr {
             } else {
                 format!("the IP address {host} stands for, e.g. 10.0.0.5:{port}")
             };
-            return Err(format!(
+            return Err(FieldError::whole(format!(
                 "`{text}` names a host; a listener binds an IP address, not a name: write \
                  {instead}, or 0.0.0.0:{port} for every interface"
-            ));
+            )));
         }
-        Err(format!(
+        Err(FieldError::whole(format!(
             "`{text}` is not a socket address; write IP:port, e.g. 127.0.0.1:8080, \
              0.0.0.0:8080 or [::]:8080"
-        ))
+        )))
     }
 }
 
@@ -100,17 +101,10 @@ pub(super) fn listen_config(
     raw: RawListen,
     reporting_interval: Option<Duration>,
     base: Option<&Path>,
-) -> Result<Listen, String> {
-    let default_addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
+) -> Result<Listen, FieldError> {
     let connections = conn_limits(&raw, reporting_interval)?;
-    let http = match raw.http {
-        Some(a) => a.0,
-        None => default_addr(DEFAULT_HTTP)?,
-    };
-    let grpc = match raw.grpc {
-        Some(a) => a.0,
-        None => default_addr(DEFAULT_GRPC)?,
-    };
+    let http = raw.http.map_or(DEFAULT_HTTP, |a| a.0);
+    let grpc = raw.grpc.map_or(DEFAULT_GRPC, |a| a.0);
     let admin = raw.admin.as_ref().map(|a| a.0);
     check_listen(http, grpc, admin)?;
     let tls = raw
@@ -131,19 +125,22 @@ pub(super) fn check_listen(
     http: SocketAddr,
     grpc: SocketAddr,
     admin_http: Option<SocketAddr>,
-) -> Result<(), String> {
+) -> Result<(), FieldError> {
     let clash = |a: SocketAddr, b: SocketAddr| a.port() != 0 && a == b;
     if clash(http, grpc) {
-        return Err(format!(
-            "listen: http and grpc are both {http}; give each its own port"
+        return Err(FieldError::new(
+            "listen",
+            format!("http and grpc are both {http}; give each its own port"),
         ));
     }
     if let Some(admin) = admin_http
         && (clash(admin, http) || clash(admin, grpc))
     {
-        return Err(format!(
-            "listen.admin: {admin} is also the http or grpc address; the admin listener \
-             needs its own port"
+        return Err(FieldError::new(
+            "listen.admin",
+            format!(
+                "{admin} is also the http or grpc address; the admin listener needs its own port"
+            ),
         ));
     }
     Ok(())
@@ -155,7 +152,7 @@ pub(super) fn check_listen(
 pub(super) fn conn_limits(
     raw: &RawListen,
     reporting_interval: Option<Duration>,
-) -> Result<crate::conn::ConnLimits, String> {
+) -> Result<crate::conn::ConnLimits, FieldError> {
     let defaults = crate::conn::ConnLimits::default();
     let text =
         |d: Duration| sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -163,11 +160,14 @@ pub(super) fn conn_limits(
         (None, None) => defaults.idle_timeout,
         (None, Some(interval)) => defaults.idle_timeout.max(interval.saturating_mul(3)),
         (Some(idle), Some(interval)) if idle.0 <= interval => {
-            return Err(format!(
-                "listen.idle_timeout: {} is not longer than rlqs.reporting_interval ({}); an \
-                 Envoy's quota stream is silent between two reports and would be closed",
-                text(idle.0),
-                text(interval)
+            return Err(FieldError::new(
+                "listen.idle_timeout",
+                format!(
+                    "{} is not longer than rlqs.reporting_interval ({}); an Envoy's quota \
+                     stream is silent between two reports and would be closed",
+                    text(idle.0),
+                    text(interval)
+                ),
             ));
         }
         (Some(idle), _) => idle.0,
@@ -175,15 +175,19 @@ pub(super) fn conn_limits(
     let max_connections = match raw.max_connections {
         None => defaults.max_connections,
         Some(0) => {
-            return Err(
-                "listen.max_connections: 0 would accept nothing; give at least 1".to_owned(),
-            );
+            return Err(FieldError::new(
+                "listen.max_connections",
+                "0 would accept nothing; give at least 1",
+            ));
         }
         Some(n) if n > crate::conn::MAX_CONNECTIONS => {
-            return Err(format!(
-                "listen.max_connections: {n} is more than {} (each open connection holds a file \
-                 descriptor and memory)",
-                crate::conn::MAX_CONNECTIONS
+            return Err(FieldError::new(
+                "listen.max_connections",
+                format!(
+                    "{n} is more than {} (each open connection holds a file descriptor and \
+                     memory)",
+                    crate::conn::MAX_CONNECTIONS
+                ),
             ));
         }
         Some(n) => n,

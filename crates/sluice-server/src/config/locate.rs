@@ -29,15 +29,6 @@ pub(super) fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
     }
 }
 
-/// The path an error message starts with (the text before its first `": "`), if it looks
-/// like one: `policies.api.limits[1]: counts the same window …` → `policies.api.limits[1]`.
-pub(super) fn path_of(message: &str) -> Option<&str> {
-    let (path, _) = message.split_once(": ")?;
-    let first = path.split(['.', '[']).next()?;
-    let plausible = !first.is_empty() && first.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
-    plausible.then_some(path)
-}
-
 /// Reads a value, looking for `rest` below it: `Ok(())` when it is not there, the error
 /// [`FOUND`] (placed by the parser) when it is.
 struct Walk<'p> {
@@ -218,21 +209,5 @@ rlqs:
             assert_eq!(locate(TEXT, path), None, "{path}");
         }
         assert_eq!(locate("[unclosed", "listen"), None);
-    }
-
-    #[test]
-    fn the_path_of_a_message_is_what_precedes_its_first_colon() {
-        assert_eq!(
-            path_of("rlqs.buckets[0].policy: `api` has a window of 1000ms"),
-            Some("rlqs.buckets[0].policy")
-        );
-        assert_eq!(
-            path_of("policies.a:b.limits[1]: counts the same window"),
-            Some("policies.a:b.limits[1]")
-        );
-        assert_eq!(path_of("listen: http and grpc are both"), Some("listen"));
-        assert_eq!(path_of("policies.a b: not a name"), Some("policies.a b"));
-        assert_eq!(path_of("invalid socket address syntax"), None);
-        assert_eq!(path_of("the file as a whole: x"), None);
     }
 }

@@ -7,19 +7,20 @@
 //! validate: what comes out is a [`Config`] of valid [`Policy`]s, addresses and durations.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 
 use serde::Deserialize;
 use sluice::Policy;
 
-use sluice_spec::policy_entry::{RawPolicy, build_policy};
+pub use sluice_spec::FieldError;
+use sluice_spec::policy_entry::{RawPolicy, entry_policy};
 pub use sluice_spec::units::PositiveDuration;
 
 /// The default HTTP address.
-pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+pub const DEFAULT_HTTP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
 /// The default gRPC address.
-pub const DEFAULT_GRPC: &str = "127.0.0.1:8081";
+pub const DEFAULT_GRPC: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8081));
 
 /// A configuration that cannot be used, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +34,18 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// `e`, found in `file` (whose text is `text`): its line is that of the value its path
+    /// names, when the text has one there.
+    fn at(file: &str, text: &str, e: FieldError) -> Self {
+        Self {
+            file: file.to_owned(),
+            line: locate::locate(text, &e.path),
+            message: e.to_string(),
+        }
+    }
+}
+
 pub use sluice::FailureMode;
 
 pub mod admin;
@@ -43,15 +56,54 @@ mod rls;
 mod store;
 pub mod store_regions;
 mod yaml;
-use self::listen::*;
-pub use self::overrides::*;
-pub use self::rls::*;
+use self::listen::{RawListen, listen_config};
+pub use self::overrides::{
+    ConfigSource, Declared, Explained, Given, NoFile, Override, Overrides, SETTINGS, Setting,
+};
+use self::rls::RawRls;
+pub use self::rls::{ResponseHeaders, RlsSettings, RulesSource};
 use crate::observe::metrics::settings::{MetricsSettings, RawMetrics, metrics_config};
 use crate::observe::top::settings::{RawTop, TopSettings, top_config};
 use crate::observe::traces::settings::{RawTracing, TraceSettings, trace_config};
 pub use crate::url::ConfiguredUrl;
 use store::{RawStore, store_config};
 use yaml::read_raw;
+
+/// A secret the configuration points at but never holds (`admin.tokens_file`,
+/// `store.auth.password_env`): the text of a file (relative to the configuration file) or of
+/// an environment variable, exactly one of them, so that the file can be shared without it.
+struct Secret<'a> {
+    /// The section: `admin`, `store.auth`.
+    at: &'a str,
+    /// The file's key and the file.
+    file: (&'a str, Option<std::path::PathBuf>),
+    /// The variable's key and the variable.
+    env: (&'a str, Option<String>),
+    /// What to say when neither or both are given.
+    neither: &'a str,
+}
+
+impl Secret<'_> {
+    /// The text, never shown in an error.
+    fn read(self, base: Option<&Path>) -> Result<String, FieldError> {
+        let at = |key: &str| format!("{}.{key}", self.at);
+        match (self.file, self.env) {
+            ((key, Some(file)), (_, None)) => {
+                let path = sluice_spec::relative_to(base, file);
+                std::fs::read_to_string(&path).map_err(|e| {
+                    FieldError::new(at(key), format!("cannot read {}: {e}", path.display()))
+                })
+            }
+            ((_, None), (key, Some(var))) => std::env::var(&var).map_err(|_| {
+                FieldError::new(
+                    at(key),
+                    format!("the environment variable {var} is not set (or not UTF-8)"),
+                )
+            }),
+            _ => Err(FieldError::new(self.at, self.neither)),
+        }
+    }
+}
 
 /// A configured policy (its failure mode is part of the [`Policy`]).
 #[derive(Debug, Clone)]
@@ -78,6 +130,28 @@ pub use sluice_redis::{ClockSource, ReadFrom};
 pub(super) struct RawSentinel {
     pub(super) master: String,
     pub(super) nodes: Vec<String>,
+}
+
+impl RawSentinel {
+    /// The Sentinel topology at `path` (`store.sentinel`): a master named, a sentinel listed.
+    fn topology(self, path: &str) -> Result<sluice_redis::Topology, FieldError> {
+        if self.nodes.is_empty() {
+            return Err(FieldError::new(
+                format!("{path}.nodes"),
+                "list at least one sentinel URL",
+            ));
+        }
+        if self.master.is_empty() {
+            return Err(FieldError::new(
+                format!("{path}.master"),
+                "name the monitored master",
+            ));
+        }
+        Ok(sluice_redis::Topology::Sentinel {
+            master: self.master,
+            sentinels: self.nodes,
+        })
+    }
 }
 
 /// The store: in this process, or Redis as the Redis library's own [`RedisConfig`] (client-side
@@ -147,25 +221,31 @@ struct RawLocal {
 
 /// `local.batch`: `auto` or a fraction of max in (0, 1]; `local.max_error`: a fraction of max
 /// in (0, 1].
-fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> {
+fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, FieldError> {
     let batch = match &raw.batch {
         None => sluice::Batch::Auto,
         Some(serde_yaml_ng::Value::String(s)) if s == "auto" => sluice::Batch::Auto,
         Some(serde_yaml_ng::Value::Number(n)) => match n.as_f64() {
             Some(f) if f > 0.0 && f <= 1.0 => sluice::Batch::Fraction(f),
             _ => {
-                return Err(format!(
-                    "local.batch: {n} is not a fraction of max; expected a number in (0, 1], \
-                     e.g. 0.01, or auto"
+                return Err(FieldError::new(
+                    "local.batch",
+                    format!(
+                        "{n} is not a fraction of max; expected a number in (0, 1], e.g. 0.01, \
+                         or auto"
+                    ),
                 ));
             }
         },
         Some(other) => {
-            return Err(format!(
-                "local.batch: expected auto or a fraction of max such as 0.01, got {}",
-                serde_yaml_ng::to_string(other)
-                    .unwrap_or_default()
-                    .trim_end()
+            return Err(FieldError::new(
+                "local.batch",
+                format!(
+                    "expected auto or a fraction of max such as 0.01, got {}",
+                    serde_yaml_ng::to_string(other)
+                        .unwrap_or_default()
+                        .trim_end()
+                ),
             ));
         }
     };
@@ -173,9 +253,11 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> 
         None => sluice::DEFAULT_MAX_ERROR,
         Some(f) if f > 0.0 && f <= 1.0 => f,
         Some(f) => {
-            return Err(format!(
-                "local.max_error: {f} is not a fraction of max; expected a number in (0, 1], \
-                 e.g. 0.01 (1 %)"
+            return Err(FieldError::new(
+                "local.max_error",
+                format!(
+                    "{f} is not a fraction of max; expected a number in (0, 1], e.g. 0.01 (1 %)"
+                ),
             ));
         }
     };
@@ -187,11 +269,10 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, String> 
 }
 
 /// `policies`: each entry built into a [`Policy`], in name order.
-fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>, String> {
+fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>, FieldError> {
     let mut policies = Vec::with_capacity(raw.len());
     for (name, p) in raw {
-        let policy = build_policy(&name, p)
-            .map_err(|(field, reason)| format!("policies.{name}{field}: {reason}"))?;
+        let policy = entry_policy(&name, p).map_err(|e| e.within(&format!("policies.{name}")))?;
         policies.push(PolicyConfig { policy });
     }
     Ok(policies)
@@ -201,8 +282,8 @@ fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>,
 fn rlqs_section(
     raw: sluice_envoy_rules::rlqs::RawRlqs,
     policies: &[PolicyConfig],
-) -> Result<sluice_envoy_rules::rlqs::RlqsConfig, String> {
-    let rlqs = sluice_envoy_rules::rlqs::rlqs_config(raw, |name| {
+) -> Result<sluice_envoy_rules::rlqs::RlqsConfig, FieldError> {
+    let rlqs = sluice_envoy_rules::rlqs::rlqs_rules(raw, |name| {
         policies
             .iter()
             .find(|p| p.policy.name() == name)
@@ -215,10 +296,13 @@ fn rlqs_section(
             .iter()
             .any(|p| p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some());
         if concurrent {
-            return Err(format!(
-                "rlqs.buckets[{i}].policy: `{}` has a concurrency limit, which usage reports \
-                 cannot enforce (they count requests, they hold nothing); use a policy of rates",
-                rule.policy
+            return Err(FieldError::new(
+                format!("rlqs.buckets[{i}].policy"),
+                format!(
+                    "`{}` has a concurrency limit, which usage reports cannot enforce (they \
+                     count requests, they hold nothing); use a policy of rates",
+                    rule.policy
+                ),
             ));
         }
     }
@@ -258,16 +342,7 @@ impl Config {
             line: None,
             message: format!("cannot read the configuration: {e}"),
         })?;
-        let mut config = Self::parse_in(&file, &text, path.parent())?;
-        if let Some(rls) = &mut config.rls
-            && let RulesSource::Dir(rules) = &mut rls.source
-            && rules.is_relative()
-            && let Some(dir) = path.parent()
-        {
-            // A relative directory is relative to the configuration file, not to the cwd.
-            *rules = dir.join(&*rules);
-        }
-        Ok(config)
+        Self::parse_in(&file, &text, path.parent())
     }
 
     /// Validates a configuration given as text; `file` names it in errors. Relative files it
@@ -280,36 +355,30 @@ impl Config {
     /// each section in the order of docs/configuration.md, the first error returned.
     fn parse_in(file: &str, text: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
         let raw: RawConfig = read_raw(file, text)?;
-        let err = |message: String| ConfigError {
-            file: file.to_owned(),
-            line: locate::path_of(&message).and_then(|path| locate::locate(text, path)),
-            message,
-        };
-        let policies = build_policies(raw.policies).map_err(err)?;
-        let rlqs = raw
-            .rlqs
-            .map(|r| rlqs_section(r, &policies))
-            .transpose()
-            .map_err(err)?;
-        let store = store_config(raw.store, base).map_err(err)?;
+        Self::sections(raw, base).map_err(|e| ConfigError::at(file, text, e))
+    }
+
+    /// Each section of `raw`, in the order of docs/configuration.md; the first error.
+    fn sections(raw: RawConfig, base: Option<&Path>) -> Result<Self, FieldError> {
+        let policies = build_policies(raw.policies)?;
+        let rlqs = raw.rlqs.map(|r| rlqs_section(r, &policies)).transpose()?;
+        let store = store_config(raw.store, base)?;
         if let StoreConfig::Regions(r) = &store {
-            store_regions::check(r, &policies).map_err(err)?;
+            store_regions::check(r, &policies)?;
         }
-        let local = local_config(raw.local).map_err(err)?;
-        let top = top_config(raw.top).map_err(err)?;
-        let metrics = metrics_config(raw.metrics).map_err(err)?;
-        let tracing = trace_config(raw.tracing, |name| std::env::var(name).ok()).map_err(err)?;
+        let local = local_config(raw.local)?;
+        let top = top_config(raw.top)?;
+        let metrics = metrics_config(raw.metrics)?;
+        let tracing = trace_config(raw.tracing, |name| std::env::var(name).ok())?;
         let admin = raw
             .admin
             .map(|a| crate::config::admin::AdminConfig::resolve(a, base))
-            .transpose()
-            .map_err(err)?;
+            .transpose()?;
         let listen = listen_config(
             raw.listen,
             rlqs.as_ref().map(|r| r.reporting_interval),
             base,
-        )
-        .map_err(err)?;
+        )?;
         Ok(Self {
             http: listen.http,
             grpc: listen.grpc,
@@ -320,8 +389,7 @@ impl Config {
             rls: raw
                 .rls
                 .map(|r| RlsSettings::from_raw(r, base))
-                .transpose()
-                .map_err(err)?,
+                .transpose()?,
             rlqs,
             store,
             local,

@@ -5,18 +5,20 @@
 //! here is one value per setting with where it came from. [`ConfigSource::load`] is the one
 //! path from a file and these values to a [`Config`]: `serve`, `config check` and a reload
 //! all take it, so a reload re-reads the file and re-applies the same values.
+//!
+//! [`SETTINGS`] is the one table of these settings: the command line builds its flags and
+//! variables from it, and checking, applying and explaining a value all read its row.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use sluice_redis::{Shard, Topology};
 
 use super::listen::{ListenAddr, check_listen};
-use super::rls::{RlsSettings, RulesSource};
-use super::{Config, ConfigError, StoreConfig, store};
+use super::{Config, ConfigError, RlsSettings, RulesSource, StoreConfig, store};
 
-/// A setting an operator may give as a flag or a variable instead of in the file.
+/// A setting an operator may give as a flag or a variable instead of in the file; its row of
+/// [`SETTINGS`] says everything else about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Setting {
     /// `listen.http`.
@@ -33,51 +35,150 @@ pub enum Setting {
     RlsConfigDir,
 }
 
-impl Setting {
-    /// Every setting, in the order `config check --explain` prints them.
-    pub const ALL: [Setting; 6] = [
-        Setting::Http,
-        Setting::Grpc,
-        Setting::Admin,
-        Setting::RedisUrl,
-        Setting::KeyPrefix,
-        Setting::RlsConfigDir,
-    ];
-
-    /// The flag, e.g. `--http`.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Setting::Http => "--http",
-            Setting::Grpc => "--grpc",
-            Setting::Admin => "--admin",
-            Setting::RedisUrl => "--redis-url",
-            Setting::KeyPrefix => "--key-prefix",
-            Setting::RlsConfigDir => "--rls-config-dir",
-        }
-    }
-
+/// One row of [`SETTINGS`]: how a setting is given, what it sets and how it is checked.
+#[derive(Debug)]
+pub struct Declared {
+    /// Which setting.
+    pub setting: Setting,
+    /// The flag's long name: `http` for `--http`.
+    pub flag: &'static str,
     /// The environment variable, e.g. `SLUICE_HTTP`.
-    pub fn env(self) -> &'static str {
-        match self {
-            Setting::Http => "SLUICE_HTTP",
-            Setting::Grpc => "SLUICE_GRPC",
-            Setting::Admin => "SLUICE_ADMIN",
-            Setting::RedisUrl => "SLUICE_REDIS_URL",
-            Setting::KeyPrefix => "SLUICE_KEY_PREFIX",
-            Setting::RlsConfigDir => "SLUICE_RLS_CONFIG_DIR",
-        }
-    }
+    pub env: &'static str,
+    /// What the flag's value is called in `--help`.
+    pub value_name: &'static str,
+    /// The flag's help.
+    pub help: &'static str,
+    /// Its value may hold a password: `--help` never shows the variable's, errors and
+    /// `--explain` show it redacted.
+    pub secret: bool,
+    /// The key `--explain` names it by.
+    key: &'static str,
+    /// The file's keys that set it (for `--explain` to tell the file's value from a default).
+    file_keys: &'static [&'static str],
+    /// Checks the value on its own, before any file is read.
+    check: fn(&Override) -> Result<(), ConfigError>,
+    /// Applies the value onto a configuration read from the file named by the `&str`.
+    apply: fn(&Override, &mut Config, &str) -> Result<(), ConfigError>,
+    /// Its effective value for `--explain` (secrets redacted); `None`: not a line.
+    shown: fn(&Config) -> Option<String>,
+}
 
-    /// The key of the file it stands for.
-    pub fn file_key(self) -> &'static str {
-        match self {
-            Setting::Http => "listen.http",
-            Setting::Grpc => "listen.grpc",
-            Setting::Admin => "listen.admin",
-            Setting::RedisUrl => "store",
-            Setting::KeyPrefix => "store.key_prefix",
-            Setting::RlsConfigDir => "rls.config_dir",
-        }
+/// Every setting, in the order of `--help` and `config check --explain`.
+pub const SETTINGS: [Declared; 6] = [
+    Declared {
+        setting: Setting::Http,
+        flag: "http",
+        env: "SLUICE_HTTP",
+        value_name: "ADDR",
+        help: "The HTTP API's address, IP:port (listen.http)",
+        secret: false,
+        key: "listen.http",
+        file_keys: &["listen.http"],
+        check: |o| listen_addr(o).map(drop),
+        apply: |o, config, _| {
+            config.http = listen_addr(o)?;
+            Ok(())
+        },
+        shown: |config| Some(config.http.to_string()),
+    },
+    Declared {
+        setting: Setting::Grpc,
+        flag: "grpc",
+        env: "SLUICE_GRPC",
+        value_name: "ADDR",
+        help: "The gRPC address, IP:port (listen.grpc)",
+        secret: false,
+        key: "listen.grpc",
+        file_keys: &["listen.grpc"],
+        check: |o| listen_addr(o).map(drop),
+        apply: |o, config, _| {
+            config.grpc = listen_addr(o)?;
+            Ok(())
+        },
+        shown: |config| Some(config.grpc.to_string()),
+    },
+    Declared {
+        setting: Setting::Admin,
+        flag: "admin",
+        env: "SLUICE_ADMIN",
+        value_name: "ADDR",
+        help: "The admin listener's address, IP:port (listen.admin)",
+        secret: false,
+        key: "listen.admin",
+        file_keys: &["listen.admin"],
+        check: |o| listen_addr(o).map(drop),
+        apply: |o, config, _| {
+            config.admin_http = Some(listen_addr(o)?);
+            Ok(())
+        },
+        shown: |config| {
+            Some(config.admin_http.map_or_else(
+                || "none (admin routes on listen.http)".to_owned(),
+                |a| a.to_string(),
+            ))
+        },
+    },
+    Declared {
+        setting: Setting::RedisUrl,
+        flag: "redis-url",
+        env: "SLUICE_REDIS_URL",
+        value_name: "URL",
+        help: "One Redis (redis://host:6379) instead of the file's memory store or single primary",
+        secret: true,
+        key: "store",
+        file_keys: &[
+            "store.backend",
+            "store.shards",
+            "store.cluster",
+            "store.sentinel",
+            "store.regions",
+        ],
+        check: redis_url,
+        apply: redis_store,
+        shown: |config| Some(config.store.to_string()),
+    },
+    Declared {
+        setting: Setting::KeyPrefix,
+        flag: "key-prefix",
+        env: "SLUICE_KEY_PREFIX",
+        value_name: "PREFIX",
+        help: "The Redis key prefix (store.key_prefix)",
+        secret: false,
+        key: "store.key_prefix",
+        file_keys: &["store.key_prefix"],
+        check: prefix,
+        apply: key_prefix,
+        shown: |config| match &config.store {
+            StoreConfig::Memory => None,
+            StoreConfig::Redis(redis) => Some(redis.key_prefix.clone()),
+            StoreConfig::Regions(regions) => Some(regions.primary.key_prefix.clone()),
+        },
+    },
+    Declared {
+        setting: Setting::RlsConfigDir,
+        flag: "rls-config-dir",
+        env: "SLUICE_RLS_CONFIG_DIR",
+        value_name: "DIR",
+        help: "The Envoy rate limit rules directory (rls.config_dir)",
+        secret: false,
+        key: "rls.config_dir",
+        file_keys: &["rls"],
+        check: dir_named,
+        apply: rules_dir,
+        shown: |config| {
+            Some(match config.rls.as_ref().map(|r| &r.source) {
+                None => "none".to_owned(),
+                Some(RulesSource::Dir(dir)) => dir.display().to_string(),
+                Some(RulesSource::Xds(_)) => "none (rls.xds: from a control plane)".to_owned(),
+            })
+        },
+    },
+];
+
+impl Setting {
+    /// Its row of [`SETTINGS`] (which lists the settings in the order they are declared).
+    pub fn declared(self) -> &'static Declared {
+        &SETTINGS[self as usize]
     }
 }
 
@@ -104,17 +205,19 @@ pub struct Override {
 impl Override {
     /// How errors and `--explain` name it: `flag --http` or `env SLUICE_HTTP`.
     pub fn origin(&self) -> String {
+        let declared = self.setting.declared();
         match self.given {
-            Given::Flag => format!("flag {}", self.setting.flag()),
-            Given::Env => format!("env {}", self.setting.env()),
+            Given::Flag => format!("flag --{}", declared.flag),
+            Given::Env => format!("env {}", declared.env),
         }
     }
 
     /// The value as it may be shown: a Redis URL without its password.
     pub fn shown(&self) -> String {
-        match self.setting {
-            Setting::RedisUrl => sluice_redis::redact(&self.value),
-            _ => self.value.clone(),
+        if self.setting.declared().secret {
+            sluice_redis::redact(&self.value)
+        } else {
+            self.value.clone()
         }
     }
 
@@ -159,15 +262,9 @@ impl Overrides {
     /// brace, a directory is named) before any file is read, so a bad flag or variable is
     /// named with its value whatever the file says; [`Overrides::apply`] runs the same checks.
     pub fn check(&self) -> Result<(), ConfigError> {
-        for o in &self.0 {
-            match o.setting {
-                Setting::Http | Setting::Grpc | Setting::Admin => listen_addr(o).map(drop)?,
-                Setting::RedisUrl => redis_url(o)?,
-                Setting::KeyPrefix => prefix(o)?,
-                Setting::RlsConfigDir => dir_named(o)?,
-            }
-        }
-        Ok(())
+        self.0
+            .iter()
+            .try_for_each(|o| (o.setting.declared().check)(o))
     }
 
     /// Applies every value onto `config`, which came from `file` (its name in errors). An
@@ -176,22 +273,13 @@ impl Overrides {
     /// then.
     pub fn apply(&self, mut config: Config, file: &str) -> Result<Config, ConfigError> {
         for o in &self.0 {
-            match o.setting {
-                Setting::Http => config.http = listen_addr(o)?,
-                Setting::Grpc => config.grpc = listen_addr(o)?,
-                Setting::Admin => config.admin_http = Some(listen_addr(o)?),
-                Setting::RedisUrl => config.store = redis_store(o, config.store, file)?,
-                Setting::KeyPrefix => key_prefix(o, &mut config.store)?,
-                Setting::RlsConfigDir => config.rls = rules_dir(o, config.rls.take(), file)?,
-            }
+            (o.setting.declared().apply)(o, &mut config, file)?;
         }
         if !self.0.is_empty() {
-            check_listen(config.http, config.grpc, config.admin_http).map_err(|message| {
-                ConfigError {
-                    file: format!("{file} with {}", self.origins()),
-                    line: None,
-                    message,
-                }
+            check_listen(config.http, config.grpc, config.admin_http).map_err(|e| ConfigError {
+                file: format!("{file} with {}", self.origins()),
+                line: None,
+                message: e.to_string(),
             })?;
         }
         Ok(config)
@@ -203,7 +291,7 @@ impl Overrides {
     }
 }
 
-fn listen_addr(o: &Override) -> Result<SocketAddr, ConfigError> {
+fn listen_addr(o: &Override) -> Result<std::net::SocketAddr, ConfigError> {
     ListenAddr::parse(&o.value)
         .map(|a| a.0)
         .map_err(|e| o.error(e))
@@ -214,11 +302,14 @@ fn listen_addr(o: &Override) -> Result<SocketAddr, ConfigError> {
 /// the file's timeout, prefix, credentials…). A file naming a topology (several shards,
 /// replicas, a Cluster, Sentinel) is an error naming both: one URL cannot stand for it, and
 /// silently counting in one Redis instead of a fleet's would split the counts.
-fn redis_store(o: &Override, store: StoreConfig, file: &str) -> Result<StoreConfig, ConfigError> {
+fn redis_store(o: &Override, config: &mut Config, file: &str) -> Result<(), ConfigError> {
     redis_url(o)?;
     let url = o.value.trim();
-    let mut redis = match store {
-        StoreConfig::Memory => return store::single_redis(url).map_err(|e| o.error(e)),
+    let redis = match &mut config.store {
+        StoreConfig::Memory => {
+            config.store = store::single_redis(url).map_err(|e| o.error(e))?;
+            return Ok(());
+        }
         StoreConfig::Redis(redis) => redis,
         StoreConfig::Regions(_) => return Err(topology_error(o, file, "regions (store.regions)")),
     };
@@ -227,7 +318,7 @@ fn redis_store(o: &Override, store: StoreConfig, file: &str) -> Result<StoreConf
             redis.topology = Topology::Shards {
                 shards: vec![Shard::new(url)],
             };
-            return Ok(StoreConfig::Redis(redis));
+            return Ok(());
         }
         Topology::Shards { shards } if shards.len() > 1 => {
             format!("{} shards (store.shards)", shards.len())
@@ -269,14 +360,14 @@ fn topology_error(o: &Override, file: &str, what: &str) -> ConfigError {
         "`{}` names one Redis, but {file} names {what}; one URL does not replace a topology: \
          unset {} or change the file's store",
         o.shown(),
-        o.setting.env()
+        o.setting.declared().env
     ))
 }
 
 /// `SLUICE_KEY_PREFIX`: the Redis store's key prefix; with the memory store (which has no
 /// keys) it is an error, so that a forgotten `SLUICE_REDIS_URL` is not silent.
-fn key_prefix(o: &Override, store: &mut StoreConfig) -> Result<(), ConfigError> {
-    match store {
+fn key_prefix(o: &Override, config: &mut Config, _: &str) -> Result<(), ConfigError> {
+    match &mut config.store {
         StoreConfig::Memory => Err(o.error(format!(
             "`{}`: the store is memory, which has no keys to prefix; give a Redis store \
              (SLUICE_REDIS_URL, or store.backend: redis in the file)",
@@ -303,29 +394,25 @@ fn key_prefix(o: &Override, store: &mut StoreConfig) -> Result<(), ConfigError> 
 /// the section's defaults with this directory; with `rls.config_dir`, this directory instead;
 /// with `rls.xds`, an error naming both (the rules come from one source). A relative path is
 /// relative to the working directory.
-fn rules_dir(
-    o: &Override,
-    rls: Option<RlsSettings>,
-    file: &str,
-) -> Result<Option<RlsSettings>, ConfigError> {
+fn rules_dir(o: &Override, config: &mut Config, file: &str) -> Result<(), ConfigError> {
     dir_named(o)?;
     let dir = PathBuf::from(&o.value);
-    match rls {
-        None => Ok(Some(RlsSettings::from_dir(dir))),
+    match &mut config.rls {
+        None => config.rls = Some(RlsSettings::from_dir(dir)),
         Some(RlsSettings {
             source: RulesSource::Xds(_),
             ..
-        }) => Err(o.error(format!(
-            "`{}` names a rules directory, but {file} takes the Envoy rules from a control \
-             plane (rls.xds); the rules come from one source: unset {} or remove rls.xds",
-            o.value,
-            o.setting.env()
-        ))),
-        Some(mut settings) => {
-            settings.source = RulesSource::Dir(dir);
-            Ok(Some(settings))
+        }) => {
+            return Err(o.error(format!(
+                "`{}` names a rules directory, but {file} takes the Envoy rules from a control \
+                 plane (rls.xds); the rules come from one source: unset {} or remove rls.xds",
+                o.value,
+                o.setting.declared().env
+            )));
         }
+        Some(settings) => settings.source = RulesSource::Dir(dir),
     }
+    Ok(())
 }
 
 /// Where the configuration comes from: a file (or none) and the values given outside it.
@@ -366,8 +453,8 @@ impl ConfigSource {
         }
     }
 
-    /// How errors name the file.
-    fn file_name(&self) -> String {
+    /// How errors and `config check` name the file.
+    pub fn file_name(&self) -> String {
         match (&self.file, self.without_file()) {
             (Some(path), _) => path.display().to_string(),
             (None, Some(NoFile::Demo)) => "the built-in demo configuration".to_owned(),
@@ -388,165 +475,52 @@ impl ConfigSource {
     /// Each effective setting, its value (secrets redacted) and where it came from, for
     /// `sluice config check --explain`. `config` is what [`ConfigSource::load`] gave.
     pub fn explain(&self, config: &Config) -> Vec<Explained> {
-        let origins = Origins::new(self);
-        let origin = |setting: Setting, keys: &[&str]| origins.of(setting, keys);
-        let mut out = vec![
-            Explained::new(
-                "listen.http",
-                config.http.to_string(),
-                origin(Setting::Http, &["listen.http"]),
-            ),
-            Explained::new(
-                "listen.grpc",
-                config.grpc.to_string(),
-                origin(Setting::Grpc, &["listen.grpc"]),
-            ),
-            Explained::new(
-                "listen.admin",
-                config.admin_http.map_or_else(
-                    || "none (admin routes on listen.http)".to_owned(),
-                    |a| a.to_string(),
-                ),
-                origin(Setting::Admin, &["listen.admin"]),
-            ),
-            Explained::new(
-                "store",
-                describe_store(&config.store),
-                origin(
-                    Setting::RedisUrl,
-                    &[
-                        "store.backend",
-                        "store.shards",
-                        "store.cluster",
-                        "store.sentinel",
-                        "store.regions",
-                    ],
-                ),
-            ),
-        ];
-        let prefix = match &config.store {
-            StoreConfig::Memory => None,
-            StoreConfig::Redis(redis) => Some(&redis.key_prefix),
-            StoreConfig::Regions(regions) => Some(&regions.primary.key_prefix),
+        let document: Option<serde_yaml_ng::Value> = self
+            .file
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| serde_yaml_ng::from_str(&t).ok());
+        // Whether the file sets `key` (`listen.http`).
+        let in_file = |key: &str| {
+            let mut at = document.as_ref();
+            for part in key.split('.') {
+                at = at.and_then(|v| v.get(part));
+            }
+            at.is_some()
         };
-        if let Some(prefix) = prefix {
-            out.push(Explained::new(
-                "store.key_prefix",
-                prefix.clone(),
-                origin(Setting::KeyPrefix, &["store.key_prefix"]),
-            ));
+        let file = match (&self.file, self.without_file()) {
+            (Some(path), _) => format!("file {}", path.display()),
+            (None, Some(NoFile::Demo)) => "built-in demo".to_owned(),
+            (None, _) => "default".to_owned(),
+        };
+        let mut out = Vec::new();
+        for declared in &SETTINGS {
+            let Some(value) = (declared.shown)(config) else {
+                continue;
+            };
+            let origin = match self.overrides.get(declared.setting) {
+                Some(o) => o.origin(),
+                None if declared.file_keys.iter().any(|k| in_file(k)) => file.clone(),
+                None => "default".to_owned(),
+            };
+            out.push(Explained::new(declared.key, value, origin));
         }
-        let rules = match config.rls.as_ref().map(|r| &r.source) {
-            None => "none".to_owned(),
-            Some(RulesSource::Dir(dir)) => dir.display().to_string(),
-            Some(RulesSource::Xds(_)) => "none (rls.xds: from a control plane)".to_owned(),
+        let names: Vec<&str> = config.policies.iter().map(|p| p.policy.name()).collect();
+        let names = if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
         };
-        out.push(Explained::new(
-            "rls.config_dir",
-            rules,
-            origin(Setting::RlsConfigDir, &["rls"]),
-        ));
-        let n = config.policies.len();
         out.push(Explained::new(
             "policies",
-            format!("{n} ({})", policy_names(config)),
-            if origins.in_file("policies") || self.without_file() == Some(NoFile::Demo) {
-                origins.file.clone()
+            format!("{} ({names})", config.policies.len()),
+            if in_file("policies") || self.without_file() == Some(NoFile::Demo) {
+                file
             } else {
                 "default".to_owned()
             },
         ));
         out
-    }
-}
-
-/// Where a setting came from: a flag or variable, else the file when it names one of the
-/// setting's keys, else the default.
-struct Origins<'a> {
-    source: &'a ConfigSource,
-    /// The file as YAML, to tell a key it sets from a default.
-    document: Option<serde_yaml_ng::Value>,
-    /// `file sluice.yaml`, or what stands for no file.
-    file: String,
-}
-
-impl<'a> Origins<'a> {
-    fn new(source: &'a ConfigSource) -> Self {
-        let document = source
-            .file
-            .as_deref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|t| serde_yaml_ng::from_str(&t).ok());
-        let file = match (&source.file, source.without_file()) {
-            (Some(path), _) => format!("file {}", path.display()),
-            (None, Some(NoFile::Demo)) => "built-in demo".to_owned(),
-            (None, _) => "default".to_owned(),
-        };
-        Self {
-            source,
-            document,
-            file,
-        }
-    }
-
-    /// Whether the file sets `key` (`listen.http`).
-    fn in_file(&self, key: &str) -> bool {
-        let mut at = self.document.as_ref();
-        for part in key.split('.') {
-            at = at.and_then(|v| v.get(part));
-        }
-        at.is_some()
-    }
-
-    fn of(&self, setting: Setting, keys: &[&str]) -> String {
-        match self.source.overrides.get(setting) {
-            Some(o) => o.origin(),
-            None if keys.iter().any(|k| self.in_file(k)) => self.file.clone(),
-            None => "default".to_owned(),
-        }
-    }
-}
-
-fn policy_names(config: &Config) -> String {
-    let names: Vec<&str> = config.policies.iter().map(|p| p.policy.name()).collect();
-    if names.is_empty() {
-        "none".to_owned()
-    } else {
-        names.join(", ")
-    }
-}
-
-/// The store in one line, URLs without their passwords.
-pub fn describe_store(store: &StoreConfig) -> String {
-    let urls = |list: &[String]| {
-        let shown: Vec<String> = list.iter().map(|u| sluice_redis::redact(u)).collect();
-        shown.join(", ")
-    };
-    let redis = match store {
-        StoreConfig::Memory => return "memory".to_owned(),
-        StoreConfig::Redis(redis) => redis,
-        StoreConfig::Regions(regions) => return super::store_regions::describe(regions),
-    };
-    match &redis.topology {
-        Topology::Shards { shards } => {
-            let shown: Vec<String> = shards
-                .iter()
-                .map(|s| {
-                    let primary = sluice_redis::redact(&s.primary);
-                    if s.replicas.is_empty() {
-                        primary
-                    } else {
-                        format!("{primary} (replicas {})", urls(&s.replicas))
-                    }
-                })
-                .collect();
-            format!("redis {}", shown.join("; "))
-        }
-        Topology::Cluster { nodes } => format!("redis cluster {}", urls(nodes)),
-        Topology::Sentinel { master, sentinels } => {
-            format!("redis sentinel {master} at {}", urls(sentinels))
-        }
-        other => format!("redis {other:?}"),
     }
 }
 
@@ -579,273 +553,5 @@ impl Explained {
 impl fmt::Display for Explained {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:<17} {}  ({})", self.key, self.value, self.origin)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-    use sluice::FailureMode;
-    use std::path::Path;
-    use std::time::Duration;
-
-    const FILE: &str = "listen:\n  http: 127.0.0.1:7001\npolicies:\n  api:\n    limits:\n      - { max: 1, per: 1s }\n";
-
-    fn config(text: &str) -> Config {
-        Config::parse("sluice.yaml", text).unwrap()
-    }
-
-    fn given(pairs: &[(Setting, &str, Given)]) -> Overrides {
-        let mut o = Overrides::none();
-        for (setting, value, given) in pairs {
-            o.set(*setting, *value, *given);
-        }
-        o
-    }
-
-    fn redis(text: &str) -> Config {
-        config(&format!("store:\n  backend: redis\n{text}"))
-    }
-
-    #[test]
-    fn a_value_replaces_the_files_and_an_absent_one_keeps_it() {
-        let c = given(&[(Setting::Grpc, "0.0.0.0:9001", Given::Env)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap();
-        assert_eq!(
-            c.http.to_string(),
-            "127.0.0.1:7001",
-            "the file's, not replaced"
-        );
-        assert_eq!(c.grpc.to_string(), "0.0.0.0:9001");
-        assert_eq!(c.admin_http, None);
-        let c = given(&[(Setting::Admin, "10.0.0.5:9090", Given::Flag)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap();
-        assert_eq!(c.admin_http.unwrap().to_string(), "10.0.0.5:9090");
-    }
-
-    #[test]
-    fn the_command_line_keeps_one_value_per_setting_the_last_set() {
-        let mut o = Overrides::none();
-        o.set(Setting::Http, "127.0.0.1:1", Given::Env);
-        o.set(Setting::Http, "127.0.0.1:2", Given::Flag);
-        assert_eq!(o.get(Setting::Http).unwrap().value, "127.0.0.1:2");
-        assert_eq!(o.get(Setting::Http).unwrap().origin(), "flag --http");
-    }
-
-    #[test]
-    fn a_bad_address_names_the_variable_or_flag_and_the_value() {
-        let e = given(&[(Setting::Http, "localhost:80", Given::Env)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("env SLUICE_HTTP: `localhost:80` names a host"),
-            "{e}"
-        );
-        let o = given(&[(Setting::Grpc, "8081", Given::Flag)]);
-        let e = o.check().unwrap_err().to_string();
-        assert!(e.starts_with("flag --grpc: `8081` is a port alone"), "{e}");
-    }
-
-    #[test]
-    fn two_listeners_on_one_port_after_the_overrides_are_refused() {
-        let e = given(&[(Setting::Grpc, "127.0.0.1:7001", Given::Flag)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("sluice.yaml with flag --grpc"), "{e}");
-        assert!(e.contains("http and grpc are both 127.0.0.1:7001"), "{e}");
-    }
-
-    #[test]
-    fn a_redis_url_turns_the_memory_store_into_one_redis_with_the_defaults() {
-        let c = given(&[(Setting::RedisUrl, "redis://u:pw@10.0.0.1:6379", Given::Env)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap();
-        let StoreConfig::Redis(sluice_redis::RedisConfig {
-            topology: Topology::Shards { shards },
-            key_prefix,
-            timeout,
-            ..
-        }) = &c.store
-        else {
-            panic!("{:?}", c.store);
-        };
-        assert_eq!(shards.len(), 1);
-        assert_eq!(shards[0].primary, "redis://u:pw@10.0.0.1:6379");
-        assert_eq!(key_prefix, sluice_redis::DEFAULT_PREFIX);
-        assert_eq!(*timeout, sluice_redis::DEFAULT_TIMEOUT);
-        assert_eq!(describe_store(&c.store), "redis redis://10.0.0.1:6379");
-    }
-
-    #[test]
-    fn a_redis_url_replaces_a_single_primary_and_keeps_the_other_store_settings() {
-        let file = redis(
-            "  shards: [{primary: redis://old:6379}]\n  timeout: 200ms\n  key_prefix: \"a:\"\n",
-        );
-        let c = given(&[(Setting::RedisUrl, "redis://new:6379", Given::Flag)])
-            .apply(file, "sluice.yaml")
-            .unwrap();
-        let StoreConfig::Redis(sluice_redis::RedisConfig {
-            topology: Topology::Shards { shards },
-            key_prefix,
-            timeout,
-            ..
-        }) = &c.store
-        else {
-            panic!("{:?}", c.store);
-        };
-        assert_eq!(shards[0].primary, "redis://new:6379");
-        assert_eq!(key_prefix, "a:");
-        assert_eq!(*timeout, Duration::from_millis(200));
-    }
-
-    #[test]
-    fn a_redis_url_never_replaces_a_topology() {
-        let topologies = [
-            (
-                "  shards: [{primary: redis://a:6379}, {primary: redis://b:6379}]\n",
-                "2 shards (store.shards)",
-            ),
-            (
-                "  shards: [{primary: redis://a:6379, replicas: [redis://r:6379]}]\n",
-                "a primary with replicas",
-            ),
-            (
-                "  cluster: [redis://c:7000]\n",
-                "a Redis Cluster (store.cluster)",
-            ),
-            (
-                "  sentinel: {master: m, nodes: [redis://s:26379]}\n",
-                "Sentinel (store.sentinel)",
-            ),
-        ];
-        for (store, named) in topologies {
-            let e = given(&[(Setting::RedisUrl, "redis://u:secret@one:6379", Given::Env)])
-                .apply(redis(store), "sluice.yaml")
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with("env SLUICE_REDIS_URL: `redis://one:6379`"),
-                "{e}"
-            );
-            assert!(e.contains(&format!("sluice.yaml names {named}")), "{e}");
-            assert!(!e.contains("secret"), "the password is never shown: {e}");
-        }
-    }
-
-    #[test]
-    fn a_bad_redis_url_is_named_without_its_password() {
-        let e = given(&[(Setting::RedisUrl, "http://u:secret@h:1", Given::Env)])
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL"),
-            "{e}"
-        );
-        assert!(!e.contains("secret"), "{e}");
-    }
-
-    #[test]
-    fn a_key_prefix_needs_a_redis_store_and_no_brace() {
-        let e = given(&[(Setting::KeyPrefix, "app:", Given::Env)])
-            .apply(config(FILE), "sluice.yaml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("env SLUICE_KEY_PREFIX: `app:`: the store is memory"),
-            "{e}"
-        );
-        let o = given(&[
-            (Setting::RedisUrl, "redis://h:6379", Given::Env),
-            (Setting::KeyPrefix, "app:", Given::Flag),
-        ]);
-        let c = o.apply(config(FILE), "sluice.yaml").unwrap();
-        assert!(
-            matches!(&c.store, StoreConfig::Redis(sluice_redis::RedisConfig { key_prefix, .. }) if key_prefix == "app:")
-        );
-        let e = given(&[(Setting::KeyPrefix, "{app}", Given::Flag)])
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("flag --key-prefix: `{app}`"), "{e}");
-    }
-
-    #[test]
-    fn a_rules_directory_adds_the_rls_section_replaces_a_directory_and_refuses_xds() {
-        let o = given(&[(Setting::RlsConfigDir, "/rules", Given::Env)]);
-        let c = o.apply(config(FILE), "sluice.yaml").unwrap();
-        let rls = c.rls.unwrap();
-        assert_eq!(rls.config_dir(), Some(Path::new("/rules")));
-        assert_eq!(rls.on_store_error, FailureMode::Closed);
-
-        let file = config("rls:\n  config_dir: /old\n  shadow_mode: true\n");
-        let rls = o.apply(file, "sluice.yaml").unwrap().rls.unwrap();
-        assert_eq!(rls.config_dir(), Some(Path::new("/rules")));
-        assert!(rls.shadow_mode, "the file's other rls settings stay");
-
-        let file = config("rls:\n  xds: {address: http://127.0.0.1:18000, node_id: n}\n");
-        let e = o.apply(file, "sluice.yaml").unwrap_err().to_string();
-        assert!(e.starts_with("env SLUICE_RLS_CONFIG_DIR: `/rules`"), "{e}");
-        assert!(e.contains("rls.xds"), "{e}");
-    }
-
-    #[test]
-    fn without_a_file_the_demo_unless_a_rules_directory_is_given() {
-        let demo = ConfigSource::default();
-        assert_eq!(demo.without_file(), Some(NoFile::Demo));
-        assert_eq!(demo.load().unwrap().policies.len(), 1);
-        let rules = ConfigSource {
-            file: None,
-            overrides: given(&[(Setting::RlsConfigDir, "/rules", Given::Env)]),
-        };
-        assert_eq!(rules.without_file(), Some(NoFile::RulesOnly));
-        let c = rules.load().unwrap();
-        assert!(c.policies.is_empty());
-        assert_eq!(c.rls.unwrap().config_dir(), Some(Path::new("/rules")));
-    }
-
-    #[test]
-    fn explain_says_flag_env_file_or_default_and_hides_passwords() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sluice.yaml");
-        std::fs::write(&path, FILE).unwrap();
-        let source = ConfigSource {
-            file: Some(path.clone()),
-            overrides: given(&[
-                (Setting::Grpc, "127.0.0.1:7002", Given::Flag),
-                (Setting::RedisUrl, "redis://:hunter2@h:6379", Given::Env),
-            ]),
-        };
-        let c = source.load().unwrap();
-        let lines: Vec<(String, String, String)> = source
-            .explain(&c)
-            .into_iter()
-            .map(|e| (e.key, e.value, e.origin))
-            .collect();
-        let file = format!("file {}", path.display());
-        let line = |key: &str| lines.iter().find(|l| l.0 == key).unwrap().clone();
-        assert_eq!(
-            line("listen.http"),
-            ("listen.http".into(), "127.0.0.1:7001".into(), file.clone())
-        );
-        assert_eq!(line("listen.grpc").2, "flag --grpc");
-        assert_eq!(line("listen.admin").2, "default");
-        assert_eq!(
-            line("store"),
-            (
-                "store".into(),
-                "redis redis://h:6379".into(),
-                "env SLUICE_REDIS_URL".into()
-            )
-        );
-        assert_eq!(line("store.key_prefix").2, "default");
-        assert_eq!(line("policies").2, file);
-        assert!(!format!("{lines:?}").contains("hunter2"));
     }
 }

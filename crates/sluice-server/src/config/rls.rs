@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sluice::FailureMode;
+use sluice_spec::FieldError;
 
 /// Envoy rate limit service settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,33 +69,32 @@ impl RlsSettings {
         }
     }
 
-    pub(super) fn from_raw(r: RawRls, base: Option<&Path>) -> Result<Self, String> {
+    pub(super) fn from_raw(r: RawRls, base: Option<&Path>) -> Result<Self, FieldError> {
         let source = match (r.config_dir, r.xds) {
-            (Some(dir), None) => RulesSource::Dir(dir),
+            (Some(dir), None) => RulesSource::Dir(sluice_spec::relative_to(base, dir)),
             (None, Some(xds)) => {
                 RulesSource::Xds(crate::xds_settings::XdsSettings::resolve(xds, base)?)
             }
             (Some(_), Some(_)) => {
-                return Err(
-                    "rls: config_dir and xds are both given; the Envoy rules come from \
-                            one source, a directory of rule files (config_dir) or an xDS \
-                            control plane (xds)"
-                        .to_owned(),
-                );
+                return Err(FieldError::new(
+                    "rls",
+                    "config_dir and xds are both given; the Envoy rules come from one source, a \
+                     directory of rule files (config_dir) or an xDS control plane (xds)",
+                ));
             }
             (None, None) => {
-                return Err(
-                    "rls: needs config_dir (a directory of rule files) or xds (an xDS \
-                            control plane such as Envoy Gateway's)"
-                        .to_owned(),
-                );
+                return Err(FieldError::new(
+                    "rls",
+                    "needs config_dir (a directory of rule files) or xds (an xDS control plane \
+                     such as Envoy Gateway's)",
+                ));
             }
         };
         let on_store_error = match r.on_store_error.as_deref() {
             None => FailureMode::Closed,
             Some(mode) => mode
                 .parse::<FailureMode>()
-                .map_err(|e| format!("rls.on_store_error: {}", e.reason))?,
+                .map_err(|e| FieldError::new("rls.on_store_error", e.reason))?,
         };
         Ok(Self {
             source,

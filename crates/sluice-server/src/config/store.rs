@@ -2,13 +2,14 @@
 //! or the Redis library's own [`RedisConfig`], built here while the section is read (the
 //! server keeps no copy of the Redis settings).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sluice_redis::{RedisConfig, Shard, Topology};
 
 use super::{ClockSource, ReadFrom};
-use super::{PositiveDuration, RawSentinel, StoreConfig};
+use super::{FieldError, PositiveDuration, RawSentinel, StoreConfig};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -82,40 +83,29 @@ fn read_credentials(
     section: &str,
     raw: RawAuth,
     base: Option<&Path>,
-) -> Result<sluice_redis::Credentials, String> {
-    let password = match (raw.password_file, raw.password_env) {
-        (Some(file), None) => {
-            let path = match base {
-                Some(dir) if file.is_relative() => dir.join(file),
-                _ => file,
-            };
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                format!(
-                    "{section}.password_file: cannot read {}: {e}",
-                    path.display()
-                )
-            })?;
-            text.lines().next().unwrap_or_default().trim().to_owned()
-        }
-        (None, Some(var)) => std::env::var(&var).map_err(|_| {
-            format!(
-                "{section}.password_env: the environment variable {var} is not set (or not UTF-8)"
-            )
-        })?,
-        _ => {
-            return Err(format!(
-                "{section}: give exactly one of password_file and password_env"
-            ));
-        }
+) -> Result<sluice_redis::Credentials, FieldError> {
+    let from_file = raw.password_file.is_some();
+    let secret = super::Secret {
+        at: section,
+        file: ("password_file", raw.password_file),
+        env: ("password_env", raw.password_env),
+        neither: "give exactly one of password_file and password_env",
+    };
+    let text = secret.read(base)?;
+    // A file's first line: editors end files with a newline.
+    let password = if from_file {
+        text.lines().next().unwrap_or_default().trim().to_owned()
+    } else {
+        text
     };
     if password.is_empty() {
-        return Err(format!("{section}: the password is empty"));
+        return Err(FieldError::new(section, "the password is empty"));
     }
     Ok(sluice_redis::Credentials::new(raw.username, password))
 }
 
 /// One Redis at `url`, every other `store` setting at its default.
-pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
+pub(super) fn single_redis(url: &str) -> Result<StoreConfig, FieldError> {
     store_config(
         RawStore {
             backend: Some("redis".to_owned()),
@@ -126,26 +116,30 @@ pub(super) fn single_redis(url: &str) -> Result<StoreConfig, String> {
     )
 }
 
-pub(super) fn store_config(mut raw: RawStore, base: Option<&Path>) -> Result<StoreConfig, String> {
+pub(super) fn store_config(
+    mut raw: RawStore,
+    base: Option<&Path>,
+) -> Result<StoreConfig, FieldError> {
     match raw.backend.as_deref().unwrap_or("memory") {
-        "memory" if raw.regions.is_some() => Err(
-            "store.regions: a regions store keeps its counts in Redis; add `backend: redis`"
-                .to_owned(),
-        ),
+        "memory" if raw.regions.is_some() => Err(FieldError::new(
+            "store.regions",
+            "a regions store keeps its counts in Redis; add `backend: redis`",
+        )),
         "memory" => Ok(StoreConfig::Memory),
         "redis" => match raw.regions.take() {
             Some(regions) => regions_config(regions, raw, base).map(StoreConfig::Regions),
             None => redis_config(raw, base).map(StoreConfig::Redis),
         },
-        other => Err(format!(
-            "store.backend: `{other}` is not a store; expected memory or redis"
+        other => Err(FieldError::new(
+            "store.backend",
+            format!("`{other}` is not a store; expected memory or redis"),
         )),
     }
 }
 
 /// `store.backend: redis`: each setting checked in the order of the section, onto one
 /// [`RedisConfig`].
-fn redis_config(mut raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, String> {
+fn redis_config(mut raw: RawStore, base: Option<&Path>) -> Result<RedisConfig, FieldError> {
     let topology = topology(
         std::mem::take(&mut raw.shards),
         raw.cluster.take(),
@@ -160,13 +154,13 @@ fn regions_config(
     regions: super::store_regions::RawRegions,
     raw: RawStore,
     base: Option<&Path>,
-) -> Result<sluice_redis::RegionsConfig, String> {
+) -> Result<sluice_redis::RegionsConfig, FieldError> {
     if !raw.shards.is_empty() || raw.cluster.is_some() || raw.sentinel.is_some() {
-        return Err(
-            "store: give only one of store.shards, store.cluster, store.sentinel and \
-                    store.regions (whose primary is this region's own Redis)"
-                .to_owned(),
-        );
+        return Err(FieldError::new(
+            "store",
+            "give only one of store.shards, store.cluster, store.sentinel and store.regions \
+             (whose primary is this region's own Redis)",
+        ));
     }
     let (topology, regions) = super::store_regions::primary_topology(regions)?;
     let template = with_settings(topology, raw, base)?;
@@ -179,12 +173,12 @@ fn with_settings(
     topology: Topology,
     raw: RawStore,
     base: Option<&Path>,
-) -> Result<RedisConfig, String> {
+) -> Result<RedisConfig, FieldError> {
     let key_prefix = raw
         .key_prefix
         .unwrap_or_else(|| sluice_redis::DEFAULT_PREFIX.to_owned());
     sluice_redis::keys::validate_prefix(&key_prefix)
-        .map_err(|e| format!("store.key_prefix: {e}"))?;
+        .map_err(|e| FieldError::new("store.key_prefix", e.to_string()))?;
     let credentials = raw
         .auth
         .map(|a| read_credentials("store.auth", a, base))
@@ -198,7 +192,7 @@ fn with_settings(
                 .on_shortfall(w.on_shortfall);
             wait.validate(timeout)
                 .map(|()| wait)
-                .map_err(|e| format!("store.{e}"))
+                .map_err(|e| wait_error(&e))
         })
         .transpose()?;
     let mut config = RedisConfig::with_topology(topology)
@@ -207,7 +201,7 @@ fn with_settings(
         .clock(raw.clock)
         .key_prefix(key_prefix)
         .coalesce(coalesce(raw.coalesce)?);
-    config.tls = raw.tls.map(|t| tls_files(t, base));
+    config.tls = raw.tls.map(|t| crate::tls::relative_files(t, base));
     config.credentials = credentials;
     config.sentinel_credentials = sentinel_credentials;
     config.wait_for_replicas = wait_for_replicas;
@@ -219,61 +213,56 @@ fn topology(
     shards: Vec<Shard>,
     cluster: Option<Vec<String>>,
     sentinel: Option<RawSentinel>,
-) -> Result<Topology, String> {
+) -> Result<Topology, FieldError> {
     match (shards.is_empty(), cluster, sentinel) {
         (false, None, None) => {
             // A shard is named by its primary (what rendezvous hashing scores).
             let names: Vec<&str> = shards.iter().map(|s| s.primary.as_str()).collect();
             sluice_redis::validate_shard_names(&names).map_err(|e| {
-                format!(
-                    "store.shards[{}].primary: `{}` is listed twice; a shard is identified by \
-                     its primary",
-                    e.index,
-                    sluice_redis::redact(&e.name)
+                FieldError::new(
+                    format!("store.shards[{}].primary", e.index),
+                    format!(
+                        "`{}` is listed twice; a shard is identified by its primary",
+                        sluice_redis::redact(&e.name)
+                    ),
                 )
             })?;
             Ok(Topology::Shards { shards })
         }
         (true, Some(nodes), None) => {
             if nodes.is_empty() {
-                return Err("store.cluster: list at least one node URL".to_owned());
+                return Err(FieldError::new(
+                    "store.cluster",
+                    "list at least one node URL",
+                ));
             }
             Ok(Topology::Cluster { nodes })
         }
-        (true, None, Some(sentinel)) => {
-            if sentinel.nodes.is_empty() {
-                return Err("store.sentinel.nodes: list at least one sentinel URL".to_owned());
-            }
-            if sentinel.master.is_empty() {
-                return Err("store.sentinel.master: name the monitored master".to_owned());
-            }
-            Ok(Topology::Sentinel {
-                master: sentinel.master,
-                sentinels: sentinel.nodes,
-            })
-        }
-        (true, None, None) => Err("store: the redis backend needs one of store.shards \
-                                   (- primary: redis://host:port), store.cluster or store.sentinel"
-            .to_owned()),
-        _ => {
-            Err("store: give only one of store.shards, store.cluster and store.sentinel".to_owned())
-        }
+        (true, None, Some(sentinel)) => sentinel.topology("store.sentinel"),
+        (true, None, None) => Err(FieldError::new(
+            "store",
+            "the redis backend needs one of store.shards (- primary: redis://host:port), \
+             store.cluster or store.sentinel",
+        )),
+        _ => Err(FieldError::new(
+            "store",
+            "give only one of store.shards, store.cluster and store.sentinel",
+        )),
     }
 }
 
-/// Certificate paths are relative to the configuration file.
-fn tls_files(mut tls: sluice_redis::TlsFiles, base: Option<&Path>) -> sluice_redis::TlsFiles {
-    for path in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
-        .into_iter()
-        .flatten()
-    {
-        if let Some(dir) = base
-            && path.is_relative()
-        {
-            *path = dir.join(&*path);
-        }
+/// `store.wait_for_replicas`'s error at the field the library names.
+fn wait_error(e: &sluice_redis::WaitError) -> FieldError {
+    let field = match e {
+        sluice_redis::WaitError::NoReplica => "wait_for_replicas.replicas",
+        _ => "wait_for_replicas.timeout",
+    };
+    let text = e.to_string();
+    match text.strip_prefix(field).and_then(|m| m.strip_prefix(": ")) {
+        Some(message) => FieldError::new(format!("store.{field}"), message),
+        // `timeout (50ms) must be shorter …`: a sentence about the field as a whole.
+        None => FieldError::whole(format!("store.{text}")),
     }
-    tls
 }
 
 /// The sentinels' own user: sentinels often have a password of their own, or none while the
@@ -282,28 +271,82 @@ fn sentinel_credentials(
     raw: Option<RawAuth>,
     topology: &Topology,
     base: Option<&Path>,
-) -> Result<Option<sluice_redis::Credentials>, String> {
+) -> Result<Option<sluice_redis::Credentials>, FieldError> {
     match (raw, topology) {
         (None, _) => Ok(None),
         (Some(a), Topology::Sentinel { .. }) => {
             read_credentials("store.sentinel_auth", a, base).map(Some)
         }
-        (Some(_), _) => Err(
-            "store.sentinel_auth: only for store.sentinel (the data nodes' \
-                             user is store.auth)"
-                .to_owned(),
-        ),
+        (Some(_), _) => Err(FieldError::new(
+            "store.sentinel_auth",
+            "only for store.sentinel (the data nodes' user is store.auth)",
+        )),
     }
 }
 
 /// `store.coalesce`: 1 (every decision alone) to [`MAX_COALESCE`].
-fn coalesce(raw: Option<u64>) -> Result<usize, String> {
+fn coalesce(raw: Option<u64>) -> Result<usize, FieldError> {
     match raw {
         None => Ok(sluice_redis::DEFAULT_COALESCE),
         Some(n @ 1..=MAX_COALESCE) => Ok(usize::try_from(n).unwrap_or(1)),
-        Some(n) => Err(format!(
-            "store.coalesce: {n} is not a batch size; give 1 (every decision alone) to \
-             {MAX_COALESCE}"
+        Some(n) => Err(FieldError::new(
+            "store.coalesce",
+            format!("{n} is not a batch size; give 1 (every decision alone) to {MAX_COALESCE}"),
         )),
+    }
+}
+
+/// The store in one line, URLs without their passwords: what `config check --explain`, the
+/// demo's banner and the start-up log show.
+impl fmt::Display for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls = |list: &[String]| {
+            let shown: Vec<String> = list.iter().map(|u| sluice_redis::redact(u)).collect();
+            shown.join(", ")
+        };
+        let redis = match self {
+            StoreConfig::Memory => return f.write_str("memory"),
+            StoreConfig::Redis(redis) => redis,
+            StoreConfig::Regions(regions) => {
+                let remotes: Vec<String> = regions
+                    .remotes
+                    .iter()
+                    .map(|r| format!("{} at {}", r.name, r.replica.topology.name()))
+                    .collect();
+                let text = |d: std::time::Duration| {
+                    sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                };
+                return write!(
+                    f,
+                    "redis regions: {} (primary {}), remotes {}; refresh {}, max_lag {}",
+                    regions.local,
+                    regions.primary.topology.name(),
+                    remotes.join(", "),
+                    text(regions.refresh),
+                    text(regions.max_lag),
+                );
+            }
+        };
+        match &redis.topology {
+            Topology::Shards { shards } => {
+                let shown: Vec<String> = shards
+                    .iter()
+                    .map(|s| {
+                        let primary = sluice_redis::redact(&s.primary);
+                        if s.replicas.is_empty() {
+                            primary
+                        } else {
+                            format!("{primary} (replicas {})", urls(&s.replicas))
+                        }
+                    })
+                    .collect();
+                write!(f, "redis {}", shown.join("; "))
+            }
+            Topology::Cluster { nodes } => write!(f, "redis cluster {}", urls(nodes)),
+            Topology::Sentinel { master, sentinels } => {
+                write!(f, "redis sentinel {master} at {}", urls(sentinels))
+            }
+            other => write!(f, "redis {other:?}"),
+        }
     }
 }

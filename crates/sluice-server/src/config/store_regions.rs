@@ -9,13 +9,12 @@
 //! concurrency limit cannot be shared this way).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::Deserialize;
 use sluice_redis::regions::{DEFAULT_MAX_LAG, DEFAULT_REFRESH};
-use sluice_redis::{ClockSource, Fallback, RedisConfig, RegionsConfig, RemoteRegion, Topology};
+use sluice_redis::{Fallback, InvalidRegions, RedisConfig, RegionsConfig, RemoteRegion, Topology};
 
-use super::{PolicyConfig, PositiveDuration, RawSentinel};
+use super::{FieldError, PolicyConfig, PositiveDuration, RawSentinel};
 
 /// `store.regions` as written.
 #[derive(Deserialize)]
@@ -57,24 +56,9 @@ struct RawRemote {
     url: String,
 }
 
-/// A region's name: it is a metric label and a log field, so it is kept short and plain.
-fn check_name(path: &str, name: &str) -> Result<(), String> {
-    let plain = name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if name.is_empty() || name.len() > 32 || !plain {
-        return Err(format!(
-            "{path}: `{name}` is not a region name; use 1 to 32 lowercase letters, digits, `-` \
-             or `_` (e.g. eu, us-east)"
-        ));
-    }
-    Ok(())
-}
-
 /// This region's own Redis (`store.regions.primary`): one primary with replicas (`url`), or
 /// found through Sentinel; returned with the rest of the section.
-pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegions), String> {
-    check_name("store.regions.local", &raw.local)?;
+pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegions), FieldError> {
     let p = &mut raw.primary;
     let topology = match (p.url.take(), p.sentinel.take(), p.cluster.take()) {
         (Some(url), None, None) => Topology::Standalone {
@@ -82,48 +66,33 @@ pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegi
             replicas: std::mem::take(&mut p.replicas),
         },
         (None, Some(sentinel), None) if p.replicas.is_empty() => {
-            if sentinel.nodes.is_empty() {
-                return Err(
-                    "store.regions.primary.sentinel.nodes: list at least one sentinel URL"
-                        .to_owned(),
-                );
-            }
-            if sentinel.master.is_empty() {
-                return Err(
-                    "store.regions.primary.sentinel.master: name the monitored master".to_owned(),
-                );
-            }
-            Topology::Sentinel {
-                master: sentinel.master,
-                sentinels: sentinel.nodes,
-            }
+            sentinel.topology("store.regions.primary.sentinel")?
         }
         (None, None, Some(_)) => {
-            return Err(
-                "store.regions.primary.cluster: a region's own Redis must be one \
-                        primary (url, with replicas, or sentinel): the other regions read \
-                        its usage through one replica of it, which a Cluster does not have"
-                    .to_owned(),
-            );
+            return Err(FieldError::new(
+                "store.regions.primary.cluster",
+                "a region's own Redis must be one primary (url, with replicas, or sentinel): \
+                 the other regions read its usage through one replica of it, which a Cluster \
+                 does not have",
+            ));
         }
         (None, None, None) => {
-            return Err(
-                "store.regions.primary: this region's own Redis needs url (with \
-                        replicas) or sentinel"
-                    .to_owned(),
-            );
+            return Err(FieldError::new(
+                "store.regions.primary",
+                "this region's own Redis needs url (with replicas) or sentinel",
+            ));
         }
         (None, Some(_), None) => {
-            return Err(
-                "store.regions.primary.replicas: only with url (Sentinel finds the \
-                        replicas itself)"
-                    .to_owned(),
-            );
+            return Err(FieldError::new(
+                "store.regions.primary.replicas",
+                "only with url (Sentinel finds the replicas itself)",
+            ));
         }
         _ => {
-            return Err(
-                "store.regions.primary: give only one of url, sentinel and cluster".to_owned(),
-            );
+            return Err(FieldError::new(
+                "store.regions.primary",
+                "give only one of url, sentinel and cluster",
+            ));
         }
     };
     Ok((topology, raw))
@@ -131,83 +100,56 @@ pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegi
 
 /// The rest of `store.regions`, over `primary` (this region's own Redis with every setting of
 /// `store`): each remote region's local replica is read with the same settings, but for the
-/// sentinels' user and `WAIT` (a replica is only read).
+/// sentinels' user and `WAIT` (a replica is only read). Checked by the library's own
+/// [`RegionsConfig::validate`], its errors put at their keys.
 pub(super) fn regions_config(
     raw: RawRegions,
     primary: RedisConfig,
-) -> Result<RegionsConfig, String> {
-    if raw.remotes.is_empty() {
-        return Err(
-            "store.regions.remotes: list every other region, each with the URL of \
-                    the replica of its primary that runs in this region \
-                    (e.g. `us: { url: <URL> }`); a regions store of one region is a plain store"
-                .to_owned(),
-        );
-    }
-    let mut remotes = Vec::with_capacity(raw.remotes.len());
-    for (name, remote) in raw.remotes {
-        let path = format!("store.regions.remotes.{name}");
-        check_name(&path, &name)?;
-        if name == raw.local {
-            return Err(format!(
-                "{path}: `{name}` is this region (store.regions.local); remotes are the \
-                 other regions"
-            ));
-        }
-        redis::IntoConnectionInfo::into_connection_info(remote.url.as_str()).map_err(|e| {
-            format!(
-                "{path}.url: `{}` is not a Redis URL ({e})",
-                sluice_redis::redact(&remote.url)
-            )
-        })?;
-        let mut replica = primary.clone();
-        replica.topology = Topology::Standalone {
-            primary: remote.url,
-            replicas: Vec::new(),
+) -> Result<RegionsConfig, FieldError> {
+    let remotes: Vec<RemoteRegion> = raw
+        .remotes
+        .into_iter()
+        .map(|(name, remote)| {
+            let mut replica = primary.clone();
+            replica.topology = Topology::Standalone {
+                primary: remote.url,
+                replicas: Vec::new(),
+            };
+            replica.sentinel_credentials = None;
+            replica.wait_for_replicas = None;
+            RemoteRegion::new(name, replica)
+        })
+        .collect();
+    let mut regions = RegionsConfig::new(raw.local, primary, remotes)
+        .refresh(raw.refresh.map_or(DEFAULT_REFRESH, |d| d.0))
+        .max_lag(raw.max_lag.map_or(DEFAULT_MAX_LAG, |d| d.0))
+        .fallback(raw.fallback.unwrap_or(Fallback::LocalShare));
+    regions.policy_fallback = raw.policy_fallback;
+    regions.validate().map_err(|e| {
+        let remote = |name: &str| format!("store.regions.remotes.{name}");
+        let path = match &e {
+            InvalidRegions::Name { local: true, .. } => "store.regions.local".to_owned(),
+            InvalidRegions::Name { name, .. }
+            | InvalidRegions::IsLocal(name)
+            | InvalidRegions::Twice(name)
+            | InvalidRegions::NotStandalone(name)
+            | InvalidRegions::Prefix { region: name, .. } => remote(name),
+            InvalidRegions::Url { region, .. } => format!("{}.url", remote(region)),
+            InvalidRegions::NoRemote => "store.regions.remotes".to_owned(),
+            InvalidRegions::Refresh => "store.regions.refresh".to_owned(),
+            InvalidRegions::MaxLag { .. } => "store.regions.max_lag".to_owned(),
+            InvalidRegions::Clock => "store.clock".to_owned(),
+            _ => "store.regions".to_owned(),
         };
-        replica.sentinel_credentials = None;
-        replica.wait_for_replicas = None;
-        remotes.push(RemoteRegion::new(name, replica));
-    }
-    let refresh = raw.refresh.map_or(DEFAULT_REFRESH, |d| d.0);
-    let max_lag = raw.max_lag.map_or(DEFAULT_MAX_LAG, |d| d.0);
-    if max_lag <= refresh {
-        return Err(format!(
-            "store.regions.max_lag: {} is not longer than refresh ({}): a remote view is up \
-             to refresh old by design, so every region would fall back all the time; give \
-             max_lag at least twice refresh",
-            sluice::core::duration_text(millis(max_lag)),
-            sluice::core::duration_text(millis(refresh)),
-        ));
-    }
-    Ok(RegionsConfig {
-        local: raw.local,
-        primary,
-        remotes,
-        refresh,
-        max_lag,
-        fallback: raw.fallback.unwrap_or(Fallback::LocalShare),
-        policy_fallback: raw.policy_fallback,
-    })
+        FieldError::new(path, e.to_string())
+    })?;
+    Ok(regions)
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The checks that need the rest of the file: windows and lag are measured on the limiters'
-/// clocks (`store.clock: app`), every policy can be shared across regions (fixed and sliding
-/// windows; a token bucket or a concurrency limit is refused, naming it), and
-/// `policy_fallback` names configured policies.
-pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Result<(), String> {
-    if regions.primary.clock != ClockSource::App {
-        return Err(
-            "store.clock: a regions store needs `app` (the default): windows line up \
-                    across regions and lag is measured on the limiters' clocks, not on each \
-                    region's Redis"
-                .to_owned(),
-        );
-    }
+/// The checks that need the rest of the file: every policy can be shared across regions
+/// (fixed and sliding windows; a token bucket or a concurrency limit is refused, naming it),
+/// and `policy_fallback` names configured policies.
+pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Result<(), FieldError> {
     for p in policies {
         let name = p.policy.name();
         match sluice_redis::RegionsStore::admits_policy(&p.policy) {
@@ -215,54 +157,36 @@ pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Resul
             Err(sluice_redis::RegionsError::Unsupported {
                 index, algorithm, ..
             }) => {
-                return Err(format!(
-                    "policies.{name}.limits[{index}]: a {algorithm} limit cannot be shared \
-                     across regions (store.regions): only fixed_window and sliding_window \
-                     counts add up; use one of those, or serve this policy from a store of \
-                     its own"
+                return Err(FieldError::new(
+                    format!("policies.{name}.limits[{index}]"),
+                    format!(
+                        "a {algorithm} limit cannot be shared across regions (store.regions): \
+                         only fixed_window and sliding_window counts add up; use one of those, \
+                         or serve this policy from a store of its own"
+                    ),
                 ));
             }
             Err(e @ sluice_redis::RegionsError::Collide { second, .. }) => {
-                return Err(format!("policies.{name}.limits[{second}]: {e}"));
+                return Err(FieldError::new(
+                    format!("policies.{name}.limits[{second}]"),
+                    e.to_string(),
+                ));
             }
-            Err(e) => return Err(format!("policies.{name}: {e}")),
+            Err(e) => return Err(FieldError::new(format!("policies.{name}"), e.to_string())),
         }
     }
     for name in regions.policy_fallback.keys() {
         if !policies.iter().any(|p| p.policy.name() == name) {
-            return Err(format!(
-                "store.regions.policy_fallback.{name}: no policy is named `{name}`; name a \
-                 policy of `policies` (every other decision takes store.regions.fallback)"
+            return Err(FieldError::new(
+                format!("store.regions.policy_fallback.{name}"),
+                format!(
+                    "no policy is named `{name}`; name a policy of `policies` (every other \
+                     decision takes store.regions.fallback)"
+                ),
             ));
         }
     }
     Ok(())
-}
-
-/// What `sluice config check --explain` and the start-up log show (no credentials).
-pub(super) fn describe(regions: &RegionsConfig) -> String {
-    let primary = match &regions.primary.topology {
-        Topology::Standalone { primary, .. } => sluice_redis::redact(primary),
-        Topology::Sentinel { master, .. } => format!("sentinel {master}"),
-        other => format!("{other:?}"),
-    };
-    let remotes: Vec<String> = regions
-        .remotes
-        .iter()
-        .map(|r| match &r.replica.topology {
-            Topology::Standalone { primary, .. } => {
-                format!("{} at {}", r.name, sluice_redis::redact(primary))
-            }
-            other => format!("{} at {other:?}", r.name),
-        })
-        .collect();
-    format!(
-        "redis regions: {} (primary {primary}), remotes {}; refresh {}, max_lag {}",
-        regions.local,
-        remotes.join(", "),
-        sluice::core::duration_text(millis(regions.refresh)),
-        sluice::core::duration_text(millis(regions.max_lag)),
-    )
 }
 
 #[cfg(test)]
@@ -273,7 +197,6 @@ mod tests {
 
     use sluice_redis::{Fallback, Topology};
 
-    use super::describe;
     use crate::config::{Config, StoreConfig};
 
     const EU: &str = "\
@@ -327,7 +250,7 @@ store:
         );
         assert_eq!(r.fallback_of("login"), Fallback::Closed);
         assert_eq!(r.fallback_of("api"), Fallback::LocalOnly);
-        let shown = describe(r);
+        let shown = c.store.to_string();
         assert!(shown.contains("eu") && shown.contains("us at redis://us-replica:6380"));
     }
 

@@ -6,18 +6,6 @@
 use serde_json::{Value, json};
 use sluice_redis::RegionsStore;
 
-/// What the start-up log says the store is: this region, its own Redis, the other regions.
-pub(crate) fn describe(store: &RegionsStore) -> String {
-    let mut others: Vec<String> = store.regions().into_iter().map(|r| r.name).collect();
-    others.sort();
-    format!(
-        "redis regions: {} on {}, reading [{}]",
-        store.name(),
-        store.local().name(),
-        others.join(", ")
-    )
-}
-
 /// `/v1/stats`' `regions`: one entry per other region, in name order (`lag_s`, `view_age_s`
 /// absent until read); empty without a regions store.
 pub(crate) fn stats(store: Option<&RegionsStore>) -> Value {

@@ -81,17 +81,6 @@ impl StoreHandle {
         }
     }
 
-    /// What the store is, for the start-up log: `memory`, or the shards' names (never with
-    /// credentials).
-    pub fn describe(&self) -> String {
-        match self {
-            StoreHandle::Memory(_) => "memory".to_owned(),
-            StoreHandle::Redis(r) => format!("redis shards [{}]", r.names().join(", ")),
-            StoreHandle::Cluster(c) => format!("redis {}", c.name()),
-            StoreHandle::Regions(r) => crate::observe::regions::describe(r),
-        }
-    }
-
     /// Whether the store can decide: every store shard answers `PING`, and with Redis shards
     /// at least one shard's circuit is closed. The error names the shards that do not answer,
     /// or every shard and the error that keeps its circuit open.

@@ -13,6 +13,7 @@ mod connections;
 mod http;
 mod listeners;
 mod metrics;
+mod overrides;
 mod simulate;
 mod simulate_logs;
 mod stats;

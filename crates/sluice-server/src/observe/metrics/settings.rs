@@ -1,6 +1,7 @@
 //! The `metrics` section: what `/metrics` counts beyond the decisions themselves.
 
 use serde::Deserialize;
+use sluice_spec::FieldError;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -24,13 +25,13 @@ impl Default for MetricsSettings {
     }
 }
 
-pub(crate) fn metrics_config(raw: RawMetrics) -> Result<MetricsSettings, String> {
+pub(crate) fn metrics_config(raw: RawMetrics) -> Result<MetricsSettings, FieldError> {
     let near_limit = match raw.near_limit_ratio {
         None => NearLimit::DEFAULT,
         Some(r) => NearLimit::new(r).ok_or_else(|| {
-            format!(
-                "metrics.near_limit_ratio: {r} is not a fraction of a limit; expected a number \
-                 in (0, 1], e.g. 0.8"
+            FieldError::new(
+                "metrics.near_limit_ratio",
+                format!("{r} is not a fraction of a limit; expected a number in (0, 1], e.g. 0.8"),
             )
         })?,
     };

@@ -1,6 +1,7 @@
 //! The `top` section: the heavy-hitter summaries' size and window.
 
 use serde::Deserialize;
+use sluice_spec::FieldError;
 
 use sluice_spec::units::PositiveDuration;
 
@@ -27,11 +28,12 @@ pub const DEFAULT_TOP_CAPACITY: usize = 64;
 /// The largest `top.capacity`.
 pub const MAX_TOP_CAPACITY: usize = 10_000;
 
-pub(crate) fn top_config(raw: RawTop) -> Result<TopSettings, String> {
+pub(crate) fn top_config(raw: RawTop) -> Result<TopSettings, FieldError> {
     let capacity = raw.capacity.unwrap_or(DEFAULT_TOP_CAPACITY);
     if capacity > MAX_TOP_CAPACITY {
-        return Err(format!(
-            "top.capacity: at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"
+        return Err(FieldError::new(
+            "top.capacity",
+            format!("at most {MAX_TOP_CAPACITY} keys per policy, got {capacity}"),
         ));
     }
     Ok(TopSettings {

@@ -130,7 +130,7 @@ impl std::fmt::Debug for Traces {
 /// The exporter could not be built from the settings.
 #[derive(Debug, thiserror::Error)]
 #[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
-pub(crate) struct TraceError {
+pub struct TraceError {
     endpoint: crate::url::ConfiguredUrl,
     reason: String,
 }

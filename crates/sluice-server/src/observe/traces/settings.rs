@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use sluice_spec::FieldError;
 
 use crate::url::ConfiguredUrl;
 
@@ -85,7 +86,7 @@ const DISABLED_VAR: &str = "OTEL_SDK_DISABLED";
 pub(crate) fn trace_config(
     raw: Option<RawTracing>,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Option<TraceSettings>, String> {
+) -> Result<Option<TraceSettings>, FieldError> {
     let env = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if env(DISABLED_VAR).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
         return Ok(None);
@@ -96,9 +97,12 @@ pub(crate) fn trace_config(
         (Some(e), _) => endpoint(ENDPOINT_VAR, e.trim())?,
         (None, Some(e)) => endpoint("tracing.endpoint", e.trim())?,
         (None, None) if in_file => {
-            return Err(format!(
-                "tracing.endpoint: missing; name the OpenTelemetry collector, e.g. \
-                 http://otel-collector:4317 (or set {ENDPOINT_VAR}), or remove the section"
+            return Err(FieldError::new(
+                "tracing.endpoint",
+                format!(
+                    "missing; name the OpenTelemetry collector, e.g. \
+                     http://otel-collector:4317 (or set {ENDPOINT_VAR}), or remove the section"
+                ),
             ));
         }
         (None, None) => return Ok(None),
@@ -112,8 +116,9 @@ pub(crate) fn trace_config(
         (Some(r), _) => match r.trim().parse::<f64>() {
             Ok(r) => ratio(RATIO_VAR, r)?,
             Err(_) => {
-                return Err(format!(
-                    "{RATIO_VAR}: `{r}` is not a number; expected a ratio in [0, 1], e.g. 0.1"
+                return Err(FieldError::new(
+                    RATIO_VAR,
+                    format!("`{r}` is not a number; expected a ratio in [0, 1], e.g. 0.1"),
                 ));
             }
         },
@@ -123,9 +128,10 @@ pub(crate) fn trace_config(
     let service_name = match (env(SERVICE_VAR), raw.service_name) {
         (Some(s), _) => s.trim().to_owned(),
         (None, Some(s)) if s.trim().is_empty() => {
-            return Err(
-                "tracing.service_name: empty; name the service (the default is sluice)".to_owned(),
-            );
+            return Err(FieldError::new(
+                "tracing.service_name",
+                "empty; name the service (the default is sluice)",
+            ));
         }
         (None, Some(s)) => s.trim().to_owned(),
         (None, None) => DEFAULT_SERVICE_NAME.to_owned(),
@@ -145,76 +151,91 @@ pub(crate) fn trace_config(
 
 /// A collector URL: `http://host:port`. TLS to the collector is not offered: the exporter
 /// speaks plain text to a collector next to the server, which forwards wherever it must.
-fn endpoint(field: &str, text: &str) -> Result<ConfiguredUrl, String> {
+fn endpoint(field: &str, text: &str) -> Result<ConfiguredUrl, FieldError> {
     // Errors show the URL as every other place does: without credentials.
     let shown = sluice_redis::redact(text);
     let uri: axum::http::Uri = text.parse().map_err(|e| {
-        format!("{field}: `{shown}` is not a URL ({e}); expected e.g. http://otel-collector:4317")
+        FieldError::new(
+            field,
+            format!("`{shown}` is not a URL ({e}); expected e.g. http://otel-collector:4317"),
+        )
     })?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
-            return Err(format!(
-                "{field}: `{shown}`: TLS to the collector is not supported; send to a collector \
-                 beside the server over http:// (it forwards over TLS)"
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "`{shown}`: TLS to the collector is not supported; send to a collector \
+                     beside the server over http:// (it forwards over TLS)"
+                ),
             ));
         }
         _ => {
-            return Err(format!(
-                "{field}: `{shown}` has no http:// scheme; expected e.g. http://otel-collector:4317"
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "`{shown}` has no http:// scheme; expected e.g. http://otel-collector:4317"
+                ),
             ));
         }
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!(
-            "{field}: `{shown}` names no host; expected e.g. http://otel-collector:4317"
+        return Err(FieldError::new(
+            field,
+            format!("`{shown}` names no host; expected e.g. http://otel-collector:4317"),
         ));
     }
     ConfiguredUrl::parse(
         text,
         "a collector's token goes in tracing.headers, e.g. authorization: Basic …",
     )
-    .map_err(|e| format!("{field}: {e}"))
+    .map_err(|e| e.within(field))
 }
 
-fn protocol(field: &str, text: &str) -> Result<TraceProtocol, String> {
+fn protocol(field: &str, text: &str) -> Result<TraceProtocol, FieldError> {
     match text {
         "grpc" => Ok(TraceProtocol::Grpc),
         // `http/protobuf` is the variable's spelling in the OpenTelemetry specification.
         "http" | "http/protobuf" => Ok(TraceProtocol::Http),
-        other => Err(format!(
-            "{field}: `{other}` is not an OTLP protocol; expected grpc or http (http/protobuf)"
+        other => Err(FieldError::new(
+            field,
+            format!("`{other}` is not an OTLP protocol; expected grpc or http (http/protobuf)"),
         )),
     }
 }
 
-fn ratio(field: &str, r: f64) -> Result<f64, String> {
+fn ratio(field: &str, r: f64) -> Result<f64, FieldError> {
     if (0.0..=1.0).contains(&r) {
         Ok(r)
     } else {
-        Err(format!(
-            "{field}: {r} is not a ratio; expected a number in [0, 1] (0: only traces a caller \
-             sampled, 1: every decision)"
+        Err(FieldError::new(
+            field,
+            format!(
+                "{r} is not a ratio; expected a number in [0, 1] (0: only traces a caller \
+                 sampled, 1: every decision)"
+            ),
         ))
     }
 }
 
 /// A header must be one both gRPC metadata and HTTP accept: a lowercase name, a visible ASCII
 /// value.
-fn header(name: &str, value: &str) -> Result<(), String> {
+fn header(name: &str, value: &str) -> Result<(), FieldError> {
     let lower = !name.is_empty()
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
     if !lower || name.ends_with("-bin") {
-        return Err(format!(
-            "tracing.headers.{name}: not a header name; use lowercase letters, digits and `-`, \
-             e.g. authorization"
+        return Err(FieldError::new(
+            format!("tracing.headers.{name}"),
+            "not a header name; use lowercase letters, digits and `-`, e.g. authorization",
         ));
     }
     if axum::http::HeaderValue::from_str(value).is_err() {
-        return Err(format!(
-            "tracing.headers.{name}: the value is not a header value (visible ASCII only)"
+        return Err(FieldError::new(
+            format!("tracing.headers.{name}"),
+            "the value is not a header value (visible ASCII only)",
         ));
     }
     Ok(())
@@ -294,7 +315,11 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_key_or_variable() {
-        let err = |yaml: &str| trace_config(Some(raw(yaml)), no_env).unwrap_err();
+        let err = |yaml: &str| {
+            trace_config(Some(raw(yaml)), no_env)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(err("sample_ratio: 0.5").starts_with("tracing.endpoint: missing"));
         assert!(
             err("{ endpoint: 'http://c:4317', sample_ratio: 1.5 }")
@@ -313,7 +338,9 @@ mod tests {
                 .starts_with("tracing.headers.Authorization: not a header name")
         );
         let env = |name: &str| (name == "OTEL_TRACES_SAMPLER_ARG").then(|| "half".to_owned());
-        let e = trace_config(Some(raw("endpoint: http://c:4317")), env).unwrap_err();
+        let e = trace_config(Some(raw("endpoint: http://c:4317")), env)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("OTEL_TRACES_SAMPLER_ARG: `half` is not a number"),
             "{e}"
