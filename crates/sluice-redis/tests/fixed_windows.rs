@@ -68,7 +68,14 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
             std::time::Instant::now() < deadline,
             "the window never closed"
         );
-        let d = limiter.peek("api", "k", 1).await.unwrap();
+        let d = limiter
+            .call(
+                limiter.policy("api").unwrap(),
+                "k",
+                sluice::Op::Peek { cost: 1 },
+            )
+            .await
+            .unwrap();
         let s = &d.limits()[0];
         if d.now_ms < end {
             assert!(
@@ -87,7 +94,14 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         tokio::task::yield_now().await;
     }
     // Logically expired, so hidden, yet still held (a replica does not delete it).
-    let d = limiter.peek("api", "k", 1).await.unwrap();
+    let d = limiter
+        .call(
+            limiter.policy("api").unwrap(),
+            "k",
+            sluice::Op::Peek { cost: 1 },
+        )
+        .await
+        .unwrap();
     assert!(d.allowed && d.limits()[0].remaining == 4, "{d:?}");
     println!("{full} peeks saw the window full, {fresh} closed");
     assert!(full > 0, "no peek saw the open window");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use sluice::{Clock, LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{Clock, Decision, LimitSpec, Limiter, MemoryStore, Op, Policy};
 use sluice_tower::RateLimitBody;
 
 /// 2023-11-14T22:13:20Z, a whole second.
@@ -53,6 +53,15 @@ pub fn limiter<C: Clock>(
             .with_clock(clock)
             .with_policies(policies),
     )
+}
+
+/// What `key` has now under the registered policy `name`: a peek of 0, which records nothing.
+pub async fn peek<C: Clock>(limiter: &Limiter<MemoryStore, C>, name: &str, key: &str) -> Decision {
+    let policy = limiter.policy(name).unwrap();
+    limiter
+        .call(policy, key, Op::Peek { cost: 0 })
+        .await
+        .unwrap()
 }
 
 /// An inner service answering `status` with body "inner", counting its calls.
