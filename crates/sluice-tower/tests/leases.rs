@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{T0, TokioClock, header, limiter, peek, request};
+use common::{Handler, T0, TokioClock, header, limiter, peek, request};
 use http::{Request, Response, StatusCode};
 use sluice::{Clock, LimitSpec, Limiter, MemoryStore, Policy};
 use sluice_tower::{KeyExtractor, RateLimitLayer};
@@ -41,19 +41,7 @@ async fn until_free<C: Clock>(limiter: &Limiter<MemoryStore, C>, remaining: u64)
 /// `panics`, panics instead of answering).
 /// A handler that adds a permit to `entered` when it starts (a permit per handler: `Notify`
 /// keeps only one of two notifications given before anyone waits) and waits for `gate`.
-fn gated(
-    entered: Arc<Semaphore>,
-    gate: Arc<Semaphore>,
-    panics: bool,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
+fn gated(entered: Arc<Semaphore>, gate: Arc<Semaphore>, panics: bool) -> impl Handler {
     tower::service_fn(move |_req: Request<String>| {
         let (entered, gate) = (entered.clone(), gate.clone());
         async move {

@@ -64,6 +64,29 @@ pub async fn peek<C: Clock>(limiter: &Limiter<MemoryStore, C>, name: &str, key: 
         .unwrap()
 }
 
+/// A string-bodied service the layer can wrap and tests can clone into tasks.
+pub trait Handler:
+    tower::Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: tower::Service<
+            Request<String>,
+            Response = Response<String>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// An inner service answering `status` with body "inner", counting its calls.
 #[derive(Clone, Debug, Default)]
 pub struct Inner {
@@ -76,17 +99,7 @@ impl Inner {
     }
 
     /// The service: answers 304 when the request has `if-none-match`, else 200.
-    pub fn service(
-        &self,
-    ) -> impl tower::Service<
-        Request<String>,
-        Response = Response<String>,
-        Error = Infallible,
-        Future = impl Send,
-    > + Clone
-    + Send
-    + Sync
-    + 'static {
+    pub fn service(&self) -> impl Handler {
         let calls = Arc::clone(&self.calls);
         tower::service_fn(move |req: Request<String>| {
             calls.fetch_add(1, Ordering::SeqCst);
