@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use clap::Args;
+
+use crate::Error;
 
 /// The options of a client of the server (`sluice check`, `sluice bench`).
 #[derive(Clone, Default, Args)]
@@ -43,56 +44,62 @@ impl std::fmt::Debug for ClientArgs {
 
 impl ClientArgs {
     /// The token, from whichever of `--token`, `--token-file`, `--token-env` was given.
-    pub fn token(&self) -> anyhow::Result<Option<String>> {
+    pub fn token(&self) -> Result<Option<String>, Error> {
         if let Some(t) = &self.token {
             return Ok(Some(non_empty(t.trim(), "--token")?.to_owned()));
         }
         if let Some(path) = &self.token_file {
             let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file {}: cannot read it", path.display()))?;
+                .map_err(|e| Error::read(format!("--token-file {}", path.display()), e))?;
             let first = text
                 .lines()
                 .map(str::trim)
                 .find(|l| !l.is_empty() && !l.starts_with('#'));
             return match first {
                 Some(t) => Ok(Some(t.to_owned())),
-                None => bail!(
+                None => Err(Error::Option(format!(
                     "--token-file {}: holds no token (only blank lines and # comments)",
                     path.display()
-                ),
+                ))),
             };
         }
         if let Some(var) = &self.token_env {
-            let value = std::env::var(var)
-                .map_err(|_| anyhow::anyhow!("--token-env {var}: the variable is not set"))?;
+            let value = std::env::var(var).map_err(|_| {
+                Error::Option(format!("--token-env {var}: the variable is not set"))
+            })?;
             let first = value.split(',').map(str::trim).find(|t| !t.is_empty());
             return match first {
                 Some(t) => Ok(Some(t.to_owned())),
-                None => bail!("--token-env {var}: the variable holds no token"),
+                None => Err(Error::Option(format!(
+                    "--token-env {var}: the variable holds no token"
+                ))),
             };
         }
         Ok(None)
     }
 
     /// The CA certificates of `--cacert`, as PEM bytes checked to hold at least one.
-    fn ca_pem(&self) -> anyhow::Result<Option<(Vec<u8>, &Path)>> {
+    fn ca_pem(&self) -> Result<Option<(Vec<u8>, &Path)>, Error> {
         let Some(path) = &self.cacert else {
             return Ok(None);
         };
         let pem = std::fs::read(path)
-            .with_context(|| format!("--cacert {}: cannot read it", path.display()))?;
+            .map_err(|e| Error::read(format!("--cacert {}", path.display()), e))?;
         Ok(Some((pem, path)))
     }
 
     /// An HTTP client for `http://` and `https://` URLs, trusting `--cacert` only when given,
     /// sending the token (if any) with every request.
-    pub fn http(&self) -> anyhow::Result<reqwest::Client> {
+    pub fn http(&self) -> Result<reqwest::Client, Error> {
         let mut builder = reqwest::Client::builder().use_rustls_tls();
         if let Some((pem, path)) = self.ca_pem()? {
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .with_context(|| format!("--cacert {}: not PEM certificates", path.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| Error::Http {
+                what: format!("--cacert {}: not PEM certificates", path.display()),
+                source: e,
+            })?;
             if certs.is_empty() {
-                bail!("--cacert {}: holds no PEM certificate", path.display());
+                let what = format!("--cacert {}: holds no PEM certificate", path.display());
+                return Err(Error::Option(what));
             }
             builder = builder.tls_built_in_root_certs(false);
             for cert in certs {
@@ -101,20 +108,24 @@ impl ClientArgs {
         }
         if let Some(token) = self.token()? {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| anyhow::anyhow!("the token holds a character a header cannot"))?;
+                .map_err(|_| Error::Option("the token holds a character a header cannot".into()))?;
             value.set_sensitive(true);
             let mut headers = reqwest::header::HeaderMap::new();
             headers.insert(reqwest::header::AUTHORIZATION, value);
             builder = builder.default_headers(headers);
         }
-        builder.build().context("cannot build the HTTP client")
+        builder.build().map_err(|e| Error::Http {
+            what: "cannot build the HTTP client".into(),
+            source: e,
+        })
     }
 
     /// A gRPC channel to `url` (`http://` or `https://`, trusting `--cacert` only when given).
-    pub async fn grpc(&self, url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    pub async fn grpc(&self, url: &str) -> Result<tonic::transport::Channel, Error> {
         use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+        let grpc = |what: String| move |source| Error::Grpc { what, source };
         let mut endpoint = Endpoint::from_shared(url.to_owned())
-            .with_context(|| format!("`{url}` is not a gRPC URL"))?;
+            .map_err(grpc(format!("`{url}` is not a gRPC URL")))?;
         if url.starts_with("https://") {
             let tls = match self.ca_pem()? {
                 Some((pem, _)) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
@@ -122,12 +133,12 @@ impl ClientArgs {
             };
             endpoint = endpoint
                 .tls_config(tls)
-                .context("cannot configure TLS for the gRPC client")?;
+                .map_err(grpc("cannot configure TLS for the gRPC client".into()))?;
         }
         endpoint
             .connect()
             .await
-            .with_context(|| format!("cannot reach the gRPC server at {url}"))
+            .map_err(grpc(format!("cannot reach the gRPC server at {url}")))
     }
 }
 
@@ -147,9 +158,9 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn non_empty<'a>(t: &'a str, flag: &str) -> anyhow::Result<&'a str> {
+fn non_empty<'a>(t: &'a str, flag: &str) -> Result<&'a str, Error> {
     if t.is_empty() {
-        bail!("{flag}: the token is empty");
+        return Err(Error::Option(format!("{flag}: the token is empty")));
     }
     Ok(t)
 }

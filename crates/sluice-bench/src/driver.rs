@@ -152,23 +152,26 @@ impl Driver {
                 Ok(Answer::of(r.overall_code == Code::Ok as i32, false))
             }
             Driver::Inproc(limiter, policy) => {
-                let d = limiter.check_policy(policy, key, cost).await.map_err(|e| {
-                    let kind = match &e {
-                        sluice::Error::Store(_) => "store",
-                        sluice::Error::UnknownPolicy(_) => "unknown policy",
-                        sluice::Error::InvalidKey(_) => "invalid key",
-                        sluice::Error::InvalidCost(_) => "invalid cost",
-                        _ => "limiter",
-                    };
-                    Failure::new(kind, e.to_string())
-                })?;
+                let d = limiter
+                    .call(policy, key, sluice::Op::Check { cost })
+                    .await
+                    .map_err(|e| {
+                        let kind = match &e {
+                            sluice::Error::Store(_) => "store",
+                            sluice::Error::UnknownPolicy(_) => "unknown policy",
+                            sluice::Error::InvalidKey(_) => "invalid key",
+                            sluice::Error::InvalidCost(_) => "invalid cost",
+                            _ => "limiter",
+                        };
+                        Failure::new(kind, e.to_string())
+                    })?;
                 Ok(Answer::of(d.allowed, d.is_degraded()))
             }
         }
     }
 }
 
-pub(crate) async fn driver(args: &BenchArgs) -> anyhow::Result<Driver> {
+pub(crate) async fn driver(args: &BenchArgs) -> Result<Driver, crate::Error> {
     Ok(match args.target {
         Target::Http => Driver::Http(
             args.client.http()?,

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -26,9 +25,11 @@ use sluice_server::config::PositiveDuration;
 
 pub mod client;
 mod driver;
+mod error;
 
 pub use client::ClientArgs;
 use driver::{Answer, Driver, Failure, driver};
+pub use error::Error;
 
 /// What to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -283,9 +284,9 @@ struct Tally {
 }
 
 impl Tally {
-    fn new() -> anyhow::Result<Self> {
+    fn new() -> Result<Self, Error> {
         Ok(Self {
-            hist: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
+            hist: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(Error::histogram)?,
             allowed: 0,
             denied: 0,
             degraded: 0,
@@ -334,8 +335,8 @@ impl Tally {
         }
     }
 
-    fn add(&mut self, other: Tally) -> anyhow::Result<()> {
-        self.hist.add(other.hist)?;
+    fn add(&mut self, other: Tally) -> Result<(), Error> {
+        self.hist.add(other.hist).map_err(Error::histogram)?;
         self.allowed += other.allowed;
         self.denied += other.denied;
         self.degraded += other.degraded;
@@ -350,7 +351,7 @@ impl Tally {
 }
 
 /// Sum of command calls (except INFO itself) from INFO commandstats.
-async fn redis_calls(url: &str) -> anyhow::Result<u64> {
+async fn redis_calls(url: &str) -> Result<u64, Error> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let text: String = redis::cmd("INFO")
@@ -400,7 +401,7 @@ struct Load {
 
 impl Load {
     /// Sends requests one after the other until the load is over, timing each.
-    async fn worker(mut self, worker: usize) -> anyhow::Result<Tally> {
+    async fn worker(mut self, worker: usize) -> Result<Tally, Error> {
         let mut tally = Tally::new()?;
         let mut rng = SmallRng::seed_from_u64(0x5EED ^ worker as u64);
         let mut key = String::with_capacity(32);
@@ -421,11 +422,8 @@ impl Load {
             key_for(self.keys, &mut rng, self.zipf.as_ref(), &mut key);
             let t = Instant::now();
             let result = self.driver.once(&key, self.cost).await;
-            tally.hist.record(
-                u64::try_from(t.elapsed().as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            )?;
+            let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            tally.hist.record(us.max(1)).map_err(Error::histogram)?;
             tally.count(result);
         }
         Ok(tally)
@@ -433,13 +431,15 @@ impl Load {
 }
 
 /// Runs the load and returns what it measured.
-pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
+pub async fn run(args: &BenchArgs) -> Result<Report, Error> {
     if args.concurrency == 0 {
-        bail!("--concurrency must be at least 1");
+        return Err(Error::Option("--concurrency must be at least 1".into()));
     }
     let driver = driver(args).await?;
     let zipf = match args.keys {
-        Keys::Zipf(n, s) => Some(Zipf::new(n as f64, s).map_err(|e| anyhow::anyhow!("zipf: {e}"))?),
+        Keys::Zipf(n, s) => {
+            Some(Zipf::new(n as f64, s).map_err(|e| Error::Option(format!("zipf: {e}")))?)
+        }
         _ => None,
     };
     let before = match &args.redis {

@@ -166,7 +166,7 @@ impl Decision {
 
     /// A decision of no limit yet, for [`evaluate::apply_in_place`](crate::evaluate::apply_in_place)
     /// to decide into, or for a caller to keep and decide into again and again (the `sluice`
-    /// crate's `Limiter::check_now_into`): each decision overwrites the whole of the last.
+    /// crate's `Limiter::call_into`): each decision overwrites the whole of the last.
     #[inline]
     pub fn empty(cost: u64, now_ms: u64) -> Self {
         Self {

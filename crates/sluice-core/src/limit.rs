@@ -456,26 +456,6 @@ fn default_precision(per_ms: u64) -> Result<u64, LimitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Policy;
-
-    #[test]
-    fn a_policy_tells_its_concurrency_limit_and_its_shortest_window() {
-        let p = Policy::from_specs(
-            "p",
-            vec![
-                LimitSpec::fixed_window(10, 60_000),
-                LimitSpec::concurrency(2, 30_000),
-                LimitSpec::fixed_window(5, 1_000),
-            ],
-        )
-        .unwrap();
-        let (i, l) = p.concurrency_limit().unwrap();
-        assert_eq!((i, l.max(), l.per_ms()), (1, 2, 30_000));
-        assert_eq!(p.shortest_per_ms(), 1_000);
-        let rate = Policy::from_specs("r", vec![LimitSpec::fixed_window(10, 60_000)]).unwrap();
-        assert!(rate.concurrency_limit().is_none());
-        assert_eq!(rate.shortest_per_ms(), 60_000);
-    }
 
     fn err(spec: LimitSpec) -> LimitError {
         match Limit::new(spec) {
@@ -559,63 +539,5 @@ mod tests {
             LimitSpec::token_bucket(7, 1000).build().map(|l| l.burst()),
             Ok(7)
         );
-    }
-
-    #[test]
-    fn policy_errors_name_the_limit() {
-        let e = Policy::from_specs(
-            "api",
-            vec![
-                LimitSpec::fixed_window(10, 1000),
-                LimitSpec::fixed_window(5, 0),
-            ],
-        )
-        .err();
-        assert_eq!(
-            e.map(|e| e.to_string()).as_deref(),
-            Some("limits[1].per: 0ms is out of range; per must be between 1ms and 366d")
-        );
-        assert_eq!(
-            Policy::from_specs("api", vec![]).err().map(|e| e.field),
-            Some("limits".into())
-        );
-        assert_eq!(
-            Policy::from_specs("a b", vec![LimitSpec::fixed_window(1, 1)])
-                .err()
-                .map(|e| e.field),
-            Some("name".into())
-        );
-        let dup = Policy::from_specs(
-            "api",
-            vec![
-                LimitSpec::fixed_window(10, 1000),
-                LimitSpec::fixed_window(20, 1000),
-            ],
-        );
-        assert_eq!(dup.err().map(|e| e.field), Some("limits[1]".into()));
-    }
-
-    #[test]
-    fn a_policy_holds_at_most_four_limits() {
-        let specs = |n: u64| {
-            (1..=n)
-                .map(|i| LimitSpec::fixed_window(10, i * 1_000))
-                .collect()
-        };
-        assert!(Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64)).is_ok());
-        let e = Policy::from_specs("p", specs(MAX_LIMITS_PER_POLICY as u64 + 1)).err();
-        assert_eq!(
-            e.map(|e| e.to_string()).as_deref(),
-            Some("limits: 5 limits given; a policy holds at most 4")
-        );
-    }
-
-    #[test]
-    fn fingerprint_follows_shape_not_max_for_windows() {
-        let p = |max| Policy::from_specs("p", vec![LimitSpec::fixed_window(max, 1000)]);
-        let (a, b) = (p(10), p(20));
-        assert_eq!(a.map(|p| p.fingerprint()), b.map(|p| p.fingerprint()));
-        let c = Policy::from_specs("p", vec![LimitSpec::fixed_window(10, 2000)]);
-        assert_ne!(p(10).map(|p| p.fingerprint()), c.map(|p| p.fingerprint()));
     }
 }

@@ -9,13 +9,59 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice::{Degraded, Error, FailureMode, LimitSpec, Limiter, MemoryStore, Policy, Store};
+use sluice::{
+    Clock, Decision, Degraded, Error, FailureMode, Lease, LimitSpec, Limiter, MemoryStore, Op,
+    Policy, Store,
+};
 use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 const TASKS: usize = 64;
 const CYCLES: usize = 40;
 const MAX: u64 = 8;
+
+/// The limiter's calls these tests make, by policy name.
+trait ByName {
+    /// A hold of a new lease: the decision and the lease, if it was admitted.
+    async fn acquire(
+        &self,
+        name: &str,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error>;
+    async fn release(&self, name: &str, key: &str, id: u64) -> Result<Decision, Error>;
+    async fn peek(&self, name: &str, key: &str, cost: u64) -> Result<Decision, Error>;
+}
+
+impl<S: Store, C: Clock + Sync> ByName for Limiter<S, C> {
+    async fn acquire(
+        &self,
+        name: &str,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<Lease>), Error> {
+        let id = Lease::new_id();
+        let d = self
+            .call(
+                self.policy(name).unwrap(),
+                key,
+                Op::Hold { cost, lease: id },
+            )
+            .await?;
+        let lease = Lease::of(id, &d);
+        Ok((d, lease))
+    }
+
+    async fn release(&self, name: &str, key: &str, id: u64) -> Result<Decision, Error> {
+        self.call(self.policy(name).unwrap(), key, Op::Release { lease: id })
+            .await
+    }
+
+    async fn peek(&self, name: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.call(self.policy(name).unwrap(), key, Op::Peek { cost })
+            .await
+    }
+}
 
 fn policy(ttl_ms: u64, mode: FailureMode) -> Policy {
     Policy::from_specs("jobs", vec![LimitSpec::concurrency(MAX, ttl_ms)])

@@ -271,7 +271,7 @@ fn differential<S: sluice::Store + Clone>(
                         continue;
                     }
                     Op::Forget { policy, key: k } => {
-                        let p = policies[*policy].name();
+                        let p = &policies[*policy];
                         let a = memory.forget(p, &key(*k)).await;
                         let b = remote.forget(p, &key(*k)).await;
                         prop_assert_eq!(a, b);
@@ -345,18 +345,16 @@ async fn apply<S: sluice::Store>(
             key: k,
             cost,
         } => {
-            limiter
-                .peek(policies[*policy].name(), &key(*k), *cost)
-                .await
+            let peek = sluice::Op::Peek { cost: *cost };
+            limiter.call(&policies[*policy], &key(*k), peek).await
         }
         Op::Refund {
             policy,
             key: k,
             cost,
         } => {
-            limiter
-                .refund(policies[*policy].name(), &key(*k), *cost)
-                .await
+            let refund = sluice::Op::Refund { cost: *cost };
+            limiter.call(&policies[*policy], &key(*k), refund).await
         }
         Op::Acquire {
             policy,
@@ -525,7 +523,7 @@ fn huge_token_buckets_decide_like_the_memory_store() {
             .with_policy(policy.clone());
         let remote = Limiter::new(redis.clone())
             .with_clock(clock.clone())
-            .with_policy(policy);
+            .with_policy(policy.clone());
         let name = format!("huge{i}");
         let costs = [
             1,
@@ -541,8 +539,9 @@ fn huge_token_buckets_decide_like_the_memory_store() {
                 let a = memory.check(&name, "k", *cost).await;
                 let b = remote.check(&name, "k", *cost).await;
                 assert_eq!(a, b, "{spec:?} step {step} cost {cost}");
-                let a = memory.refund(&name, "k", cost / 5).await;
-                let b = remote.refund(&name, "k", cost / 5).await;
+                let refund = sluice::Op::Refund { cost: cost / 5 };
+                let a = memory.call(&policy, "k", refund).await;
+                let b = remote.call(&policy, "k", refund).await;
                 assert_eq!(a, b, "{spec:?} step {step} refund {}", cost / 5);
                 clock.advance(1 + (step as u64 * 7_919_993) % 86_400_000);
             }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use sluice::{Degraded, Error, FailureMode, LimitSpec, Limiter, Policy, StoreError};
+use sluice::{Degraded, Error, FailureMode, LimitSpec, Limiter, Op, Policy, StoreError};
 use sluice_redis::{ReadFrom, RedisConfig, RedisStore, Shortfall, WaitForReplicas};
 use sluice_testkit::{RedisCluster, RedisServer, ReplicaSet};
 
@@ -70,7 +70,9 @@ async fn an_admitted_decision_is_on_the_replica_when_it_returns() {
         assert_eq!(used_on(replica, "k"), i, "check {i}");
     }
     // A peek reads the replica (read_from: replicas) and sees every admitted unit.
-    assert_eq!(limiter.peek("api", "k", 0).await.unwrap().remaining(), 80);
+    let api = limiter.policy("api").unwrap();
+    let d = limiter.call(api, "k", Op::Peek { cost: 0 }).await.unwrap();
+    assert_eq!(d.remaining(), 80);
     // One WAIT per write; the peek (FCALL_RO) sent none.
     assert_eq!(primary.command_calls("wait").unwrap() - waits_before, 20);
 
@@ -130,7 +132,9 @@ async fn a_decision_no_replica_acknowledged_stands_or_fails_as_configured() {
 
     // Every one of them went through WAIT, and the primary counted all three.
     assert_eq!(primary.command_calls("wait").unwrap() - waits_before, 3);
-    assert_eq!(keep.peek("api", "k", 0).await.unwrap().remaining(), 7);
+    let api = keep.policy("api").unwrap();
+    let d = keep.call(api, "k", Op::Peek { cost: 0 }).await.unwrap();
+    assert_eq!(d.remaining(), 7);
     assert_eq!(used_on(primary, "k"), 3);
 
     // The replica is back: once it has caught up with what it missed (polled: how long that

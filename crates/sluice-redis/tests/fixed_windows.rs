@@ -64,6 +64,8 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         .cmd(&["REPLICAOF", "127.0.0.1", &dead_port])
         .unwrap();
     let (mut full, mut fresh) = (0, 0);
+    let api = limiter.policy("api").unwrap().clone();
+    const PEEK: sluice::Op = sluice::Op::Peek { cost: 1 };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     // Poll until the counter's expiry has passed by the replica's clock (it hides the key).
     while replica.cmd(&["EXISTS", counter]).unwrap() != redis::Value::Int(0) || fresh == 0 {
@@ -71,7 +73,7 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
             std::time::Instant::now() < deadline,
             "the window never closed"
         );
-        let d = limiter.peek("api", "k", 1).await.unwrap();
+        let d = limiter.call(&api, "k", PEEK).await.unwrap();
         let s = &d.limits()[0];
         if d.now_ms < end {
             assert!(
@@ -90,7 +92,7 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         tokio::task::yield_now().await;
     }
     // Logically expired, so hidden, yet still held (a replica does not delete it).
-    let d = limiter.peek("api", "k", 1).await.unwrap();
+    let d = limiter.call(&api, "k", PEEK).await.unwrap();
     assert!(d.allowed && d.limits()[0].remaining == 4, "{d:?}");
     println!("{full} peeks saw the window full, {fresh} closed");
     assert!(full > 0, "no peek saw the open window");

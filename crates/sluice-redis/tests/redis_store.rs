@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sluice::{
-    Decision, LimitSpec, Limiter, ManualClock, Policy, StoreError, StoreExt, SystemClock,
+    Decision, LimitSpec, Limiter, ManualClock, Op, Policy, StoreError, StoreExt, SystemClock,
 };
 use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::{RedisServer, ReplicaSet};
@@ -158,6 +158,7 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
         .with_clock(clock.clone())
         .with_policy(p);
     let mut last = [0u64; 1];
+    let api = limiter.policy("api").unwrap().clone();
 
     // Window 1 fills up and reaches the replica.
     for _ in 0..5 {
@@ -165,7 +166,7 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
         assert_consistent("primary, window 1", &d, 1, &mut last);
     }
     set.wait_replicated().unwrap();
-    let d = limiter.peek("api", "k", 1).await.unwrap();
+    let d = limiter.call(&api, "k", Op::Peek { cost: 1 }).await.unwrap();
     assert!(!d.allowed, "the replica knows window 1 is full");
     assert_consistent("replica, window 1", &d, 1, &mut last);
 
@@ -185,7 +186,7 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
             assert_consistent(&format!("primary, round {round}"), &d, 1, &mut last);
         }
         for cost in [1, 2, 5] {
-            let d = limiter.peek("api", "k", cost).await.unwrap();
+            let d = limiter.call(&api, "k", Op::Peek { cost }).await.unwrap();
             let mut replica_last = [0u64; 1];
             assert_consistent(
                 &format!("stale replica, round {round}, cost {cost}"),
@@ -219,9 +220,12 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
         let l = Limiter::new(s)
             .with_clock(clock.clone())
             .with_policy(limiter.policy("api").unwrap().clone());
-        l.peek("api", "k", 1).await.unwrap()
+        l.call(&api, "k", Op::Peek { cost: 1 }).await.unwrap()
     };
-    assert_eq!(limiter.peek("api", "k", 1).await.unwrap(), from_primary);
+    assert_eq!(
+        limiter.call(&api, "k", Op::Peek { cost: 1 }).await.unwrap(),
+        from_primary
+    );
 }
 
 // ----- recovery -----------------------------------------------------------------------------

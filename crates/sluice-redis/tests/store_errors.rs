@@ -439,8 +439,9 @@ async fn across_an_outage(server: &RedisServer, key: &str, before: u64, during: 
     tokio::task::block_in_place(|| server.resume().unwrap());
     for limiter in &limiters {
         until("Redis to answer again", || async {
+            let local = limiter.policy("local").unwrap();
             limiter
-                .peek("local", key, 0)
+                .call(local, key, sluice::Op::Peek { cost: 0 })
                 .await
                 .unwrap()
                 .degraded

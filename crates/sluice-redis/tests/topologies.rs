@@ -159,7 +159,14 @@ async fn cluster_keys_live_in_their_slot_and_a_failover_is_followed() {
         // A peek (FCALL_RO, possibly on a replica) agrees once replication caught up: waited
         // for, since a replica behind its primary (a loaded machine) still sees a fresh window.
         wait_cluster_replicated(&cluster, owner);
-        let peek = limiter.peek("api", &key, 0).await.unwrap();
+        let peek = limiter
+            .call(
+                limiter.policy("api").unwrap(),
+                &key,
+                sluice::Op::Peek { cost: 0 },
+            )
+            .await
+            .unwrap();
         assert!(peek.remaining() <= 1, "{key}: {peek:?}");
     }
     assert_eq!(

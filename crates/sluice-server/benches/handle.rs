@@ -4,7 +4,7 @@
 //! future per call), with `local` off and on. Two more sides locate any difference: the
 //! server's `StoreHandle` boxed in a `SharedStore`, and called directly, both on the server's
 //! clock (`ServerClock`), as `DecidingStore` is; the "before" side keeps its own clock.
-//! Each decision is a `check_policy` polled in place once (the memory store answers at the
+//! Each decision is a `Limiter::call` (a check) polled in place once (the memory store answers at the
 //! first poll), so the figures are the limiter and the store alone, without a runtime. The
 //! size of each side's future is printed too: the limiter moves its store's future as it makes
 //! and polls it, so a large one costs time.
@@ -20,13 +20,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::{Limiter, ManualClock, MemoryStore, Reserving, SharedStore};
+use sluice::{Limiter, ManualClock, MemoryStore, Op, Reserving, SharedStore};
 use sluice_server::config::Config;
 use sluice_server::state::{ServerClock, Shared, StoreHandle};
 
 const T0: u64 = 1_700_000_000_000;
 const KEYS: usize = 1_000;
 const ROUNDS: usize = 5;
+const CHECK: Op = Op::Check { cost: 1 };
 /// One side of the comparison: ns per decision over the keys.
 type Side<'a> = dyn Fn(&[String]) -> f64 + 'a;
 
@@ -44,9 +45,7 @@ fn main() {
         Duration::from_secs_f64(secs)
     };
     let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
-    println!(
-        "ns per check_policy on the memory store, {KEYS} keys in turn, fastest of {ROUNDS} rounds"
-    );
+    println!("ns per check on the memory store, {KEYS} keys in turn, fastest of {ROUNDS} rounds");
     for local in [false, true] {
         let text = if local {
             format!("{CONFIG}local:\n  enabled: true\n")
@@ -83,28 +82,24 @@ fn main() {
             .with_policy(policy.clone());
         let sides: [(&str, &Side); 4] = [
             ("DecidingStore (now)", &|keys| {
-                measure(round, keys, |key| now_limiter.check_policy(&policy, key, 1))
+                measure(round, keys, |key| now_limiter.call(&policy, key, CHECK))
             }),
             ("SharedStore (before)", &|keys| {
-                measure(round, keys, |key| {
-                    before_limiter.check_policy(&policy, key, 1)
-                })
+                measure(round, keys, |key| before_limiter.call(&policy, key, CHECK))
             }),
             ("SharedStore<StoreHandle>", &|keys| {
-                measure(round, keys, |key| {
-                    boxed_handle.check_policy(&policy, key, 1)
-                })
+                measure(round, keys, |key| boxed_handle.call(&policy, key, CHECK))
             }),
             ("StoreHandle", &|keys| {
-                measure(round, keys, |key| bare_handle.check_policy(&policy, key, 1))
+                measure(round, keys, |key| bare_handle.call(&policy, key, CHECK))
             }),
         ];
         println!(
             "  future bytes: now {}, before {}, SharedStore<StoreHandle> {}, StoreHandle {}",
-            std::mem::size_of_val(&now_limiter.check_policy(&policy, "k", 1)),
-            std::mem::size_of_val(&before_limiter.check_policy(&policy, "k", 1)),
-            std::mem::size_of_val(&boxed_handle.check_policy(&policy, "k", 1)),
-            std::mem::size_of_val(&bare_handle.check_policy(&policy, "k", 1)),
+            std::mem::size_of_val(&now_limiter.call(&policy, "k", CHECK)),
+            std::mem::size_of_val(&before_limiter.call(&policy, "k", CHECK)),
+            std::mem::size_of_val(&boxed_handle.call(&policy, "k", CHECK)),
+            std::mem::size_of_val(&bare_handle.call(&policy, "k", CHECK)),
         );
         let mut best = [f64::MAX; 4];
         for _ in 0..ROUNDS {

@@ -297,18 +297,19 @@ impl Simulation {
         for e in &traffic.events {
             clock.set(traffic.start_ms + e.t_ms);
             let key = &traffic.keys[e.key as usize];
-            let d = match now_or_never(limiter.check_policy(policy, key, e.cost)) {
-                Some(Ok(d)) => d,
-                Some(Err(err)) => {
-                    return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
-                }
-                None => {
-                    return Err(SimError::new(
-                        "simulation",
-                        "the memory store did not answer at once",
-                    ));
-                }
-            };
+            let d =
+                match now_or_never(limiter.call(policy, key, sluice::Op::Check { cost: e.cost })) {
+                    Some(Ok(d)) => d,
+                    Some(Err(err)) => {
+                        return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
+                    }
+                    None => {
+                        return Err(SimError::new(
+                            "simulation",
+                            "the memory store did not answer at once",
+                        ));
+                    }
+                };
             tally.count(e, (e.t_ms / self.bucket_ms) as usize, &d);
         }
         Ok(tally)

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use http::{Request, Response};
-use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{LimitSpec, Limiter, MemoryStore, Op, Policy};
 use sluice_tower::{KeyExtractor, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
@@ -113,7 +113,7 @@ fn bench_service_fn(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("check only", label(1)), |b| {
         b.iter(|| {
             black_box(
-                now(lim.check_policy(&p, black_box(&one[0]), 1))
+                now(lim.call(&p, black_box(&one[0]), Op::Check { cost: 1 }))
                     .unwrap()
                     .allowed,
             )

@@ -9,7 +9,9 @@ use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use sluice::headers::{self, Field, Sets};
-use sluice::{Clock, Decision, Degraded, Error, Limiter, MAX_KEY_LEN, Policy, Store, SystemClock};
+use sluice::{
+    Clock, Decision, Degraded, Error, Lease, Limiter, MAX_KEY_LEN, Op, Policy, Store, SystemClock,
+};
 use tower_service::Service;
 
 use crate::config::Config;
@@ -193,27 +195,21 @@ where
     S: Store + 'static,
     C: Clock,
 {
-    if policy.concurrency_limit().is_some() {
-        config
-            .limiter
-            .acquire_policy(policy, key, cost)
-            .await
-            .map(|(d, lease)| {
-                let guard = lease.map(|lease| LeaseGuard {
-                    limiter: Arc::clone(&config.limiter),
-                    policy: policy.clone(),
-                    key: key.to_owned(),
-                    id: lease.id,
-                });
-                (d, guard)
-            })
-    } else {
-        config
-            .limiter
-            .check_policy(policy, key, cost)
-            .await
-            .map(|d| (d, None))
-    }
+    let lease = policy.concurrency_limit().map(|_| Lease::new_id());
+    let op = match lease {
+        Some(lease) => Op::Hold { cost, lease },
+        None => Op::Check { cost },
+    };
+    let d = config.limiter.call(policy, key, op).await?;
+    let guard = lease
+        .and_then(|id| Lease::of(id, &d))
+        .map(|lease| LeaseGuard {
+            limiter: Arc::clone(&config.limiter),
+            policy: policy.clone(),
+            key: key.to_owned(),
+            id: lease.id,
+        });
+    Ok((d, guard))
 }
 
 /// Gives the cost back when `refund_if` asks for it; the decision to show after.
@@ -232,7 +228,7 @@ where
     let mut shown = decision;
     // Nothing was recorded for a cost of 0 or for a request let through without the store.
     if cost > 0 && shown.degraded != Some(Degraded::Open) && (config.refund_if)(head) {
-        match config.limiter.refund_policy(policy, key, cost).await {
+        match config.limiter.call(policy, key, Op::Refund { cost }).await {
             // Show the state after the refund, unless only the refund was decided without
             // the store (its numbers would describe another store).
             Ok(after) if after.degraded == shown.degraded => shown = after,
@@ -266,7 +262,7 @@ impl<S: Store + 'static, C: Clock> Drop for LeaseGuard<S, C> {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(e) = limiter.release_policy(&policy, &key, id).await {
+                    if let Err(e) = limiter.call(&policy, &key, Op::Release { lease: id }).await {
                         tracing::warn!(policy = policy.name(), error = %e, "releasing a concurrency lease failed; it lapses after its TTL");
                     }
                 });

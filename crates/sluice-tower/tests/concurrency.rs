@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{T0, limiter, policy, request};
+use common::{Handler, T0, limiter, policy, request};
 use http::{Request, Response, StatusCode};
 use sluice::ManualClock;
 use sluice_tower::{KeyExtractor, RateLimitLayer};
@@ -23,15 +23,7 @@ fn slow_inner(
     calls: Arc<AtomicUsize>,
     in_flight: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
+) -> impl Handler {
     tower::service_fn(move |_req: Request<String>| {
         let (calls, in_flight, peak) = (calls.clone(), in_flight.clone(), peak.clone());
         async move {

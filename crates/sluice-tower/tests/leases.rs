@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{T0, TokioClock, header, limiter, request};
+use common::{Handler, T0, TokioClock, header, limiter, peek, request};
 use http::{Request, Response, StatusCode};
 use sluice::{Clock, LimitSpec, Limiter, MemoryStore, Policy};
 use sluice_tower::{KeyExtractor, RateLimitLayer};
@@ -27,13 +27,13 @@ fn jobs() -> Policy {
 /// releases from a spawned task, so the release lands shortly after the drop.)
 async fn until_free<C: Clock>(limiter: &Limiter<MemoryStore, C>, remaining: u64) {
     for _ in 0..1_000 {
-        let d = limiter.peek("jobs", "k", 0).await.unwrap();
+        let d = peek(limiter, "jobs", "k").await;
         if d.remaining() == remaining {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let d = limiter.peek("jobs", "k", 0).await.unwrap();
+    let d = peek(limiter, "jobs", "k").await;
     panic!("{} free after 5 s, expected {remaining}", d.remaining());
 }
 
@@ -41,19 +41,7 @@ async fn until_free<C: Clock>(limiter: &Limiter<MemoryStore, C>, remaining: u64)
 /// `panics`, panics instead of answering).
 /// A handler that adds a permit to `entered` when it starts (a permit per handler: `Notify`
 /// keeps only one of two notifications given before anyone waits) and waits for `gate`.
-fn gated(
-    entered: Arc<Semaphore>,
-    gate: Arc<Semaphore>,
-    panics: bool,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
+fn gated(entered: Arc<Semaphore>, gate: Arc<Semaphore>, panics: bool) -> impl Handler {
     tower::service_fn(move |_req: Request<String>| {
         let (entered, gate) = (entered.clone(), gate.clone());
         async move {
@@ -95,7 +83,7 @@ async fn a_lease_is_held_while_the_handler_runs_and_until_the_body_is_dropped() 
         responses.push(r);
     }
     // The handlers are done, but their responses (bodies) are still alive: still held.
-    assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 0);
+    assert_eq!(peek(&limiter, "jobs", "k").await.remaining(), 0);
     let refused = service.clone().oneshot(request(Some("k"))).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
 
@@ -115,7 +103,7 @@ async fn a_cancelled_request_releases_its_lease() {
         .layer(gated(entered.clone(), gate, false));
     let task = tokio::spawn(service.oneshot(request(Some("k"))));
     entered.acquire().await.unwrap().forget();
-    assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 1);
+    assert_eq!(peek(&limiter, "jobs", "k").await.remaining(), 1);
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
     until_free(&limiter, 2).await;
@@ -129,7 +117,7 @@ async fn a_panicking_handler_releases_its_lease() {
         .layer(gated(entered.clone(), gate.clone(), true));
     let task = tokio::spawn(service.oneshot(request(Some("k"))));
     entered.acquire().await.unwrap().forget();
-    assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 1);
+    assert_eq!(peek(&limiter, "jobs", "k").await.remaining(), 1);
     gate.add_permits(1);
     assert!(task.await.unwrap_err().is_panic());
     until_free(&limiter, 2).await;
@@ -173,7 +161,7 @@ async fn a_client_that_disconnects_releases_its_lease() {
     let mut gone = tokio::net::TcpStream::connect(addr).await.unwrap();
     gone.write_all(request).await.unwrap();
     entered.acquire_many(2).await.unwrap().forget();
-    assert_eq!(limiter.peek("jobs", "k", 0).await.unwrap().remaining(), 0);
+    assert_eq!(peek(&limiter, "jobs", "k").await.remaining(), 0);
 
     // A third client is refused while both are connected.
     let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();

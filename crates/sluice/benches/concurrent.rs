@@ -1,6 +1,6 @@
 //! Decisions per second on the memory store from 1 to 64 concurrent callers, on both cores:
 //! a tokio multi-thread runtime of 2 workers, each caller a task looping over
-//! `Limiter::check_policy(...).await` (the path a server's request takes), yielding to the
+//! `Limiter::call(...).await` (the path a server's request takes), yielding to the
 //! scheduler every 16 decisions as a request task would between requests. Two loads: keys
 //! spread uniformly over 100 000, and every caller on one hot key. The policy is a fixed window
 //! of 10^9 per hour, so keys stay in the store (a token bucket that refills within a
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{LimitSpec, Limiter, MemoryStore, Op, Policy};
 
 const CALLERS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 const KEYS: u64 = 100_000;
@@ -86,7 +86,10 @@ async fn measure(callers: usize, hot: bool, run_for: Duration) -> f64 {
                         } else {
                             &keys[(x % KEYS) as usize]
                         };
-                        let d = limiter.check_policy(&policy, key, 1).await.unwrap();
+                        let d = limiter
+                            .call(&policy, key, Op::Check { cost: 1 })
+                            .await
+                            .unwrap();
                         assert!(d.allowed && !d.is_degraded(), "{d:?}");
                         done += 1;
                     }

@@ -5,10 +5,9 @@
 //! Both sides are driven the same way: a pre-built set of `String` keys, cycled in order, and
 //! a rate high enough that every decision is an admission (the common path). Sluice is called
 //! as an application holding its policy does, with a handle resolved once by `Limiter::policy`:
-//! `Limiter::check_now` (the memory store answers at once, like governor),
-//! `Limiter::check_now_into` (the same, into a decision the caller keeps) and
-//! `Limiter::check_policy` (the future every store has); one more row measures `Limiter::check`
-//! by name.
+//! `Limiter::call_into` (the memory store answers at once, like governor, into a decision the
+//! caller keeps) and `Limiter::call` (the future every store has); one more row measures
+//! `Limiter::check` by name.
 //!
 //! The machine these run on is shared, so besides criterion's estimate the ratios are also
 //! given from each benchmark's fastest sample (ns per iteration), the one least disturbed by
@@ -26,13 +25,14 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
-use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Op, Policy};
 
 /// The limiter, the policy handle an application keeps, and the keys.
 type SluiceState = (Limiter<MemoryStore>, Policy, Vec<String>);
 
 const MANY_KEYS: usize = 1_000_000;
 const RATE: u32 = 1_000_000_000;
+const CHECK: Op = Op::Check { cost: 1 };
 
 /// Polls a future that is ready at once (every memory-store future is).
 fn now<T>(f: impl Future<Output = T>) -> T {
@@ -76,7 +76,7 @@ fn sluice_setup(specs: Vec<LimitSpec>, n_keys: usize) -> SluiceState {
     let policy = limiter.policy("p").unwrap().clone();
     // Insert every key first, so the measured loop is the steady state.
     for k in &keys {
-        now(limiter.check_policy(&policy, k, 1)).unwrap();
+        now(limiter.call(&policy, k, CHECK)).unwrap();
     }
     (limiter, policy, keys)
 }
@@ -100,20 +100,6 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
     let mut g = c.benchmark_group(group);
     let n_limits = specs.len();
     let mut sluice = lazily(move || sluice_setup(specs.clone(), n_keys));
-    g.bench_function(BenchmarkId::new("sluice now", label(n_keys)), |b| {
-        let state = sluice();
-        let (limiter, policy, keys) = &*state;
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) % keys.len();
-            black_box(
-                limiter
-                    .check_now(policy, black_box(&keys[i]), 1)
-                    .unwrap()
-                    .allowed,
-            )
-        })
-    });
     g.bench_function(BenchmarkId::new("sluice into", label(n_keys)), |b| {
         let state = sluice();
         let (limiter, policy, keys) = &*state;
@@ -122,7 +108,7 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
         b.iter(|| {
             i = (i + 1) % keys.len();
             limiter
-                .check_now_into(policy, black_box(&keys[i]), 1, &mut d)
+                .call_into(policy, black_box(&keys[i]), CHECK, &mut d)
                 .unwrap();
             black_box(black_box(&d).allowed)
         })
@@ -134,7 +120,7 @@ fn bench_group(c: &mut Criterion, group: &str, specs: Vec<LimitSpec>, n_keys: us
         b.iter(|| {
             i = (i + 1) % keys.len();
             black_box(
-                now(limiter.check_policy(policy, black_box(&keys[i]), 1))
+                now(limiter.call(policy, black_box(&keys[i]), CHECK))
                     .unwrap()
                     .allowed,
             )
@@ -229,11 +215,9 @@ fn main() {
     );
     for group in ["token_bucket_1_limit", "sliding_3_limits"] {
         for (function, label) in [
-            ("sluice now", "1 key".to_string()),
             ("sluice into", "1 key".to_string()),
             ("sluice", "1 key".to_string()),
             ("sluice by name", "1 key".to_string()),
-            ("sluice now", format!("{MANY_KEYS} keys")),
             ("sluice into", format!("{MANY_KEYS} keys")),
             ("sluice", format!("{MANY_KEYS} keys")),
         ] {

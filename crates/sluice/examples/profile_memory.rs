@@ -1,8 +1,8 @@
 //! A loop for profilers: `N` checks of one key (token bucket, one limit) through
-//! `Limiter::check_policy` with a policy handle resolved once, on the memory store, as the
-//! memory benchmark's single-key case does. A second argument picks another way in: `now`,
-//! `Limiter::check_now` (answered at once, no future); `by-name`, `Limiter::check` and the
-//! lookup by name.
+//! `Limiter::call` with a policy handle resolved once, on the memory store, as the memory
+//! benchmark's single-key case does. A second argument picks another way in: `into`,
+//! `Limiter::call_into` (answered at once, no future, into a decision kept across checks);
+//! `by-name`, `Limiter::check` and the lookup by name.
 //!
 //! ```sh
 //! cargo build --release -p sluice --example profile_memory
@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{LimitSpec, Limiter, MemoryStore, Op, Policy};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: u64 = match std::env::args().nth(1) {
@@ -34,14 +34,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut d = sluice::Decision::empty(0, 0);
     for _ in 0..n {
         if mode == "into" {
-            limiter.check_now_into(&p, black_box(&key), 1, &mut d)?;
+            limiter.call_into(&p, black_box(&key), Op::Check { cost: 1 }, &mut d)?;
             admitted += u64::from(black_box(&d).allowed);
             continue;
         }
         let answer = match mode.as_str() {
             "by-name" => now(limiter.check("p", black_box(&key), 1)),
-            "now" => Some(limiter.check_now(&p, black_box(&key), 1)),
-            _ => now(limiter.check_policy(&p, black_box(&key), 1)),
+            _ => now(limiter.call(&p, black_box(&key), Op::Check { cost: 1 })),
         };
         admitted += u64::from(answer.ok_or("the memory store never waits")??.allowed);
     }

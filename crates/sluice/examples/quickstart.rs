@@ -2,7 +2,7 @@
 //!
 //! `cargo run --example quickstart`
 
-use sluice::{LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{LimitSpec, Limiter, MemoryStore, Op, Policy};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,13 +29,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             d.retry_after_ms()
         );
     }
-    // A hot path keeps the policy's handle; the memory store answers at once.
+    // A hot path keeps the policy's handle and says what it asks as an `Op`.
     let uploads = limiter
         .policy("uploads")
         .ok_or("no policy uploads")?
         .clone();
     for cost in [2, 1, 1, 3] {
-        let d = limiter.check_now(&uploads, "user:42", cost)?;
+        let d = limiter
+            .call(&uploads, "user:42", Op::Check { cost })
+            .await?;
         println!(
             "uploads user:42  {cost}     {:<7}  {:<9}  {}  {:?}",
             d.allowed,
@@ -45,7 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     // Giving back: a refund makes room again.
-    let d = limiter.refund("uploads", "user:42", 1).await?;
+    let d = limiter
+        .call(&uploads, "user:42", Op::Refund { cost: 1 })
+        .await?;
     println!("refund 1 -> uploads remaining {}", d.remaining());
     Ok(())
 }

@@ -5,10 +5,11 @@
 //! [`Decision`]: allowed or denied, with `remaining`, `reset` and `retry_after` for every limit
 //! and the binding one. Being limited is a value; an `Err` means the store failed.
 //!
-//! A caller deciding often resolves its policy once ([`Limiter::policy`]) and keeps the
-//! [`Policy`] handle for [`Limiter::check_policy`]; over the [`MemoryStore`], which never
-//! waits, [`Limiter::check_now`] answers without a future, and [`Limiter::check_now_into`]
-//! decides into a [`Decision`] the caller keeps (the fastest way in, see docs/benchmarks.md).
+//! Every decision is one [`Limiter::call`] of a [`Policy`] handle, a key and an [`Op`] (check,
+//! peek, refund, hold or release a lease): a caller resolves its policy once
+//! ([`Limiter::policy`]) and keeps the handle. Over the [`MemoryStore`], which never waits,
+//! [`Limiter::call_into`] decides at once into a [`Decision`] the caller keeps (the fastest
+//! way in, see docs/benchmarks.md).
 //! The default clock, [`SystemClock`], reads the CPU's time-stamp counter
 //! between readings of the wall clock once a second.
 //!
@@ -17,7 +18,7 @@
 //! Redis stores of `sluice-redis`, which run the same algorithms as Lua scripts.
 //!
 //! ```
-//! use sluice::{Limiter, LimitSpec, ManualClock, MemoryStore, Policy};
+//! use sluice::{Decision, Limiter, LimitSpec, ManualClock, MemoryStore, Op, Policy};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let rt = tokio::runtime::Builder::new_current_thread().build()?;
@@ -37,7 +38,10 @@
 //! assert!(!limiter.check("api", "user:42", 10).await?.allowed); // all or nothing
 //! clock.advance(1_000);
 //! let api = limiter.policy("api").expect("added above").clone(); // keep the handle
-//! assert!(limiter.check_now(&api, "user:42", 10)?.allowed);
+//! assert!(limiter.call(&api, "user:42", Op::Check { cost: 10 }).await?.allowed);
+//! let mut d = Decision::empty(0, 0);
+//! limiter.call_into(&api, "user:42", Op::Peek { cost: 1 }, &mut d)?;
+//! assert!(!d.allowed);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })
 //! # }

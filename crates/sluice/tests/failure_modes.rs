@@ -90,13 +90,13 @@ async fn closed_returns_the_store_error() {
     let store = Switch::new(StoreError::Unavailable("connection refused".into()));
     let limiter = limiter(store.clone());
     store.down.store(true, Ordering::SeqCst);
-    for op in 0..3 {
-        let result = match op {
-            0 => limiter.check("closed", "k", 1).await,
-            1 => limiter.peek("closed", "k", 1).await,
-            _ => limiter.refund("closed", "k", 1).await,
-        };
-        match result {
+    let closed = limiter.policy("closed").unwrap();
+    for op in [
+        Op::Check { cost: 1 },
+        Op::Peek { cost: 1 },
+        Op::Refund { cost: 1 },
+    ] {
+        match limiter.call(closed, "k", op).await {
             Err(Error::Store(StoreError::Unavailable(m))) => assert!(m.contains("refused")),
             other => panic!("expected the store error, got {other:?}"),
         }
@@ -126,10 +126,15 @@ async fn local_still_limits_with_the_insurance_store() {
             .is_some_and(|ms| ms > 0 && ms <= 1_000)
     );
     // Refund and peek go to the insurance store as well.
-    let refunded = limiter.refund("local", "k", 1).await.unwrap();
-    assert_eq!(refunded.remaining(), 1);
+    let local = limiter.policy("local").unwrap();
+    let refunded = limiter.call(local, "k", Op::Refund { cost: 1 }).await;
+    assert_eq!(refunded.unwrap().remaining(), 1);
     assert_eq!(
-        limiter.peek("local", "k", 1).await.unwrap().degraded,
+        limiter
+            .call(local, "k", Op::Peek { cost: 1 })
+            .await
+            .unwrap()
+            .degraded,
         Some(Degraded::Local)
     );
     // The clock moves on: a new window in the insurance store as well.

@@ -3,9 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use sluice::{Decision, Error, LimitSpec, Limiter, ManualClock, MemoryStore, Policy, SharedStore};
+use sluice::{
+    Decision, Error, LimitSpec, Limiter, ManualClock, MemoryStore, Op, Policy, SharedStore,
+};
 
 const T0: u64 = 1_700_000_000_000;
+const PEEK: Op = Op::Peek { cost: 0 };
 
 fn limiter() -> (Limiter<SharedStore, ManualClock>, ManualClock) {
     let clock = ManualClock::new(T0);
@@ -38,11 +41,27 @@ async fn bad_input_is_a_typed_error_naming_the_problem() {
     let e = l.check("api", "k", too_much).await.unwrap_err();
     assert_eq!(e, Error::InvalidCost(too_much));
     assert!(e.to_string().contains("2^53"), "{e}");
-    assert_eq!(l.refund("api", "", 1).await, Err(Error::InvalidKey(0)));
+    let api = l.policy("api").unwrap();
     assert_eq!(
-        l.peek("nope", "k", 1).await,
-        Err(Error::UnknownPolicy("nope".into()))
+        l.call(api, "", Op::Refund { cost: 1 }).await,
+        Err(Error::InvalidKey(0))
     );
+    assert!(l.policy("nope").is_none());
+    let acquire = Op::Acquire {
+        min: 1,
+        max: too_much,
+        holder: 0,
+    };
+    assert_eq!(
+        l.call(api, "k", acquire).await,
+        Err(Error::InvalidCost(too_much))
+    );
+    for op in [Op::Hold { cost: 1, lease: 7 }, Op::Release { lease: 7 }] {
+        assert_eq!(
+            l.call(api, "k", op).await,
+            Err(Error::NotConcurrent("api".into()))
+        );
+    }
     // A cost of 2^53 is valid input; it just can never pass these limits.
     let d = l.check("api", "k", 1 << 53).await.unwrap();
     assert!(!d.allowed);
@@ -52,24 +71,25 @@ async fn bad_input_is_a_typed_error_naming_the_problem() {
 #[tokio::test]
 async fn check_peek_refund_forget_through_a_shared_store() {
     let (l, clock) = limiter();
+    let api = l.policy("api").unwrap();
     assert!(l.check("api", "user:1", 2).await.unwrap().allowed);
-    let peek = l.peek("api", "user:1", 1).await.unwrap();
+    let peek = l.call(api, "user:1", Op::Peek { cost: 1 }).await.unwrap();
     assert!(peek.allowed);
     assert_eq!(peek.remaining(), 0, "a peek reports what the check would");
     assert_eq!(
-        l.peek("api", "user:1", 0).await.unwrap().remaining(),
+        l.call(api, "user:1", PEEK).await.unwrap().remaining(),
         1,
         "peek recorded nothing"
     );
     let d = l.check("api", "user:1", 2).await.unwrap();
     assert!(!d.allowed);
     assert_eq!(d.retry_after_ms(), Some(1_000));
-    let d = l.refund("api", "user:1", 1).await.unwrap();
+    let d = l.call(api, "user:1", Op::Refund { cost: 1 }).await.unwrap();
     assert_eq!(d.limits()[0].remaining, 2);
     assert_eq!(d.limits()[1].remaining, 4);
-    l.forget("api", "user:1").await.unwrap();
+    l.forget(api, "user:1").await.unwrap();
     assert_eq!(
-        l.peek("api", "user:1", 0).await.unwrap().limits()[1].remaining,
+        l.call(api, "user:1", PEEK).await.unwrap().limits()[1].remaining,
         5
     );
     // Time comes from the limiter's clock.
@@ -90,9 +110,9 @@ async fn policies_are_listed_and_replaceable() {
     assert_eq!(l.policy("api").map(|p| p.limits().len()), Some(1));
 }
 
-/// `check_now_into` decides into a decision the caller keeps: each answer is the whole of
-/// `check_now`'s, whatever the decision held before (a policy of more limits, a refusal), and
-/// bad input leaves it as it was.
+/// `call_into` decides into a decision the caller keeps: each answer is the whole of what a
+/// fresh decision gets, whatever the decision held before (a policy of more limits, a
+/// refusal), and bad input leaves it as it was.
 #[test]
 fn a_kept_decision_holds_each_check_whole() {
     let clock = ManualClock::new(T0);
@@ -106,21 +126,16 @@ fn a_kept_decision_holds_each_check_whole() {
     )
     .unwrap();
     let one = Policy::from_specs("one", vec![LimitSpec::token_bucket(3, 1_000)]).unwrap();
-    let into = Limiter::new(MemoryStore::new())
-        .with_clock(clock.clone())
-        .with_policy(three.clone())
-        .with_policy(one.clone());
-    let answered = Limiter::new(MemoryStore::new())
-        .with_clock(clock.clone())
-        .with_policy(three.clone())
-        .with_policy(one.clone());
+    let into = Limiter::new(MemoryStore::new()).with_clock(clock.clone());
+    let answered = Limiter::new(MemoryStore::new()).with_clock(clock.clone());
     let mut d = Decision::empty(0, 0);
     let mut seen = [false; 2];
     for step in 0..10u64 {
         let policy = if step % 2 == 0 { &three } else { &one };
-        let cost = 1 + step % 3;
-        into.check_now_into(policy, "k", cost, &mut d).unwrap();
-        let whole = answered.check_now(policy, "k", cost).unwrap();
+        let check = Op::Check { cost: 1 + step % 3 };
+        into.call_into(policy, "k", check, &mut d).unwrap();
+        let mut whole = Decision::empty(0, 0);
+        answered.call_into(policy, "k", check, &mut whole).unwrap();
         assert_eq!(d, whole, "check {step}");
         assert_eq!(d.limits().len(), policy.limits().len(), "check {step}");
         seen[usize::from(d.allowed)] = true;
@@ -132,19 +147,19 @@ fn a_kept_decision_holds_each_check_whole() {
     );
     let kept = d.clone();
     assert_eq!(
-        into.check_now_into(&one, "", 1, &mut d),
+        into.call_into(&one, "", Op::Check { cost: 1 }, &mut d),
         Err(Error::InvalidKey(0))
     );
     let too_much = (1u64 << 53) + 1;
     assert_eq!(
-        into.check_now_into(&one, "k", too_much, &mut d),
+        into.call_into(&one, "k", Op::Check { cost: too_much }, &mut d),
         Err(Error::InvalidCost(too_much))
     );
     assert_eq!(d, kept, "a refused input leaves the decision as it was");
 }
 
-/// A limiter over the memory store answers at once (`check_now`, `peek_now`, `refund_now`)
-/// exactly what its futures answer, and refuses the same bad input.
+/// A limiter over the memory store answers at once (`call_into`) exactly what its futures
+/// answer, for every operation, and refuses the same bad input.
 #[tokio::test]
 async fn the_memory_store_answers_at_once_what_its_futures_answer() {
     let clock = ManualClock::new(T0);
@@ -156,30 +171,29 @@ async fn the_memory_store_answers_at_once_what_its_futures_answer() {
         ],
     )
     .unwrap();
-    let at_once = Limiter::new(MemoryStore::new())
-        .with_clock(clock.clone())
-        .with_policy(api.clone());
-    let awaited = Limiter::new(MemoryStore::new())
-        .with_clock(clock.clone())
-        .with_policy(api.clone());
+    let at_once = Limiter::new(MemoryStore::new()).with_clock(clock.clone());
+    let awaited = Limiter::new(MemoryStore::new()).with_clock(clock.clone());
+    let now = |key: &str, op: Op| {
+        let mut d = Decision::empty(0, 0);
+        at_once.call_into(&api, key, op, &mut d).map(|()| d)
+    };
     for step in 0..12u64 {
         let key = if step % 3 == 0 { "a" } else { "b" };
-        let now = at_once.check_now(&api, key, 1).unwrap();
-        let later = awaited.check_policy(&api, key, 1).await.unwrap();
-        assert_eq!(now, later, "check {step}");
+        let mut ops = vec![Op::Check { cost: 1 }, PEEK];
         if step == 7 {
-            let now = at_once.refund_now(&api, key, 2).unwrap();
-            assert_eq!(now, awaited.refund_policy(&api, key, 2).await.unwrap());
+            ops.insert(1, Op::Refund { cost: 2 });
         }
-        let now = at_once.peek_now(&api, key, 0).unwrap();
-        assert_eq!(now, awaited.peek_policy(&api, key, 0).await.unwrap());
+        for op in ops {
+            let later = awaited.call(&api, key, op).await;
+            assert_eq!(now(key, op), later, "{op:?} at step {step}");
+        }
         clock.advance(150);
     }
-    assert!(!at_once.check_now(&api, "a", 9).unwrap().allowed);
-    assert_eq!(at_once.check_now(&api, "", 1), Err(Error::InvalidKey(0)));
+    assert!(!now("a", Op::Check { cost: 9 }).unwrap().allowed);
+    assert_eq!(now("", Op::Check { cost: 1 }), Err(Error::InvalidKey(0)));
     let too_much = (1u64 << 53) + 1;
     assert_eq!(
-        at_once.check_now(&api, "a", too_much),
+        now("a", Op::Check { cost: too_much }),
         Err(Error::InvalidCost(too_much))
     );
 }

@@ -90,11 +90,12 @@ async fn states(shared: &Shared) -> Vec<Decision> {
     let snapshot = shared.snapshot();
     let mut out = Vec::new();
     for policy in POLICIES {
+        let policy = snapshot.limiter.policy(policy).expect("configured");
         for key in KEYS {
             out.push(
                 snapshot
                     .limiter
-                    .peek(policy, key, 0)
+                    .call(policy, key, sluice::Op::Peek { cost: 0 })
                     .await
                     .expect("memory store"),
             );

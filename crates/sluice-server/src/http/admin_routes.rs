@@ -31,10 +31,10 @@ pub(super) async fn forget(
         ))
     })?;
     let snapshot = shared.snapshot();
-    if snapshot.limiter.policy(&policy).is_none() {
+    let Some(configured) = snapshot.limiter.policy(&policy) else {
         return Err(unknown_policy(&policy, &snapshot));
-    }
-    match snapshot.limiter.forget(&policy, &key).await {
+    };
+    match snapshot.limiter.forget(configured, &key).await {
         // No body, so no content type.
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
         Err(LimitError::Store(e)) => Err(ApiError::StoreUnavailable(format!(
@@ -117,7 +117,11 @@ pub(super) async fn top(
         if let Some(p) = configured {
             // What the key has left now (a peek of 0 records nothing); null if the store
             // cannot say.
-            entry["remaining"] = match snapshot.limiter.peek_policy(p, &c.key, 0).await {
+            entry["remaining"] = match snapshot
+                .limiter
+                .call(p, &c.key, sluice::Op::Peek { cost: 0 })
+                .await
+            {
                 Ok(d) if d.degraded.is_none() => json!(d.remaining()),
                 _ => Value::Null,
             };

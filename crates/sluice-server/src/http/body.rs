@@ -100,7 +100,7 @@ fn plain(bytes: &[u8], op: Endpoint) -> Option<Request> {
     }
     let body: Plain<'_> = serde_json::from_slice(bytes).ok()?;
     let cost = body.cost.unwrap_or(1);
-    if cost > sluice::core::MAX_AMOUNT || sluice::check_key(&body.key).is_err() {
+    if sluice::check_cost(cost).is_err() || sluice::check_key(&body.key).is_err() {
         return None;
     }
     Some(Request {
@@ -217,7 +217,7 @@ fn cost(map: &Map<String, Value>) -> Result<u64, FieldError> {
     match map.get("cost") {
         None | Some(Value::Null) => Ok(1),
         Some(Value::Number(n)) => match n.as_u64() {
-            Some(c) if c <= sluice::core::MAX_AMOUNT => Ok(c),
+            Some(c) if sluice::check_cost(c).is_ok() => Ok(c),
             Some(c) => Err(bad(format!(
                 "{c} is too large; at most 2^53 (9007199254740992)"
             ))),

@@ -168,35 +168,31 @@ pub(super) async fn answer(
     }
 }
 
-/// Asks the limiter what `op` asks, with the lease `/v1/acquire` took, if any.
+/// Asks the limiter what `op` asks, as one [`sluice::Op`], with the lease `/v1/acquire` took,
+/// if any: an acquire holds the lease it renews, or a new one.
 async fn ask(
     limiter: &crate::state::ServerLimiter,
     policy: &Policy,
     op: Endpoint,
     req: &super::body::Request,
 ) -> (Result<Decision, LimitError>, Option<sluice::Lease>) {
-    let leased = |r: Result<(Decision, Option<sluice::Lease>), LimitError>| match r {
-        Ok((d, lease)) => (Ok(d), lease),
-        Err(e) => (Err(e), None),
-    };
-    match op {
-        Endpoint::Check => (limiter.check_policy(policy, &req.key, req.cost).await, None),
-        Endpoint::Peek => (limiter.peek_policy(policy, &req.key, req.cost).await, None),
-        Endpoint::Refund => (
-            limiter.refund_policy(policy, &req.key, req.cost).await,
-            None,
-        ),
-        Endpoint::Acquire if req.lease != 0 => leased(
-            limiter
-                .renew_policy(policy, &req.key, req.lease, req.cost)
-                .await,
-        ),
-        Endpoint::Acquire => leased(limiter.acquire_policy(policy, &req.key, req.cost).await),
-        Endpoint::Release => (
-            limiter.release_policy(policy, &req.key, req.lease).await,
-            None,
-        ),
+    let (cost, mut lease) = (req.cost, req.lease);
+    if op == Endpoint::Acquire && lease == 0 {
+        lease = sluice::Lease::new_id();
     }
+    let call = match op {
+        Endpoint::Check => sluice::Op::Check { cost },
+        Endpoint::Peek => sluice::Op::Peek { cost },
+        Endpoint::Refund => sluice::Op::Refund { cost },
+        Endpoint::Acquire => sluice::Op::Hold { cost, lease },
+        Endpoint::Release => sluice::Op::Release { lease },
+    };
+    let result = limiter.call(policy, &req.key, call).await;
+    let held = match (&result, op) {
+        (Ok(d), Endpoint::Acquire) => sluice::Lease::of(lease, d),
+        _ => None,
+    };
+    (result, held)
 }
 
 /// Reports an answered decision: its metric, the near-limit count, and for the routes that

@@ -254,7 +254,7 @@ fn usages(reports: RateLimitQuotaUsageReports) -> Result<Vec<Usage>, Status> {
             ("num_requests_allowed", u.num_requests_allowed),
             ("num_requests_denied", u.num_requests_denied),
         ] {
-            if value > sluice::core::MAX_AMOUNT {
+            if sluice::check_cost(value).is_err() {
                 return Err(invalid(format!(
                     "{at}.{field} {value} is too large; at most 2^53 ({})",
                     sluice::core::MAX_AMOUNT

@@ -34,7 +34,7 @@ use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Instant;
 
 use opentelemetry::propagation::Extractor;
-use sluice::Policy;
+use sluice::{Op, Policy};
 
 use crate::config::{ResponseHeaders, RlsSettings};
 use crate::observe::stats::Outcome;
@@ -216,7 +216,7 @@ fn count_rule(shared: &Shared, m: &Match, descriptor: &Descriptor<'_>, outcome: 
 async fn give_back(limiter: &ServerLimiter, parts: &mut [Part]) {
     for part in parts.iter_mut() {
         if let Some((policy, key, cost)) = part.charge.take() {
-            if let Err(e) = limiter.refund_policy(&policy, &key, cost).await {
+            if let Err(e) = limiter.call(&policy, &key, Op::Refund { cost }).await {
                 tracing::warn!(error = %e, "could not refund a descriptor of a refused request");
             } else {
                 part.status.limit_remaining = part
@@ -416,7 +416,7 @@ impl Rls {
         };
         let d = snapshot
             .limiter
-            .check_policy(&policy, &m.counter_key, cost)
+            .call(&policy, &m.counter_key, Op::Check { cost })
             .await?;
         // The window's end as seen by the store that decided (Redis TIME under clock: redis).
         let reset_secs = until_reset(window, d.now_ms);
@@ -465,7 +465,7 @@ impl Rls {
             Some(policy) => {
                 let d = snapshot
                     .limiter
-                    .refund_policy(&policy, &m.counter_key, cost)
+                    .call(&policy, &m.counter_key, Op::Refund { cost })
                     .await?;
                 (d.binding().remaining, until_reset(window, d.now_ms))
             }

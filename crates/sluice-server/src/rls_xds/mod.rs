@@ -20,7 +20,7 @@
 //!   what is wrong. The rules in force stay whole; `/v1/stats` shows the error as
 //!   `last_reload_error`, `sluice_config_reloads_total{result="error"}` counts it.
 //! * When the stream fails or ends, the client connects again after an exponential backoff
-//!   with jitter ([`Backoff`]), and the last good rules keep deciding meanwhile. The backoff
+//!   with jitter ([`backoff`]), and the last good rules keep deciding meanwhile. The backoff
 //!   starts over only after an accepted response. Before the
 //!   first accepted response there are no rules: `ShouldRateLimit` answers
 //!   `FAILED_PRECONDITION`, and Envoy's `failure_mode_deny` decides (the reference answers an
@@ -32,6 +32,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
@@ -126,34 +127,17 @@ const INVALID_ARGUMENT: i32 = 3;
 
 /// Exponential backoff with jitter: each wait is drawn from the upper half of a ceiling that
 /// doubles from [`BACKOFF_INITIAL`] up to [`BACKOFF_MAX`], so that many Sluices restarted
-/// with their control plane do not reconnect in step.
-#[derive(Debug)]
-pub struct Backoff {
-    ceiling: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            ceiling: BACKOFF_INITIAL,
-        }
-    }
-}
-
-impl Backoff {
-    /// The next wait; the ceiling doubles.
-    pub fn next_wait(&mut self) -> Duration {
-        use rand::Rng;
-        let ceiling = self.ceiling;
-        self.ceiling = (self.ceiling * 2).min(BACKOFF_MAX);
-        let half = ceiling / 2;
-        half + rand::rng().random_range(Duration::ZERO..=half)
-    }
-
-    /// Back to the first wait (after a response that was accepted).
-    pub fn reset(&mut self) {
-        self.ceiling = BACKOFF_INITIAL;
-    }
+/// with their control plane do not reconnect in step. (backon's jitter adds up to the delay
+/// itself, so its delay is half the ceiling.) A new one starts over, after an accepted
+/// response.
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(BACKOFF_INITIAL / 2)
+        .with_max_delay(BACKOFF_MAX / 2)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// Follows the control plane until the task is dropped: connects, applies every response
@@ -169,11 +153,12 @@ pub async fn run(settings: XdsSettings, shared: Arc<Shared>) {
         shared,
         accepted_version: String::new(),
     };
-    let mut backoff = Backoff::default();
+    let mut backoff = backoff();
     loop {
         let outcome = client.session(&mut backoff).await;
         client.shared.observe().metrics.xds_connected(false);
-        let wait = backoff.next_wait();
+        // Without a limit of times the iterator never ends.
+        let wait = backoff.next().unwrap_or(BACKOFF_MAX);
         let rules = if client.accepted_version.is_empty() {
             "no rules yet".to_owned()
         } else {
@@ -210,7 +195,7 @@ struct Client {
 
 impl Client {
     /// One stream: until it fails (`Err`) or the control plane ends it (`Ok`).
-    async fn session(&mut self, backoff: &mut Backoff) -> Result<(), StreamError> {
+    async fn session(&mut self, backoff: &mut ExponentialBackoff) -> Result<(), StreamError> {
         let mut endpoint =
             tonic::transport::Endpoint::from_shared(self.settings.address.expose().to_owned())
                 .map_err(|e| FieldError::new("rls.xds.address", e.to_string()))?
@@ -253,7 +238,7 @@ impl Client {
             // Only an accepted response starts the backoff over: a control plane that sends
             // a refused one and closes would otherwise be reconnected to at once, forever.
             if reply.error_detail.is_none() {
-                backoff.reset();
+                *backoff = self::backoff();
             }
             tx.send(reply).map_err(|_| StreamError::Closed)?;
         }
@@ -384,10 +369,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_with_jitter_up_to_its_ceiling() {
-        let mut b = Backoff::default();
+        let mut b = backoff();
         let mut ceiling = BACKOFF_INITIAL;
         for _ in 0..12 {
-            let wait = b.next_wait();
+            let wait = b.next().unwrap();
             assert!(
                 wait >= ceiling / 2 && wait <= ceiling,
                 "{wait:?} vs {ceiling:?}"
@@ -395,8 +380,8 @@ mod tests {
             ceiling = (ceiling * 2).min(BACKOFF_MAX);
         }
         assert_eq!(ceiling, BACKOFF_MAX);
-        b.reset();
-        assert!(b.next_wait() <= BACKOFF_INITIAL);
+        b = backoff();
+        assert!(b.next().unwrap() <= BACKOFF_INITIAL);
     }
 
     #[test]

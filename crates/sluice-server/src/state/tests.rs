@@ -97,7 +97,13 @@ fn through_the_server_and_erased(config: &str) -> (f64, f64) {
     let limiter = &snapshot.limiter;
     let policy = limiter.policy("api").unwrap().clone();
     let server = per_decision(|| async {
-        assert!(limiter.check_policy(&policy, "k", 1).await.unwrap().allowed);
+        assert!(
+            limiter
+                .call(&policy, "k", sluice::Op::Check { cost: 1 })
+                .await
+                .unwrap()
+                .allowed
+        );
     });
     let memory = SharedStore::new(MemoryStore::new());
     let erased = match config.local {
@@ -108,7 +114,13 @@ fn through_the_server_and_erased(config: &str) -> (f64, f64) {
         .with_clock(ManualClock::new(T0))
         .with_policy(policy.clone());
     let before = per_decision(|| async {
-        assert!(erased.check_policy(&policy, "k", 1).await.unwrap().allowed);
+        assert!(
+            erased
+                .call(&policy, "k", sluice::Op::Check { cost: 1 })
+                .await
+                .unwrap()
+                .allowed
+        );
     });
     (server, before)
 }

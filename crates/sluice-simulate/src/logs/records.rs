@@ -205,7 +205,7 @@ fn csv_row(
 
 fn cost(text: &str) -> Result<u64, Skip> {
     match text.parse::<u64>() {
-        Ok(c) if c <= sluice::core::MAX_AMOUNT => Ok(c),
+        Ok(c) if sluice::check_cost(c).is_ok() => Ok(c),
         _ => Err(Skip::new(
             "cost: not a whole number",
             format!(

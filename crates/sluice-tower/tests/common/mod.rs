@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use sluice::{Clock, LimitSpec, Limiter, MemoryStore, Policy};
+use sluice::{Clock, Decision, LimitSpec, Limiter, MemoryStore, Op, Policy};
 use sluice_tower::RateLimitBody;
 
 /// 2023-11-14T22:13:20Z, a whole second.
@@ -55,6 +55,38 @@ pub fn limiter<C: Clock>(
     )
 }
 
+/// What `key` has now under the registered policy `name`: a peek of 0, which records nothing.
+pub async fn peek<C: Clock>(limiter: &Limiter<MemoryStore, C>, name: &str, key: &str) -> Decision {
+    let policy = limiter.policy(name).unwrap();
+    limiter
+        .call(policy, key, Op::Peek { cost: 0 })
+        .await
+        .unwrap()
+}
+
+/// A string-bodied service the layer can wrap and tests can clone into tasks.
+pub trait Handler:
+    tower::Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: tower::Service<
+            Request<String>,
+            Response = Response<String>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// An inner service answering `status` with body "inner", counting its calls.
 #[derive(Clone, Debug, Default)]
 pub struct Inner {
@@ -67,17 +99,7 @@ impl Inner {
     }
 
     /// The service: answers 304 when the request has `if-none-match`, else 200.
-    pub fn service(
-        &self,
-    ) -> impl tower::Service<
-        Request<String>,
-        Response = Response<String>,
-        Error = Infallible,
-        Future = impl Send,
-    > + Clone
-    + Send
-    + Sync
-    + 'static {
+    pub fn service(&self) -> impl Handler {
         let calls = Arc::clone(&self.calls);
         tower::service_fn(move |req: Request<String>| {
             calls.fetch_add(1, Ordering::SeqCst);

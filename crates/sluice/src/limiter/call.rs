@@ -68,7 +68,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let Some(start) = this.start.take() {
-            if let Err(e) = validate(this.key, this.op.cost()) {
+            if let Err(e) = validate(this.policy, this.key, *this.op) {
                 return Poll::Ready(Err(e));
             }
             *this.now = this.limiter.clock.now_ms();

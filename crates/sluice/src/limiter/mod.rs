@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use sluice_core::evaluate::Op;
-use sluice_core::{Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
+use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT, Policy};
 
 use crate::clock::SystemClock;
 
@@ -161,170 +161,42 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         &self.clock
     }
 
-    /// Checks `cost` units for `key` under policy `policy`, recording them if every limit
-    /// admits (docs/algorithms.md#all-or-nothing). `cost = 0` records nothing and reports
-    /// the state.
-    pub async fn check(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.check_policy(self.lookup(policy)?, key, cost).await
-    }
-
-    /// [`Limiter::check`] with a policy the caller holds (one not registered by name).
-    pub fn check_policy<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
-        // The call's own future, not one more `async` layer around it: a decision is a few
-        // hundred bytes, and each layer would move it once more.
-        self.call(policy, key, Op::Check { cost })
-    }
-
-    /// The decision a check of `cost` would get now; records nothing.
-    pub async fn peek(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.peek_policy(self.lookup(policy)?, key, cost).await
-    }
-
-    /// [`Limiter::peek`] with a policy the caller holds.
-    pub fn peek_policy<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
-        // The call's own future, not one more `async` layer around it: a decision is a few
-        // hundred bytes, and each layer would move it once more.
-        self.call(policy, key, Op::Peek { cost })
-    }
-
-    /// Gives `cost` back to the key's current windows, never below zero used.
-    pub async fn refund(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.refund_policy(self.lookup(policy)?, key, cost).await
-    }
-
-    /// [`Limiter::refund`] with a policy the caller holds.
-    pub fn refund_policy<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + 'a {
-        // The call's own future, not one more `async` layer around it: a decision is a few
-        // hundred bytes, and each layer would move it once more.
-        self.call(policy, key, Op::Refund { cost })
-    }
-
-    /// Takes a lease of `cost` units for `key` in the policy's concurrency limit, recording
-    /// `cost` in its other limits too, all or nothing (docs/algorithms.md#concurrency). The
-    /// lease is `Some` when the decision allows it; release it with [`Limiter::release`] when
-    /// the work is done, or it lapses after the limit's `per`. `cost = 0` takes nothing.
-    pub async fn acquire(
-        &self,
-        policy: &str,
-        key: &str,
-        cost: u64,
-    ) -> Result<(Decision, Option<Lease>), Error> {
-        self.acquire_policy(self.lookup(policy)?, key, cost).await
-    }
-
-    /// [`Limiter::acquire`] with a policy the caller holds.
-    pub async fn acquire_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-    ) -> Result<(Decision, Option<Lease>), Error> {
-        let id = loop {
-            // 0 is kept for "no lease" by callers that store ids as numbers.
-            let id = rand::random::<u64>();
-            if id != 0 {
-                break id;
-            }
-        };
-        self.hold(policy, key, id, cost).await
-    }
-
-    /// Renews the lease `id` (from [`Limiter::acquire`]) for `cost` units: while it is
-    /// still held, it gets a fresh expiry (the limit's `per` from now) and the new cost if the
-    /// concurrency limit admits it, and the policy's other limits are not charged again (they
-    /// counted the request when the lease was taken). A lease that has lapsed or was released
-    /// is taken anew under the same id, like an acquire. Retrying a lost acquire with its id
-    /// is therefore safe too: it never holds or counts twice.
-    pub async fn renew(
-        &self,
-        policy: &str,
-        key: &str,
-        id: u64,
-        cost: u64,
-    ) -> Result<(Decision, Option<Lease>), Error> {
-        self.renew_policy(self.lookup(policy)?, key, id, cost).await
-    }
-
-    /// [`Limiter::renew`] with a policy the caller holds.
-    pub async fn renew_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
-        id: u64,
-        cost: u64,
-    ) -> Result<(Decision, Option<Lease>), Error> {
-        self.hold(policy, key, id, cost).await
-    }
-
-    async fn hold(
-        &self,
-        policy: &Policy,
-        key: &str,
-        id: u64,
-        cost: u64,
-    ) -> Result<(Decision, Option<Lease>), Error> {
-        let ttl_ms = lease_ttl(policy)?;
-        let decision = self.call(policy, key, Op::Hold { cost, lease: id }).await?;
-        let lease = (decision.allowed && cost > 0).then(|| Lease {
-            id,
-            cost,
-            expires_ms: decision.now_ms.saturating_add(ttl_ms),
-        });
-        Ok((decision, lease))
-    }
-
-    /// Frees the lease `id` of `key` under the policy. The decision's `cost` is the units it
-    /// held: 0 when it was not held (released already, lapsed, or never taken). Other limits
-    /// are left as they are: a release is not a refund.
-    pub async fn release(&self, policy: &str, key: &str, id: u64) -> Result<Decision, Error> {
-        self.release_policy(self.lookup(policy)?, key, id).await
-    }
-
-    /// [`Limiter::release`] with a policy the caller holds.
-    pub async fn release_policy(
-        &self,
-        policy: &Policy,
-        key: &str,
-        id: u64,
-    ) -> Result<Decision, Error> {
-        lease_ttl(policy)?;
-        self.call(policy, key, Op::Release { lease: id }).await
-    }
-
-    /// Forgets the key's state under the policy.
-    pub async fn forget(&self, policy: &str, key: &str) -> Result<(), Error> {
-        let policy = self.lookup(policy)?;
-        validate(key, 0)?;
-        Ok(self.store.forget(policy, key).await?)
-    }
-
-    /// Validates the request and runs `op` on the store now, applying the policy's failure
-    /// mode if the store cannot answer. The key is validated and the clock read when the
-    /// future is first polled.
-    fn call<'a>(
+    /// Runs `op` for `key` under `policy`: the one decision entry. Every operation is a
+    /// value ([`Op`]), as in the [`Store`] beneath: a check records `cost` if every limit
+    /// admits (docs/algorithms.md#all-or-nothing; `cost = 0` records nothing and reports the
+    /// state), a peek records nothing, a refund gives `cost` back, a hold takes or renews a
+    /// lease of the policy's concurrency limit (read it with [`Lease::of`]) and a release
+    /// frees one (docs/algorithms.md#concurrency).
+    ///
+    /// The key and amounts are validated and the clock read when the future is first polled;
+    /// a store that cannot answer gets the policy's failure mode.
+    pub fn call<'a>(
         &'a self,
         policy: &'a Policy,
         key: &'a str,
         op: Op,
     ) -> impl Future<Output = Result<Decision, Error>> + 'a {
+        // The call's own future, not an `async` layer around it: a decision is a few hundred
+        // bytes, and each layer would move it once more.
         Call::new(self, policy, key, op, move |now| {
             self.store.call(policy, key, op, now)
         })
+    }
+
+    /// A check of `cost` units for `key` under the policy named `policy`: [`Limiter::call`]
+    /// with [`Op::Check`], the policy found by name.
+    pub async fn check(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let policy = self
+            .policies
+            .get(policy)
+            .ok_or_else(|| Error::UnknownPolicy(policy.to_owned()))?;
+        self.call(policy, key, Op::Check { cost }).await
+    }
+
+    /// Forgets the key's state under the policy.
+    pub async fn forget(&self, policy: &Policy, key: &str) -> Result<(), Error> {
+        check_key(key)?;
+        Ok(self.store.forget(policy, key).await?)
     }
 
     /// Charges the shared store with what the insurance store admitted while the store could
@@ -450,18 +322,31 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             _ => Err(Error::Store(error)),
         }
     }
-
-    fn lookup(&self, name: &str) -> Result<&Policy, Error> {
-        self.policies
-            .get(name)
-            .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
-    }
 }
 
-/// A lease of a concurrency limit, taken by [`Limiter::acquire`].
+/// A lease of a concurrency limit, taken by an [`Op::Hold`] through [`Limiter::call`].
+///
+/// ```
+/// use sluice::{Lease, LimitSpec, Limiter, MemoryStore, Op, Policy};
+///
+/// # let mut f = std::pin::pin!(async {
+/// let jobs = Policy::from_specs("jobs", vec![LimitSpec::concurrency(2, 60_000)])?;
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let id = Lease::new_id();
+/// let d = limiter.call(&jobs, "tenant:7", Op::Hold { cost: 1, lease: id }).await?;
+/// let lease = Lease::of(id, &d).expect("admitted");
+/// assert_eq!(lease.cost, 1);
+/// assert_eq!(limiter.call(&jobs, "tenant:7", Op::Release { lease: id }).await?.cost, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # });
+/// # let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// # let std::task::Poll::Ready(r) = f.as_mut().poll(&mut cx) else { unreachable!() };
+/// # r?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
-    /// The lease's id, to pass to [`Limiter::release`].
+    /// The lease's id, to release it with ([`Op::Release`]) or renew it ([`Op::Hold`] again).
     pub id: u64,
     /// The units it holds.
     pub cost: u64,
@@ -469,19 +354,49 @@ pub struct Lease {
     pub expires_ms: u64,
 }
 
-/// The TTL of the policy's concurrency limit.
-fn lease_ttl(policy: &Policy) -> Result<u64, Error> {
-    policy
-        .concurrency_limit()
-        .map(|(_, l)| l.per_ms())
-        .ok_or_else(|| Error::NotConcurrent(policy.name().to_owned()))
+impl Lease {
+    /// A fresh lease id: random, never 0 (kept for "no lease" by callers that store ids as
+    /// numbers).
+    pub fn new_id() -> u64 {
+        loop {
+            let id = rand::random::<u64>();
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    /// The lease `id` an [`Op::Hold`] decided as `decision` holds: `Some` when it was
+    /// admitted for a cost above 0. It lapses the concurrency limit's `per` after the
+    /// decision unless released; renewing it (the same id, held again) gives it a fresh
+    /// expiry, and so does taking it anew after it lapsed, never holding or counting twice.
+    pub fn of(id: u64, decision: &Decision) -> Option<Lease> {
+        let ttl_ms = decision
+            .limits()
+            .iter()
+            .find(|s| s.algorithm == Algorithm::Concurrency)?
+            .per_ms;
+        (decision.allowed && decision.cost > 0).then(|| Lease {
+            id,
+            cost: decision.cost,
+            expires_ms: decision.now_ms.saturating_add(ttl_ms),
+        })
+    }
 }
 
-fn validate(key: &str, cost: u64) -> Result<(), Error> {
+/// Validates a call: the key, every amount of `op`, and a lease only under a policy with a
+/// concurrency limit.
+fn validate(policy: &Policy, key: &str, op: Op) -> Result<(), Error> {
     check_key(key)?;
-    check_cost(cost)
+    check_cost(op.cost())?;
+    if let Op::Acquire { max, .. } = op {
+        check_cost(max)?;
+    }
+    if matches!(op, Op::Hold { .. } | Op::Release { .. }) && policy.concurrency_limit().is_none() {
+        return Err(Error::NotConcurrent(policy.name().to_owned()));
+    }
+    Ok(())
 }
-
 /// The key bound: 1 to [`MAX_KEY_LEN`] bytes. The one definition of it: the limiter, the
 /// server's surfaces and the tower layer all ask this, each saying it in its own words.
 pub fn check_key(key: &str) -> Result<(), Error> {
@@ -500,68 +415,40 @@ pub fn check_cost(cost: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// A limiter over the memory store can answer at once: the store never waits, so these skip
+/// A limiter over the memory store can answer at once: the store never waits, so this skips
 /// the future. Through a future, a decision (a few hundred bytes) is moved once per layer, which
 /// costs more than the decision itself (docs/benchmarks.md).
 impl<C: Clock> Limiter<MemoryStore, C> {
-    /// [`Limiter::check_policy`], answered at once.
-    pub fn check_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.now(policy, key, Op::Check { cost })
-    }
-
-    /// [`Limiter::check_now`] into a decision the caller keeps: a loop deciding many checks
-    /// reuses one `Decision` (a few hundred bytes) instead of having each answer built and
-    /// copied out. On `Ok`, `decision` holds this check's whole decision, nothing of the one
-    /// it held before; on `Err` (a bad key or cost) it is left as it was.
+    /// [`Limiter::call`], answered at once into a decision the caller keeps: a loop deciding
+    /// many calls reuses one `Decision` (a few hundred bytes) instead of having each answer
+    /// built and copied out. On `Ok`, `decision` holds this call's whole decision, nothing of
+    /// the one it held before; on `Err` (a bad key or cost) it is left as it was. The store's
+    /// failure mode never applies: the memory store always answers.
     ///
     /// ```
-    /// use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Policy};
+    /// use sluice::{Decision, LimitSpec, Limiter, MemoryStore, Op, Policy};
     ///
     /// let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(2, 60_000)])?;
-    /// let limiter = Limiter::new(MemoryStore::new()).with_policy(api);
-    /// let api = limiter.policy("api").expect("registered").clone();
+    /// let limiter = Limiter::new(MemoryStore::new());
     /// let mut d = Decision::empty(0, 0);
+    /// let check = Op::Check { cost: 1 };
     /// let admitted = (0..3)
-    ///     .filter(|_| limiter.check_now_into(&api, "user:42", 1, &mut d).is_ok() && d.allowed)
+    ///     .filter(|_| limiter.call_into(&api, "user:42", check, &mut d).is_ok() && d.allowed)
     ///     .count();
     /// assert_eq!(admitted, 2);
     /// assert_eq!(d.limits()[0].remaining, 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_now_into(
+    pub fn call_into(
         &self,
         policy: &Policy,
         key: &str,
-        cost: u64,
+        op: Op,
         decision: &mut Decision,
     ) -> Result<(), Error> {
-        validate(key, cost)?;
+        validate(policy, key, op)?;
         let now = self.clock.now_ms();
-        self.store
-            .decide_into(policy, key, Op::Check { cost }, now, decision);
+        self.store.decide_into(policy, key, op, now, decision);
         Ok(())
-    }
-
-    /// [`Limiter::peek_policy`], answered at once.
-    pub fn peek_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.now(policy, key, Op::Peek { cost })
-    }
-
-    /// [`Limiter::refund_policy`], answered at once.
-    pub fn refund_now(&self, policy: &Policy, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.now(policy, key, Op::Refund { cost })
-    }
-
-    /// Validates the request and runs `op` on the memory store now. The decision is decided
-    /// into the value returned, so it is not built in one place and moved to another.
-    fn now(&self, policy: &Policy, key: &str, op: Op) -> Result<Decision, Error> {
-        let mut answer = Ok(Decision::empty(0, 0));
-        if let Err(e) = validate(key, op.cost()) {
-            answer = Err(e);
-        } else if let Ok(d) = &mut answer {
-            let now = self.clock.now_ms();
-            self.store.decide_into(policy, key, op, now, d);
-        }
-        answer
     }
 }
