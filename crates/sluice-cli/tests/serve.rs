@@ -6,26 +6,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
+use support::{Served, sluice, text};
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    text(&o.stderr)
 }
 
 /// A running `sluice serve --config sluice.yaml`, its log in a file; killed when dropped.
 struct Serve {
-    child: Child,
+    served: Served,
     _dir: tempfile::TempDir,
     file: PathBuf,
-    log: PathBuf,
-    url: String,
 }
 
 impl Serve {
@@ -43,94 +41,26 @@ impl Serve {
                 .replace("{grpc}", &grpc.to_string()),
         )
         .unwrap();
-        let log = dir.path().join("serve.log");
-        let child = sluice()
-            .args(["serve", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut s = Self {
-            child,
+        let mut command = sluice();
+        command.args(["serve", "--config"]).arg(&file);
+        Self {
+            served: Served::start(command, dir.path(), http),
             _dir: dir,
             file,
-            log,
-            url: format!("127.0.0.1:{http}"),
-        };
-        s.wait_until("/healthz answers", |s| {
-            s.call("GET", "/healthz", None).0 == 200
-        });
-        s
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Polls `cond` until it holds (10 s at most).
-    fn wait_until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !cond(self) {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "sluice serve exited:\n{}",
-                self.log()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting until {what}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    /// One HTTP/1.1 request; (status, body), or (0, "") when the server cannot be reached.
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let Ok(mut stream) = std::net::TcpStream::connect(&self.url) else {
-            return (0, String::new());
-        };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let body = body.unwrap_or("");
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
-            return (0, String::new());
-        }
-        let mut response = String::new();
-        if stream.read_to_string(&mut response).is_err() || response.len() < 12 {
-            return (0, String::new());
-        }
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        serde_json::from_str(&self.call("GET", "/v1/stats", None).1).unwrap_or_default()
-    }
-
-    fn hangup(&self) {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Serve {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
+}
+
+impl std::ops::DerefMut for Serve {
+    fn deref_mut(&mut self) -> &mut Served {
+        &mut self.served
     }
 }
 
@@ -249,7 +179,7 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     assert_eq!(s.stats()["config"]["generation"], 1);
 
     // SIGHUP with nothing changed: a reload all the same.
-    s.hangup();
+    s.child.hangup();
     s.wait_until("SIGHUP reloaded", |s| {
         s.stats()["config"]["generation"] == 2
     });
@@ -257,7 +187,7 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     // Truncated (as an editor saving in place does first), caught by the watcher and by
     // SIGHUP alike: refused.
     std::fs::File::create(&s.file).unwrap();
-    s.hangup();
+    s.child.hangup();
     s.wait_until("the empty file is refused", |s| {
         s.stats()["config"]["last_reload_error"]
             .as_str()
@@ -291,7 +221,7 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     assert_eq!(check_api(&s), 200);
 
     // The rest of the write: applied, the error cleared; the moved listener is a warning.
-    let http = s.url.rsplit_once(':').unwrap().1.to_owned();
+    let http = s.http.to_string();
     let next = CONFIG
         .replace("{http}", &http)
         .replace("grpc: 127.0.0.1:{grpc}", "grpc: 127.0.0.1:1")
@@ -337,7 +267,7 @@ fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
     let open = || {
-        let stream = std::net::TcpStream::connect(&s.url).unwrap();
+        let stream = std::net::TcpStream::connect(("127.0.0.1", s.http)).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
