@@ -172,48 +172,38 @@ fn explain_shows_flag_over_env_over_file_over_default() {
 
 #[test]
 fn bad_values_are_refused_naming_the_flag_or_variable_and_the_value() {
-    // (variables, flags, what the error says)
-    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
-    let cases: &[Case] = &[
+    // A variable (`NAME=value`) or flags (split at spaces), and what the error says.
+    let cases = [
         (
-            &[("SLUICE_HTTP", "nonsense")],
-            &[],
+            "SLUICE_HTTP=nonsense",
             "env SLUICE_HTTP: `nonsense` is not a socket address",
         ),
+        ("--grpc 8081", "flag --grpc: `8081` is a port alone"),
         (
-            &[],
-            &["--grpc", "8081"],
-            "flag --grpc: `8081` is a port alone",
-        ),
-        (
-            &[("SLUICE_ADMIN", "localhost:9090")],
-            &[],
+            "SLUICE_ADMIN=localhost:9090",
             "env SLUICE_ADMIN: `localhost:9090` names a host",
         ),
         (
-            &[("SLUICE_LOG_FORMAT", "xml")],
-            &[],
+            "SLUICE_LOG_FORMAT=xml",
             "env SLUICE_LOG_FORMAT: `xml` is not a log format",
         ),
         (
-            &[("SLUICE_LOG_LEVEL", "info,[[")],
-            &[],
+            "SLUICE_LOG_LEVEL=info,[[",
             "env SLUICE_LOG_LEVEL: `info,[[` is not a log filter",
         ),
         (
-            &[("SLUICE_REDIS_URL", "http://u:secret@h:1")],
-            &[],
+            "SLUICE_REDIS_URL=http://u:secret@h:1",
             "env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL",
         ),
-        (
-            &[("SLUICE_KEY_PREFIX", "{x}")],
-            &[],
-            "env SLUICE_KEY_PREFIX: `{x}`",
-        ),
+        ("SLUICE_KEY_PREFIX={x}", "env SLUICE_KEY_PREFIX: `{x}`"),
     ];
-    for (env, args, said) in cases {
+    for (setting, said) in cases {
+        let (env, args): (Vec<(&str, &str)>, Vec<&str>) = match setting.split_once('=') {
+            Some(variable) if !setting.starts_with("--") => (vec![variable], Vec::new()),
+            _ => (Vec::new(), setting.split_whitespace().collect()),
+        };
         for command in [&["config", "check"][..], &["serve"][..]] {
-            let o = sluice(env).args(command).args(*args).output().unwrap();
+            let o = sluice(&env).args(command).args(&args).output().unwrap();
             let err = text(&o.stderr);
             assert_eq!(
                 o.status.code(),
@@ -262,6 +252,14 @@ fn serve(dir: &Path, env: &[(&str, &str)], args: &[&str], http: u16) -> Served {
 /// One HTTP/1.1 request to 127.0.0.1:`port`; (status, body), or (0, "") when nothing answers.
 fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     support::call(&format!("127.0.0.1:{port}"), method, path, "", body)
+}
+
+/// The decisions a successful `sluice bench --json` counts: (allowed, denied).
+fn allowed_and_denied(o: &std::process::Output) -> (u64, u64) {
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let count = |what: &str| r[what].as_u64().unwrap();
+    (count("allowed"), count("denied"))
 }
 
 fn check(port: u16, policy: &str) -> u16 {
@@ -372,12 +370,7 @@ fn a_reload_keeps_the_flags_and_variables() {
             .args(["--requests", "5", "--concurrency", "1", "--json"])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        (
-            r["allowed"].as_u64().unwrap(),
-            r["denied"].as_u64().unwrap(),
-        )
+        allowed_and_denied(&o)
     };
     assert_eq!(decided("client"), (3, 2), "the variable's rules decide");
     assert_eq!(decided("tenant"), (5, 0), "no rule for tenant yet");
@@ -482,12 +475,7 @@ fn without_a_file_a_rules_directory_is_served_alone_and_reloaded() {
             ])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        (
-            r["allowed"].as_u64().unwrap(),
-            r["denied"].as_u64().unwrap(),
-        )
+        allowed_and_denied(&o)
     };
     assert_eq!(decided("client"), (2, 2));
     assert_eq!(decided("tenant"), (4, 0), "no rule for tenant yet");

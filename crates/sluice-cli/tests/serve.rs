@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
-use support::{Served, sluice, text};
+use support::{Served, sluice, temp_file, text};
 
 fn stderr(o: &Output) -> String {
     text(&o.stderr)
@@ -66,6 +66,20 @@ impl std::ops::DerefMut for Serve {
 
 const CONFIG: &str = "listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{grpc}\npolicies:\n  api:\n    limits:\n      - { max: 100, per: 1m }\n";
 
+/// `sluice ARGS FILE`, run to its end.
+fn run_on(args: &[&str], file: &std::path::Path) -> Output {
+    sluice().args(args).arg(file).output().unwrap()
+}
+
+/// Polls until the last reload error, `what`, says `words`.
+fn wait_refused(s: &mut Serve, what: &str, words: &str) {
+    s.wait_until(what, |s| {
+        s.stats()["config"]["last_reload_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(words))
+    });
+}
+
 fn check_api(s: &Serve) -> u16 {
     s.call(
         "POST",
@@ -77,18 +91,11 @@ fn check_api(s: &Serve) -> u16 {
 
 #[test]
 fn config_check_counts_one_policy_in_words() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("one.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file) = temp_file(
+        "one.yaml",
         "policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n",
-    )
-    .unwrap();
-    let o = sluice()
-        .args(["config", "check"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    );
+    let o = run_on(&["config", "check"], &file);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.ends_with(": valid (1 policy)\n"), "{out}");
@@ -96,21 +103,11 @@ fn config_check_counts_one_policy_in_words() {
 
 #[test]
 fn an_empty_file_stops_the_server_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("empty.yaml");
-    std::fs::write(&file, "# nothing yet\n").unwrap();
-    let o = sluice()
-        .args(["serve", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let (_dir, file) = temp_file("empty.yaml", "# nothing yet\n");
+    let o = run_on(&["serve", "--config"], &file);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("the file is empty"), "{}", stderr(&o));
-    let o = sluice()
-        .args(["config", "check"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let o = run_on(&["config", "check"], &file);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("the file is empty"), "{}", stderr(&o));
 }
@@ -118,18 +115,11 @@ fn an_empty_file_stops_the_server_at_start() {
 /// A collector reading JSON lines gets the reason the server did not start as one of them.
 #[test]
 fn with_log_format_json_a_fatal_start_error_is_a_json_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("bad.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file) = temp_file(
+        "bad.yaml",
         "policies:\n  api:\n    limits: [{ max: 0, per: 1s }]\n",
-    )
-    .unwrap();
-    let o = sluice()
-        .args(["--log-format", "json", "serve", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    );
+    let o = run_on(&["--log-format", "json", "serve", "--config"], &file);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = stderr(&o)
         .lines()
@@ -151,14 +141,7 @@ fn with_log_format_json_a_fatal_start_error_is_a_json_line() {
 #[test]
 fn without_an_admin_section_the_start_warning_names_every_admin_route() {
     let mut s = Serve::start(CONFIG);
-    s.wait_until("the warning is logged", |s| {
-        s.log().contains("no admin section")
-    });
-    let log = s.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("no admin section"))
-        .unwrap();
+    let line = s.logged("no admin section");
     assert!(line.contains("WARN"), "{line}");
     for (method, path) in sluice_server::http::ADMIN_ROUTES {
         assert!(
@@ -188,36 +171,24 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     // SIGHUP alike: refused.
     std::fs::File::create(&s.file).unwrap();
     s.child.hangup();
-    s.wait_until("the empty file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("the file is empty"))
-    });
+    wait_refused(&mut s, "the empty file is refused", "the file is empty");
     assert_eq!(check_api(&s), 200, "the last good policy answers");
     assert_eq!(s.stats()["config"]["generation"], 2);
-    let log = s.log();
-    let refused = log
-        .lines()
-        .find(|l| l.contains("the file is empty"))
-        .unwrap();
+    let refused = s.logged("the file is empty");
     assert!(refused.contains("ERROR"), "{refused}");
 
     // A file that would remove every policy: refused too.
     std::fs::write(&s.file, "{}\n").unwrap();
-    s.wait_until("the policy-less file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("no policies where the running one has 1 (api)"))
-    });
+    wait_refused(
+        &mut s,
+        "the policy-less file is refused",
+        "no policies where the running one has 1 (api)",
+    );
     assert_eq!(check_api(&s), 200);
 
     // Half-written: cut in the middle of a limit.
     std::fs::write(&s.file, "policies:\n  api:\n    limits:\n      - { max: 10").unwrap();
-    s.wait_until("the half-written file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("never closed"))
-    });
+    wait_refused(&mut s, "the half-written file is refused", "never closed");
     assert_eq!(check_api(&s), 200);
 
     // The rest of the write: applied, the error cleared; the moved listener is a warning.
@@ -282,14 +253,7 @@ fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
     let mut c = open();
     c.write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
         .unwrap();
-    s.wait_until("the bound is logged", |s| {
-        s.log().contains("listener at its connection bound")
-    });
-    let log = s.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("listener at its connection bound"))
-        .unwrap();
+    let line = s.logged("listener at its connection bound");
     assert!(
         line.contains("WARN")
             && line.contains("listener=\"http\"")

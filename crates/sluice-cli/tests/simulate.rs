@@ -8,7 +8,7 @@ mod support;
 
 use std::process::Output;
 
-use support::text;
+use support::{temp_file, text};
 
 /// `sluice simulate ARGS`.
 fn sluice(args: &[&str]) -> Output {
@@ -29,13 +29,10 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn a_configured_and_an_inline_policy_side_by_side_with_a_chart() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &config,
+    let (dir, config) = temp_file(
+        "sluice.yaml",
         "policies:\n  api:\n    limits:\n      - { max: 100, per: 1m }\n",
-    )
-    .unwrap();
+    );
     let svg = dir.path().join("chart.svg");
     let o = sluice(&[
         "--config",
@@ -109,18 +106,15 @@ fn a_configured_and_an_inline_policy_side_by_side_with_a_chart() {
 
 #[test]
 fn a_log_file_in_nginx_format_as_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(
-        &log,
+    let (_dir, log) = temp_file(
+        "access.log",
         concat!(
             "10.0.0.1 - - [01/Jan/2026:00:00:00 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.2 - - [01/Jan/2026:00:00:01 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.1 - - [01/Jan/2026:00:00:02 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.1 - - [01/Jan/2026:00:00:03 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
         ),
-    )
-    .unwrap();
+    );
     let o = sluice(&[
         "--policy",
         "p={limits: [{max: 2, per: 1m}]}",

@@ -32,6 +32,14 @@ pub fn write_files(dir: &Path, files: &[(&str, &str)]) {
     }
 }
 
+/// A temporary directory holding the file `name` with `text`, and the file's path.
+pub fn temp_file(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, text).unwrap();
+    (dir, file)
+}
+
 /// A child process, killed (by its own id) and reaped when dropped.
 pub struct Process(pub Child);
 
@@ -172,6 +180,13 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Polls until a line of the log contains `words`, and returns that line.
+    pub fn logged(&mut self, words: &str) -> String {
+        self.wait_until(&format!("`{words}` is logged"), |s| s.log().contains(words));
+        let log = self.log();
+        log.lines().find(|l| l.contains(words)).unwrap().to_owned()
     }
 
     /// One HTTP/1.1 request to the server; (status, body), or (0, "") when nothing answers.
