@@ -3,89 +3,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
 use sluice_testkit::TlsCerts;
+use support::{Serve, run as sluice, text};
 
 const RLS_YAML: &str = "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
-
-/// A `sluice serve` child, killed (by its own id) when dropped.
-struct Serve {
-    child: Child,
-    http: u16,
-    grpc: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    /// Starts `sluice serve` with `config` (its `listen` section added here, on free ports)
-    /// and `files` beside it; returns once the HTTP port accepts connections.
-    fn start(config: &str, files: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, text) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        let (http, grpc) = (
-            sluice_testkit::free_port().unwrap(),
-            sluice_testkit::free_port().unwrap(),
-        );
-        let config = config.replace(
-            "listen:\n",
-            &format!("listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{grpc}\n"),
-        );
-        let file = dir.path().join("sluice.yaml");
-        std::fs::write(&file, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", http)).is_err() {
-            assert!(child.try_wait().unwrap().is_none(), "sluice serve exited");
-            assert!(Instant::now() < deadline, "sluice serve never listened");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self {
-            child,
-            http,
-            grpc,
-            _dir: dir,
-        }
-    }
-}
-
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn code(o: &Output) -> i32 {
     o.status.code().unwrap()
 }
 
 fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    text(&o.stdout)
 }
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    text(&o.stderr)
 }
 
 fn tls_config(certs: &TlsCerts) -> String {
@@ -107,7 +44,7 @@ fn path(p: &Path) -> &str {
 #[test]
 fn check_reaches_a_tls_server_with_its_ca_and_peeks() {
     let certs = TlsCerts::generate().unwrap();
-    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]);
+    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]).listening();
     let url = format!("https://127.0.0.1:{}", s.http);
     let ca = certs.ca_file();
     let dir = tempfile::tempdir().unwrap();
@@ -175,64 +112,38 @@ fn check_reaches_a_tls_server_with_its_ca_and_peeks() {
 #[test]
 fn bench_reaches_a_tls_server_over_http_and_grpc() {
     let certs = TlsCerts::generate().unwrap();
-    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]);
+    let s = Serve::start(&tls_config(&certs), &[("rls/bench.yaml", RLS_YAML)]).listening();
     let ca = certs.ca_file();
     let url = format!("https://127.0.0.1:{}", s.http);
-    let o = sluice(&[
-        "bench",
-        "--url",
-        &url,
-        "--cacert",
-        path(&ca),
-        "--policy",
-        "api",
-        "--keys",
-        "uniform:5",
-        "--requests",
-        "40",
-        "--concurrency",
-        "4",
-        "--json",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(
-        (
-            r["decisions"].clone(),
-            r["allowed"].clone(),
-            r["errors"].clone()
-        ),
-        (40.into(), 10.into(), 0.into()),
-        "5 keys × 2: {r}"
-    );
     let grpc = format!("https://127.0.0.1:{}", s.grpc);
-    let o = sluice(&[
-        "bench",
-        "--target",
-        "grpc",
-        "--grpc",
-        &grpc,
-        "--cacert",
-        path(&ca),
-        "--keys",
-        "uniform:4",
-        "--requests",
-        "40",
-        "--concurrency",
-        "4",
-        "--json",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(
+    for (target, allowed, why) in [
         (
-            r["decisions"].clone(),
-            r["allowed"].clone(),
-            r["errors"].clone()
+            ["--url", &url, "--policy", "api", "--keys", "uniform:5"],
+            10,
+            "5 keys × 2",
         ),
-        (40.into(), 20.into(), 0.into()),
-        "4 addresses × 5 per hour: {r}"
-    );
+        (
+            ["--target", "grpc", "--grpc", &grpc, "--keys", "uniform:4"],
+            20,
+            "4 addresses × 5 per hour",
+        ),
+    ] {
+        let mut args = vec!["bench", "--cacert", path(&ca), "--requests", "40"];
+        args.extend(["--concurrency", "4", "--json"]);
+        args.extend(target);
+        let o = sluice(&args);
+        assert_eq!(code(&o), 0, "{why}: {}", stderr(&o));
+        let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(
+            (
+                r["decisions"].clone(),
+                r["allowed"].clone(),
+                r["errors"].clone()
+            ),
+            (40.into(), allowed.into(), 0.into()),
+            "{why}: {r}"
+        );
+    }
 }
 
 fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
@@ -282,7 +193,8 @@ fn bench_says_why_every_request_failed_and_exits_non_zero() {
     let s = Serve::start(
         "listen:\npolicies:\n  api:\n    limits:\n      - { max: 5, per: 1h }\n",
         &[],
-    );
+    )
+    .listening();
     let url = format!("http://127.0.0.1:{}", s.http);
     let (o, r) = bench_json(&["--url", &url, "--policy", "nope"]);
     assert_eq!(code(&o), 2, "{r}");
@@ -342,7 +254,7 @@ fn bench_counts_degraded_answers_apart() {
             redis.url()
         ),
         &[],
-    );
+    ).listening();
     let url = format!("http://127.0.0.1:{}", s.http);
     let (o, r) = bench_json(&["--url", &url, "--policy", "api"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));

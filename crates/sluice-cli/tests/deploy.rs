@@ -19,24 +19,16 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::{Serve, run as sluice, text};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// Reading the metric names out of PromQL, as far as the dashboard needs: selectors, range
@@ -435,86 +427,6 @@ fn exposed_names(metrics: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// `sluice serve` on free ports with `config` (its `listen` section added here), killed (by
-/// its own id) when dropped.
-struct Serve {
-    child: Child,
-    http: u16,
-    grpc: u16,
-    file: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start(config: &str, files: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, text) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        let (http, grpc) = (
-            sluice_testkit::free_port().unwrap(),
-            sluice_testkit::free_port().unwrap(),
-        );
-        let file = dir.path().join("sluice.yaml");
-        std::fs::write(&file, Self::with_listen(config, http, grpc)).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            http,
-            grpc,
-            file,
-            _dir: dir,
-        }
-    }
-
-    fn with_listen(config: &str, http: u16, grpc: u16) -> String {
-        format!("listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{grpc}\n{config}")
-    }
-
-    /// Rewrites the configuration file (the server reloads it by content).
-    fn rewrite(&self, config: &str) {
-        std::fs::write(&self.file, Self::with_listen(config, self.http, self.grpc)).unwrap();
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.http)
-    }
-
-    /// Polls `GET /readyz` until it answers 200.
-    async fn ready(&mut self, client: &reqwest::Client) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "sluice serve exited"
-            );
-            if let Ok(r) = client.get(self.url("/readyz")).send().await
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "sluice serve never became ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
 async fn post(client: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
     let r = client.post(url).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
@@ -628,14 +540,8 @@ async fn every_metric_of_the_grafana_dashboard_is_exposed() {
     ));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let policies: Value = client
-            .get(server.url("/v1/policies"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = client.get(server.url("/v1/policies")).send().await;
+        let policies: Value = r.unwrap().json().await.unwrap();
         if policies.to_string().contains("\"extra\"") {
             break;
         }
@@ -658,14 +564,8 @@ async fn every_metric_of_the_grafana_dashboard_is_exposed() {
         "{body}"
     );
 
-    let metrics = client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let r = client.get(server.url("/metrics")).send().await;
+    let metrics = r.unwrap().text().await.unwrap();
     let exposed = exposed_names(&metrics);
     // Every metric has its `# HELP` line before its `# TYPE` line.
     let lines: Vec<&str> = metrics.lines().collect();

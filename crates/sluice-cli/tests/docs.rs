@@ -26,12 +26,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::{Process, sluice, text};
 
 /// A fenced block of a markdown file.
 #[derive(Debug)]
@@ -169,7 +170,7 @@ fn check_config(
     provide(&value, dir.path(), certs, &mut env);
     let file = dir.path().join("sluice.yaml");
     std::fs::write(&file, &block.text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice()
         .args(["config", "check"])
         .arg(&file)
         .envs(env)
@@ -180,7 +181,7 @@ fn check_config(
             "{}: `sluice config check` refuses this example (mark it <!-- example: fragment --> \
              if it is not a whole configuration):\n{}",
             block.at,
-            String::from_utf8_lossy(&out.stderr)
+            text(&out.stderr)
         ));
     }
     Ok(match value.get("policies") {
@@ -193,16 +194,9 @@ fn check_config(
 
 /// `sluice serve` on free ports, killed (by its own id) when dropped.
 struct Serve {
-    child: Child,
+    _child: Process,
     base: String,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn serve(policies: serde_yaml_ng::Mapping) -> Serve {
@@ -218,22 +212,10 @@ fn serve(policies: serde_yaml_ng::Mapping) -> Serve {
     config.insert("policies".into(), serde_yaml_ng::Value::Mapping(policies));
     let file = dir.path().join("sluice.yaml");
     std::fs::write(&file, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", http)).is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "sluice serve exited");
-        assert!(Instant::now() < deadline, "sluice serve never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = Process::serve(&file);
+    child.wait_listening(http);
     Serve {
-        child,
+        _child: child,
         base: format!("http://127.0.0.1:{http}"),
         _dir: dir,
     }

@@ -6,10 +6,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::io::Read;
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+use support::{Served, text};
 
 /// Every variable the binary reads, cleared so that the caller's environment never leaks in.
 const VARIABLES: &[&str] = &[
@@ -26,16 +28,12 @@ const VARIABLES: &[&str] = &[
 ];
 
 fn sluice(env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut c = support::sluice();
     for v in VARIABLES {
         c.env_remove(v);
     }
     c.envs(env.iter().copied());
     c
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn port() -> u16 {
@@ -174,48 +172,38 @@ fn explain_shows_flag_over_env_over_file_over_default() {
 
 #[test]
 fn bad_values_are_refused_naming_the_flag_or_variable_and_the_value() {
-    // (variables, flags, what the error says)
-    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
-    let cases: &[Case] = &[
+    // A variable (`NAME=value`) or flags (split at spaces), and what the error says.
+    let cases = [
         (
-            &[("SLUICE_HTTP", "nonsense")],
-            &[],
+            "SLUICE_HTTP=nonsense",
             "env SLUICE_HTTP: `nonsense` is not a socket address",
         ),
+        ("--grpc 8081", "flag --grpc: `8081` is a port alone"),
         (
-            &[],
-            &["--grpc", "8081"],
-            "flag --grpc: `8081` is a port alone",
-        ),
-        (
-            &[("SLUICE_ADMIN", "localhost:9090")],
-            &[],
+            "SLUICE_ADMIN=localhost:9090",
             "env SLUICE_ADMIN: `localhost:9090` names a host",
         ),
         (
-            &[("SLUICE_LOG_FORMAT", "xml")],
-            &[],
+            "SLUICE_LOG_FORMAT=xml",
             "env SLUICE_LOG_FORMAT: `xml` is not a log format",
         ),
         (
-            &[("SLUICE_LOG_LEVEL", "info,[[")],
-            &[],
+            "SLUICE_LOG_LEVEL=info,[[",
             "env SLUICE_LOG_LEVEL: `info,[[` is not a log filter",
         ),
         (
-            &[("SLUICE_REDIS_URL", "http://u:secret@h:1")],
-            &[],
+            "SLUICE_REDIS_URL=http://u:secret@h:1",
             "env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL",
         ),
-        (
-            &[("SLUICE_KEY_PREFIX", "{x}")],
-            &[],
-            "env SLUICE_KEY_PREFIX: `{x}`",
-        ),
+        ("SLUICE_KEY_PREFIX={x}", "env SLUICE_KEY_PREFIX: `{x}`"),
     ];
-    for (env, args, said) in cases {
+    for (setting, said) in cases {
+        let (env, args): (Vec<(&str, &str)>, Vec<&str>) = match setting.split_once('=') {
+            Some(variable) if !setting.starts_with("--") => (vec![variable], Vec::new()),
+            _ => (Vec::new(), setting.split_whitespace().collect()),
+        };
         for command in [&["config", "check"][..], &["serve"][..]] {
-            let o = sluice(env).args(command).args(*args).output().unwrap();
+            let o = sluice(&env).args(command).args(&args).output().unwrap();
             let err = text(&o.stderr);
             assert_eq!(
                 o.status.code(),
@@ -253,105 +241,25 @@ fn a_redis_url_does_not_replace_a_cluster_named_by_the_file() {
     );
 }
 
-/// A running `sluice serve`, its output in files; killed when dropped.
-struct Serve {
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-    http: u16,
-}
-
-impl Serve {
-    fn start(dir: &Path, env: &[(&str, &str)], args: &[&str], http: u16) -> Self {
-        let out = dir.join("serve.out");
-        let err = dir.join("serve.err");
-        let child = sluice(env)
-            .arg("serve")
-            .args(args)
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        let mut s = Self {
-            child,
-            out,
-            err,
-            http,
-        };
-        s.wait_until("/healthz answers", |s| {
-            s.call("GET", "/healthz", None).0 == 200
-        });
-        s
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    /// Polls `cond` until it holds (10 s at most).
-    fn wait_until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !cond(self) {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "sluice serve exited:\n{}",
-                self.log()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting until {what}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        call(self.http, method, path, body)
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        serde_json::from_str(&self.call("GET", "/v1/stats", None).1).unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `sluice serve ARGS` with `env`, its output in files of `dir`; returns once `/healthz`
+/// answers on `http`.
+fn serve(dir: &Path, env: &[(&str, &str)], args: &[&str], http: u16) -> Served {
+    let mut command = sluice(env);
+    command.arg("serve").args(args);
+    Served::start(command, dir, http)
 }
 
 /// One HTTP/1.1 request to 127.0.0.1:`port`; (status, body), or (0, "") when nothing answers.
 fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    if stream.read_to_string(&mut response).is_err() || response.len() < 12 {
-        return (0, String::new());
-    }
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    support::call(&format!("127.0.0.1:{port}"), method, path, "", body)
+}
+
+/// The decisions a successful `sluice bench --json` counts: (allowed, denied).
+fn allowed_and_denied(o: &std::process::Output) -> (u64, u64) {
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let count = |what: &str| r[what].as_u64().unwrap();
+    (count("allowed"), count("denied"))
 }
 
 fn check(port: u16, policy: &str) -> u16 {
@@ -386,7 +294,7 @@ fn the_server_listens_where_the_flag_says_over_the_variable_and_the_file() {
         format!("127.0.0.1:{env_admin}"),
         format!("127.0.0.1:{flag_http}"),
     );
-    let s = Serve::start(
+    let s = serve(
         dir.path(),
         &[
             ("SLUICE_CONFIG", file.to_str().unwrap()),
@@ -436,7 +344,7 @@ fn a_reload_keeps_the_flags_and_variables() {
         "listen:\n  http: 127.0.0.1:{file_http}\n  grpc: 127.0.0.1:{grpc}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
     );
     let file = write(dir.path(), "sluice.yaml", &config);
-    let mut s = Serve::start(
+    let mut s = serve(
         dir.path(),
         &[("SLUICE_RLS_CONFIG_DIR", rules.to_str().unwrap())],
         &[
@@ -462,12 +370,7 @@ fn a_reload_keeps_the_flags_and_variables() {
             .args(["--requests", "5", "--concurrency", "1", "--json"])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        (
-            r["allowed"].as_u64().unwrap(),
-            r["denied"].as_u64().unwrap(),
-        )
+        allowed_and_denied(&o)
     };
     assert_eq!(decided("client"), (3, 2), "the variable's rules decide");
     assert_eq!(decided("tenant"), (5, 0), "no rule for tenant yet");
@@ -513,7 +416,7 @@ fn a_reload_keeps_the_flags_and_variables() {
 fn without_a_file_the_demo_serves_where_the_variables_say() {
     let dir = tempfile::tempdir().unwrap();
     let (http, grpc) = (port(), port());
-    let s = Serve::start(
+    let s = serve(
         dir.path(),
         &[
             ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
@@ -545,7 +448,7 @@ fn without_a_file_a_rules_directory_is_served_alone_and_reloaded() {
         "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
     );
     let (http, grpc) = (port(), port());
-    let mut s = Serve::start(
+    let mut s = serve(
         dir.path(),
         &[
             ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),
@@ -572,12 +475,7 @@ fn without_a_file_a_rules_directory_is_served_alone_and_reloaded() {
             ])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        (
-            r["allowed"].as_u64().unwrap(),
-            r["denied"].as_u64().unwrap(),
-        )
+        allowed_and_denied(&o)
     };
     assert_eq!(decided("client"), (2, 2));
     assert_eq!(decided("tenant"), (4, 0), "no rule for tenant yet");
@@ -607,7 +505,7 @@ fn without_a_file_the_redis_url_and_key_prefix_are_used() {
     let redis = sluice_testkit::RedisServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (http, grpc) = (port(), port());
-    let _s = Serve::start(
+    let _s = serve(
         dir.path(),
         &[
             ("SLUICE_HTTP", &format!("127.0.0.1:{http}")),

@@ -5,19 +5,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::io::Read;
+mod support;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_testkit::ServerOptions;
+use support::text;
 
 const TOKEN: &str = "adm1n-T0ken-5f3a9c0e7b21d4";
 const PASSWORD: &str = "redis-Pa55-8e1f0c7d2b9a";
 const WRONG: &str = "wr0ng-Pa55-77c1e9a0f3b2";
 
 fn sluice() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut c = support::sluice();
     c.env("RUST_LOG", "debug");
     c
 }
@@ -38,29 +40,23 @@ fn serve(config: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
 
 /// `curl`-like: method, URL, optional bearer token and JSON body; (status, body).
 fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
-    let addr = url.trim_start_matches("http://");
-    let (host, path) = addr.split_once('/').unwrap();
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let body = body.unwrap_or("");
+    let (host, path) = url.trim_start_matches("http://").split_once('/').unwrap();
     let auth = token
         .map(|t| format!("authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    let request = format!(
-        "{method} /{path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let headers = format!("{auth}content-type: application/json\r\n");
+    support::call(host, method, &format!("/{path}"), &headers, body)
+}
+
+/// `sluice config check ARGS FILE`: what it printed, stdout then stderr.
+fn config_check(args: &[&str], file: &Path) -> String {
+    let o = sluice()
+        .args(["config", "check"])
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap();
+    format!("{}{}", text(&o.stdout), text(&o.stderr))
 }
 
 fn wait_ready(url: &str, child: &mut Child) {
@@ -89,14 +85,7 @@ fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
         return;
     }
     let mut redis = ServerOptions::new()
-        .args([
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~*",
-            "+@all",
-        ])
+        .args(sluice_testkit::acl_user("alice", PASSWORD, "*"))
         .start()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -181,16 +170,7 @@ fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
         refused.contains(&format!("127.0.0.1:{}", redis.port())),
         "the failed start names the server: {refused}"
     );
-    let checked = sluice()
-        .args(["config", "check"])
-        .arg(&good)
-        .output()
-        .unwrap();
-    let checked = format!(
-        "{}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    let checked = config_check(&[], &good);
 
     let logged = std::fs::read_to_string(&log).unwrap();
     // The log does name the server (so a leak would be there to see), redacted.
@@ -219,14 +199,7 @@ fn a_unix_socket_url_s_password_shows_nowhere() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("redis.sock");
     let mut redis = ServerOptions::new()
-        .args([
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~*",
-            "+@all",
-        ])
+        .args(sluice_testkit::acl_user("alice", PASSWORD, "*"))
         .arg("--unixsocket")
         .arg(&socket)
         .args(["--unixsocketperm", "700"])
@@ -264,16 +237,7 @@ fn a_unix_socket_url_s_password_shows_nowhere() {
         child.kill().unwrap();
         child.wait().unwrap();
         redis.restart().unwrap();
-        let explained = sluice()
-            .args(["config", "check", "--explain"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        let explained = format!(
-            "{}{}",
-            String::from_utf8_lossy(&explained.stdout),
-            String::from_utf8_lossy(&explained.stderr)
-        );
+        let explained = config_check(&["--explain"], &config);
         let logged = std::fs::read_to_string(&log).unwrap();
         // Each output names the socket (so a leak would be there to see).
         for (what, text) in [

@@ -6,26 +6,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
+use support::{Served, sluice, temp_file, text};
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    text(&o.stderr)
 }
 
 /// A running `sluice serve --config sluice.yaml`, its log in a file; killed when dropped.
 struct Serve {
-    child: Child,
+    served: Served,
     _dir: tempfile::TempDir,
     file: PathBuf,
-    log: PathBuf,
-    url: String,
 }
 
 impl Serve {
@@ -43,98 +41,44 @@ impl Serve {
                 .replace("{grpc}", &grpc.to_string()),
         )
         .unwrap();
-        let log = dir.path().join("serve.log");
-        let child = sluice()
-            .args(["serve", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut s = Self {
-            child,
+        let mut command = sluice();
+        command.args(["serve", "--config"]).arg(&file);
+        Self {
+            served: Served::start(command, dir.path(), http),
             _dir: dir,
             file,
-            log,
-            url: format!("127.0.0.1:{http}"),
-        };
-        s.wait_until("/healthz answers", |s| {
-            s.call("GET", "/healthz", None).0 == 200
-        });
-        s
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Polls `cond` until it holds (10 s at most).
-    fn wait_until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !cond(self) {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "sluice serve exited:\n{}",
-                self.log()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting until {what}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    /// One HTTP/1.1 request; (status, body), or (0, "") when the server cannot be reached.
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let Ok(mut stream) = std::net::TcpStream::connect(&self.url) else {
-            return (0, String::new());
-        };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let body = body.unwrap_or("");
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
-            return (0, String::new());
-        }
-        let mut response = String::new();
-        if stream.read_to_string(&mut response).is_err() || response.len() < 12 {
-            return (0, String::new());
-        }
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        serde_json::from_str(&self.call("GET", "/v1/stats", None).1).unwrap_or_default()
-    }
-
-    fn hangup(&self) {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Serve {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
+}
+
+impl std::ops::DerefMut for Serve {
+    fn deref_mut(&mut self) -> &mut Served {
+        &mut self.served
     }
 }
 
 const CONFIG: &str = "listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{grpc}\npolicies:\n  api:\n    limits:\n      - { max: 100, per: 1m }\n";
+
+/// `sluice ARGS FILE`, run to its end.
+fn run_on(args: &[&str], file: &std::path::Path) -> Output {
+    sluice().args(args).arg(file).output().unwrap()
+}
+
+/// Polls until the last reload error, `what`, says `words`.
+fn wait_refused(s: &mut Serve, what: &str, words: &str) {
+    s.wait_until(what, |s| {
+        s.stats()["config"]["last_reload_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(words))
+    });
+}
 
 fn check_api(s: &Serve) -> u16 {
     s.call(
@@ -147,18 +91,11 @@ fn check_api(s: &Serve) -> u16 {
 
 #[test]
 fn config_check_counts_one_policy_in_words() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("one.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file) = temp_file(
+        "one.yaml",
         "policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n",
-    )
-    .unwrap();
-    let o = sluice()
-        .args(["config", "check"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    );
+    let o = run_on(&["config", "check"], &file);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.ends_with(": valid (1 policy)\n"), "{out}");
@@ -166,21 +103,11 @@ fn config_check_counts_one_policy_in_words() {
 
 #[test]
 fn an_empty_file_stops_the_server_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("empty.yaml");
-    std::fs::write(&file, "# nothing yet\n").unwrap();
-    let o = sluice()
-        .args(["serve", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let (_dir, file) = temp_file("empty.yaml", "# nothing yet\n");
+    let o = run_on(&["serve", "--config"], &file);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("the file is empty"), "{}", stderr(&o));
-    let o = sluice()
-        .args(["config", "check"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    let o = run_on(&["config", "check"], &file);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("the file is empty"), "{}", stderr(&o));
 }
@@ -188,18 +115,11 @@ fn an_empty_file_stops_the_server_at_start() {
 /// A collector reading JSON lines gets the reason the server did not start as one of them.
 #[test]
 fn with_log_format_json_a_fatal_start_error_is_a_json_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("bad.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file) = temp_file(
+        "bad.yaml",
         "policies:\n  api:\n    limits: [{ max: 0, per: 1s }]\n",
-    )
-    .unwrap();
-    let o = sluice()
-        .args(["--log-format", "json", "serve", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    );
+    let o = run_on(&["--log-format", "json", "serve", "--config"], &file);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = stderr(&o)
         .lines()
@@ -221,14 +141,7 @@ fn with_log_format_json_a_fatal_start_error_is_a_json_line() {
 #[test]
 fn without_an_admin_section_the_start_warning_names_every_admin_route() {
     let mut s = Serve::start(CONFIG);
-    s.wait_until("the warning is logged", |s| {
-        s.log().contains("no admin section")
-    });
-    let log = s.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("no admin section"))
-        .unwrap();
+    let line = s.logged("no admin section");
     assert!(line.contains("WARN"), "{line}");
     for (method, path) in sluice_server::http::ADMIN_ROUTES {
         assert!(
@@ -249,7 +162,7 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     assert_eq!(s.stats()["config"]["generation"], 1);
 
     // SIGHUP with nothing changed: a reload all the same.
-    s.hangup();
+    s.child.hangup();
     s.wait_until("SIGHUP reloaded", |s| {
         s.stats()["config"]["generation"] == 2
     });
@@ -257,41 +170,29 @@ fn an_emptied_file_is_refused_and_sighup_reloads() {
     // Truncated (as an editor saving in place does first), caught by the watcher and by
     // SIGHUP alike: refused.
     std::fs::File::create(&s.file).unwrap();
-    s.hangup();
-    s.wait_until("the empty file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("the file is empty"))
-    });
+    s.child.hangup();
+    wait_refused(&mut s, "the empty file is refused", "the file is empty");
     assert_eq!(check_api(&s), 200, "the last good policy answers");
     assert_eq!(s.stats()["config"]["generation"], 2);
-    let log = s.log();
-    let refused = log
-        .lines()
-        .find(|l| l.contains("the file is empty"))
-        .unwrap();
+    let refused = s.logged("the file is empty");
     assert!(refused.contains("ERROR"), "{refused}");
 
     // A file that would remove every policy: refused too.
     std::fs::write(&s.file, "{}\n").unwrap();
-    s.wait_until("the policy-less file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("no policies where the running one has 1 (api)"))
-    });
+    wait_refused(
+        &mut s,
+        "the policy-less file is refused",
+        "no policies where the running one has 1 (api)",
+    );
     assert_eq!(check_api(&s), 200);
 
     // Half-written: cut in the middle of a limit.
     std::fs::write(&s.file, "policies:\n  api:\n    limits:\n      - { max: 10").unwrap();
-    s.wait_until("the half-written file is refused", |s| {
-        s.stats()["config"]["last_reload_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("never closed"))
-    });
+    wait_refused(&mut s, "the half-written file is refused", "never closed");
     assert_eq!(check_api(&s), 200);
 
     // The rest of the write: applied, the error cleared; the moved listener is a warning.
-    let http = s.url.rsplit_once(':').unwrap().1.to_owned();
+    let http = s.http.to_string();
     let next = CONFIG
         .replace("{http}", &http)
         .replace("grpc: 127.0.0.1:{grpc}", "grpc: 127.0.0.1:1")
@@ -337,7 +238,7 @@ fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
     let open = || {
-        let stream = std::net::TcpStream::connect(&s.url).unwrap();
+        let stream = std::net::TcpStream::connect(("127.0.0.1", s.http)).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
@@ -352,14 +253,7 @@ fn at_the_connection_bound_the_listener_says_so_and_new_clients_wait() {
     let mut c = open();
     c.write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
         .unwrap();
-    s.wait_until("the bound is logged", |s| {
-        s.log().contains("listener at its connection bound")
-    });
-    let log = s.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("listener at its connection bound"))
-        .unwrap();
+    let line = s.logged("listener at its connection bound");
     assert!(
         line.contains("WARN")
             && line.contains("listener=\"http\"")

@@ -4,10 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::process::{Command, Output};
+mod support;
 
+use std::process::Output;
+
+use support::{temp_file, text};
+
+/// `sluice simulate ARGS`.
 fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
+    support::sluice()
         .arg("simulate")
         .args(args)
         .output()
@@ -15,22 +20,19 @@ fn sluice(args: &[&str]) -> Output {
 }
 
 fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    text(&o.stdout)
 }
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    text(&o.stderr)
 }
 
 #[test]
 fn a_configured_and_an_inline_policy_side_by_side_with_a_chart() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &config,
+    let (dir, config) = temp_file(
+        "sluice.yaml",
         "policies:\n  api:\n    limits:\n      - { max: 100, per: 1m }\n",
-    )
-    .unwrap();
+    );
     let svg = dir.path().join("chart.svg");
     let o = sluice(&[
         "--config",
@@ -104,18 +106,15 @@ fn a_configured_and_an_inline_policy_side_by_side_with_a_chart() {
 
 #[test]
 fn a_log_file_in_nginx_format_as_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(
-        &log,
+    let (_dir, log) = temp_file(
+        "access.log",
         concat!(
             "10.0.0.1 - - [01/Jan/2026:00:00:00 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.2 - - [01/Jan/2026:00:00:01 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.1 - - [01/Jan/2026:00:00:02 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
             "10.0.0.1 - - [01/Jan/2026:00:00:03 +0000] \"GET / HTTP/1.1\" 200 612 \"-\" \"curl/8.5\"\n",
         ),
-    )
-    .unwrap();
+    );
     let o = sluice(&[
         "--policy",
         "p={limits: [{max: 2, per: 1m}]}",
@@ -141,97 +140,37 @@ fn a_log_file_in_nginx_format_as_json() {
 #[test]
 fn bad_input_exits_non_zero_naming_what_is_wrong() {
     let inline = "p={limits: [{max: 2, per: 1m}]}";
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    let steady = "--pattern steady --rate 1 --duration 1s";
+    // `--policy` and the other arguments (split at spaces), and what the error says.
+    let cases = [
+        ("api", steady, "no policy named `api`"),
         (
-            vec![
-                "--policy",
-                "api",
-                "--pattern",
-                "steady",
-                "--rate",
-                "1",
-                "--duration",
-                "1s",
-            ],
-            "no policy named `api`",
-        ),
-        (
-            vec![
-                "--policy",
-                "p={limits: [{max: 2, per: 0s}]}",
-                "--pattern",
-                "steady",
-                "--rate",
-                "1",
-                "--duration",
-                "1s",
-            ],
+            "p={limits: [{max: 2, per: 0s}]}",
+            steady,
             "limits[0]: `0s` is not a positive duration",
         ),
         (
-            vec![
-                "--policy",
-                inline,
-                "--pattern",
-                "steady",
-                "--rate",
-                "1000",
-                "--duration",
-                "2h",
-            ],
+            inline,
+            "--pattern steady --rate 1000 --duration 2h",
             "max_events",
         ),
         (
-            vec![
-                "--policy",
-                inline,
-                "--pattern",
-                "steady",
-                "--rate",
-                "1",
-                "--duration",
-                "40d",
-            ],
+            inline,
+            "--pattern steady --rate 1 --duration 40d",
             "max_duration",
         ),
+        (inline, "--pattern zigzag --duration 1s", "traffic.pattern"),
+        (inline, "", "give a traffic"),
         (
-            vec![
-                "--policy",
-                inline,
-                "--pattern",
-                "zigzag",
-                "--duration",
-                "1s",
-            ],
-            "traffic.pattern",
-        ),
-        (vec!["--policy", inline], "give a traffic"),
-        (
-            vec![
-                "--policy",
-                inline,
-                "--log",
-                "/nonexistent/access.log",
-                "--format",
-                "csv",
-            ],
+            inline,
+            "--log /nonexistent/access.log --format csv",
             "/nonexistent/access.log",
         ),
-        (
-            vec![
-                "--policy",
-                "{limits: []}",
-                "--pattern",
-                "steady",
-                "--rate",
-                "1",
-                "--duration",
-                "1s",
-            ],
-            "needs a name",
-        ),
+        ("{limits: []}", steady, "needs a name"),
     ];
-    for (args, words) in cases {
+    for (policy, rest, words) in cases {
+        let mut args = vec!["--policy", policy];
+        args.extend(rest.split_whitespace());
         let o = sluice(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
         let e = stderr(&o);
@@ -241,15 +180,18 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
     // to end the run); a log of nothing but malformed lines ends it, naming them.
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("t.csv");
+    let csv = || {
+        sluice(&[
+            "--policy",
+            inline,
+            "--log",
+            log.to_str().unwrap(),
+            "--format",
+            "csv",
+        ])
+    };
     std::fs::write(&log, "1767225600,a\n1767225601\n").unwrap();
-    let o = sluice(&[
-        "--policy",
-        inline,
-        "--log",
-        log.to_str().unwrap(),
-        "--format",
-        "csv",
-    ]);
+    let o = csv();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("1 of 2 lines read, 1 skipped"), "{out}");
@@ -258,14 +200,7 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
         "{out}"
     );
     std::fs::write(&log, "1767225601\nnow,a\n").unwrap();
-    let o = sluice(&[
-        "--policy",
-        inline,
-        "--log",
-        log.to_str().unwrap(),
-        "--format",
-        "csv",
-    ]);
+    let o = csv();
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("none of the 2 lines could be read as csv"),

@@ -83,24 +83,12 @@ async fn envoy(
     sent
 }
 
-fn main() {
-    if !sluice_testkit::require_redis() {
+#[tokio::main(worker_threads = 2)]
+async fn main() {
+    let Some(secs) = sluice_testkit::bench_seconds(10) else {
         return;
-    }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
-    }
-    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    };
     let redis = RedisServer::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("sluice.yaml");
     std::fs::write(
@@ -116,76 +104,73 @@ fn main() {
     let config = Config::load(&file).unwrap();
     let policy: Policy = config.policies[0].policy.clone();
 
-    rt.block_on(async {
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", grpc.local_addr().unwrap());
-        tokio::spawn(app::run(
-            Listeners {
-                http,
-                grpc: Some(grpc),
-                admin: None,
-            },
-            config,
-            Some(file.clone()),
-            std::future::pending::<()>(),
-        ));
-        let channel = loop {
-            match tonic::transport::Endpoint::from_shared(url.clone())
-                .unwrap()
-                .connect()
-                .await
-            {
-                Ok(c) => break c,
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await, // polling: not up yet
-            }
-        };
-        // The baseline: the same store's check of a fixed window, in this run.
-        let store = sluice_redis::RedisStore::connect(sluice_redis::RedisConfig::new(redis.url()))
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", grpc.local_addr().unwrap());
+    tokio::spawn(app::run(
+        Listeners {
+            http,
+            grpc: Some(grpc),
+            admin: None,
+        },
+        config,
+        Some(file.clone()),
+        std::future::pending::<()>(),
+    ));
+    let channel = loop {
+        match tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await, // polling: not up yet
+        }
+    };
+    // The baseline: the same store's check of a fixed window, in this run.
+    let store = sluice_redis::RedisStore::connect(sluice_redis::RedisConfig::new(redis.url()))
+        .await
+        .unwrap();
+    let before = fcall_stats(&redis);
+    for i in 0..5_000u64 {
+        let key = format!("base:{}", i % 500);
+        store
+            .call(&policy, &key, Op::Check { cost: 5 }, 1_700_000_000_000)
             .await
             .unwrap();
-        let before = fcall_stats(&redis);
-        for i in 0..5_000u64 {
-            let key = format!("base:{}", i % 500);
-            store
-                .call(&policy, &key, Op::Check { cost: 5 }, 1_700_000_000_000)
-                .await
-                .unwrap();
-        }
-        let check_us = fcall_stats(&redis).since(before).usec_per_call();
+    }
+    let check_us = fcall_stats(&redis).since(before).usec_per_call();
 
-        println!(
-            "| streams | buckets per report | reports/s sent | reports/s answered | p50 ms | p99 ms | max ms | Redis µs per charged bucket | fixed-window check µs (baseline) |"
-        );
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for streams in [10usize, 100, 500, 1_000] {
-            let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
-            let began = Instant::now() + Duration::from_millis(200);
-            let end = began + Duration::from_secs(secs);
-            let before = fcall_stats(&redis);
-            let tasks: Vec<_> = (0..streams)
-                .map(|id| {
-                    // Start times spread over the first second, as Envoys' are.
-                    let start = began
-                        + Duration::from_micros((id as u64 * 1_000_000) / streams as u64);
-                    tokio::spawn(envoy(channel.clone(), id, start, end, hist.clone()))
-                })
-                .collect();
-            let mut reports = 0;
-            for t in tasks {
-                reports += t.await.unwrap();
-            }
-            let elapsed = began.elapsed().as_secs_f64();
-            let charged_us = fcall_stats(&redis).since(before).usec_per_call();
-            let h = hist.lock().await;
-            println!(
-                "| {streams} | {BUCKETS} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {charged_us:.1} | {check_us:.1} |",
-                streams,
-                reports as f64 / elapsed,
-                h.value_at_quantile(0.50) as f64 / 1000.0,
-                h.value_at_quantile(0.99) as f64 / 1000.0,
-                h.max() as f64 / 1000.0,
-            );
+    println!(
+        "| streams | buckets per report | reports/s sent | reports/s answered | p50 ms | p99 ms | max ms | Redis µs per charged bucket | fixed-window check µs (baseline) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for streams in [10usize, 100, 500, 1_000] {
+        let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
+        let began = Instant::now() + Duration::from_millis(200);
+        let end = began + Duration::from_secs(secs);
+        let before = fcall_stats(&redis);
+        let tasks: Vec<_> = (0..streams)
+            .map(|id| {
+                // Start times spread over the first second, as Envoys' are.
+                let start = began + Duration::from_micros((id as u64 * 1_000_000) / streams as u64);
+                tokio::spawn(envoy(channel.clone(), id, start, end, hist.clone()))
+            })
+            .collect();
+        let mut reports = 0;
+        for t in tasks {
+            reports += t.await.unwrap();
         }
-    });
+        let elapsed = began.elapsed().as_secs_f64();
+        let charged_us = fcall_stats(&redis).since(before).usec_per_call();
+        let h = hist.lock().await;
+        println!(
+            "| {streams} | {BUCKETS} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {charged_us:.1} | {check_us:.1} |",
+            streams,
+            reports as f64 / elapsed,
+            h.value_at_quantile(0.50) as f64 / 1000.0,
+            h.value_at_quantile(0.99) as f64 / 1000.0,
+            h.max() as f64 / 1000.0,
+        );
+    }
 }

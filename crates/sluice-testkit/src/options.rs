@@ -58,20 +58,11 @@ impl ServerOptions {
         self
     }
 
-    /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
-    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-
-    /// Extra arguments.
-    pub fn args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<OsString>,
-    {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
+    arg_setters! {
+        /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
+        arg,
+        /// Extra arguments.
+        args
     }
 
     /// Replicate the server on `127.0.0.1:port` (`--replicaof 127.0.0.1 <port>`).
@@ -83,16 +74,23 @@ impl ServerOptions {
         ])
     }
 
-    /// How long to wait for the server to answer `PING` (default [`READY_TIMEOUT`]).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
+    setters! {
+        /// How long to wait for the server to answer `PING` (default [`READY_TIMEOUT`]).
+        ready_timeout: Duration,
     }
 
     /// Starts a server with these options; see [`RedisServer::start_with_options`].
     pub fn start(self) -> Result<RedisServer, Error> {
         RedisServer::start_with_options(self)
     }
+}
+
+/// The arguments that create the ACL user `name` with `password`, allowed every command on
+/// the keys matching `keys` (e.g. `*`): for [`ServerOptions::args`] and the data or sentinel
+/// arguments of the topologies. The default user stays open for the kit.
+pub fn acl_user(name: &str, password: &str, keys: &str) -> [String; 6] {
+    let (password, keys) = (format!(">{password}"), format!("~{keys}"));
+    ["--user", name, "on", &password, &keys, "+@all"].map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -111,5 +109,13 @@ mod tests {
         assert_eq!(args, ["--a", "1", "--b", "--replicaof", "127.0.0.1", "7"]);
         assert_eq!(o.program, "redis-server");
         assert_eq!(o.ready_timeout, READY_TIMEOUT);
+    }
+
+    #[test]
+    fn an_acl_user_is_six_arguments() {
+        assert_eq!(
+            acl_user("alice", "pw", "app:*"),
+            ["--user", "alice", "on", ">pw", "~app:*", "+@all"]
+        );
     }
 }

@@ -84,6 +84,20 @@ pub fn require_redis() -> bool {
     }
 }
 
+/// For a Redis benchmark's `main`: the seconds to measure for (`SLUICE_BENCH_SECS`, else
+/// `default`), or `None` when there is nothing to measure: no `redis-server` (as
+/// [`require_redis`] decides), or the binary was started by a test runner, to list or
+/// smoke-test it, rather than with `--bench`.
+pub fn bench_seconds(default: u64) -> Option<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    let listed = args.iter().any(|a| a == "--list" || a == "--test");
+    if !require_redis() || listed || !args.iter().any(|a| a == "--bench") {
+        return None;
+    }
+    let secs = std::env::var("SLUICE_BENCH_SECS").ok();
+    Some(secs.and_then(|v| v.parse().ok()).unwrap_or(default))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,22 @@ struct Said {
     taken: Option<(u64, u64)>,
 }
 
+/// An array of `ints`, mostly small non-negative values as the script sends (two of each
+/// three taken modulo 2^40), one of them maybe replaced by the `odd` tree.
+fn layout(ints: impl Iterator<Item = i64>, odd: &Option<(u8, Tree)>) -> Value {
+    let mut items: Vec<Value> = ints
+        .enumerate()
+        .map(|(i, v)| Value::Int(if i % 3 == 0 { v } else { v.rem_euclid(1 << 40) }))
+        .collect();
+    if let Some((at, tree)) = odd
+        && !items.is_empty()
+    {
+        let i = usize::from(*at) % items.len();
+        items[i] = tree.value();
+    }
+    Value::Array(items)
+}
+
 fn said(reply: &Value, limits: usize, acquire: bool) -> Option<Said> {
     let Value::Array(items) = reply else {
         return None;
@@ -201,20 +217,8 @@ fn decode() {
                 let len = expected
                     .saturating_add_signed(isize::from(*delta % 3))
                     .min(64);
-                let mut items: Vec<Value> = (0..len)
-                    .map(|i| {
-                        let v = ints.get(i % ints.len().max(1)).map_or(0, Int::value);
-                        // Mostly small non-negative values, as the script sends.
-                        Value::Int(if i % 3 == 0 { v } else { v.rem_euclid(1 << 40) })
-                    })
-                    .collect();
-                if let Some((at, tree)) = odd
-                    && !items.is_empty()
-                {
-                    let i = usize::from(*at) % items.len();
-                    items[i] = tree.value();
-                }
-                Value::Array(items)
+                let ints = (0..len).map(|i| ints.get(i % ints.len().max(1)).map_or(0, Int::value));
+                layout(ints, odd)
             }
         };
         let decoded = sluice_redis::fuzzing::decode_reply(&reply, &policy, op);
@@ -302,23 +306,7 @@ fn decode_lean() {
         };
         let reply = match &input.shape {
             Shape::Any(tree) => tree.value(),
-            Shape::Layout { ints, odd, .. } => {
-                let mut items: Vec<Value> = ints
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| {
-                        let v = n.value();
-                        Value::Int(if i % 3 == 0 { v } else { v.rem_euclid(1 << 40) })
-                    })
-                    .collect();
-                if let Some((at, tree)) = odd
-                    && !items.is_empty()
-                {
-                    let i = usize::from(*at) % items.len();
-                    items[i] = tree.value();
-                }
-                Value::Array(items)
-            }
+            Shape::Layout { ints, odd, .. } => layout(ints.iter().map(Int::value), odd),
         };
         match sluice_redis::fuzzing::decode_rate_reply(&reply, &policy, op) {
             Ok(d) => {

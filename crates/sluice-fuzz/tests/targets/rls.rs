@@ -12,33 +12,12 @@ use bolero::check;
 use sluice_envoy_rules::{Asked, LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 use sluice_fuzz::{Edit, Many, Tally, Word, YAML_WORDS, apply_edits, budget, seeds, structured};
 
-/// Keys and values of the format, for edits.
-const WORDS: &[&str] = &[
-    "domain",
-    "descriptors",
-    "key",
-    "value",
-    "rate_limit",
-    "unit",
-    "requests_per_unit",
-    "unlimited",
-    "shadow_mode",
-    "quota_mode",
-    "name",
-    "replaces",
-    "detailed_metric",
-    "value_to_metric",
-    "share_threshold",
-    "metadata",
-    "second",
-    "minute",
-    "hour",
-    "day",
-    "week",
-    "month",
-    "year",
-    "SECOND",
-    "fortnight",
+/// Keys and values of the format, for edits: its words (split at white space), then
+/// fragments.
+const KEYS: &str = "domain descriptors key value rate_limit unit requests_per_unit unlimited \
+     shadow_mode quota_mode name replaces detailed_metric value_to_metric \
+     share_threshold metadata second minute hour day week month year SECOND fortnight";
+const FRAGMENTS: &[&str] = &[
     "- key: k",
     "- name: n",
     "*",
@@ -252,7 +231,10 @@ fn edits() {
     let tally = Tally::new("rls::edits");
     let seeds = seeds("rls__text");
     assert!(!seeds.is_empty(), "the rls corpus is missing");
-    let words: Vec<&str> = WORDS.iter().chain(YAML_WORDS).copied().collect();
+    let words: Vec<&str> = KEYS
+        .split_whitespace()
+        .chain(FRAGMENTS.iter().chain(YAML_WORDS).copied())
+        .collect();
     check!().with_test_time(budget()).for_each(|bytes: &[u8]| {
         let Some(input) = structured::<Edited>(bytes) else {
             return;

@@ -244,12 +244,9 @@ async fn bad_acquires_and_releases_are_refused_by_name() {
     let r = post(&c, &acquire, json!({"policy": "nope", "key": "k"})).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     // A check consults the concurrency limit without holding.
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "jobs", "key": "k"}),
-    )
-    .await;
+    let r = s
+        .post(&c, "/v1/check", json!({"policy": "jobs", "key": "k"}))
+        .await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(
         r.json::<Value>().await.unwrap()["limits"][0]["remaining"],

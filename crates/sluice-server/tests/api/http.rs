@@ -28,6 +28,11 @@ use support::{header, post};
 
 type Server = support::TestServer;
 
+/// The body of a request for `cost` of `key` under `policy`.
+fn asking(policy: &str, key: &str, cost: u64) -> Value {
+    json!({"policy": policy, "key": key, "cost": cost})
+}
+
 async fn start(config: &str) -> Server {
     Server::start(config, &[]).await
 }
@@ -97,13 +102,8 @@ async fn peek_refund_forget_and_policies() {
     let s = start(CONFIG).await;
     let c = Client::new();
     let check = format!("{}/v1/check", s.url);
-    post(&c, &check, json!({"policy": "api", "key": "k", "cost": 2})).await;
-    let r = post(
-        &c,
-        &format!("{}/v1/peek", s.url),
-        json!({"policy": "api", "key": "k", "cost": 1}),
-    )
-    .await;
+    post(&c, &check, asking("api", "k", 2)).await;
+    let r = s.post(&c, "/v1/peek", asking("api", "k", 1)).await;
     assert_eq!(r.status(), StatusCode::OK);
     let body: Value = r.json().await.unwrap();
     assert_eq!(
@@ -111,40 +111,23 @@ async fn peek_refund_forget_and_policies() {
         json!(0),
         "a peek reports what the check would get"
     );
-    let r = post(
-        &c,
-        &format!("{}/v1/refund", s.url),
-        json!({"policy": "api", "key": "k", "cost": 1}),
-    )
-    .await;
+    let r = s.post(&c, "/v1/refund", asking("api", "k", 1)).await;
     assert_eq!(r.status(), StatusCode::OK);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["remaining"], json!(2));
-    let r = c
-        .delete(format!("{}/v1/keys/api/k", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.delete(&c, "/v1/keys/api/k").await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     // No body, so no content type (it said application/json).
     assert_eq!(header(&r, "content-type"), None);
     assert_eq!(r.bytes().await.unwrap().len(), 0);
-    let r = post(&c, &check, json!({"policy": "api", "key": "k", "cost": 3})).await;
+    let r = post(&c, &check, asking("api", "k", 3)).await;
     assert_eq!(r.status(), StatusCode::OK, "forgotten: a full window again");
     // Keys with slashes and spaces survive the path.
     post(&c, &check, json!({"policy": "api", "key": "a/b c"})).await;
-    let r = c
-        .delete(format!("{}/v1/keys/api/a%2Fb%20c", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.delete(&c, "/v1/keys/api/a%2Fb%20c").await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
 
-    let r = c
-        .get(format!("{}/v1/policies", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&c, "/v1/policies").await;
     assert_eq!(r.status(), StatusCode::OK);
     let body: Value = r.json().await.unwrap();
     let names: Vec<&str> = body["policies"]
@@ -228,17 +211,9 @@ async fn every_error_is_json_with_the_right_status() {
         message.contains("no policy named `nope`") && message.contains("api, search, uploads"),
         "{message}"
     );
-    let r = c
-        .delete(format!("{}/v1/keys/nope/k", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.delete(&c, "/v1/keys/nope/k").await;
     error_of(r, StatusCode::NOT_FOUND).await;
-    error_of(
-        c.get(format!("{}/v2/check", s.url)).send().await.unwrap(),
-        StatusCode::NOT_FOUND,
-    )
-    .await;
+    error_of(s.get(&c, "/v2/check").await, StatusCode::NOT_FOUND).await;
     error_of(
         c.get(check.clone()).send().await.unwrap(),
         StatusCode::METHOD_NOT_ALLOWED,
@@ -253,12 +228,7 @@ async fn every_error_is_json_with_the_right_status() {
     let r = c.post(check.clone()).body(huge).send().await.unwrap();
     error_of(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     // Nothing above was counted.
-    let r = post(
-        &c,
-        &format!("{}/v1/peek", s.url),
-        json!({"policy": "api", "key": "k", "cost": 0}),
-    )
-    .await;
+    let r = s.post(&c, "/v1/peek", asking("api", "k", 0)).await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["remaining"], json!(3));
     s.stop().await;
@@ -305,13 +275,7 @@ async fn a_key_is_bounded_in_bytes_and_a_null_cost_is_one() {
 }
 
 async fn policies(c: &Client, s: &Server) -> Value {
-    c.get(format!("{}/v1/policies", s.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    support::json(c.get(format!("{}/v1/policies", s.url))).await
 }
 
 /// Polls until `cond` holds on `GET /v1/policies` (the server checks its file every 500 ms).
@@ -344,19 +308,13 @@ async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() 
     })
     .await;
     assert_eq!(p["policies"][0]["name"], json!("fresh"));
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "fresh", "key": "k"}),
-    )
-    .await;
+    let r = s
+        .post(&c, "/v1/check", json!({"policy": "fresh", "key": "k"}))
+        .await;
     assert_eq!(r.status(), StatusCode::OK);
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "api", "key": "k"}),
-    )
-    .await;
+    let r = s
+        .post(&c, "/v1/check", json!({"policy": "api", "key": "k"}))
+        .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND, "the old policy is gone");
 
     std::fs::write(
@@ -371,12 +329,9 @@ async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() 
     let e = p["config"]["last_reload_error"].as_str().unwrap();
     assert!(e.contains("sluice.yaml:3:") && e.contains("max"), "{e}");
     assert_eq!(p["config"]["generation"], json!(2));
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "fresh", "key": "k"}),
-    )
-    .await;
+    let r = s
+        .post(&c, "/v1/check", json!({"policy": "fresh", "key": "k"}))
+        .await;
     assert_eq!(
         r.status(),
         StatusCode::TOO_MANY_REQUESTS,
@@ -434,11 +389,7 @@ async fn shutdown_drains_in_flight_requests() {
 async fn the_openapi_document_matches_the_routes() {
     let s = start(CONFIG).await;
     let c = Client::new();
-    let r = c
-        .get(format!("{}/openapi.json", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&c, "/openapi.json").await;
     assert_eq!(r.status(), StatusCode::OK);
     let doc: Value = r.json().await.unwrap();
     let on_disk: Value = serde_json::from_str(
@@ -568,12 +519,9 @@ async fn a_thousand_malformed_requests_get_no_5xx() {
     }
     println!("statuses: {statuses:?}");
     assert!(statuses.contains_key(&400), "{statuses:?}");
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "api", "key": "after"}),
-    )
-    .await;
+    let r = s
+        .post(&c, "/v1/check", json!({"policy": "api", "key": "after"}))
+        .await;
     assert_eq!(r.status(), StatusCode::OK, "the server still serves");
     s.stop().await;
 }
@@ -613,11 +561,11 @@ async fn the_api_over_a_redis_store() {
         used,
         sluice_testkit::redis::Value::BulkString(b"3".to_vec())
     );
-    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    let r = s.get(&c, "/readyz").await;
     assert_eq!(r.status(), StatusCode::OK);
 
     redis.pause().unwrap();
-    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    let r = s.get(&c, "/readyz").await;
     let status = r.status();
     let body: Value = r.json().await.unwrap();
     // The default failure mode is open: a check is allowed and marked degraded.
@@ -665,7 +613,7 @@ async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
         )
         .await;
     }
-    let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
+    let r = s.get(&c, "/metrics").await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(
         header(&r, "content-type")
@@ -719,12 +667,13 @@ async fn two_redis_shards_and_readiness_per_shard() {
     let s = start(&config).await;
     let c = Client::new();
     for k in 0..40 {
-        let r = post(
-            &c,
-            &format!("{}/v1/check", s.url),
-            json!({"policy": "api", "key": format!("k{k}")}),
-        )
-        .await;
+        let r = s
+            .post(
+                &c,
+                "/v1/check",
+                json!({"policy": "api", "key": format!("k{k}")}),
+            )
+            .await;
         assert_eq!(r.status(), StatusCode::OK);
     }
     let keys_on = |server: &sluice_testkit::RedisServer| match server.cmd(&["DBSIZE"]).unwrap() {
@@ -737,7 +686,7 @@ async fn two_redis_shards_and_readiness_per_shard() {
     assert!(on_a > 10 && on_b > 10, "uneven: {on_a} / {on_b}");
 
     b.pause().unwrap();
-    let r = c.get(format!("{}/readyz", s.url)).send().await.unwrap();
+    let r = s.get(&c, "/readyz").await;
     let status = r.status();
     let body: Value = r.json().await.unwrap();
     b.resume().unwrap();
@@ -805,12 +754,8 @@ async fn admin_routes_need_a_bearer_token() {
         assert!(r.status().is_success(), "{method} {path}: {}", r.status());
     }
     // The admin calls took effect (refund, then forget): the key is whole again.
-    let whole = json!({"policy": "api", "key": "user:1", "cost": 0});
-    let d: Value = post(&c, &format!("{}/v1/peek", s.url), whole)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let whole = asking("api", "user:1", 0);
+    let d: Value = s.post(&c, "/v1/peek", whole).await.json().await.unwrap();
     assert_eq!(d["remaining"], 3);
     s.stop().await;
 }
@@ -874,8 +819,8 @@ async fn a_path_that_is_not_utf8_is_a_json_error() {
 async fn a_token_bucket_reports_its_burst_as_the_limit() {
     let s = start(CONFIG).await;
     let c = Client::new();
-    let fresh = json!({"policy": "uploads", "key": "fresh", "cost": 0});
-    let r = post(&c, &format!("{}/v1/peek", s.url), fresh).await;
+    let fresh = asking("uploads", "fresh", 0);
+    let r = s.post(&c, "/v1/peek", fresh).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
     assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("20"));
@@ -898,12 +843,7 @@ async fn a_token_bucket_reports_its_burst_as_the_limit() {
         (&json!(100), &json!(20))
     );
 
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "uploads", "key": "fresh", "cost": 3}),
-    )
-    .await;
+    let r = s.post(&c, "/v1/check", asking("uploads", "fresh", 3)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
     assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("17"));
@@ -952,12 +892,7 @@ async fn a_body_naming_a_field_twice_is_refused() {
         );
     }
     // Nothing was charged by the refused check.
-    let r = post(
-        &c,
-        &format!("{}/v1/check", s.url),
-        json!({"policy": "api", "key": "k", "cost": 3}),
-    )
-    .await;
+    let r = s.post(&c, "/v1/check", asking("api", "k", 3)).await;
     assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }
@@ -974,15 +909,7 @@ async fn a_reload_that_drops_the_admin_section_is_refused() {
     std::fs::write(&s.file, CONFIG).unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let error = loop {
-        let stats: serde_json::Value = c
-            .get(format!("{}/v1/stats", s.url))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let stats = support::json(c.get(format!("{}/v1/stats", s.url)).bearer_auth(TOKEN)).await;
         assert_eq!(stats["config"]["generation"], 1, "the reload was applied");
         if let Some(error) = stats["config"]["last_reload_error"].as_str() {
             break error.to_owned();
@@ -994,11 +921,7 @@ async fn a_reload_that_drops_the_admin_section_is_refused() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(error.contains("no admin section"), "{error}");
-    let r = c
-        .get(format!("{}/v1/policies", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get(&c, "/v1/policies").await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     s.stop().await;
 }
@@ -1013,7 +936,7 @@ async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
     for (extra, open) in [("", false), ("  protect_metrics: false\n", true)] {
         let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n{extra}");
         let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
-        let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
+        let r = s.get(&c, "/metrics").await;
         let expected = if open {
             StatusCode::OK
         } else {

@@ -7,16 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{TestServer, post};
-
-async fn scrape(url: &str) -> String {
-    reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
+use crate::support::{TestServer, post, scrape};
 
 /// The value of the sample of `name` whose labels are exactly `labels` (in any order).
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -113,6 +104,15 @@ async fn limit_gauges_follow_the_configuration_through_a_reload() {
     s.stop().await;
 }
 
+/// `sluice_decisions_near_limit_total` of `policy` in the scraped `text`.
+fn near(text: &str, policy: &str) -> Option<f64> {
+    sample(
+        text,
+        "sluice_decisions_near_limit_total",
+        &[("policy", policy)],
+    )
+}
+
 /// With max 10 and the default ratio (0.8), the 8th admitted decision is the first near
 /// its limit; each admitted one after it counts too, a denied one does not.
 #[tokio::test]
@@ -123,13 +123,7 @@ async fn near_limit_counts_from_eighty_percent_used() {
     )
     .await;
     let c = reqwest::Client::new();
-    let near = |text: &str| {
-        sample(
-            text,
-            "sluice_decisions_near_limit_total",
-            &[("policy", "nearly")],
-        )
-    };
+    let near = |text: &str| near(text, "nearly");
     for _ in 0..7 {
         assert_eq!(check(&c, &s.url, "nearly").await, 200);
     }
@@ -138,12 +132,9 @@ async fn near_limit_counts_from_eighty_percent_used() {
     assert_eq!(check(&c, &s.url, "nearly").await, 200);
     assert_eq!(near(&scrape(&s.url).await), Some(1.0));
     // A peek leaves the count alone.
-    let peek = post(
-        &c,
-        &format!("{}/v1/peek", s.url),
-        json!({"policy": "nearly", "key": "k"}),
-    )
-    .await;
+    let peek = s
+        .post(&c, "/v1/peek", json!({"policy": "nearly", "key": "k"}))
+        .await;
     assert_eq!(peek.status(), 200);
     assert_eq!(check(&c, &s.url, "nearly").await, 200);
     assert_eq!(check(&c, &s.url, "nearly").await, 200);
@@ -201,13 +192,7 @@ async fn near_limit_ratio_is_configurable() {
     )
     .await;
     let c = reqwest::Client::new();
-    let near = |text: &str| {
-        sample(
-            text,
-            "sluice_decisions_near_limit_total",
-            &[("policy", "halved")],
-        )
-    };
+    let near = |text: &str| near(text, "halved");
     assert_eq!(check(&c, &s.url, "halved").await, 200);
     assert_eq!(near(&scrape(&s.url).await), None);
     assert_eq!(check(&c, &s.url, "halved").await, 200);

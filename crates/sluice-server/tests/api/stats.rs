@@ -7,13 +7,12 @@
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support;
+use crate::support::{self, descriptor};
 
 /// `top.capacity` above the 1,500 keys: the summaries are exact.
 const CONFIG: &str = "top:\n  capacity: 2048\n  window: 1m\npolicies:\n  api:\n    limits:\n      - { max: 3, per: 1h }\nrls:\n  config_dir: ratelimit-config\n";
@@ -25,19 +24,6 @@ async fn get(url: &str) -> (StatusCode, Value, usize) {
     let status = r.status();
     let text = r.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap(), text.len())
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 /// Sends `descriptors` to the bench domain, 50 to a request.

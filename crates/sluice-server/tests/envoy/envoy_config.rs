@@ -14,32 +14,34 @@ use prost_reflect::{DescriptorPool, DynamicMessage};
 /// The host's target tuple: `cargo metadata --offline` resolves only what this platform
 /// builds, so packages of other platforms (never downloaded here) are not asked for.
 fn host_tuple() -> String {
-    let out = std::process::Command::new("rustc")
-        .args(["--print", "host-tuple"])
-        .output()
-        .expect("rustc --print host-tuple");
+    let mut rustc = std::process::Command::new("rustc");
+    let out = stdout_of(
+        rustc.args(["--print", "host-tuple"]),
+        "rustc --print host-tuple",
+    );
+    String::from_utf8(out).unwrap().trim().to_owned()
+}
+
+/// The standard output of `command` (`what`), which must succeed.
+fn stdout_of(command: &mut std::process::Command, what: &str) -> Vec<u8> {
+    let out = command.output().expect(what);
     assert!(
         out.status.success(),
-        "{}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    out.stdout
 }
 
 /// Envoy's descriptor set, from the envoy-types package cargo resolved for this workspace.
 pub(crate) fn envoy_descriptors() -> DescriptorPool {
-    let out = std::process::Command::new(env!("CARGO"))
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo
         .args(["metadata", "--format-version", "1", "--offline"])
         .args(["--filter-platform", &host_tuple()])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&stdout_of(&mut cargo, "cargo metadata")).unwrap();
     let manifest = metadata["packages"]
         .as_array()
         .unwrap()
@@ -80,21 +82,37 @@ fn bootstrap(pool: &DescriptorPool, yaml: &str) -> Result<DynamicMessage, String
     DynamicMessage::deserialize(desc, &mut de).map_err(|e| e.to_string())
 }
 
+/// `yaml` (of `docs/DOC`) read as Envoy's bootstrap and written back as JSON, which names
+/// each of `expected`.
+fn read_back(pool: &DescriptorPool, yaml: &str, doc: &str, expected: &[&str]) {
+    let config = bootstrap(pool, yaml).unwrap_or_else(|e| panic!("docs/{doc}: {e}"));
+    let text = serde_json::to_string(&config).unwrap();
+    for expected in expected {
+        assert!(text.contains(expected), "{expected} was not read");
+    }
+}
+
+/// The check has teeth: `yaml` with any one of the `(from, to)` changes is refused.
+fn refused_when_changed(pool: &DescriptorPool, yaml: &str, changes: &[(&str, &str)]) {
+    for (from, to) in changes {
+        assert!(yaml.contains(from), "{from}");
+        let wrong = yaml.replacen(from, to, 1);
+        assert!(bootstrap(pool, &wrong).is_err(), "`{to}` was accepted");
+    }
+}
+
 #[test]
 fn the_envoy_configuration_of_the_rlqs_section_is_a_valid_bootstrap() {
     let pool = envoy_descriptors();
     let yaml = yaml_after("### Configuring Envoy");
-    let config = bootstrap(&pool, &yaml).unwrap_or_else(|e| panic!("docs/server.md: {e}"));
     // Written back as Envoy's JSON: what was read, typed configs included.
-    let text = serde_json::to_string(&config).unwrap();
-    for expected in [
+    let expected = [
         "RateLimitQuotaFilterConfig",
         "RateLimitQuotaBucketSettings",
         "rlqsServer",
         "bucketIdBuilder",
-    ] {
-        assert!(text.contains(expected), "{expected} was not read");
-    }
+    ];
+    read_back(&pool, &yaml, "server.md", &expected);
     // Envoy's reporting interval is the one Sluice's rlqs section expects.
     let sluice = yaml_after("### Configuring Sluice");
     assert!(sluice.contains("reporting_interval: 5s"), "{sluice}");
@@ -102,35 +120,29 @@ fn the_envoy_configuration_of_the_rlqs_section_is_a_valid_bootstrap() {
 
     // The check has teeth: a misspelt field, a wrong type URL or a value of the wrong kind
     // is refused.
-    for (from, to) in [
+    let changes = [
         ("reporting_interval: 5s", "reporting_intervall: 1s"),
         (
             "rate_limit_quota.v3.RateLimitQuotaFilterConfig",
             "rate_limit_quota.v3.RateLimitQuotaFilterConfiguration",
         ),
         ("blanket_rule: ALLOW_ALL", "blanket_rule: ALLOW_SOME"),
-    ] {
-        assert!(yaml.contains(from), "{from}");
-        let wrong = yaml.replacen(from, to, 1);
-        assert!(bootstrap(&pool, &wrong).is_err(), "`{to}` was accepted");
-    }
+    ];
+    refused_when_changed(&pool, &yaml, &changes);
 }
 
 #[test]
 fn the_envoy_configuration_of_the_deploying_guide_is_a_valid_bootstrap() {
     let pool = envoy_descriptors();
     let yaml = yaml_in("deploying.md", "### Envoy\n");
-    let config = bootstrap(&pool, &yaml).unwrap_or_else(|e| panic!("docs/deploying.md: {e}"));
-    let text = serde_json::to_string(&config).unwrap();
-    for expected in [
+    let expected = [
         "ratelimit.v3.RateLimit",
         "rateLimitService",
         "remoteAddress",
         "http2ProtocolOptions",
         "sluice-headless",
-    ] {
-        assert!(text.contains(expected), "{expected} was not read");
-    }
+    ];
+    read_back(&pool, &yaml, "deploying.md", &expected);
     // The domain is the one of the Kubernetes base's rule file.
     let rules = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -138,12 +150,9 @@ fn the_envoy_configuration_of_the_deploying_guide_is_a_valid_bootstrap() {
     ))
     .unwrap();
     assert!(yaml.contains("domain: edge") && rules.contains("domain: edge"));
-    for (from, to) in [
+    let changes = [
         ("failure_mode_deny: false", "failure_mode_denied: false"),
         ("transport_api_version: V3", "transport_api_version: V4"),
-    ] {
-        assert!(yaml.contains(from), "{from}");
-        let wrong = yaml.replacen(from, to, 1);
-        assert!(bootstrap(&pool, &wrong).is_err(), "`{to}` was accepted");
-    }
+    ];
+    refused_when_changed(&pool, &yaml, &changes);
 }

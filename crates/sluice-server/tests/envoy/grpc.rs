@@ -39,7 +39,7 @@ descriptors:
       unlimited: true
 "#;
 
-use crate::support;
+use crate::support::{self, rls_request as request};
 
 struct Server {
     inner: support::TestServer,
@@ -91,26 +91,6 @@ impl Server {
             .await
             .unwrap()
             .into_inner()
-    }
-}
-
-fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: descriptors
-            .iter()
-            .map(|d| RateLimitDescriptor {
-                entries: d
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).to_owned(),
-                        value: (*v).to_owned(),
-                    })
-                    .collect(),
-                ..RateLimitDescriptor::default()
-            })
-            .collect(),
-        hits_addend: hits,
     }
 }
 
@@ -297,29 +277,22 @@ async fn invalid_requests_and_health() {
     assert_eq!(r.overall_code, Code::Ok as i32);
 
     let mut health = tonic_health::pb::health_client::HealthClient::new(s.channel.clone());
-    let r = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
-    // The name the reference service registers, for probes written for it.
-    let r = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "ratelimit".to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    // Envoy's name for the service, and the name the reference service registers (for
+    // probes written for it).
+    for service in ["envoy.service.ratelimit.v3.RateLimitService", "ratelimit"] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service}"
+        );
+    }
     s.stop().await;
 }
 

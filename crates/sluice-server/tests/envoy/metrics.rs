@@ -5,13 +5,11 @@
 
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
-use crate::support;
+use crate::support::{self, scrape};
 
 const RULES: &str = "
 domain: gauges
@@ -30,15 +28,6 @@ descriptors:
 /// 2023-11-14 22:13:20 UTC: well inside an hour, so the hour's window does not turn.
 const NOW_MS: u64 = 1_700_000_000_000;
 
-async fn scrape(url: &str) -> String {
-    reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The value of the sample `series` (name and labels exactly as the exporter writes them).
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -46,20 +35,7 @@ fn value(text: &str, series: &str) -> Option<f64> {
 }
 
 fn ask(entries: &[(&str, &str)]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "gauges".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).to_owned(),
-                    value: (*v).to_owned(),
-                })
-                .collect(),
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    }
+    support::rls_request("gauges", &[entries], 0)
 }
 
 /// Each limited rule is a gauge of its `requests_per_unit` by domain, key path and unit;

@@ -29,12 +29,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support;
+use crate::rls_config::EXAMPLE_7;
+// `simple` is the reference's `common.NewRateLimitRequest(domain, descriptors, hits)`.
+use crate::support::{self, descriptor as desc, rls_request as simple};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -126,19 +126,6 @@ impl Rls {
     }
 }
 
-fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
-
 /// The descriptor with its own `hits_addend`.
 fn hits(mut d: RateLimitDescriptor, n: u64) -> RateLimitDescriptor {
     d.hits_addend = Some(UInt64Value { value: n });
@@ -164,15 +151,6 @@ fn request(
         descriptors,
         hits_addend,
     }
-}
-
-/// The reference's `common.NewRateLimitRequest(domain, descriptors, hits)`.
-fn simple(domain: &str, descriptors: &[&[(&str, &str)]], hits_addend: u32) -> RateLimitRequest {
-    request(
-        domain,
-        descriptors.iter().map(|d| desc(d)).collect(),
-        hits_addend,
-    )
 }
 
 /// The status of a descriptor no rule limits: OK, no current limit, nothing remaining.
@@ -274,6 +252,9 @@ descriptors:
       requests_per_unit: 5
 ";
 
+/// The descriptors `foo=bar` and `hello=world`.
+const FOO_HELLO: &[&[(&str, &str)]] = &[&[("foo", "bar")], &[("hello", "world")]];
+
 async fn service_server(settings: &str) -> Rls {
     Rls::start(
         settings,
@@ -302,13 +283,7 @@ async fn service_unmatched_and_over_limit_descriptors() {
     // foo=bar is brought to its limit; the next request is over it.
     s.fill("different-domain", &[("foo", "bar")], 10).await;
     let over = named(OVER, "key_name", 10, Unit::Minute, 0, 58);
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
+    let r = s.ask(simple("different-domain", FOO_HELLO, 1)).await;
     assert_eq!(r, response(OVER, vec![over.clone(), no_limit()]));
 
     // The order of the descriptors does not matter.
@@ -328,13 +303,7 @@ async fn service_unmatched_and_over_limit_descriptors() {
 async fn global_shadow_mode_answers_ok_and_keeps_the_statuses() {
     let mut s = service_server("  response_headers: off\n  shadow_mode: true\n").await;
     s.fill("different-domain", &[("foo", "bar")], 10).await;
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
+    let r = s.ask(simple("different-domain", FOO_HELLO, 1)).await;
     assert_eq!(
         r,
         response(
@@ -405,58 +374,27 @@ descriptors:
     )
 }
 
-// reference: test/service/ratelimit_test.go TestRuleShadowMode
+// reference: test/service/ratelimit_test.go TestRuleShadowMode and TestMixedRuleShadowMode
 #[tokio::test]
 async fn rule_shadow_mode_never_refuses() {
-    let rules = two_rules(true, true);
-    let mut s = Rls::start(REFERENCE_DEFAULTS, &[("d.yaml", &rules)], T_2222).await;
-    s.fill("different-domain", &[("foo", "bar")], 10).await;
-    s.fill("different-domain", &[("hello", "world")], 10).await;
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
-    assert_eq!(
-        r,
-        response(
-            OK,
-            vec![
-                status(OK, 10, Unit::Minute, 0, 58),
-                status(OK, 10, Unit::Minute, 0, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestMixedRuleShadowMode
-#[tokio::test]
-async fn mixed_rule_shadow_mode() {
-    let rules = two_rules(true, false);
-    let mut s = Rls::start(REFERENCE_DEFAULTS, &[("d.yaml", &rules)], T_2222).await;
-    s.fill("different-domain", &[("foo", "bar")], 10).await;
-    s.fill("different-domain", &[("hello", "world")], 10).await;
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
-    assert_eq!(
-        r,
-        response(
-            OVER,
-            vec![
-                status(OK, 10, Unit::Minute, 0, 58),
-                status(OVER, 10, Unit::Minute, 0, 58)
-            ]
-        )
-    );
-    s.stop().await;
+    // Whether `hello` is in shadow mode (`foo` is), then the overall code and hello's.
+    for (hello_shadow, code) in [(true, OK), (false, OVER)] {
+        let rules = two_rules(true, hello_shadow);
+        let mut s = Rls::start(REFERENCE_DEFAULTS, &[("d.yaml", &rules)], T_2222).await;
+        s.fill("different-domain", &[("foo", "bar")], 10).await;
+        s.fill("different-domain", &[("hello", "world")], 10).await;
+        let r = s.ask(simple("different-domain", FOO_HELLO, 1)).await;
+        let statuses = vec![
+            status(OK, 10, Unit::Minute, 0, 58),
+            status(code, 10, Unit::Minute, 0, 58),
+        ];
+        assert_eq!(
+            r,
+            response(code, statuses),
+            "hello shadowed: {hello_shadow}"
+        );
+        s.stop().await;
+    }
 }
 
 // reference: test/service/ratelimit_test.go TestServiceWithDefaultRatelimitHeaders
@@ -468,13 +406,7 @@ async fn mixed_rule_shadow_mode() {
 async fn draft03_headers_as_the_reference_sends_them() {
     let mut s = service_server("  response_headers: draft03\n").await;
     s.fill("different-domain", &[("foo", "bar")], 10).await;
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
+    let r = s.ask(simple("different-domain", FOO_HELLO, 1)).await;
     assert_eq!(r.overall_code, OVER as i32);
     assert_eq!(
         r.statuses,
@@ -566,13 +498,7 @@ descriptors:
 #[tokio::test]
 async fn ietf_headers_by_default_and_none_when_off() {
     let mut s = service_server("").await;
-    let r = s
-        .ask(simple(
-            "different-domain",
-            &[&[("foo", "bar")], &[("hello", "world")]],
-            1,
-        ))
-        .await;
+    let r = s.ask(simple("different-domain", FOO_HELLO, 1)).await;
     assert_eq!(r.overall_code, OK as i32);
     assert_eq!(
         headers(&r),
@@ -729,106 +655,116 @@ async fn quota_server(settings: &str) -> Rls {
 const REGULAR_AND_QUOTA: &[&[(&str, &str)]] = &[&[("regular", "limit")], &[("quota", "limit")]];
 const QUOTA1_AND_QUOTA2: &[&[(&str, &str)]] = &[&[("quota1", "limit")], &[("quota2", "limit")]];
 
-// reference: test/service/ratelimit_test.go TestServicePerDescriptorQuotaMode
-#[tokio::test]
-async fn quota_mode_a_regular_descriptor_over_its_limit_refuses() {
-    let mut s = quota_server(REFERENCE_DEFAULTS).await;
-    s.fill("quota-domain", &[("regular", "limit")], 5).await;
-    let r = s.ask(simple("quota-domain", REGULAR_AND_QUOTA, 1)).await;
+/// One quota-mode case of the reference's service tests, on [`QUOTA_DOMAIN`].
+struct QuotaCase {
+    /// The reference's test.
+    name: &'static str,
+    settings: &'static str,
+    /// The counters brought to their limits first: `(key, hits)`, of value `limit`.
+    filled: &'static [(&'static str, u32)],
+    asked: &'static [&'static [(&'static str, &'static str)]],
+    /// The answer: the overall code, then each descriptor's code, limit and remaining (per
+    /// minute, 58 seconds to the reset).
+    overall: Code,
+    statuses: [(Code, u32, u32); 2],
+    /// What is left afterwards of these keys, counting nothing.
+    left: &'static [(&'static str, u32)],
+}
+
+const SHADOW: &str = "  response_headers: off\n  shadow_mode: true\n";
+
+const QUOTA_CASES: &[QuotaCase] = &[
     // Sluice: the refused request's quota descriptor is refunded, so it reports its 3 (the
     // reference would have counted it).
-    assert_eq!(
-        r,
-        response(
-            OVER,
-            vec![
-                status(OVER, 5, Unit::Minute, 0, 58),
-                status(OK, 3, Unit::Minute, 3, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestServiceMixedPerDescriptorModes
-#[tokio::test]
-async fn quota_mode_every_quota_descriptor_over_refuses() {
-    let mut s = quota_server(REFERENCE_DEFAULTS).await;
-    s.fill("quota-domain", &[("quota", "limit")], 3).await;
-    let r = s.ask(simple("quota-domain", REGULAR_AND_QUOTA, 1)).await;
+    QuotaCase {
+        name: "TestServicePerDescriptorQuotaMode",
+        settings: REFERENCE_DEFAULTS,
+        filled: &[("regular", 5)],
+        asked: REGULAR_AND_QUOTA,
+        overall: OVER,
+        statuses: [(OVER, 5, 0), (OK, 3, 3)],
+        left: &[],
+    },
     // Sluice: the regular descriptor is refunded (5 left).
-    assert_eq!(
-        r,
-        response(
-            OVER,
-            vec![
-                status(OK, 5, Unit::Minute, 5, 58),
-                status(OVER, 3, Unit::Minute, 0, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
+    QuotaCase {
+        name: "TestServiceMixedPerDescriptorModes",
+        settings: REFERENCE_DEFAULTS,
+        filled: &[("quota", 3)],
+        asked: REGULAR_AND_QUOTA,
+        overall: OVER,
+        statuses: [(OK, 5, 5), (OVER, 3, 0)],
+        left: &[],
+    },
+    QuotaCase {
+        name: "TestServiceMixedPerDescriptorModesUnderLimit",
+        settings: REFERENCE_DEFAULTS,
+        filled: &[],
+        asked: REGULAR_AND_QUOTA,
+        overall: OK,
+        statuses: [(OK, 5, 4), (OK, 3, 2)],
+        left: &[],
+    },
+    QuotaCase {
+        name: "TestServiceQuotaModeOnlyAllOverTheLimit",
+        settings: REFERENCE_DEFAULTS,
+        filled: &[("quota1", 5), ("quota2", 3)],
+        asked: QUOTA1_AND_QUOTA2,
+        overall: OVER,
+        statuses: [(OVER, 5, 0), (OVER, 3, 0)],
+        left: &[],
+    },
+    // Allowed, and the descriptor over its quota keeps its OVER_LIMIT status. The request
+    // was admitted: quota2's charge stands; quota1 was not counted past its limit.
+    QuotaCase {
+        name: "TestServiceQuotaModeOnlySomeOverTheLimit",
+        settings: REFERENCE_DEFAULTS,
+        filled: &[("quota1", 5)],
+        asked: QUOTA1_AND_QUOTA2,
+        overall: OK,
+        statuses: [(OVER, 5, 0), (OK, 3, 2)],
+        left: &[("quota2", 2), ("quota1", 0)],
+    },
+    QuotaCase {
+        name: "TestServiceQuotaModeWithShadowMode",
+        settings: SHADOW,
+        filled: &[("quota1", 5), ("quota2", 3)],
+        asked: QUOTA1_AND_QUOTA2,
+        overall: OK,
+        statuses: [(OVER, 5, 0), (OVER, 3, 0)],
+        left: &[],
+    },
+    QuotaCase {
+        name: "TestServiceMixedModeWithShadowMode",
+        settings: SHADOW,
+        filled: &[("regular", 5), ("quota", 3)],
+        asked: REGULAR_AND_QUOTA,
+        overall: OK,
+        statuses: [(OVER, 5, 0), (OVER, 3, 0)],
+        left: &[],
+    },
+];
 
-// reference: test/service/ratelimit_test.go TestServiceMixedPerDescriptorModesUnderLimit
+// reference: test/service/ratelimit_test.go, each test of [`QUOTA_CASES`].
 #[tokio::test]
-async fn quota_mode_everything_under_its_limit() {
-    let mut s = quota_server(REFERENCE_DEFAULTS).await;
-    let r = s.ask(simple("quota-domain", REGULAR_AND_QUOTA, 1)).await;
-    assert_eq!(
-        r,
-        response(
-            OK,
-            vec![
-                status(OK, 5, Unit::Minute, 4, 58),
-                status(OK, 3, Unit::Minute, 2, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestServiceQuotaModeOnlyAllOverTheLimit
-#[tokio::test]
-async fn quota_mode_all_quota_descriptors_over() {
-    let mut s = quota_server(REFERENCE_DEFAULTS).await;
-    s.fill("quota-domain", &[("quota1", "limit")], 5).await;
-    s.fill("quota-domain", &[("quota2", "limit")], 3).await;
-    let r = s.ask(simple("quota-domain", QUOTA1_AND_QUOTA2, 1)).await;
-    assert_eq!(
-        r,
-        response(
-            OVER,
-            vec![
-                status(OVER, 5, Unit::Minute, 0, 58),
-                status(OVER, 3, Unit::Minute, 0, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestServiceQuotaModeOnlySomeOverTheLimit
-#[tokio::test]
-async fn quota_mode_some_quota_descriptors_over() {
-    let mut s = quota_server(REFERENCE_DEFAULTS).await;
-    s.fill("quota-domain", &[("quota1", "limit")], 5).await;
-    let r = s.ask(simple("quota-domain", QUOTA1_AND_QUOTA2, 1)).await;
-    // Allowed, and the descriptor over its quota keeps its OVER_LIMIT status.
-    assert_eq!(
-        r,
-        response(
-            OK,
-            vec![
-                status(OVER, 5, Unit::Minute, 0, 58),
-                status(OK, 3, Unit::Minute, 2, 58)
-            ]
-        )
-    );
-    // The request was admitted: quota2's charge stands; quota1 was not counted past its limit.
-    assert_eq!(s.left("quota-domain", &[("quota2", "limit")]).await, 2);
-    assert_eq!(s.left("quota-domain", &[("quota1", "limit")]).await, 0);
-    s.stop().await;
+async fn quota_mode_per_descriptor_and_with_global_shadow_mode() {
+    for case in QUOTA_CASES {
+        let mut s = quota_server(case.settings).await;
+        for (key, hits) in case.filled {
+            s.fill("quota-domain", &[(key, "limit")], *hits).await;
+        }
+        let r = s.ask(simple("quota-domain", case.asked, 1)).await;
+        let statuses = case
+            .statuses
+            .iter()
+            .map(|&(code, limit, left)| status(code, limit, Unit::Minute, left, 58))
+            .collect();
+        assert_eq!(r, response(case.overall, statuses), "{}", case.name);
+        for (key, left) in case.left {
+            let now = s.left("quota-domain", &[(key, "limit")]).await;
+            assert_eq!(now, *left, "{}: {key}", case.name);
+        }
+        s.stop().await;
+    }
 }
 
 /// `foo` 10 per minute and `hello` 5 per minute, neither in quota mode.
@@ -850,10 +786,9 @@ descriptors:
 async fn global_quota_mode() {
     let settings = "  response_headers: off\n  quota_mode: true\n";
     let mut s = Rls::start(settings, &[("q.yaml", GLOBAL_QUOTA_RULES)], T_2222).await;
-    let foo_hello: &[&[(&str, &str)]] = &[&[("foo", "bar")], &[("hello", "world")]];
     s.fill("quota-domain", &[("foo", "bar")], 10).await;
     // One of the two over: every descriptor is in quota mode, so the request passes.
-    let r = s.ask(simple("quota-domain", foo_hello, 1)).await;
+    let r = s.ask(simple("quota-domain", FOO_HELLO, 1)).await;
     assert_eq!(
         r,
         response(
@@ -866,7 +801,7 @@ async fn global_quota_mode() {
     );
     // Both over: refused (the reference's case).
     s.fill("quota-domain", &[("hello", "world")], 4).await;
-    let r = s.ask(simple("quota-domain", foo_hello, 1)).await;
+    let r = s.ask(simple("quota-domain", FOO_HELLO, 1)).await;
     assert_eq!(
         r,
         response(
@@ -890,46 +825,6 @@ async fn global_quota_mode() {
     assert_eq!(
         r,
         response(OK, vec![status(OVER, 10, Unit::Minute, 0, 58), no_limit()])
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestServiceQuotaModeWithShadowMode
-#[tokio::test]
-async fn quota_mode_with_global_shadow_mode() {
-    let mut s = quota_server("  response_headers: off\n  shadow_mode: true\n").await;
-    s.fill("quota-domain", &[("quota1", "limit")], 5).await;
-    s.fill("quota-domain", &[("quota2", "limit")], 3).await;
-    let r = s.ask(simple("quota-domain", QUOTA1_AND_QUOTA2, 1)).await;
-    assert_eq!(
-        r,
-        response(
-            OK,
-            vec![
-                status(OVER, 5, Unit::Minute, 0, 58),
-                status(OVER, 3, Unit::Minute, 0, 58)
-            ]
-        )
-    );
-    s.stop().await;
-}
-
-// reference: test/service/ratelimit_test.go TestServiceMixedModeWithShadowMode
-#[tokio::test]
-async fn mixed_modes_with_global_shadow_mode() {
-    let mut s = quota_server("  response_headers: off\n  shadow_mode: true\n").await;
-    s.fill("quota-domain", &[("regular", "limit")], 5).await;
-    s.fill("quota-domain", &[("quota", "limit")], 3).await;
-    let r = s.ask(simple("quota-domain", REGULAR_AND_QUOTA, 1)).await;
-    assert_eq!(
-        r,
-        response(
-            OK,
-            vec![
-                status(OVER, 5, Unit::Minute, 0, 58),
-                status(OVER, 3, Unit::Minute, 0, 58)
-            ]
-        )
     );
     s.stop().await;
 }
@@ -1035,30 +930,7 @@ async fn a_carried_limit_applies_and_shares_the_configured_counter() {
 
 #[tokio::test]
 async fn a_replaced_rule_is_neither_counted_nor_reported() {
-    let rules = "\
-domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-";
-    let mut s = Rls::start(REFERENCE_DEFAULTS, &[("e.yaml", rules)], T_2222).await;
+    let mut s = Rls::start(REFERENCE_DEFAULTS, &[("e.yaml", EXAMPLE_7)], T_2222).await;
     let first: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
     let second: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
     let r = s.ask(simple("example7", &[first, second], 1)).await;

@@ -319,16 +319,22 @@ impl Envoy {
     }
 }
 
+/// A server of `config` deciding on a manual clock at [`T0`]: the server, the clock and a
+/// channel to it.
+async fn at_t0(config: &str) -> (support::TestServer, ManualClock, tonic::transport::Channel) {
+    let clock = ManualClock::new(T0);
+    let server = support::TestServer::start_with_clock(config, &[], clock.clone()).await;
+    let channel = server.channel().await;
+    (server, clock, channel)
+}
+
 async fn peek_used(server: &support::TestServer, policy: &str, key: &str) -> u64 {
-    let body: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/v1/peek", server.url))
-        .json(&serde_json::json!({"policy": policy, "key": key, "cost": 0}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = support::json(
+        reqwest::Client::new()
+            .post(format!("{}/v1/peek", server.url))
+            .json(&serde_json::json!({"policy": policy, "key": key, "cost": 0})),
+    )
+    .await;
     body["limit"].as_u64().unwrap() - body["remaining"].as_u64().unwrap()
 }
 
@@ -537,9 +543,7 @@ rlqs:
 
 #[tokio::test]
 async fn a_share_shrinks_as_others_consume() {
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let (server, _, channel) = at_t0(SHARES).await;
     let b = bucket(&[("route", "a")]);
     let mut a = Stream::open(&channel).await;
     let mut other = Stream::open(&channel).await;
@@ -588,9 +592,7 @@ async fn assignments_follow_the_cadence_the_stream_shows() {
     // whatever its buckets' reporting_interval says.
     let config = "policies:\n  p:\n    limits:\n      - { max: 600, per: 1m }\n\
                   rlqs:\n  reporting_interval: 1s\n  buckets:\n    - { match: { route: '*' }, policy: p }\n";
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(config, &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let (server, clock, channel) = at_t0(config).await;
     let (a, b) = (bucket(&[("route", "a")]), bucket(&[("route", "b")]));
     let mut s = Stream::open(&channel).await;
     // Until a bucket is reported twice, the configuration's: 10 a second, living 3 s.
@@ -613,9 +615,7 @@ async fn assignments_follow_the_cadence_the_stream_shows() {
 
 #[tokio::test]
 async fn a_reconnected_stream_carries_on_from_the_store() {
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let (server, clock, channel) = at_t0(SHARES).await;
     let b = bucket(&[("route", "a")]);
     let mut envoy = Envoy::connect(&channel, "edge", &clock).await;
     assert!(envoy.request(&b).await);
@@ -665,9 +665,7 @@ async fn a_restarted_server_keeps_the_count_in_redis() {
 
 #[tokio::test]
 async fn unmatched_buckets_reloads_and_abandoning() {
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let (server, clock, channel) = at_t0(SHARES).await;
     let routed = bucket(&[("route", "a")]);
     let stray = bucket(&[("user", "x")]);
     let mut s = Stream::open(&channel).await;
@@ -690,14 +688,7 @@ async fn unmatched_buckets_reloads_and_abandoning() {
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let body: serde_json::Value = http
-            .get(format!("{}/v1/policies", server.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = support::json(http.get(format!("{}/v1/policies", server.url))).await;
         if body["config"]["generation"].as_u64() == Some(2) {
             break;
         }
@@ -736,9 +727,7 @@ async fn unmatched_buckets_reloads_and_abandoning() {
 
 #[tokio::test]
 async fn bad_input_is_invalid_argument_and_charges_nothing() {
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
-    let channel = server.channel().await;
+    let (server, _, channel) = at_t0(SHARES).await;
     let good = bucket(&[("route", "a")]);
     let long = "v".repeat(300);
     type Case<'a> = (&'a str, Vec<(Bucket, u64)>, &'a str);
@@ -855,9 +844,8 @@ fn a_rule_on_a_concurrency_policy_is_refused() {
 /// usages are summed and it gets one action.
 #[tokio::test]
 async fn a_bucket_twice_in_one_message_is_summed() {
-    let clock = ManualClock::new(T0);
-    let server = support::TestServer::start_with_clock(SHARES, &[], clock.clone()).await;
-    let mut s = Stream::open(&server.channel().await).await;
+    let (server, _, channel) = at_t0(SHARES).await;
+    let mut s = Stream::open(&channel).await;
     let ab = bucket(&[("route", "a"), ("x", "1")]);
     let ba = bucket(&[("x", "1"), ("route", "a")]);
     let r = s.report("edge", &[(&ab, 2), (&ba, 3)]).await.unwrap();

@@ -316,7 +316,8 @@ descriptors:
     assert_rule(&b, 20, Unit::Second);
 }
 
-const EXAMPLE_7: &str = "\
+/// README example 7: a rule that replaces another by name.
+pub(crate) const EXAMPLE_7: &str = "\
 domain: example7
 descriptors:
   - key: key_1

@@ -43,6 +43,8 @@ use crate::support as common;
 const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/backend/rule/0/match/0/www_example_com";
 const NODE_ID: &str = "envoy-ratelimit";
+/// The metric line of two accepted updates.
+const ACKED_TWICE: &str = "sluice_xds_updates_total{result=\"ack\"} 2";
 /// Long enough for a loaded 2-core machine; every wait below ends as soon as its condition
 /// holds.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -62,6 +64,13 @@ impl XdsStream {
             .await
             .expect("no request from sluice in time")
             .expect("the stream ended without a request")
+    }
+
+    /// Sends `eg_resource(per_hour)` as `version` (nonce `nonce-VERSION`) and checks the ACK.
+    async fn accept(&mut self, version: &str, per_hour: u32) {
+        let nonce = format!("nonce-{version}");
+        self.respond(version, &nonce, &[eg_resource(per_hour)]);
+        assert_ack(&self.next_request().await, version, &nonce);
     }
 
     fn respond(&self, version: &str, nonce: &str, resources: &[RateLimitConfig]) {
@@ -237,6 +246,17 @@ fn eg_resource(per_hour: u32) -> RateLimitConfig {
     }
 }
 
+/// [`eg_resource`] whose second rule has an unknown unit: a resource that does not load.
+fn with_an_unknown_unit() -> RateLimitConfig {
+    let mut bad = eg_resource(7);
+    bad.descriptors[0].descriptors[0]
+        .rate_limit
+        .as_mut()
+        .unwrap()
+        .unit = 42;
+    bad
+}
+
 // ---------------------------------------------------------------------------------------
 // Sluice and its clients.
 
@@ -245,6 +265,35 @@ const T0_MS: u64 = 1_800_000_000_000;
 
 async fn start_sluice(config: &str) -> common::TestServer {
     common::TestServer::start_with_clock(config, &[], sluice::ManualClock::new(T0_MS)).await
+}
+
+/// A control plane, Sluice following it, and a rate limit client of Sluice.
+async fn following_a_control_plane() -> (
+    ControlPlane,
+    common::TestServer,
+    RateLimitServiceClient<Channel>,
+) {
+    let cp = ControlPlane::start(None).await;
+    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
+    let client = RateLimitServiceClient::new(server.channel().await);
+    (cp, server, client)
+}
+
+/// [`following_a_control_plane`], its first stream open and `eg_resource(per_hour)` ACKed as
+/// version 1.
+async fn serving_rules(
+    per_hour: u32,
+) -> (
+    ControlPlane,
+    common::TestServer,
+    RateLimitServiceClient<Channel>,
+    XdsStream,
+) {
+    let (mut cp, server, client) = following_a_control_plane().await;
+    let mut stream = cp.next_stream().await;
+    stream.next_request().await;
+    stream.accept("1", per_hour).await;
+    (cp, server, client, stream)
 }
 
 fn config(address: &str, extra: &str) -> String {
@@ -290,13 +339,26 @@ async fn ask(
         .map(Response::into_inner)
 }
 
+/// The overall code of a request for `rule` (and `user`).
+async fn code(client: &mut RateLimitServiceClient<Channel>, rule: usize, user: &str) -> Code {
+    ask(client, rule, user).await.unwrap().overall_code()
+}
+
 /// The limit the rule-0 descriptor answers with (counts one hit).
 async fn limit_of_rule_0(client: &mut RateLimitServiceClient<Channel>) -> Option<u32> {
-    let r = ask(client, 0, "").await.ok()?;
+    limit(&ask(client, 0, "").await.ok()?)
+}
+
+/// The limit the first descriptor of `r` answers with.
+fn limit(r: &RateLimitResponse) -> Option<u32> {
     r.statuses[0]
         .current_limit
         .as_ref()
         .map(|l| l.requests_per_unit)
+}
+
+async fn v1_stats(server: &common::TestServer) -> serde_json::Value {
+    get_json(&format!("{}/v1/stats", server.url)).await
 }
 
 async fn get_json(url: &str) -> serde_json::Value {
@@ -304,22 +366,20 @@ async fn get_json(url: &str) -> serde_json::Value {
 }
 
 async fn metrics(server: &common::TestServer) -> String {
-    reqwest::get(format!("{}/metrics", server.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    common::scrape(&server.url).await
 }
 
-/// Polls `/metrics` until it has a line starting with `line`.
-async fn wait_metric(server: &common::TestServer, line: &str) {
+/// Polls `/metrics` until it has, for each of `lines`, a line starting with it.
+async fn wait_metric(server: &common::TestServer, lines: &[&str]) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let text = metrics(server).await;
-        if text.lines().any(|l| l.starts_with(line)) {
+        let Some(line) = lines
+            .iter()
+            .find(|line| !text.lines().any(|l| l.starts_with(**line)))
+        else {
             return;
-        }
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
             "no `{line}` in /metrics:\n{text}"
@@ -344,10 +404,7 @@ fn assert_ack(ack: &DiscoveryRequest, version: &str, nonce: &str) {
 /// ACKed with its version; `/v1/stats` counts each as a reload.
 #[tokio::test]
 async fn rules_arrive_are_acked_decide_and_updates_replace_them() {
-    let mut cp = ControlPlane::start(None).await;
-    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
-    let mut client = RateLimitServiceClient::new(server.channel().await);
-
+    let (mut cp, server, mut client) = following_a_control_plane().await;
     let mut stream = cp.next_stream().await;
     let first = stream.next_request().await;
     let node = first
@@ -365,41 +422,24 @@ async fn rules_arrive_are_acked_decide_and_updates_replace_them() {
     assert_eq!(before.code(), tonic::Code::FailedPrecondition, "{before:?}");
     assert!(before.message().contains("rls.xds"), "{before:?}");
 
-    let generation = get_json(&format!("{}/v1/stats", server.url)).await["config"]["generation"]
+    let generation = v1_stats(&server).await["config"]["generation"]
         .as_u64()
         .unwrap();
-    stream.respond("1", "nonce-1", &[eg_resource(3)]);
-    assert_ack(&stream.next_request().await, "1", "nonce-1");
+    stream.accept("1", 3).await;
 
     // Rule 0: 3 an hour for everyone whose request matches it.
     for _ in 0..3 {
         let r = ask(&mut client, 0, "").await.unwrap();
         assert_eq!(r.overall_code(), Code::Ok, "{r:?}");
-        assert_eq!(
-            r.statuses[0]
-                .current_limit
-                .as_ref()
-                .unwrap()
-                .requests_per_unit,
-            3
-        );
+        assert_eq!(limit(&r), Some(3));
     }
-    assert_eq!(
-        ask(&mut client, 0, "").await.unwrap().overall_code(),
-        Code::OverLimit
-    );
+    assert_eq!(code(&mut client, 0, "").await, Code::OverLimit);
     // Rule 1: 2 a minute per distinct user.
     for user in ["alice", "bob"] {
         for _ in 0..2 {
-            assert_eq!(
-                ask(&mut client, 1, user).await.unwrap().overall_code(),
-                Code::Ok
-            );
+            assert_eq!(code(&mut client, 1, user).await, Code::Ok);
         }
-        assert_eq!(
-            ask(&mut client, 1, user).await.unwrap().overall_code(),
-            Code::OverLimit
-        );
+        assert_eq!(code(&mut client, 1, user).await, Code::OverLimit);
     }
     // An unknown domain has no rule, as with rule files.
     let mut other = request(0, "");
@@ -408,19 +448,17 @@ async fn rules_arrive_are_acked_decide_and_updates_replace_them() {
     assert_eq!(r.overall_code(), Code::Ok);
 
     // An update: the new limit applies, the ACK names version 2.
-    stream.respond("2", "nonce-2", &[eg_resource(5)]);
-    assert_ack(&stream.next_request().await, "2", "nonce-2");
+    stream.accept("2", 5).await;
     assert_eq!(limit_of_rule_0(&mut client).await, Some(5));
 
-    let stats = get_json(&format!("{}/v1/stats", server.url)).await;
+    let stats = v1_stats(&server).await;
     assert_eq!(
         stats["config"]["generation"].as_u64().unwrap(),
         generation + 2,
         "{stats}"
     );
     assert!(stats["config"]["last_reload_error"].is_null(), "{stats}");
-    wait_metric(&server, "sluice_xds_updates_total{result=\"ack\"} 2").await;
-    wait_metric(&server, "sluice_xds_connected 1").await;
+    wait_metric(&server, &[ACKED_TWICE, "sluice_xds_connected 1"]).await;
     server.stop().await;
     cp.stop(vec![stream]).await;
 }
@@ -429,21 +467,10 @@ async fn rules_arrive_are_acked_decide_and_updates_replace_them() {
 /// nonce, a reason naming the resource and the fault — and the previous rules still decide.
 #[tokio::test]
 async fn a_bad_resource_is_nacked_with_a_reason_and_the_previous_rules_stay() {
-    let mut cp = ControlPlane::start(None).await;
-    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
-    let mut client = RateLimitServiceClient::new(server.channel().await);
-    let mut stream = cp.next_stream().await;
-    stream.next_request().await;
-    stream.respond("1", "nonce-1", &[eg_resource(3)]);
-    assert_ack(&stream.next_request().await, "1", "nonce-1");
+    let (cp, server, mut client, mut stream) = serving_rules(3).await;
 
     // An unknown unit.
-    let mut bad_unit = eg_resource(7);
-    bad_unit.descriptors[0].descriptors[0]
-        .rate_limit
-        .as_mut()
-        .unwrap()
-        .unit = 42;
+    let bad_unit = with_an_unknown_unit();
     stream.respond("2", "nonce-2", &[bad_unit]);
     let nack = stream.next_request().await;
     assert_eq!(
@@ -484,7 +511,7 @@ async fn a_bad_resource_is_nacked_with_a_reason_and_the_previous_rules_stay() {
         Code::Ok
     );
 
-    let stats = get_json(&format!("{}/v1/stats", server.url)).await;
+    let stats = v1_stats(&server).await;
     let error = stats["config"]["last_reload_error"].as_str().unwrap();
     assert!(
         error.starts_with("xDS: version \"3\"") && error.contains("duplicate"),
@@ -492,13 +519,15 @@ async fn a_bad_resource_is_nacked_with_a_reason_and_the_previous_rules_stay() {
     );
 
     // A good update after bad ones is accepted, and clears the error.
-    stream.respond("4", "nonce-4", &[eg_resource(9)]);
-    assert_ack(&stream.next_request().await, "4", "nonce-4");
+    stream.accept("4", 9).await;
     assert_eq!(limit_of_rule_0(&mut client).await, Some(9));
-    let stats = get_json(&format!("{}/v1/stats", server.url)).await;
+    let stats = v1_stats(&server).await;
     assert!(stats["config"]["last_reload_error"].is_null(), "{stats}");
-    wait_metric(&server, "sluice_xds_updates_total{result=\"nack\"} 2").await;
-    wait_metric(&server, "sluice_xds_updates_total{result=\"ack\"} 2").await;
+    wait_metric(
+        &server,
+        &["sluice_xds_updates_total{result=\"nack\"} 2", ACKED_TWICE],
+    )
+    .await;
     server.stop().await;
     cp.stop(vec![stream]).await;
 }
@@ -514,23 +543,16 @@ async fn reconnects_after_the_control_plane_restarts_keeping_the_last_good_rules
     let mut client = RateLimitServiceClient::new(server.channel().await);
     let mut stream = cp.next_stream().await;
     stream.next_request().await;
-    stream.respond("7", "nonce-7", &[eg_resource(4)]);
-    assert_ack(&stream.next_request().await, "7", "nonce-7");
-    wait_metric(&server, "sluice_xds_connected 1").await;
+    stream.accept("7", 4).await;
+    wait_metric(&server, &["sluice_xds_connected 1"]).await;
 
     cp.stop(vec![stream]).await;
-    wait_metric(&server, "sluice_xds_connected 0").await;
+    wait_metric(&server, &["sluice_xds_connected 0"]).await;
     // Away: the last good rules decide (4 an hour, then over).
     for _ in 0..4 {
-        assert_eq!(
-            ask(&mut client, 0, "").await.unwrap().overall_code(),
-            Code::Ok
-        );
+        assert_eq!(code(&mut client, 0, "").await, Code::Ok);
     }
-    assert_eq!(
-        ask(&mut client, 0, "").await.unwrap().overall_code(),
-        Code::OverLimit
-    );
+    assert_eq!(code(&mut client, 0, "").await, Code::OverLimit);
 
     // Back on the same address.
     let mut cp = ControlPlane::start_on(addr, None).await;
@@ -543,9 +565,8 @@ async fn reconnects_after_the_control_plane_restarts_keeping_the_last_good_rules
     );
     assert_eq!(hello.response_nonce, "");
     assert!(hello.error_detail.is_none());
-    wait_metric(&server, "sluice_xds_connected 1").await;
-    stream.respond("8", "nonce-8", &[eg_resource(6)]);
-    assert_ack(&stream.next_request().await, "8", "nonce-8");
+    wait_metric(&server, &["sluice_xds_connected 1"]).await;
+    stream.accept("8", 6).await;
     assert_eq!(limit_of_rule_0(&mut client).await, Some(6));
     server.stop().await;
     cp.stop(vec![stream]).await;
@@ -582,8 +603,7 @@ async fn rules_arrive_over_mutual_tls() {
     let mut client = RateLimitServiceClient::new(server.channel().await);
     let mut stream = cp.next_stream().await;
     assert_eq!(stream.next_request().await.node.unwrap().id, NODE_ID);
-    stream.respond("1", "nonce-1", &[eg_resource(3)]);
-    assert_ack(&stream.next_request().await, "1", "nonce-1");
+    stream.accept("1", 3).await;
     assert_eq!(limit_of_rule_0(&mut client).await, Some(3));
     server.stop().await;
     cp.stop(vec![stream]).await;
@@ -640,16 +660,9 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
     let mut client = RateLimitServiceClient::new(server.channel().await);
     let mut stream = cp.next_stream().await;
     stream.next_request().await;
-    stream.respond("1", "nonce-1", &[eg_resource(1)]);
-    assert_ack(&stream.next_request().await, "1", "nonce-1");
-    assert_eq!(
-        ask(&mut client, 0, "").await.unwrap().overall_code(),
-        Code::Ok
-    );
-    assert_eq!(
-        ask(&mut client, 0, "").await.unwrap().overall_code(),
-        Code::OverLimit
-    );
+    stream.accept("1", 1).await;
+    assert_eq!(code(&mut client, 0, "").await, Code::Ok);
+    assert_eq!(code(&mut client, 0, "").await, Code::OverLimit);
 
     // The file now sets the reference's SHADOW_MODE: over the limit, answered OK.
     let stats = format!("{}/v1/stats", server.url);
@@ -671,14 +684,7 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
     }
     let r = ask(&mut client, 0, "").await.unwrap();
     assert_eq!(r.overall_code(), Code::Ok, "shadow mode: {r:?}");
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit),
-        Some(1),
-        "the rule from xDS is still in force"
-    );
+    assert_eq!(limit(&r), Some(1), "the rule from xDS is still in force");
 
     // Switching to a rules directory takes a restart.
     std::fs::create_dir_all(server.dir.path().join("rules")).unwrap();
@@ -696,13 +702,7 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        ask(&mut client, 0, "").await.unwrap().statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit),
-        Some(1)
-    );
+    assert_eq!(limit_of_rule_0(&mut client).await, Some(1));
     server.stop().await;
     cp.stop(vec![stream]).await;
 }
@@ -712,13 +712,7 @@ async fn a_reload_of_the_file_keeps_the_rules_from_xds() {
 /// NACKed, naming the field and the bound, and the rules in force stay.
 #[tokio::test]
 async fn a_response_past_the_bounds_is_nacked_naming_the_bound() {
-    let mut cp = ControlPlane::start(None).await;
-    let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
-    let mut client = RateLimitServiceClient::new(server.channel().await);
-    let mut stream = cp.next_stream().await;
-    stream.next_request().await;
-    stream.respond("1", "nonce-1", &[eg_resource(3)]);
-    assert_ack(&stream.next_request().await, "1", "nonce-1");
+    let (cp, server, mut client, mut stream) = serving_rules(3).await;
 
     let leaves = |n: usize| -> Vec<RateLimitDescriptor> {
         (0..n)
@@ -807,12 +801,7 @@ async fn a_refusing_control_plane_is_backed_off_and_its_strings_are_escaped_and_
     let forged = "\n2026-01-01T00:00:00Z  WARN sluice: forged\u{1b}[2J";
     let mut cp = ControlPlane::start(None).await;
     let server = start_sluice(&config(&format!("http://{}", cp.addr), "")).await;
-    let mut bad = eg_resource(7);
-    bad.descriptors[0].descriptors[0]
-        .rate_limit
-        .as_mut()
-        .unwrap()
-        .unit = 42;
+    let bad = with_an_unknown_unit();
     let huge = format!("2{forged}{}", "x".repeat(1 << 20));
     for round in 0..4 {
         let stream = cp.next_stream().await;
@@ -822,7 +811,7 @@ async fn a_refusing_control_plane_is_backed_off_and_its_strings_are_escaped_and_
             stream.respond(&format!("1{forged}"), "nonce-ok", &[eg_resource(3)]);
             assert!(stream.next_request().await.error_detail.is_none());
         }
-        stream.respond(&huge, &format!("nonce-{round}"), &[bad.clone()]);
+        stream.respond(&huge, &format!("nonce-{round}"), std::slice::from_ref(&bad));
         let message = stream.next_request().await.error_detail.unwrap().message;
         assert!(message.len() < 2048, "{} bytes", message.len());
         assert!(
@@ -834,7 +823,7 @@ async fn a_refusing_control_plane_is_backed_off_and_its_strings_are_escaped_and_
             .responses
             .send(Err(Status::unavailable("closing after a refusal")));
     }
-    let stats = get_json(&format!("{}/v1/stats", server.url)).await;
+    let stats = v1_stats(&server).await;
     let error = stats["config"]["last_reload_error"].as_str().unwrap();
     assert!(error.len() < 2048 && !error.contains('\n'), "{error}");
 

@@ -101,14 +101,7 @@ store:
 }
 
 async fn check(c: &Client, s: &TestServer, policy: &str, key: &str) -> Value {
-    let r = c
-        .post(format!("{}/v1/check", s.url))
-        .json(&json!({"policy": policy, "key": key}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = support::check(c, s, policy, key).await;
     assert!(
         status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
         "{status} {body}"
@@ -116,14 +109,19 @@ async fn check(c: &Client, s: &TestServer, policy: &str, key: &str) -> Value {
     body
 }
 
+/// The `regions` of `/v1/stats`: what this server knows of each region.
+async fn known_regions(c: &Client, s: &TestServer) -> Vec<Value> {
+    stats(c, s).await["regions"].as_array().unwrap().clone()
+}
+
 async fn stats(c: &Client, s: &TestServer) -> Value {
-    let r = c.get(format!("{}/v1/stats", s.url)).send().await.unwrap();
+    let r = s.get(c, "/v1/stats").await;
     assert_eq!(r.status(), StatusCode::OK);
     r.json().await.unwrap()
 }
 
 async fn metrics(c: &Client, s: &TestServer) -> String {
-    let r = c.get(format!("{}/metrics", s.url)).send().await.unwrap();
+    let r = s.get(c, "/metrics").await;
     assert_eq!(r.status(), StatusCode::OK);
     r.text().await.unwrap()
 }
@@ -161,15 +159,11 @@ async fn traffic(c: Client, url: String, key: String, checks: u64, every: Durati
     let mut admitted = BTreeMap::new();
     for _ in 0..checks {
         tick.tick().await;
-        let body: Value = c
-            .post(format!("{url}/v1/check"))
-            .json(&json!({"policy": "api", "key": key}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = support::json(
+            c.post(format!("{url}/v1/check"))
+                .json(&json!({"policy": "api", "key": key})),
+        )
+        .await;
         assert!(body.get("degraded").is_none(), "{body}");
         if body["allowed"] == true {
             *admitted.entry(body["reset"].as_u64().unwrap()).or_default() += 1;
@@ -378,7 +372,7 @@ async fn a_region_whose_replica_is_gone_answers_in_its_fallback_mode() {
     let body = check(&c, eu, "guarded", "user:cut").await;
     assert_eq!(body["allowed"], false, "{body}");
     // eu is still ready: its own primary answers.
-    let r = c.get(format!("{}/readyz", eu.url)).send().await.unwrap();
+    let r = eu.get(&c, "/readyz").await;
     assert_eq!(r.status(), StatusCode::OK);
 
     let text = metrics(&c, eu).await;
@@ -574,9 +568,8 @@ async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit()
     let c = Client::new();
     for s in [&us, &eu] {
         until("each region trusts the other", async || {
-            stats(&c, s).await["regions"]
-                .as_array()
-                .unwrap()
+            known_regions(&c, s)
+                .await
                 .iter()
                 .all(|r| r["reachable"] == true && r["fallback"] == false)
         })
@@ -608,9 +601,8 @@ async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit()
     tokio::task::block_in_place(|| regions.replicas[1].kill()).unwrap();
     for (name, s, other) in [("eu", &eu, "us"), ("us", &us, "eu")] {
         until("the region falls back on the other", async || {
-            stats(&c, s).await["regions"]
-                .as_array()
-                .unwrap()
+            known_regions(&c, s)
+                .await
                 .iter()
                 .any(|r| r["name"] == other && r["fallback"] == true)
         })

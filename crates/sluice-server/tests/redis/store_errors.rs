@@ -278,14 +278,7 @@ const PASSWORD: &str = "store-errors-0123456789";
 
 fn server_with_alice() -> (RedisServer, String) {
     let server = ServerOptions::new()
-        .args([
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~sluice:*",
-            "+@all",
-        ])
+        .args(sluice_testkit::acl_user("alice", PASSWORD, "sluice:*"))
         .start()
         .unwrap();
     let url = format!("redis://alice:{PASSWORD}@127.0.0.1:{}", server.port());
@@ -504,15 +497,11 @@ async fn readyz_follows_the_circuits() {
     let s = TestServer::start(&config(&store, "closed"), &[("rules/d.yaml", RULES)]).await;
     let http = Client::new();
     let ready = || async {
-        let r = http.get(format!("{}/readyz", s.url)).send().await.unwrap();
+        let r = s.get(&http, "/readyz").await;
         (r.status(), r.json::<Value>().await.unwrap())
     };
     let circuits = || async {
-        let r = http
-            .get(format!("{}/v1/stats", s.url))
-            .send()
-            .await
-            .unwrap();
+        let r = s.get(&http, "/v1/stats").await;
         let stats: Value = r.json().await.unwrap();
         let shards = stats["store"]["shards"].as_array().unwrap().clone();
         shards

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
-use support::TestServer;
+use support::{TestServer, check};
 
 const POLICIES: &str = r#"
 policies:
@@ -22,19 +22,31 @@ policies:
       - { max: 3, per: 1h }
 "#;
 
-async fn check(c: &Client, s: &TestServer, policy: &str, key: &str) -> (StatusCode, Value) {
-    let r = c
-        .post(format!("{}/v1/check", s.url))
-        .json(&json!({"policy": policy, "key": key}))
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.json().await.unwrap())
-}
-
 async fn text(c: &Client, url: String) -> (StatusCode, String) {
     let r = c.get(url).send().await.unwrap();
     (r.status(), r.text().await.unwrap())
+}
+
+/// A server of [`POLICIES`] whose Redis store is `store` (the lines after `backend: redis`),
+/// with `files` beside it, and a client.
+async fn serve(store: &str, files: &[(&str, &str)]) -> (TestServer, Client) {
+    let config = format!("{POLICIES}\nstore:\n  backend: redis\n{store}");
+    (TestServer::start(&config, files).await, Client::new())
+}
+
+/// [`serve`] over the one shard `redis`, with a 200 ms timeout.
+async fn one_shard(redis: &sluice_testkit::RedisServer) -> (TestServer, Client) {
+    let shard = format!(
+        "  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
+    serve(&shard, &[]).await
+}
+
+/// `/readyz` answers `status`.
+async fn assert_ready(c: &Client, s: &TestServer, status: StatusCode) {
+    let (got, body) = text(c, format!("{}/readyz", s.url)).await;
+    assert_eq!(got, status, "{body}");
 }
 
 /// Three checks allowed, the fourth denied, none degraded.
@@ -58,17 +70,15 @@ async fn the_api_over_a_redis_cluster() {
     }
     let cluster = tokio::task::block_in_place(sluice_testkit::RedisCluster::start).unwrap();
     let nodes: Vec<String> = cluster.urls();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  cluster: [{}]\n  timeout: 500ms\n",
-        nodes.join(", ")
-    );
-    let s = TestServer::start(&config, &[]).await;
-    let c = Client::new();
+    let (s, c) = serve(
+        &format!("  cluster: [{}]\n  timeout: 500ms\n", nodes.join(", ")),
+        &[],
+    )
+    .await;
     for k in 0..5 {
         exactly_three(&c, &s, &format!("user:{k}")).await;
     }
-    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ready(&c, &s, StatusCode::OK).await;
     s.stop().await;
 }
 
@@ -78,16 +88,17 @@ async fn the_api_over_sentinel() {
         return;
     }
     let group = tokio::task::block_in_place(sluice_testkit::SentinelGroup::start).unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  sentinel: {{master: {}, nodes: [{}]}}\n  timeout: 500ms\n",
-        group.master_name(),
-        group.sentinel_urls().join(", ")
-    );
-    let s = TestServer::start(&config, &[]).await;
-    let c = Client::new();
+    let (s, c) = serve(
+        &format!(
+            "  sentinel: {{master: {}, nodes: [{}]}}\n  timeout: 500ms\n",
+            group.master_name(),
+            group.sentinel_urls().join(", ")
+        ),
+        &[],
+    )
+    .await;
     exactly_three(&c, &s, "user:1").await;
-    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ready(&c, &s, StatusCode::OK).await;
     s.stop().await;
 }
 
@@ -100,12 +111,7 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
         return;
     }
     let mut redis = sluice_testkit::RedisServer::start().unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
-        redis.url()
-    );
-    let s = TestServer::start(&config, &[]).await;
-    let c = Client::new();
+    let (s, c) = one_shard(&redis).await;
     let (status, body) = check(&c, &s, "insured", "k").await;
     assert_eq!(
         (status, body["remaining"].as_u64()),
@@ -134,8 +140,7 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
     let (_, metrics) = text(&c, format!("{}/metrics", s.url)).await;
     let state = format!("sluice_store_circuit_state{{store=\"{}\"}} 1", redis.url());
     assert!(metrics.contains(&state), "{state} not in\n{metrics}");
-    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_ready(&c, &s, StatusCode::SERVICE_UNAVAILABLE).await;
     // What the dashboard shows: the shard's open circuit and its error, the checks by outcome.
     let (_, stats) = text(&c, format!("{}/v1/stats", s.url)).await;
     let stats: Value = serde_json::from_str(&stats).unwrap();
@@ -185,12 +190,7 @@ async fn an_open_decision_carries_no_rate_limit_headers() {
         return;
     }
     let mut redis = sluice_testkit::RedisServer::start().unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
-        redis.url()
-    );
-    let s = TestServer::start(&config, &[]).await;
-    let c = Client::new();
+    let (s, c) = one_shard(&redis).await;
     let post = |policy: &str| {
         c.post(format!("{}/v1/check", s.url))
             .json(&json!({"policy": policy, "key": "k"}))
@@ -309,8 +309,7 @@ async fn the_api_over_tls_to_redis() {
     }
     let (status, _) = check(&c, &s, "api", "k").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    let (status, body) = text(&c, format!("{}/readyz", s.url)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ready(&c, &s, StatusCode::OK).await;
     s.stop().await;
 }
 
@@ -323,22 +322,10 @@ async fn the_api_as_an_acl_user_with_a_password_file() {
     }
     const PASSWORD: &str = "file-s3cret-0123456789";
     let redis = sluice_testkit::ServerOptions::new()
-        .args([
-            "--user",
-            "sluice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~*",
-            "+@all",
-        ])
+        .args(sluice_testkit::acl_user("sluice", PASSWORD, "*"))
         .start()
         .unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  auth:\n    username: sluice\n    password_file: secrets/redis\n",
-        redis.url()
-    );
-    let s = TestServer::start(&config, &[("secrets/redis", &format!("{PASSWORD}\n"))]).await;
-    let c = Client::new();
+    let (s, c) = serve(&format!("  shards:\n    - primary: {}\n  auth:\n    username: sluice\n    password_file: secrets/redis\n", redis.url()), &[("secrets/redis", &format!("{PASSWORD}\n"))]).await;
     let (status, body) = check(&c, &s, "api", "k").await;
     assert_eq!(
         (status, body["remaining"].as_u64()),
@@ -363,9 +350,7 @@ async fn the_api_over_a_tls_sentinel_with_separate_sentinel_auth() {
     }
     const DATA_PASSWORD: &str = "data-s3cret-0123456789";
     const SENTINEL_PASSWORD: &str = "sentinel-s3cret-9876543210";
-    let user = |name: &str, password: &str| {
-        ["--user", name, "on", &format!(">{password}"), "~*", "+@all"].map(str::to_owned)
-    };
+    let user = |name, password| sluice_testkit::acl_user(name, password, "*");
     let certs = sluice_testkit::TlsCerts::generate().unwrap();
     let group = tokio::task::block_in_place(|| {
         sluice_testkit::SentinelOptions::new()
@@ -424,14 +409,16 @@ async fn stats_show_a_shards_call_latency_and_its_replicas() {
         return;
     }
     let mut set = tokio::task::block_in_place(|| sluice_testkit::ReplicaSet::start(2)).unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n      replicas: [{}, {}]\n  timeout: 1s\n",
-        set.primary.url(),
-        set.replicas[0].url(),
-        set.replicas[1].url()
-    );
-    let s = TestServer::start(&config, &[]).await;
-    let c = Client::new();
+    let (s, c) = serve(
+        &format!(
+            "  shards:\n    - primary: {}\n      replicas: [{}, {}]\n  timeout: 1s\n",
+            set.primary.url(),
+            set.replicas[0].url(),
+            set.replicas[1].url()
+        ),
+        &[],
+    )
+    .await;
     exactly_three(&c, &s, "k").await;
     set.replicas[1].kill().unwrap();
     let (_, stats) = text(&c, format!("{}/v1/stats", s.url)).await;

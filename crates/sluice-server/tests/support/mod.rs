@@ -5,6 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice_server::app::{self, Listeners};
 use sluice_server::config::Config;
 use sluice_server::state::ServerClock;
@@ -135,6 +138,29 @@ impl TestServer {
             .unwrap()
     }
 
+    /// `GET {url}{path}` with `c`.
+    pub async fn get(&self, c: &reqwest::Client, path: &str) -> reqwest::Response {
+        c.get(format!("{}{path}", self.url)).send().await.unwrap()
+    }
+
+    /// `DELETE {url}{path}` with `c`.
+    pub async fn delete(&self, c: &reqwest::Client, path: &str) -> reqwest::Response {
+        c.delete(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `POST {url}{path}` of the JSON `body` with `c`.
+    pub async fn post(
+        &self,
+        c: &reqwest::Client,
+        path: &str,
+        body: serde_json::Value,
+    ) -> reqwest::Response {
+        post(c, &format!("{}{path}", self.url), body).await
+    }
+
     /// Stops the server (gracefully) and waits for it.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
@@ -154,4 +180,58 @@ pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {
     r.headers()
         .get(name)
         .map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// The text of the server's `GET {url}/metrics`.
+pub async fn scrape(url: &str) -> String {
+    reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// An Envoy rate limit descriptor of `(key, value)` entries.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// A rate limit request to `domain` of one descriptor per list of entries, of cost `hits`.
+pub fn rls_request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+        hits_addend: hits,
+    }
+}
+
+/// Sends `request` and reads its answer as JSON.
+pub async fn json(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// `POST /v1/check` of `key` under `policy`: the status and the body.
+pub async fn check(
+    c: &reqwest::Client,
+    s: &TestServer,
+    policy: &str,
+    key: &str,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let r = c
+        .post(format!("{}/v1/check", s.url))
+        .json(&serde_json::json!({"policy": policy, "key": key}))
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.json().await.unwrap())
 }

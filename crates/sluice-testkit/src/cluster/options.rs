@@ -51,38 +51,23 @@ impl ClusterOptions {
         Self::default()
     }
 
-    /// The number of primaries, at least 3 (`redis-cli --cluster create` refuses fewer).
-    pub fn primaries(mut self, n: usize) -> Self {
-        self.primaries = n;
-        self
+    setters! {
+        /// The number of primaries, at least 3 (`redis-cli --cluster create` refuses fewer).
+        primaries: usize,
+        /// The number of replicas of each primary (0 for none: no failover is then possible).
+        replicas_per_primary: usize,
+        /// `--cluster-node-timeout`, in whole milliseconds (default [`DEFAULT_NODE_TIMEOUT`]).
+        node_timeout: Duration,
+        /// How long [`RedisCluster::start_with`] waits for `redis-cli` and then for the
+        /// cluster to be whole (default [`CLUSTER_TIMEOUT`]).
+        timeout: Duration,
     }
 
-    /// The number of replicas of each primary (0 for none: no failover is then possible).
-    pub fn replicas_per_primary(mut self, n: usize) -> Self {
-        self.replicas_per_primary = n;
-        self
-    }
-
-    /// `--cluster-node-timeout`, in whole milliseconds (default [`DEFAULT_NODE_TIMEOUT`]).
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = timeout;
-        self
-    }
-
-    /// One extra argument for every node, after the kit's (so it can override them).
-    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-
-    /// Extra arguments for every node.
-    pub fn args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<OsString>,
-    {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
+    arg_setters! {
+        /// One extra argument for every node, after the kit's (so it can override them).
+        arg,
+        /// Extra arguments for every node.
+        args
     }
 
     /// Every node also serves TLS, on a port of its own
@@ -95,13 +80,6 @@ impl ClusterOptions {
     /// the cluster.
     pub fn tls(mut self, certs: &crate::TlsCerts, auth_clients: bool) -> Self {
         self.tls = Some(certs.file_args(auth_clients));
-        self
-    }
-
-    /// How long [`RedisCluster::start_with`] waits for `redis-cli` and then for the cluster to
-    /// be whole (default [`CLUSTER_TIMEOUT`]).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
         self
     }
 

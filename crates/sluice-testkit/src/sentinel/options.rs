@@ -60,22 +60,22 @@ impl SentinelOptions {
         Self::default()
     }
 
-    /// The number of replicas (at least 1, or there is nothing to fail over to).
-    pub fn replicas(mut self, n: usize) -> Self {
-        self.replicas = n;
-        self
-    }
-
-    /// The number of sentinels (at least 1).
-    pub fn sentinels(mut self, n: usize) -> Self {
-        self.sentinels = n;
-        self
-    }
-
-    /// How many sentinels must agree the primary is down (1 to the number of sentinels).
-    pub fn quorum(mut self, n: usize) -> Self {
-        self.quorum = n;
-        self
+    setters! {
+        /// The number of replicas (at least 1, or there is nothing to fail over to).
+        replicas: usize,
+        /// The number of sentinels (at least 1).
+        sentinels: usize,
+        /// How many sentinels must agree the primary is down (1 to the number of sentinels).
+        quorum: usize,
+        /// `sentinel down-after-milliseconds`, in whole milliseconds.
+        down_after: Duration,
+        /// `sentinel failover-timeout`, in whole milliseconds.
+        failover_timeout: Duration,
+        /// `sentinel parallel-syncs`: how many replicas resync with a new primary at once.
+        parallel_syncs: usize,
+        /// How long [`SentinelGroup::start_with`] waits for the sentinels to be ready (default
+        /// [`SENTINEL_TIMEOUT`]).
+        timeout: Duration,
     }
 
     /// The name the sentinels monitor the primary under (default `mymaster`).
@@ -84,43 +84,16 @@ impl SentinelOptions {
         self
     }
 
-    /// `sentinel down-after-milliseconds`, in whole milliseconds.
-    pub fn down_after(mut self, after: Duration) -> Self {
-        self.down_after = after;
-        self
-    }
-
-    /// `sentinel failover-timeout`, in whole milliseconds.
-    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
-        self.failover_timeout = timeout;
-        self
-    }
-
-    /// `sentinel parallel-syncs`: how many replicas resync with a new primary at once.
-    pub fn parallel_syncs(mut self, n: usize) -> Self {
-        self.parallel_syncs = n;
-        self
-    }
-
     /// Extra arguments for every data node (not the sentinels), as
     /// [`ReplicaSet::start_with`] takes them.
-    pub fn data_args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
+    pub fn data_args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.data_args.extend(args.into_iter().map(Into::into));
         self
     }
 
-    /// Extra arguments for every sentinel, e.g. an ACL user
-    /// (`["--user", "name", "on", ">password", "+@all"]`; the default user stays open for the
-    /// kit and for the sentinels among themselves).
-    pub fn sentinel_args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
+    /// Extra arguments for every sentinel, e.g. an ACL user ([`acl_user`](crate::acl_user);
+    /// the default user stays open for the kit and for the sentinels among themselves).
+    pub fn sentinel_args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.sentinel_args.extend(args.into_iter().map(Into::into));
         self
     }
@@ -134,13 +107,6 @@ impl SentinelOptions {
     /// outlive the group.
     pub fn tls(mut self, certs: &crate::TlsCerts, auth_clients: bool) -> Self {
         self.tls = Some(certs.file_args(auth_clients));
-        self
-    }
-
-    /// How long [`SentinelGroup::start_with`] waits for the sentinels to be ready (default
-    /// [`SENTINEL_TIMEOUT`]).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
         self
     }
 
