@@ -7,6 +7,15 @@ use crate::scalar::Resolved;
 use crate::yaml::{Node, NodeKind};
 
 impl Decoder<'_> {
+    /// The error of a field holding something other than `expected`, on the value's line (the
+    /// key's where the value has none).
+    fn expected(&self, node: &Node, path: &str, key_node: &Node, expected: &str) -> RlsConfigError {
+        self.error(
+            self.line_of(node).or(self.line_of(key_node)),
+            format!("{path}: expected {expected}, found {}", node.describe()),
+        )
+    }
+
     /// A list field: null is empty, a list is its items, anything else is an error.
     pub(super) fn list<'n>(
         &self,
@@ -18,10 +27,7 @@ impl Decoder<'_> {
         match &node.kind {
             NodeKind::Seq(items) => Ok(items),
             _ if node.is_null() => Ok(&[]),
-            _ => Err(self.error(
-                self.line_of(node).or(self.line_of(key_node)),
-                format!("{path}: expected a list of {of}, found {}", node.describe()),
-            )),
+            _ => Err(self.expected(node, path, key_node, &format!("a list of {of}"))),
         }
     }
 
@@ -37,10 +43,7 @@ impl Decoder<'_> {
         }
         match &node.kind {
             NodeKind::Scalar { text, .. } => Ok(text.clone()),
-            _ => Err(self.error(
-                self.line_of(node).or(self.line_of(key_node)),
-                format!("{path}: expected a string, found {}", node.describe()),
-            )),
+            _ => Err(self.expected(node, path, key_node, "a string")),
         }
     }
 
@@ -64,13 +67,11 @@ impl Decoder<'_> {
                      number without quotes"
                 ),
             )),
-            _ => Err(self.error(
-                line,
-                format!(
-                    "{path}: expected a whole number between 0 and {}, found {}",
-                    u32::MAX,
-                    node.describe()
-                ),
+            _ => Err(self.expected(
+                node,
+                path,
+                key_node,
+                &format!("a whole number between 0 and {}", u32::MAX),
             )),
         }
     }
@@ -93,10 +94,7 @@ impl Decoder<'_> {
                      false without quotes"
                 ),
             )),
-            _ => Err(self.error(
-                line,
-                format!("{path}: expected true or false, found {}", node.describe()),
-            )),
+            _ => Err(self.expected(node, path, key_node, "true or false")),
         }
     }
 }
