@@ -15,6 +15,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod support;
+
 use std::future::Future;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -34,16 +36,7 @@ type Side<'a> = dyn Fn(&[String]) -> f64 + 'a;
 const CONFIG: &str = "policies:\n  api:\n    limits:\n      - { max: 1000000000000, per: 1h }\n";
 
 fn main() {
-    let smoke = !std::env::args().any(|a| a == "--bench");
-    let secs: f64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let round = if smoke {
-        Duration::from_millis(20)
-    } else {
-        Duration::from_secs_f64(secs)
-    };
+    let round = support::round(2.0, Duration::from_millis(20));
     let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
     println!("ns per check on the memory store, {KEYS} keys in turn, fastest of {ROUNDS} rounds");
     for local in [false, true] {

@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -25,16 +27,7 @@ const KEYS: u64 = 100_000;
 const YIELD_EVERY: u64 = 16;
 
 fn main() {
-    let smoke = !std::env::args().any(|a| a == "--bench");
-    let secs: f64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
-    let run_for = if smoke {
-        Duration::from_millis(50)
-    } else {
-        Duration::from_secs_f64(secs)
-    };
+    let run_for = support::round(3.0, Duration::from_millis(50));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_time()
