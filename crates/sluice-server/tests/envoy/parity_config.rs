@@ -72,7 +72,7 @@ fn stats(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> String {
 
 /// The reference's `test/config/basic_config.yaml` (comments shortened): the domain is on
 /// line 2, as in the reference.
-const BASIC_CONFIG: &str = "\
+pub(crate) const BASIC_CONFIG: &str = "\
 # The basic configuration of the reference's tests.
 domain: test-domain
 descriptors:

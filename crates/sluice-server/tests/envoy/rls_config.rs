@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 
+use crate::parity_config::BASIC_CONFIG;
 use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 fn config(yaml: &str) -> RlsConfig {
@@ -469,57 +470,15 @@ descriptors:
 // Matching rules from the reference's tests (test/config/config_test.go).
 // ---------------------------------------------------------------------------------------------
 
-const BASIC: &str = "\
-domain: test-domain
-descriptors:
-  - key: key1
-    value: value1
-    descriptors:
-      - key: subkey1
-        rate_limit:
-          unit: second
-          requests_per_unit: 5
-      - key: subkey1
-        value: subvalue1
-        rate_limit:
-          unit: second
-          requests_per_unit: 10
-  - key: key2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: key2
-    value: value2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 30
-  # Whitelisted: a value with neither a limit nor nested descriptors.
-  - key: key2
-    value: value3
-  - key: key3
-    rate_limit:
-      unit: HOUR
-      requests_per_unit: 1
-  - key: key4
-    rate_limit:
-      unit: Day
-      requests_per_unit: 1
-  - key: key5
-    value: value5
-    rate_limit:
-      unit: day
-      requests_per_unit: 15
-    descriptors:
-      - key: subkey5
-        value: subvalue5
-        rate_limit:
-          unit: day
-          requests_per_unit: 25
-";
-
 #[test]
 fn basic_config_lookups() {
-    let config = config(BASIC);
+    // The reference's basic configuration with two units in other letter cases.
+    let yaml = BASIC_CONFIG.replace("unit: hour", "unit: HOUR").replace(
+        "unit: day\n      requests_per_unit: 1\n",
+        "unit: Day\n      requests_per_unit: 1\n",
+    );
+    assert!(yaml.contains("unit: HOUR") && yaml.contains("unit: Day"));
+    let config = config(&yaml);
     let d = "test-domain";
     assert!(config.get_limit(d, &[("key1", "something")]).is_none());
     // A key/value with nested descriptors but no limit of its own.
