@@ -25,6 +25,19 @@ fn given(pairs: &[(Setting, &str, Given)]) -> Overrides {
     o
 }
 
+/// The error applying `pairs` onto [`FILE`] gives.
+fn applied_error(pairs: &[(Setting, &str, Given)]) -> String {
+    given(pairs)
+        .apply(config(FILE), "sluice.yaml")
+        .unwrap_err()
+        .to_string()
+}
+
+/// The error checking `pairs` alone gives.
+fn check_error(pairs: &[(Setting, &str, Given)]) -> String {
+    given(pairs).check().unwrap_err().to_string()
+}
+
 fn redis(text: &str) -> Config {
     config(&format!("store:\n  backend: redis\n{text}"))
 }
@@ -66,10 +79,7 @@ fn the_command_line_keeps_one_value_per_setting_the_last_set() {
 
 #[test]
 fn a_bad_address_names_the_variable_or_flag_and_the_value() {
-    let e = given(&[(Setting::Http, "localhost:80", Given::Env)])
-        .apply(config(FILE), "sluice.yaml")
-        .unwrap_err()
-        .to_string();
+    let e = applied_error(&[(Setting::Http, "localhost:80", Given::Env)]);
     assert!(
         e.starts_with("env SLUICE_HTTP: `localhost:80` names a host"),
         "{e}"
@@ -81,10 +91,7 @@ fn a_bad_address_names_the_variable_or_flag_and_the_value() {
 
 #[test]
 fn two_listeners_on_one_port_after_the_overrides_are_refused() {
-    let e = given(&[(Setting::Grpc, "127.0.0.1:7001", Given::Flag)])
-        .apply(config(FILE), "sluice.yaml")
-        .unwrap_err()
-        .to_string();
+    let e = applied_error(&[(Setting::Grpc, "127.0.0.1:7001", Given::Flag)]);
     assert!(e.contains("sluice.yaml with flag --grpc"), "{e}");
     assert!(e.contains("http and grpc are both 127.0.0.1:7001"), "{e}");
 }
@@ -167,10 +174,7 @@ fn a_redis_url_never_replaces_a_topology() {
 
 #[test]
 fn a_bad_redis_url_is_named_without_its_password() {
-    let e = given(&[(Setting::RedisUrl, "http://u:secret@h:1", Given::Env)])
-        .check()
-        .unwrap_err()
-        .to_string();
+    let e = check_error(&[(Setting::RedisUrl, "http://u:secret@h:1", Given::Env)]);
     assert!(
         e.starts_with("env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL"),
         "{e}"
@@ -180,10 +184,7 @@ fn a_bad_redis_url_is_named_without_its_password() {
 
 #[test]
 fn a_key_prefix_needs_a_redis_store_and_no_brace() {
-    let e = given(&[(Setting::KeyPrefix, "app:", Given::Env)])
-        .apply(config(FILE), "sluice.yaml")
-        .unwrap_err()
-        .to_string();
+    let e = applied_error(&[(Setting::KeyPrefix, "app:", Given::Env)]);
     assert!(
         e.starts_with("env SLUICE_KEY_PREFIX: `app:`: the store is memory"),
         "{e}"
@@ -196,10 +197,7 @@ fn a_key_prefix_needs_a_redis_store_and_no_brace() {
     assert!(
         matches!(&c.store, StoreConfig::Redis(sluice_redis::RedisConfig { key_prefix, .. }) if key_prefix == "app:")
     );
-    let e = given(&[(Setting::KeyPrefix, "{app}", Given::Flag)])
-        .check()
-        .unwrap_err()
-        .to_string();
+    let e = check_error(&[(Setting::KeyPrefix, "{app}", Given::Flag)]);
     assert!(e.starts_with("flag --key-prefix: `{app}`"), "{e}");
 }
 
