@@ -44,10 +44,9 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 
 #[tokio::test]
 async fn http_headers_follow_the_store_clock_not_the_servers() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let config = format!(
         "policies:\n  api:\n    limits:\n      - {{ max: 5, per: 1h }}\n{}",
         redis_store(&redis)
@@ -78,10 +77,9 @@ async fn http_headers_follow_the_store_clock_not_the_servers() {
 
 #[tokio::test]
 async fn grpc_reset_follows_the_store_clock_not_the_servers() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let rules = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n";
     let config = format!(
         "rls:\n  config_dir: ratelimit-config\n{}",

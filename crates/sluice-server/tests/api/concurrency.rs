@@ -260,14 +260,10 @@ async fn bad_acquires_and_releases_are_refused_by_name() {
 /// passes the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_http_clients_never_hold_more_than_the_limit() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
-    let config = format!(
-        "{POLICIES}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
-        redis.url()
-    );
+    };
+    let config = format!("{POLICIES}\n{}", support::redis_store(&redis, "2s"));
     let s = support::TestServer::start(&config, &[]).await;
     let c = Client::new();
     let holding = Arc::new(AtomicU64::new(0));

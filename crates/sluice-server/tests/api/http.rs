@@ -28,6 +28,16 @@ use support::{header, post};
 
 type Server = support::TestServer;
 
+/// The bearer token of the servers with an `admin` section.
+const TOKEN: &str = "s3cr3t-0123456789abcdef";
+
+/// A server on [`CONFIG`] with an `admin` section holding [`TOKEN`], and `extra` (more keys
+/// of the section).
+async fn with_admin(extra: &str) -> Server {
+    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n{extra}");
+    Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await
+}
+
 /// The body of a request for `cost` of `key` under `policy`.
 fn asking(policy: &str, key: &str, cost: u64) -> Value {
     json!({"policy": policy, "key": key, "cost": cost})
@@ -274,24 +284,9 @@ async fn a_key_is_bounded_in_bytes_and_a_null_cost_is_one() {
     s.stop().await;
 }
 
-async fn policies(c: &Client, s: &Server) -> Value {
-    support::json(c.get(format!("{}/v1/policies", s.url))).await
-}
-
-/// Polls until `cond` holds on `GET /v1/policies` (the server checks its file every 500 ms).
-async fn wait_for(c: &Client, s: &Server, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let p = policies(c, s).await;
-        if cond(&p) {
-            return p;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {p}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Polls until `cond` holds on `GET /v1/policies`.
+async fn wait_for(s: &Server, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    support::poll_json(&format!("{}/v1/policies", s.url), what, cond).await
 }
 
 #[tokio::test]
@@ -303,7 +298,7 @@ async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() 
         "policies:\n  fresh:\n    limits: [{ max: 1, per: 1m }]\n",
     )
     .unwrap();
-    let p = wait_for(&c, &s, "the new policy", |p| {
+    let p = wait_for(&s, "the new policy", |p| {
         p["config"]["generation"] == json!(2)
     })
     .await;
@@ -322,7 +317,7 @@ async fn a_reload_applies_new_policies_and_a_bad_file_keeps_the_last_good_one() 
         "policies:\n  fresh:\n    limits: [{ max: 0, per: 1m }]\n",
     )
     .unwrap();
-    let p = wait_for(&c, &s, "the failed reload", |p| {
+    let p = wait_for(&s, "the failed reload", |p| {
         p["config"]["last_reload_error"].is_string()
     })
     .await;
@@ -530,14 +525,13 @@ async fn a_thousand_malformed_requests_get_no_5xx() {
 /// the 429, readiness, and readiness failing while the primary is stalled.
 #[tokio::test]
 async fn the_api_over_a_redis_store() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let config = format!(
-        "{}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
+        "{}\n{}",
         CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n"),
-        redis.url()
+        support::redis_store(&redis, "200ms")
     );
     let s = start(&config).await;
     let c = Client::new();
@@ -654,11 +648,9 @@ async fn metrics_count_decisions_by_policy_and_outcome_never_by_key() {
 /// Two client-side shards: keys spread over both, and `/readyz` names the shard that stalls.
 #[tokio::test]
 async fn two_redis_shards_and_readiness_per_shard() {
-    if !sluice_testkit::require_redis() {
+    let (Some(a), Some(b)) = (support::redis(), support::redis()) else {
         return;
-    }
-    let a = sluice_testkit::RedisServer::start().unwrap();
-    let b = sluice_testkit::RedisServer::start().unwrap();
+    };
     let config = format!(
         "{CONFIG}\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n    - primary: {}\n  timeout: 200ms\n",
         a.url(),
@@ -704,7 +696,6 @@ async fn two_redis_shards_and_readiness_per_shard() {
 /// checks and peeks stay open. `/metrics` joins the admin routes with `protect_metrics`.
 #[tokio::test]
 async fn admin_routes_need_a_bearer_token() {
-    const TOKEN: &str = "s3cr3t-0123456789abcdef";
     let config =
         format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n  protect_metrics: true\n");
     let s = Server::start(&config, &[("secrets/admin", &format!("# ops\n{TOKEN}\n"))]).await;
@@ -764,9 +755,7 @@ async fn admin_routes_need_a_bearer_token() {
 /// <token>` got a 401; every spelling of the scheme is accepted now, and a wrong scheme is not.
 #[tokio::test]
 async fn the_admin_scheme_is_case_insensitive() {
-    const TOKEN: &str = "s3cr3t-0123456789abcdef";
-    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n");
-    let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+    let s = with_admin("").await;
     let c = Client::new();
     let policies = format!("{}/v1/policies", s.url);
     for scheme in ["Bearer", "bearer", "BEARER", "BeArEr"] {
@@ -902,9 +891,7 @@ async fn a_body_naming_a_field_twice_is_refused() {
 /// in `/v1/stats`.
 #[tokio::test]
 async fn a_reload_that_drops_the_admin_section_is_refused() {
-    const TOKEN: &str = "s3cr3t-0123456789abcdef";
-    let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n");
-    let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+    let s = with_admin("").await;
     let c = Client::new();
     std::fs::write(&s.file, CONFIG).unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -931,11 +918,9 @@ async fn a_reload_that_drops_the_admin_section_is_refused() {
 /// scraper without one.
 #[tokio::test]
 async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
-    const TOKEN: &str = "s3cr3t-0123456789abcdef";
     let c = Client::new();
     for (extra, open) in [("", false), ("  protect_metrics: false\n", true)] {
-        let config = format!("{CONFIG}\nadmin:\n  tokens_file: secrets/admin\n{extra}");
-        let s = Server::start(&config, &[("secrets/admin", &format!("{TOKEN}\n"))]).await;
+        let s = with_admin(extra).await;
         let r = s.get(&c, "/metrics").await;
         let expected = if open {
             StatusCode::OK

@@ -508,14 +508,10 @@ fn every_bound_and_malformed_input_is_refused_naming_it() {
 const CONFIG: &str = "policies:\n  api:\n    limits:\n      - { max: 100, per: 1m }\n";
 
 async fn post(url: &str, body: &Value, token: Option<&str>) -> (StatusCode, Value) {
-    let mut r = reqwest::Client::new()
+    let request = reqwest::Client::new()
         .post(format!("{url}/v1/simulate"))
         .json(body);
-    if let Some(t) = token {
-        r = r.bearer_auth(t);
-    }
-    let r = r.send().await.unwrap();
-    (r.status(), r.json().await.unwrap())
+    support::answer(request, token).await
 }
 
 #[tokio::test]

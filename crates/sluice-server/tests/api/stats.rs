@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::time::Duration;
-
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -171,20 +169,9 @@ async fn stats(s: &support::TestServer) -> Value {
     get(&format!("{}/v1/stats", s.url)).await.1
 }
 
-/// Polls `/v1/stats` until `cond` holds (the server checks its file every 500 ms).
+/// Polls `/v1/stats` until `cond` holds.
 async fn wait_for(s: &support::TestServer, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = stats(s).await;
-        if cond(&v) {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::poll_json(&format!("{}/v1/stats", s.url), what, cond).await
 }
 
 #[tokio::test]
@@ -232,22 +219,12 @@ async fn reloads_are_listed_newest_first_and_removed_policies_lose_their_top_key
     })
     .await;
     let reloads = v["reloads"].as_array().unwrap();
-    let summary: Vec<(String, u64, bool)> = reloads
-        .iter()
-        .map(|r| {
-            (
-                r["source"].as_str().unwrap().to_owned(),
-                r["generation"].as_u64().unwrap(),
-                r["ok"].as_bool().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        summary,
+        support::columns(&v["reloads"], &["source", "generation", "ok"]),
         [
-            ("file".to_owned(), 2, false),
-            ("file".to_owned(), 2, true),
-            ("start".to_owned(), 1, true)
+            json!(["file", 2, false]),
+            json!(["file", 2, true]),
+            json!(["start", 1, true])
         ]
     );
     let error = reloads[0]["error"].as_str().unwrap();

@@ -17,12 +17,7 @@ const CONFIG: &str = "admin:\n  tokens_file: tokens\ntop:\n  capacity: 8\n  wind
 const RLS_YAML: &str = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
 
 async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
-    let mut r = reqwest::Client::new().get(url);
-    if let Some(t) = token {
-        r = r.bearer_auth(t);
-    }
-    let r = r.send().await.unwrap();
-    (r.status(), r.json().await.unwrap())
+    support::answer(reqwest::Client::new().get(url), token).await
 }
 
 #[tokio::test]
@@ -71,21 +66,9 @@ async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() 
         Some(TOKEN),
     )
     .await;
-    let keys: Vec<(String, u64, u64)> = used["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| {
-            (
-                k["key"].as_str().unwrap().to_owned(),
-                k["count"].as_u64().unwrap(),
-                k["remaining"].as_u64().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        keys,
-        vec![("hot".to_owned(), 3, 0), ("warm".to_owned(), 2, 1)]
+        support::columns(&used["keys"], &["key", "count", "remaining"]),
+        [json!(["hot", 3, 0]), json!(["warm", 2, 1])]
     );
     assert_eq!(used["total"], 6);
 

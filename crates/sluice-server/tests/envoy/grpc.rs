@@ -211,15 +211,10 @@ async fn envoy_default_requests_count_one_in_memory() {
 
 #[tokio::test]
 async fn envoy_default_requests_count_one_over_redis() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
-    envoy_default_requests_count_one(&format!(
-        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
-        redis.url()
-    ))
-    .await;
+    };
+    envoy_default_requests_count_one(&support::redis_store(&redis, "2s")).await;
 }
 
 #[tokio::test]
@@ -421,14 +416,10 @@ async fn editing_the_rule_files_reloads_them() {
 /// and recovery needs no restart.
 #[tokio::test]
 async fn a_stalled_redis_store_is_unavailable_to_envoy() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
-    let store = format!(
-        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
-        redis.url()
-    );
+    };
+    let store = support::redis_store(&redis, "200ms");
     let mut s = start_with(&store).await;
     let r = s.ask(&[&[("remote_address", "9.9.9.9")]], 1).await;
     assert_eq!(r.statuses[0].limit_remaining, 2);

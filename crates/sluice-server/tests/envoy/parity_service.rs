@@ -562,13 +562,12 @@ async fn no_rate_limit_configuration_is_an_error() {
 // answers UNAVAILABLE. Either way Envoy's `failure_mode_deny` decides. Over Redis, paused.
 #[tokio::test]
 async fn a_store_error_is_an_error() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let settings = format!(
-        "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 200ms\n",
-        redis.url()
+        "{REFERENCE_DEFAULTS}{}",
+        support::redis_store(&redis, "200ms")
     );
     let mut s = Rls::start(&settings, &[("different.yaml", DIFFERENT_DOMAIN)], T_2222).await;
     let r = s
@@ -1047,11 +1046,10 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     test(REFERENCE_DEFAULTS.to_owned()).await;
-    if sluice_testkit::require_redis() {
-        let redis = sluice_testkit::RedisServer::start().unwrap();
+    if let Some(redis) = support::redis() {
         test(format!(
-            "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
-            redis.url()
+            "{REFERENCE_DEFAULTS}{}",
+            support::redis_store(&redis, "2s")
         ))
         .await;
     }
@@ -1481,13 +1479,12 @@ async fn integration_basic_config_in_memory() {
 // (WithoutPerSecondRedisWithCachePrefix), over Redis with a key prefix.
 #[tokio::test]
 async fn integration_basic_config_over_redis_with_a_key_prefix() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let settings = format!(
-        "{REFERENCE_DEFAULTS}store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n  key_prefix: \"prefix:\"\n",
-        redis.url()
+        "{REFERENCE_DEFAULTS}{}  key_prefix: \"prefix:\"\n",
+        support::redis_store(&redis, "2s")
     );
     let s = basic_base_config(&settings, "").await;
     // Every counter is under the prefix, and carries the reference's counter key (though not

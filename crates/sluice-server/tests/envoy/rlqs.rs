@@ -338,19 +338,12 @@ async fn peek_used(server: &support::TestServer, policy: &str, key: &str) -> u64
     body["limit"].as_u64().unwrap() - body["remaining"].as_u64().unwrap()
 }
 
-/// A Redis store whose timeout (`timeout`) a loaded 2-core machine meets when exactness is
-/// the point (a charge that times out gets no action, and Envoy keeps its last assignment:
-/// at the default 50 ms, 8 streams over Redis under a full test run admitted 11,528 in a
-/// window bounded at 448).
-fn redis_store_with(redis: &sluice_testkit::RedisServer, timeout: &str) -> String {
-    format!(
-        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: {timeout}\n",
-        redis.url()
-    )
-}
-
+/// A Redis store whose timeout a loaded 2-core machine meets when exactness is the point (a
+/// charge that times out gets no action, and Envoy keeps its last assignment: at the default
+/// 50 ms, 8 streams over Redis under a full test run admitted 11,528 in a window bounded at
+/// 448).
 fn redis_store(redis: &sluice_testkit::RedisServer) -> String {
-    redis_store_with(redis, "2s")
+    support::redis_store(redis, "2s")
 }
 
 // ----- the bound ---------------------------------------------------------------------------
@@ -439,10 +432,9 @@ async fn eight_envoys_stay_within_the_bound_in_memory() {
 
 #[tokio::test]
 async fn eight_envoys_stay_within_the_bound_over_redis() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     eight_envoys_one_hot_bucket(&redis_store(&redis), 1).await;
 }
 
@@ -450,10 +442,9 @@ async fn eight_envoys_stay_within_the_bound_over_redis() {
 /// fleet-wide, because every server charges the same keys and counts the same holders.
 #[tokio::test]
 async fn eight_envoys_over_three_sluice_servers_share_one_limit_in_redis() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     eight_envoys_one_hot_bucket(&redis_store(&redis), 3).await;
 }
 
@@ -462,10 +453,9 @@ async fn eight_envoys_over_three_sluice_servers_share_one_limit_in_redis() {
 /// which they are charged changes nothing in the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_concurrent_streams_stay_within_the_bound_over_redis() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let clock = ManualClock::new(T0);
     let server = support::TestServer::start_with_clock(
         &format!("{HOT}{}", redis_store(&redis)),
@@ -635,10 +625,9 @@ async fn a_reconnected_stream_carries_on_from_the_store() {
 
 #[tokio::test]
 async fn a_restarted_server_keeps_the_count_in_redis() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let config = format!("{SHARES}{}", redis_store(&redis));
     let clock = ManualClock::new(T0);
     let b = bucket(&[("route", "a")]);
@@ -859,11 +848,10 @@ async fn a_bucket_twice_in_one_message_is_summed() {
 /// again once the store is back.
 #[tokio::test]
 async fn a_stalled_redis_store_gets_no_action_and_the_stream_lives_on() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
-    let config = format!("{SHARES}{}", redis_store_with(&redis, "200ms"));
+    };
+    let config = format!("{SHARES}{}", support::redis_store(&redis, "200ms"));
     let server = support::TestServer::start_with_clock(&config, &[], ManualClock::new(T0)).await;
     let mut s = Stream::open(&server.channel().await).await;
     let routed = bucket(&[("route", "a")]);

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 use crate::otlp::{Collector, Received};
-use crate::support::TestServer;
+use crate::support::{self, TestServer};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -47,11 +47,9 @@ fn named<'a>(spans: &'a [Received], name: &str) -> Vec<&'a Received> {
 /// Two Redis shards: each descriptor's store call is a span naming the shard that decided it.
 #[tokio::test]
 async fn should_rate_limit_is_a_span_under_envoys_traceparent_with_a_store_span_per_shard_call() {
-    if !sluice_testkit::require_redis() {
+    let (Some(a), Some(b)) = (support::redis(), support::redis()) else {
         return;
-    }
-    let a = sluice_testkit::RedisServer::start().unwrap();
-    let b = sluice_testkit::RedisServer::start().unwrap();
+    };
     let collector = Collector::start().await;
     let config = format!(
         "rls:\n  config_dir: ratelimit-config\n\

@@ -400,24 +400,9 @@ async fn a_region_whose_replica_is_gone_answers_in_its_fallback_mode() {
     let eu_stats = stats(&c, eu).await;
     assert_eq!(eu_stats["store"]["kind"], "regions");
     assert_eq!(eu_stats["store"]["region"], "eu");
-    let seen: Vec<(String, bool, bool)> = eu_stats["regions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["name"].as_str().unwrap().to_owned(),
-                r["reachable"].as_bool().unwrap(),
-                r["fallback"].as_bool().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        seen,
-        [
-            ("ap".to_owned(), true, false),
-            ("us".to_owned(), false, true)
-        ],
+        support::columns(&eu_stats["regions"], &["name", "reachable", "fallback"]),
+        [json!(["ap", true, false]), json!(["us", false, true])],
         "{eu_stats}"
     );
 

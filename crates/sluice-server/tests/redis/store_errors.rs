@@ -253,10 +253,9 @@ impl Fleet {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = RedisServer::start().unwrap();
+    };
     let mut f = fleet(&shard(&redis.url())).await;
     f.decides_again("warm").await;
     redis
@@ -328,10 +327,9 @@ async fn a_flushed_library_that_cannot_be_reloaded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_script() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = RedisServer::start().unwrap();
+    };
     redis
         .cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"])
         .unwrap();
@@ -399,10 +397,9 @@ async fn a_sleeping_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary() {
-    if !sluice_testkit::require_redis() {
+    let Some(mut redis) = support::redis() else {
         return;
-    }
-    let mut redis = RedisServer::start().unwrap();
+    };
     let mut f = fleet(&shard(&redis.url())).await;
     f.decides_again("warm").await;
     tokio::task::block_in_place(|| redis.kill().unwrap());

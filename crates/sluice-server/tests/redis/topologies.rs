@@ -107,10 +107,9 @@ async fn the_api_over_sentinel() {
 /// used again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_policy_stays_limited_while_its_shard_is_down() {
-    if !sluice_testkit::require_redis() {
+    let Some(mut redis) = support::redis() else {
         return;
-    }
-    let mut redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let (s, c) = one_shard(&redis).await;
     let (status, body) = check(&c, &s, "insured", "k").await;
     assert_eq!(
@@ -186,10 +185,9 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
 /// headers; the same check under `local` carries the insurance store's real numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_decision_carries_no_rate_limit_headers() {
-    if !sluice_testkit::require_redis() {
+    let Some(mut redis) = support::redis() else {
         return;
-    }
-    let mut redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let (s, c) = one_shard(&redis).await;
     let post = |policy: &str| {
         c.post(format!("{}/v1/check", s.url))
@@ -223,13 +221,12 @@ async fn an_open_decision_carries_no_rate_limit_headers() {
 /// /metrics, and Redis sees a fraction of the calls; the window is still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_reservation_serves_hot_keys_from_memory() {
-    if !sluice_testkit::require_redis() {
+    let Some(redis) = support::redis() else {
         return;
-    }
-    let redis = sluice_testkit::RedisServer::start().unwrap();
+    };
     let config = format!(
-        "policies:\n  hot:\n    limits:\n      - {{ max: 100, per: 1h }}\nlocal:\n  enabled: true\n  batch: 0.1\nstore:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: 2s\n",
-        redis.url()
+        "policies:\n  hot:\n    limits:\n      - {{ max: 100, per: 1h }}\nlocal:\n  enabled: true\n  batch: 0.1\n{}",
+        support::redis_store(&redis, "2s")
     );
     let s = TestServer::start(&config, &[]).await;
     let c = Client::new();

@@ -220,6 +220,42 @@ pub async fn json(request: reqwest::RequestBuilder) -> serde_json::Value {
     request.send().await.unwrap().json().await.unwrap()
 }
 
+/// Polls `GET url` until `cond` holds on its JSON body (10 s at the most; the server checks
+/// its file every 500 ms): the body that met it.
+pub async fn poll_json(
+    url: &str,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = json(client.get(url)).await;
+        if cond(&v) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `request`, with `token` as its bearer token where there is one: the status and the
+/// JSON body.
+pub async fn answer(
+    request: reqwest::RequestBuilder,
+    token: Option<&str>,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let request = match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    };
+    let r = request.send().await.unwrap();
+    (r.status(), r.json().await.unwrap())
+}
+
 /// `POST /v1/check` of `key` under `policy`: the status and the body.
 pub async fn check(
     c: &reqwest::Client,
@@ -234,4 +270,30 @@ pub async fn check(
         .await
         .unwrap();
     (r.status(), r.json().await.unwrap())
+}
+
+/// A real redis-server for one test, or `None` where Redis is absent and not required (the
+/// test then returns without running).
+pub fn redis() -> Option<sluice_testkit::RedisServer> {
+    sluice_testkit::require_redis().then(|| sluice_testkit::RedisServer::start().unwrap())
+}
+
+/// The `store:` section of a configuration deciding on the one shard `redis`, with
+/// `timeout` for each store call.
+pub fn redis_store(redis: &sluice_testkit::RedisServer, timeout: &str) -> String {
+    format!(
+        "store:\n  backend: redis\n  shards:\n    - primary: {}\n  timeout: {timeout}\n",
+        redis.url()
+    )
+}
+
+/// Each item of the JSON array `items` as an array of its fields `names`, in that order (a
+/// missing field is null), for comparing a listing's rows at once.
+pub fn columns(items: &serde_json::Value, names: &[&str]) -> Vec<serde_json::Value> {
+    items
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| names.iter().map(|name| item[*name].clone()).collect())
+        .collect()
 }
