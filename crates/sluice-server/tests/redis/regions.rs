@@ -20,6 +20,44 @@ const NAMES: [&str; 3] = ["eu", "us", "ap"];
 /// `api`'s limit, per hour (an aligned window: the test groups admissions by window anyway).
 const MAX: u64 = 60;
 
+/// Waits until each of `replicas` has its link to its primary up.
+fn links_up(replicas: &[&RedisServer]) {
+    sluice_testkit::wait_until(
+        sluice_testkit::SYNC_TIMEOUT,
+        "every replica's link to its primary to be up",
+        || {
+            for replica in replicas {
+                let link = replica.info_field("replication", "master_link_status")?;
+                if link.as_deref() != Some("up") {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .unwrap();
+}
+
+/// The `store:` section of region `local` on its `primary`, with `remotes` (the lines under
+/// `remotes:`) read every `refresh`, falling back to `local_share`.
+fn regions_store(local: &str, primary: &RedisServer, remotes: &str, refresh: &str) -> String {
+    format!(
+        "store:
+  backend: redis
+  timeout: 2s
+  regions:
+    local: {local}
+    primary: {{ url: {} }}
+    remotes:
+{remotes}
+    refresh: {refresh}
+    max_lag: 1s
+    fallback: local_share
+",
+        primary.url()
+    )
+}
+
 /// Three primaries, and in each region a replica of each other region's primary.
 struct Regions {
     primaries: Vec<RedisServer>,
@@ -44,25 +82,17 @@ impl Regions {
                     .collect()
             })
             .collect();
-        let regions = Self {
+        links_up(
+            &replicas
+                .iter()
+                .flatten()
+                .map(|(_, r)| r)
+                .collect::<Vec<_>>(),
+        );
+        Self {
             primaries,
             replicas,
-        };
-        sluice_testkit::wait_until(
-            sluice_testkit::SYNC_TIMEOUT,
-            "every replica's link to its primary to be up",
-            || {
-                for (_, replica) in regions.replicas.iter().flatten() {
-                    let link = replica.info_field("replication", "master_link_status")?;
-                    if link.as_deref() != Some("up") {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            },
-        )
-        .unwrap();
-        regions
+        }
     }
 
     /// Region `r`'s configuration: its primary, the replicas in it, `refresh`; `api` falls back
@@ -72,6 +102,7 @@ impl Regions {
             .iter()
             .map(|(o, replica)| format!("      {}: {{ url: {} }}", NAMES[*o], replica.url()))
             .collect();
+        let store = regions_store(NAMES[r], &self.primaries[r], &remotes.join("\n"), refresh);
         format!(
             "policies:
   api:
@@ -80,22 +111,8 @@ impl Regions {
   guarded:
     limits:
       - {{ max: {MAX}, per: 1h }}
-store:
-  backend: redis
-  timeout: 2s
-  regions:
-    local: {local}
-    primary: {{ url: {primary} }}
-    remotes:
-{remotes}
-    refresh: {refresh}
-    max_lag: 1s
-    fallback: local_share
-    policy_fallback: {{ guarded: closed }}
-",
-            local = NAMES[r],
-            primary = self.primaries[r].url(),
-            remotes = remotes.join("\n"),
+{store}    policy_fallback: {{ guarded: closed }}
+"
         )
     }
 }
@@ -472,20 +489,7 @@ impl TwoRegions {
                 .start()
                 .unwrap()
         });
-        sluice_testkit::wait_until(
-            sluice_testkit::SYNC_TIMEOUT,
-            "both replicas' links to their primaries to be up",
-            || {
-                for replica in &replicas {
-                    let link = replica.info_field("replication", "master_link_status")?;
-                    if link.as_deref() != Some("up") {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            },
-        )
-        .unwrap();
+        links_up(&[&replicas[0], &replicas[1]]);
         Self {
             primaries,
             replicas,
@@ -494,26 +498,13 @@ impl TwoRegions {
 
     /// Region `r`'s configuration with `policies` (YAML under `policies:`).
     fn config(&self, r: usize, policies: &str) -> String {
-        format!(
-            "policies:
-{policies}
-store:
-  backend: redis
-  timeout: 2s
-  regions:
-    local: {local}
-    primary: {{ url: {primary} }}
-    remotes:
-      {other}: {{ url: {replica} }}
-    refresh: 100ms
-    max_lag: 1s
-    fallback: local_share
-",
-            local = Self::NAMES[r],
-            primary = self.primaries[r].url(),
-            other = Self::NAMES[1 - r],
-            replica = self.replicas[r].url(),
-        )
+        let remote = format!(
+            "      {}: {{ url: {} }}",
+            Self::NAMES[1 - r],
+            self.replicas[r].url()
+        );
+        let store = regions_store(Self::NAMES[r], &self.primaries[r], &remote, "100ms");
+        format!("policies:\n{policies}\n{store}")
     }
 }
 
