@@ -112,9 +112,7 @@ const ISTIO: &str = r#"[2026-01-01T00:00:00.000Z] "GET /status/418 HTTP/1.1" 418
 #[test]
 fn istio_is_read_as_istio_and_never_keyed_by_bytes_sent() {
     // Before: read as Envoy's format, the key was bytes_sent (`135`).
-    for format in [json!("istio"), Value::Null] {
-        let r = run(json!({"format": format, "log": ISTIO})).unwrap();
-        assert_eq!(how(&r).format, "istio");
+    for r in named_and_detected("istio", ISTIO) {
         // The forwarded client first, else the connection's address without its port.
         assert_eq!(
             keys(&r),
@@ -221,15 +219,22 @@ fn log_format(r: &Report) -> &'static str {
     how(r).format
 }
 
+/// `log` simulated with `format` named and with no format: both read it as `format`.
+fn named_and_detected(format: &str, log: &str) -> [Report; 2] {
+    [json!(format), Value::Null].map(|given| {
+        let r = run(json!({"format": given, "log": log})).unwrap();
+        assert_eq!(how(&r).format, format, "given {given}");
+        r
+    })
+}
+
 #[test]
 fn apache_common_and_combined_are_read() {
     // Before: `apache` was no format, and common's 7 fields too few for Nginx's.
     let common = "192.0.2.1 - frank [10/Oct/2000:13:55:36 -0700] \"GET /apache_pb.gif HTTP/1.0\" 200 2326\n\
                   host.example.com - - [10/Oct/2000:13:55:37 -0700] \"GET / HTTP/1.0\" 304 -\n\
                   192.0.2.1 - frank [10/Oct/2000:13:55:38 -0700] \"GET / HTTP/1.0\" 200 10\n";
-    for format in [json!("apache_common"), Value::Null] {
-        let r = run(json!({"format": format, "log": common})).unwrap();
-        assert_eq!(log_format(&r), "apache_common");
+    for r in named_and_detected("apache_common", common) {
         assert_eq!(r.start_ms, 971_211_336_000);
         assert_eq!(
             keys(&r),
@@ -251,9 +256,7 @@ fn nginx_main_is_keyed_by_the_forwarded_client_not_the_balancer() {
 10.0.0.1 - - [01/Jan/2026:00:00:02 +0000] "GET /a HTTP/1.1" 200 5 "-" "curl/8" "203.0.113.9"
 10.0.0.2 - - [01/Jan/2026:00:00:03 +0000] "GET /a HTTP/1.1" 200 5 "-" "curl/8" "-"
 "#;
-    for format in [json!("nginx_main"), Value::Null] {
-        let r = run(json!({"format": format, "log": log})).unwrap();
-        assert_eq!(log_format(&r), "nginx_main");
+    for r in named_and_detected("nginx_main", log) {
         assert_eq!(
             keys(&r),
             vec![
@@ -279,9 +282,7 @@ fn envoy_json_access_logs_are_read() {
 {"start_time":"2026-01-01T00:00:00.500Z","method":"GET","path":"/a","protocol":"HTTP/1.1","response_code":429,"bytes_sent":0,"x_forwarded_for":null,"downstream_remote_address":"198.51.100.4:51240","authority":"api"}
 {"start_time":"2026-01-01T00:00:00.600Z","method":"GET","path":"/a","response_code":200,"downstream_remote_address":"bytes"}
 "#;
-    for format in [json!("envoy_json"), Value::Null] {
-        let r = run(json!({"format": format, "log": log})).unwrap();
-        assert_eq!(log_format(&r), "envoy_json");
+    for r in named_and_detected("envoy_json", log) {
         assert_eq!(
             keys(&r),
             vec![k("198.51.100.4", 1, 1), k("203.0.113.9", 1, 0)]

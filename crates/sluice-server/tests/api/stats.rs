@@ -179,11 +179,7 @@ async fn reloads_are_listed_newest_first_and_removed_policies_lose_their_top_key
     let s = support::TestServer::start(CONFIG, &[("ratelimit-config/bench.yaml", RLS_YAML)]).await;
     let c = reqwest::Client::new();
     for _ in 0..5 {
-        c.post(format!("{}/v1/check", s.url))
-            .json(&json!({"policy": "api", "key": "hot"}))
-            .send()
-            .await
-            .unwrap();
+        support::check(&c, &s, "api", "hot").await;
     }
     let (status, _, _) = get(&format!("{}/v1/top?policy=api", s.url)).await;
     assert_eq!(status, StatusCode::OK);

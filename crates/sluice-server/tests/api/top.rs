@@ -160,11 +160,7 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
     .await;
     let c = reqwest::Client::new();
     for _ in 0..5 {
-        c.post(format!("{}/v1/check", s.url))
-            .json(&json!({"policy": "api", "key": "k"}))
-            .send()
-            .await
-            .unwrap();
+        support::check(&c, &s, "api", "k").await;
     }
     // Peeks and refunds are not checks.
     c.post(format!("{}/v1/peek", s.url))
