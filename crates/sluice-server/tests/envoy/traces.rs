@@ -11,9 +11,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 use crate::otlp::{Collector, Received};
 use crate::support::{self, TestServer};
@@ -38,6 +38,20 @@ fn with_traceparent<T>(message: T, trace: &str, parent: &str) -> tonic::Request<
         format!("00-{trace}-{parent}-01").parse().unwrap(),
     );
     request
+}
+
+/// `request` asked under Envoy's span `parent` of `trace`.
+async fn ask_under(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    request: RateLimitRequest,
+    trace: &str,
+    parent: &str,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(with_traceparent(request, trace, parent))
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 fn named<'a>(spans: &'a [Received], name: &str) -> Vec<&'a Received> {
@@ -79,11 +93,7 @@ async fn should_rate_limit_is_a_span_under_envoys_traceparent_with_a_store_span_
             .collect(),
         hits_addend: 1,
     };
-    let first = client
-        .should_rate_limit(with_traceparent(request(), trace, envoy_span))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = ask_under(&mut client, request(), trace, envoy_span).await;
     assert_eq!(first.overall_code, Code::Ok as i32);
     let spans = collector
         .wait_for(trace, WITHIN, |s| {
@@ -112,11 +122,7 @@ async fn should_rate_limit_is_a_span_under_envoys_traceparent_with_a_store_span_
     assert_eq!(used.len(), 2, "32 keys spread over both shards");
     // Over the limit now: the decision and each store call say denied.
     let (trace2, span2) = ("1af7651916cd43dd8448eb211c80319c", "c7ad6b7169203331");
-    let second = client
-        .should_rate_limit(with_traceparent(request(), trace2, span2))
-        .await
-        .unwrap()
-        .into_inner();
+    let second = ask_under(&mut client, request(), trace2, span2).await;
     assert_eq!(second.overall_code, Code::OverLimit as i32);
     server.stop().await;
     let spans: Vec<Received> = collector
