@@ -127,8 +127,13 @@ async fn check(c: &Client, s: &TestServer, policy: &str, key: &str) -> Value {
 }
 
 /// The `regions` of `/v1/stats`: what this server knows of each region.
-async fn known_regions(c: &Client, s: &TestServer) -> Vec<Value> {
-    stats(c, s).await["regions"].as_array().unwrap().clone()
+/// Polls until `cond` holds of the regions `s` reports.
+async fn until_regions(c: &Client, s: &TestServer, what: &str, cond: impl Fn(&[Value]) -> bool) {
+    until(what, async || {
+        let stats = stats(c, s).await;
+        cond(stats["regions"].as_array().unwrap())
+    })
+    .await;
 }
 
 async fn stats(c: &Client, s: &TestServer) -> Value {
@@ -543,9 +548,8 @@ async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit()
     let eu = TestServer::start(&regions.config(1, ORDERS), &[]).await;
     let c = Client::new();
     for s in [&us, &eu] {
-        until("each region trusts the other", async || {
-            known_regions(&c, s)
-                .await
+        until_regions(&c, s, "each region trusts the other", |regions| {
+            regions
                 .iter()
                 .all(|r| r["reachable"] == true && r["fallback"] == false)
         })
@@ -576,9 +580,8 @@ async fn a_region_cut_off_mid_window_hands_out_no_fresh_share_on_a_spent_limit()
 
     tokio::task::block_in_place(|| regions.replicas[1].kill()).unwrap();
     for (name, s, other) in [("eu", &eu, "us"), ("us", &us, "eu")] {
-        until("the region falls back on the other", async || {
-            known_regions(&c, s)
-                .await
+        until_regions(&c, s, "the region falls back on the other", |regions| {
+            regions
                 .iter()
                 .any(|r| r["name"] == other && r["fallback"] == true)
         })
