@@ -192,15 +192,19 @@ fn said(reply: &Value, limits: usize, acquire: bool) -> Option<Said> {
     })
 }
 
+/// The structured input of `bytes` and the policy of its limits, where they make a valid one.
+fn input_and_policy(bytes: &[u8]) -> Option<(Input, sluice::Policy)> {
+    let input = structured::<Input>(bytes)?;
+    let policy = crate::policy_of(&input.specs, Spec::spec)?;
+    Some((input, policy))
+}
+
 #[test]
 fn decode() {
     let tally = Tally::new("reply::decode");
     check!().with_test_time(budget()).for_each(|bytes: &[u8]| {
-        let Some(input) = structured::<Input>(bytes) else {
+        let Some((input, policy)) = input_and_policy(bytes) else {
             return;
-        };
-        let Some(policy) = crate::policy_of(&input.specs, Spec::spec) else {
-            return; // limits that make no valid policy
         };
         let op = match input.op {
             FuzzOp::Check(cost) => Op::Check { cost },
@@ -292,10 +296,7 @@ fn decode() {
 fn decode_lean() {
     let tally = Tally::new("reply::decode_lean");
     check!().with_test_time(budget()).for_each(|bytes: &[u8]| {
-        let Some(input) = structured::<Input>(bytes) else {
-            return;
-        };
-        let Some(policy) = crate::policy_of(&input.specs, Spec::spec) else {
+        let Some((input, policy)) = input_and_policy(bytes) else {
             return;
         };
         let op = match input.op {
