@@ -172,6 +172,12 @@ impl Model {
             reset,
             retry,
         };
+        let admitted = |remaining, reset| Answer {
+            admits: true,
+            remaining,
+            reset,
+            retry: Some(0),
+        };
         match self {
             Model::Fixed(window) => {
                 let open = window.filter(|&(end, _)| now < end);
@@ -206,15 +212,7 @@ impl Model {
                 } else {
                     next.map_or(reset, |(end, _)| end)
                 };
-                (
-                    Answer {
-                        admits: true,
-                        remaining: remaining - cost,
-                        reset,
-                        retry: Some(0),
-                    },
-                    Model::Fixed(next),
-                )
+                (admitted(remaining - cost, reset), Model::Fixed(next))
             }
             Model::Sliding(events) => {
                 let counted = |at: u64| -> Vec<(u64, u64)> {
@@ -246,28 +244,12 @@ impl Model {
                     return (refused(remaining, reset, retry), self.clone());
                 }
                 if cost == 0 {
-                    return (
-                        Answer {
-                            admits: true,
-                            remaining,
-                            reset,
-                            retry: Some(0),
-                        },
-                        self.clone(),
-                    );
+                    return (admitted(remaining, reset), self.clone());
                 }
                 let mut next = inside;
                 next.push((now - now % l.precision_ms(), cost));
                 let reset = next.iter().map(|&(b, _)| b + per).min().unwrap_or(now);
-                (
-                    Answer {
-                        admits: true,
-                        remaining: remaining - cost,
-                        reset,
-                        retry: Some(0),
-                    },
-                    Model::Sliding(next),
-                )
+                (admitted(remaining - cost, reset), Model::Sliding(next))
             }
             Model::Bucket(tokens) => {
                 let (m, p) = (i128::from(max), i128::from(per));
@@ -296,12 +278,7 @@ impl Model {
                     Some((now, after))
                 };
                 (
-                    Answer {
-                        admits: true,
-                        remaining: remaining_of(after),
-                        reset: reset_of(after),
-                        retry: Some(0),
-                    },
+                    admitted(remaining_of(after), reset_of(after)),
                     Model::Bucket(next),
                 )
             }
