@@ -471,13 +471,17 @@ descriptors:
 
     #[test]
     fn a_bad_resource_is_refused_naming_it_and_the_fault() {
-        let mut missing_unit = eg_resource();
-        missing_unit.descriptors[0].descriptors[0]
-            .rate_limit
-            .as_mut()
-            .unwrap()
-            .unit = 0;
-        let err = RlsConfig::from_xds(&[missing_unit], &LoadOptions::default()).unwrap_err();
+        // The error of the example with the unit of its nested descriptor `at` set to `unit`.
+        let with_unit = |at: usize, unit| {
+            let mut resource = eg_resource();
+            resource.descriptors[0].descriptors[at]
+                .rate_limit
+                .as_mut()
+                .unwrap()
+                .unit = unit;
+            RlsConfig::from_xds(&[resource], &LoadOptions::default()).unwrap_err()
+        };
+        let err = with_unit(0, 0);
         assert_eq!(err.file, "xds:default/eg/http");
         assert!(
             err.message
@@ -485,13 +489,7 @@ descriptors:
             "{err}"
         );
 
-        let mut odd_unit = eg_resource();
-        odd_unit.descriptors[0].descriptors[1]
-            .rate_limit
-            .as_mut()
-            .unwrap()
-            .unit = 42;
-        let err = RlsConfig::from_xds(&[odd_unit], &LoadOptions::default()).unwrap_err();
+        let err = with_unit(1, 42);
         assert!(err.message.contains("\"42\" is not a unit"), "{err}");
 
         let mut duplicate = eg_resource();
