@@ -8,14 +8,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod common;
+
 use std::time::Duration;
 
+use common::NOW;
 use sluice::{LimitSpec, Op, Policy, Store};
 use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::{CommandStats, RedisServer};
 
 const CALLS: u64 = 5_000;
-const NOW: u64 = 1_700_000_000_000;
 
 /// FCALL's calls and server time so far.
 fn fcall_stats(server: &RedisServer) -> CommandStats {
@@ -38,12 +40,8 @@ async fn cpu_per_call(
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
-    }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
     }
     let server = RedisServer::start().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -220,23 +222,12 @@ fn svg(series: &[(&str, &str, Vec<u64>)], bars: &[(String, &str, f64)]) -> Strin
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return;
-    }
-    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let secs = common::secs();
     let server = RedisServer::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     println!(
         "| load | mode | decisions/s | Redis calls per decision | hot-key windows | over max (worst) | under ideal, mean | under ideal, worst |"
     );
