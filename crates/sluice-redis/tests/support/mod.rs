@@ -1,7 +1,7 @@
 //! What several test binaries share: a closed policy, waiting for replication, polling
 //! checks until the store answers again (topologies, plain and over TLS); 64 tasks on one hot
 //! key (counters and hashes); a server with an ACL user (ACL, store errors); a Cluster's
-//! node ids and primaries (resharding, store errors). Each binary uses part of it.
+//! node ids and primaries, and a slot migrating between them (resharding, store errors). Each binary uses part of it.
 
 #![allow(dead_code)]
 
@@ -150,4 +150,53 @@ pub(crate) fn primaries(cluster: &RedisCluster) -> Vec<usize> {
         .iter()
         .map(|s| s.primary)
         .collect()
+}
+
+/// A slot being moved, as a resharding does: IMPORTING on the target, MIGRATING on the
+/// source, until [`Migration::stable`] ends it.
+pub(crate) struct Migration {
+    slot: String,
+    source: usize,
+    target: usize,
+}
+
+impl Migration {
+    /// Starts moving `slot` from its primary to another primary.
+    pub(crate) fn start(cluster: &RedisCluster, slot: u16) -> Self {
+        let source = cluster.primary_for_slot(slot).unwrap();
+        let target = *primaries(cluster).iter().find(|&&n| n != source).unwrap();
+        let slot = slot.to_string();
+        cluster.nodes()[target]
+            .cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot,
+                "IMPORTING",
+                &node_id(cluster, source),
+            ])
+            .unwrap();
+        cluster.nodes()[source]
+            .cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot,
+                "MIGRATING",
+                &node_id(cluster, target),
+            ])
+            .unwrap();
+        Self {
+            slot,
+            source,
+            target,
+        }
+    }
+
+    /// Ends the migration: the slot is stable again on both nodes, where it was.
+    pub(crate) fn stable(&self, cluster: &RedisCluster) {
+        for node in [self.source, self.target] {
+            cluster.nodes()[node]
+                .cmd(&["CLUSTER", "SETSLOT", &self.slot, "STABLE"])
+                .unwrap();
+        }
+    }
 }
