@@ -23,14 +23,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::NOW;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use sluice::{LimitSpec, Policy, ReserveConfig, Reserving, StoreExt};
-use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 const HOSTS: usize = 2;
@@ -59,10 +57,7 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
         Policy::from_specs("api", vec![LimitSpec::fixed_window(load.max, 3_600_000)]).unwrap();
     let mut hosts = Vec::new();
     for _ in 0..HOSTS {
-        let store =
-            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
-                .await
-                .unwrap();
+        let store = common::connect(server).await;
         hosts.push(Arc::new(Reserving::new(
             store,
             ReserveConfig::default().max_error(max_error),

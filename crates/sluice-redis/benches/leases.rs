@@ -10,11 +10,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::NOW;
 use sluice::{LimitSpec, Op, Policy, Store};
-use sluice_redis::{RedisConfig, RedisStore};
+use sluice_redis::RedisStore;
 use sluice_testkit::{CommandStats, RedisServer};
 
 const CALLS: u64 = 5_000;
@@ -48,11 +46,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let store = rt
-        .block_on(RedisStore::connect(
-            RedisConfig::new(server.url()).timeout(Duration::from_secs(2)),
-        ))
-        .unwrap();
+    let store = rt.block_on(common::connect(&server));
     let leases =
         Policy::from_specs("leases", vec![LimitSpec::concurrency(1 << 40, 600_000)]).unwrap();
     let fixed =

@@ -24,7 +24,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use sluice::{Batch, LimitSpec, Limiter, Policy, ReserveConfig, Reserving, SharedStore};
-use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 const HOSTS: usize = 4;
@@ -49,10 +48,7 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
     let policy = Policy::from_specs("api", vec![LimitSpec::fixed_window(MAX, 1_000)]).unwrap();
     let mut limiters = Vec::new();
     for _ in 0..HOSTS {
-        let store =
-            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
-                .await
-                .unwrap();
+        let store = common::connect(server).await;
         let store = if reserve {
             SharedStore::new(Reserving::new(
                 store,

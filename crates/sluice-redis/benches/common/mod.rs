@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use sluice::{Policy, Store, StoreExt};
+use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 /// The `now` every bench check passes (the app clock, fixed: windows never close).
@@ -39,6 +40,14 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .worker_threads(2)
         .enable_all()
         .build()
+        .unwrap()
+}
+
+/// A store on `server`, each call bounded by 2 s.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
+        .await
         .unwrap()
 }
 
