@@ -2,58 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use sluice_core::{
-    Algorithm, Decision, LimitSpec, LimitState, Policy, SlidingWindowState, evaluate,
-};
+mod support;
 
-const T0: u64 = 1_700_000_000_000;
-
-/// One key of one policy, driven through the pure core like a store would.
-struct Key {
-    policy: Policy,
-    states: Vec<LimitState>,
-}
-
-impl Key {
-    fn new(specs: Vec<LimitSpec>) -> Self {
-        let policy = Policy::from_specs("p", specs).expect("valid policy");
-        Self {
-            policy,
-            states: Vec::new(),
-        }
-    }
-
-    fn one(spec: LimitSpec) -> Self {
-        Self::new(vec![spec])
-    }
-
-    fn apply(&mut self, writes: Option<evaluate::Writes>) {
-        if let Some(writes) = writes {
-            self.states.resize(writes.len(), LimitState::Empty);
-            for (s, w) in self.states.iter_mut().zip(writes) {
-                if let Some(w) = w {
-                    *s = w;
-                }
-            }
-        }
-    }
-
-    fn check(&mut self, cost: u64, now: u64) -> Decision {
-        let eval = evaluate::check(&self.policy, &self.states, cost, now);
-        self.apply(eval.writes);
-        eval.decision
-    }
-
-    fn refund(&mut self, cost: u64, now: u64) -> Decision {
-        let eval = evaluate::refund(&self.policy, &self.states, cost, now);
-        self.apply(eval.writes);
-        eval.decision
-    }
-
-    fn peek(&self, cost: u64, now: u64) -> Decision {
-        evaluate::peek(&self.policy, &self.states, cost, now)
-    }
-}
+use sluice_core::{Algorithm, LimitSpec, LimitState, SlidingWindowState};
+use support::{Key, T0};
 
 // ----- fixed window -------------------------------------------------------------------------
 

@@ -3,44 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly by design
 
+mod support;
+
 use sluice_core::evaluate::{self, Op};
 use sluice_core::{Decision, LimitSpec, LimitState, Policy};
-
-const T0: u64 = 1_700_000_000_000;
-
-/// Runs operations against one key's states, as a store does.
-struct Key {
-    policy: Policy,
-    states: Vec<LimitState>,
-}
-
-impl Key {
-    fn new(specs: Vec<LimitSpec>) -> Self {
-        let policy = Policy::from_specs("p", specs).unwrap();
-        let states = vec![LimitState::Empty; policy.limits().len()];
-        Self { policy, states }
-    }
-
-    fn op(&mut self, op: Op, now: u64) -> Decision {
-        let eval = evaluate::apply(&self.policy, &self.states, op, now);
-        if let Some(writes) = eval.writes {
-            for (state, write) in self.states.iter_mut().zip(writes) {
-                if let Some(w) = write {
-                    *state = w;
-                }
-            }
-        }
-        eval.decision
-    }
-
-    fn hold(&mut self, lease: u64, cost: u64, now: u64) -> Decision {
-        self.op(Op::Hold { cost, lease }, now)
-    }
-
-    fn release(&mut self, lease: u64, now: u64) -> Decision {
-        self.op(Op::Release { lease }, now)
-    }
-}
+use support::{Key, T0};
 
 #[test]
 fn at_most_max_leases_are_held_and_a_release_frees_one() {

@@ -19,20 +19,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::NOW;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use sluice::{LimitSpec, Policy, ReserveConfig, Reserving, StoreExt};
-use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 const HOSTS: usize = 2;
 const TASKS: usize = 8;
-const NOW: u64 = 1_700_000_000_000;
 
 struct Load {
     name: &'static str,
@@ -57,10 +57,7 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
         Policy::from_specs("api", vec![LimitSpec::fixed_window(load.max, 3_600_000)]).unwrap();
     let mut hosts = Vec::new();
     for _ in 0..HOSTS {
-        let store =
-            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
-                .await
-                .unwrap();
+        let store = common::connect(server).await;
         hosts.push(Arc::new(Reserving::new(
             store,
             ReserveConfig::default().max_error(max_error),
@@ -123,19 +120,11 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
-    }
     let server = RedisServer::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     let loads = [
         Load {
             name: "under the limit: 1 hot key, 15,000 checks on max 20,000",

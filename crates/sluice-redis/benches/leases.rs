@@ -8,14 +8,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
-use std::time::Duration;
+mod common;
 
+use common::NOW;
 use sluice::{LimitSpec, Op, Policy, Store};
-use sluice_redis::{RedisConfig, RedisStore};
+use sluice_redis::RedisStore;
 use sluice_testkit::{CommandStats, RedisServer};
 
 const CALLS: u64 = 5_000;
-const NOW: u64 = 1_700_000_000_000;
 
 /// FCALL's calls and server time so far.
 fn fcall_stats(server: &RedisServer) -> CommandStats {
@@ -38,23 +38,15 @@ async fn cpu_per_call(
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
-    }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
     }
     let server = RedisServer::start().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = rt
-        .block_on(RedisStore::connect(
-            RedisConfig::new(server.url()).timeout(Duration::from_secs(2)),
-        ))
-        .unwrap();
+    let store = rt.block_on(common::connect(&server));
     let leases =
         Policy::from_specs("leases", vec![LimitSpec::concurrency(1 << 40, 600_000)]).unwrap();
     let fixed =

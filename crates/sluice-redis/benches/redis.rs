@@ -119,28 +119,9 @@ fn run_baseline(
 const MINIMAL_SCRIPT: &str =
     "local n = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 60000) return n";
 
-/// (calls, µs) of every script command (FCALL, FCALL_RO, EVALSHA) in INFO commandstats.
-fn script_stats(server: &RedisServer) -> (u64, u64) {
-    let stats = server.command_stats().unwrap();
-    ["fcall", "fcall_ro", "evalsha"]
-        .iter()
-        .filter_map(|c| stats.get(*c))
-        .fold((0, 0), |(n, u), c| (n + c.calls, u + c.usec))
-}
-
 /// Redis's whole-process CPU so far (`used_cpu_sys + used_cpu_user`), in µs.
 fn process_cpu_us(server: &RedisServer) -> f64 {
-    ["used_cpu_user", "used_cpu_sys"]
-        .iter()
-        .map(|f| {
-            server
-                .info_field("cpu", f)
-                .unwrap()
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        })
-        .sum::<f64>()
-        * 1e6
+    common::cpu_seconds(server) * 1e6
 }
 
 /// `command` sent `calls` times by `redis-benchmark -c <concurrency>` over 10 000 keys, from
@@ -160,7 +141,7 @@ fn replayed(
     let cpu = process_cpu_us(server);
     run_baseline(server, command, concurrency, calls);
     let cpu = process_cpu_us(server) - cpu;
-    let (n, usec) = script_stats(server);
+    let (n, usec) = common::script_stats(server);
     assert!(n >= calls, "{n} script calls counted, {calls} sent");
     (usec as f64 / n as f64, cpu / n as f64)
 }
@@ -191,7 +172,7 @@ async fn through_the_client(
     let (decisions, _, elapsed) =
         common::load_at(store, policy, concurrency, secs, KEYS, now).await;
     let cpu = process_cpu_us(server) - cpu;
-    let (calls, _) = script_stats(server);
+    let (calls, _) = common::script_stats(server);
     (
         cpu / decisions as f64,
         decisions as f64 / calls.max(1) as f64,
@@ -382,23 +363,12 @@ fn latency_at_one(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64,
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
-    }
-    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let secs = common::secs();
     let server = RedisServer::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
 
     // `SLUICE_BENCH_ONLY=cpu`: the cost tables and the latency at c = 1 alone.
     let rounds = std::env::var("SLUICE_BENCH_ROUNDS")

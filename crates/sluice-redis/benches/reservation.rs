@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench fails loudly by design
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -22,7 +24,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use sluice::{Batch, LimitSpec, Limiter, Policy, ReserveConfig, Reserving, SharedStore};
-use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisServer;
 
 const HOSTS: usize = 4;
@@ -47,10 +48,7 @@ async fn run(server: &RedisServer, reserve: bool, mix: bool, secs: u64) -> Run {
     let policy = Policy::from_specs("api", vec![LimitSpec::fixed_window(MAX, 1_000)]).unwrap();
     let mut limiters = Vec::new();
     for _ in 0..HOSTS {
-        let store =
-            RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
-                .await
-                .unwrap();
+        let store = common::connect(server).await;
         let store = if reserve {
             SharedStore::new(Reserving::new(
                 store,
@@ -220,23 +218,12 @@ fn svg(series: &[(&str, &str, Vec<u64>)], bars: &[(String, &str, f64)]) -> Strin
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return;
-    }
-    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let secs = common::secs();
     let server = RedisServer::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     println!(
         "| load | mode | decisions/s | Redis calls per decision | hot-key windows | over max (worst) | under ideal, mean | under ideal, worst |"
     );

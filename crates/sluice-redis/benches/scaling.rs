@@ -19,29 +19,6 @@ use sluice_testkit::RedisServer;
 const KEYS: u64 = 100_000;
 const CONCURRENCY: usize = 64;
 
-/// (calls, µs) of the script commands (FCALL, FCALL_RO, EVALSHA) from INFO commandstats.
-fn script_stats(server: &RedisServer) -> (u64, u64) {
-    let stats = server.command_stats().unwrap();
-    ["fcall", "fcall_ro", "evalsha"]
-        .iter()
-        .filter_map(|c| stats.get(*c))
-        .fold((0, 0), |a, c| (a.0 + c.calls, a.1 + c.usec))
-}
-
-/// CPU seconds (user + system) the server process has used, from INFO cpu.
-fn cpu_seconds(server: &RedisServer) -> f64 {
-    ["used_cpu_user", "used_cpu_sys"]
-        .iter()
-        .map(|f| {
-            server
-                .info_field("cpu", f)
-                .unwrap()
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        })
-        .sum()
-}
-
 async fn connect(server: &RedisServer) -> RedisStore {
     RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
         .await
@@ -64,11 +41,11 @@ async fn throughput(servers: &[RedisServer], secs: u64, policy: &Policy) -> Thro
         shards.push(connect(s).await);
     }
     let store = ShardedStore::new(shards).unwrap();
-    let before: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
-    let cpu_before: f64 = servers.iter().map(cpu_seconds).sum();
+    let before: Vec<(u64, u64)> = servers.iter().map(common::script_stats).collect();
+    let cpu_before: f64 = servers.iter().map(common::cpu_seconds).sum();
     let (decisions, hist, elapsed) = common::load(store, policy, CONCURRENCY, secs, KEYS).await;
-    let after: Vec<(u64, u64)> = servers.iter().map(script_stats).collect();
-    let cpu = servers.iter().map(cpu_seconds).sum::<f64>() - cpu_before;
+    let after: Vec<(u64, u64)> = servers.iter().map(common::script_stats).collect();
+    let cpu = servers.iter().map(common::cpu_seconds).sum::<f64>() - cpu_before;
     let per_shard: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.0 - b.0).collect();
     let usec: u64 = after.iter().zip(&before).map(|(a, b)| a.1 - b.1).sum();
     Throughput {
@@ -144,23 +121,12 @@ async fn memory_per_key(
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list" || a == "--test") || !args.iter().any(|a| a == "--bench") {
-        return; // listed or smoke-tested by a test runner: nothing to measure
-    }
-    let secs: u64 = std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let secs = common::secs();
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
 
     println!(
         "## Throughput: 1 fixed-window limit, {KEYS} keys uniform, {CONCURRENCY} tasks, {secs} s\n"

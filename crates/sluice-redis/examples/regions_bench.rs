@@ -49,7 +49,6 @@ async fn main() {
     );
     for refresh in [50u64, 100, 250] {
         let world = World::start(Settings::new(refresh, 5_000, Fallback::LocalShare)).await;
-        world.wait_fallback(false, Duration::from_secs(10)).await;
         for delay in [0u64, 100, 250, 500] {
             world.set_delay(Duration::from_millis(delay));
             // The first window after a delay change is a transition: let one pass.

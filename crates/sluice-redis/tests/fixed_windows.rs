@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use sluice::{LimitSpec, Limiter, ManualClock, Policy};
 use sluice_redis::{RedisConfig, RedisStore};
-use sluice_testkit::{RedisServer, ReplicaSet};
-use support::admitted_by_64_tasks;
+use sluice_testkit::RedisServer;
+use support::{admitted_by_64_tasks, cut_off, replica_reads};
 
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
@@ -33,15 +33,12 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let set = ReplicaSet::start(1).unwrap();
-    let replica = &set.replicas[0];
+    let (set, config) = replica_reads();
     // Redis's clock on both (one machine), so the window closes in real time.
-    let config = RedisConfig::new(set.primary.url())
-        .replicas([replica.url()])
-        .read_from(sluice_redis::ReadFrom::Replicas)
+    let config = config
         .clock(sluice_redis::ClockSource::Redis)
-        .timeout(Duration::from_secs(2))
         .expiry_margin(Duration::from_millis(1_500));
+    let replica = &set.replicas[0];
     let p = Policy::from_specs("api", vec![LimitSpec::fixed_window(5, 3_000)]).unwrap();
     let limiter = Limiter::new(RedisStore::connect(config).await.expect("connect")).with_policy(p);
     let mut end = 0;
@@ -57,12 +54,7 @@ async fn a_stale_replica_peeks_a_closed_counter_window_as_closed() {
         redis::Value::BulkString(b"5".to_vec())
     );
     // Replication stops: the replica keeps its copy, and nothing deletes it there.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_port = dead.local_addr().unwrap().port().to_string();
-    drop(dead);
-    replica
-        .cmd(&["REPLICAOF", "127.0.0.1", &dead_port])
-        .unwrap();
+    cut_off(replica);
     let (mut full, mut fresh) = (0, 0);
     let api = limiter.policy("api").unwrap().clone();
     const PEEK: sluice::Op = sluice::Op::Peek { cost: 1 };
@@ -107,11 +99,8 @@ async fn sixty_four_tasks_admit_exactly_max_on_counters() {
         return;
     }
     let server = RedisServer::start().unwrap();
-    for spec in [
-        LimitSpec::fixed_window(1_000, 60_000),
-        LimitSpec::fixed_window(1_000, 60_000).aligned(),
-    ] {
-        server.cmd(&["FLUSHALL"]).unwrap();
+    let fixed = LimitSpec::fixed_window(1_000, 60_000);
+    for spec in [fixed.clone(), fixed.aligned()] {
         // The manual clock stands still at Redis's time (within half the margin, so the window
         // opens in a counter).
         assert_eq!(

@@ -12,8 +12,8 @@ use sluice::{
     Decision, LimitSpec, Limiter, ManualClock, Op, Policy, StoreError, StoreExt, SystemClock,
 };
 use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
-use sluice_testkit::{RedisServer, ReplicaSet};
-use support::admitted_by_64_tasks;
+use sluice_testkit::RedisServer;
+use support::{admitted_by_64_tasks, cut_off, replica_reads};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -38,7 +38,6 @@ async fn sixty_four_tasks_admit_exactly_max_for_each_algorithm() {
         LimitSpec::sliding_window(1_000, 60_000),
         LimitSpec::token_bucket(1_000, 60_000),
     ] {
-        server.cmd(&["FLUSHALL"]).unwrap();
         assert_eq!(
             admitted_by_64_tasks(&server, spec.clone(), T0, 5_000).await,
             (1_000, 0),
@@ -138,14 +137,10 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let set = ReplicaSet::start(1).unwrap();
+    let (set, config) = replica_reads();
     let replica = &set.replicas[0];
     let clock = ManualClock::new(T0);
-    let config = RedisConfig::new(set.primary.url())
-        .replicas([replica.url()])
-        .read_from(ReadFrom::Replicas)
-        .timeout(Duration::from_secs(2))
-        .expiry_margin(Duration::from_secs(600));
+    let config = config.expiry_margin(Duration::from_secs(600));
     let p = policy(
         "api",
         vec![
@@ -171,12 +166,7 @@ async fn a_stale_replica_reports_an_older_state_never_a_contradictory_one() {
     assert_consistent("replica, window 1", &d, 1, &mut last);
 
     // Replication stops: the replica keeps serving its (now aging) copy.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_port = dead.local_addr().unwrap().port().to_string();
-    drop(dead);
-    replica
-        .cmd(&["REPLICAOF", "127.0.0.1", &dead_port])
-        .unwrap();
+    cut_off(replica);
 
     // The primary moves past window 1's end and admits into window 2, 3, ….
     for round in 0..6 {

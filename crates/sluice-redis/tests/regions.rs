@@ -77,7 +77,6 @@ async fn healthy_regions_admit_within_the_stated_bound_for_three_refresh_interva
     let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
     for refresh in [50, 100, 200] {
         let world = World::start(Settings::new(refresh, 3_000, Fallback::LocalShare)).await;
-        world.wait_fallback(false, Duration::from_secs(10)).await;
         // 100 requests a second in each region: 300 a second against 100 per window.
         let run = steady(
             &world,
@@ -124,7 +123,6 @@ async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_ove
     let max = 100;
     let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
     let world = World::start(Settings::new(50, 1_500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
 
     let mut over = Vec::new();
     for delay in [0, 300] {
@@ -218,7 +216,6 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
         return;
     }
     let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
     let max = 30;
     let policies: Vec<Policy> = ["share", "only", "closed"]
         .iter()
@@ -272,8 +269,7 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
     }
 
     world.partition(0, false);
-    world.wait_links_up();
-    world.wait_fallback(false, Duration::from_secs(20)).await;
+    world.wait_healed().await;
     // Converged: every region sees every region's count.
     for p in &policies {
         let total = used[p.name()];
@@ -303,7 +299,6 @@ async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answe
         return;
     }
     let mut world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
     let p = policy(
         "share",
         vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
@@ -356,8 +351,7 @@ async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answe
         .0
         .restart()
         .expect("restart");
-    world.wait_links_up();
-    world.wait_fallback(false, Duration::from_secs(20)).await;
+    world.wait_healed().await;
     let d = world.stores[0]
         .peek(&p, "k", 0, now_ms())
         .await
@@ -393,7 +387,6 @@ async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u
 /// whose key `key` every region has read, away from the day's edge.
 async fn healthy_share_world(key: &str) -> (World, Policy) {
     let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
     let p = policy("share", vec![LimitSpec::fixed_window(30, DAY)]);
     away_from_the_day_edge().await;
     for s in &world.stores {
@@ -441,8 +434,7 @@ async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
 
     // Healed mid-window: every region sums every region again; the window ends at max.
     world.partition(0, false);
-    world.wait_links_up();
-    world.wait_fallback(false, Duration::from_secs(20)).await;
+    world.wait_healed().await;
     let mut after = Vec::new();
     for r in 0..3 {
         wait_views_fresh(&world).await;
@@ -514,8 +506,7 @@ async fn a_one_way_cut_is_seen_from_both_sides() {
     let third = admitted(&world, 2, &p, "one-way", 40, now_ms()).await;
     assert_eq!(first + second + third, max, "{first} + {second} + {third}");
     world.links[0][1].as_ref().expect("a link").1.heal();
-    world.wait_links_up();
-    world.wait_fallback(false, Duration::from_secs(20)).await;
+    world.wait_healed().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -524,7 +515,6 @@ async fn a_region_decides_as_a_model_summing_every_region_does() {
         return;
     }
     let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
     let policies = [
         policy("fixed", vec![LimitSpec::fixed_window(12, DAY)]),
         policy(
@@ -618,7 +608,6 @@ async fn coalescing_and_reservation_work_inside_a_region() {
         return;
     }
     let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
-    world.wait_fallback(false, Duration::from_secs(10)).await;
     let p = policy("api", vec![LimitSpec::fixed_window(50, DAY)]);
     region_1_uses(&world, &p, "burst", 10).await;
 

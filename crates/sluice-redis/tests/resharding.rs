@@ -13,7 +13,7 @@ use std::time::Duration;
 use sluice::{Degraded, FailureMode, LimitSpec, Limiter, Policy, StoreExt};
 use sluice_redis::{RedisConfig, RedisStore};
 use sluice_testkit::RedisCluster;
-use support::{node_id, primaries};
+use support::Migration;
 
 fn now() -> u64 {
     sluice::Clock::now_ms(&sluice::SystemClock)
@@ -33,20 +33,10 @@ async fn a_migrating_slot_decides_past_the_window_on_the_source() {
         .unwrap()
         .with_failure_mode(FailureMode::Open);
     let limiter = Limiter::new(store.clone()).with_policy(p.clone());
-    let id = |i: usize| node_id(&cluster, i);
-    let primaries = primaries(&cluster);
-    let slot_n = sluice_testkit::key_slot(sluice_redis::keys::stem("sluice:", &p, "a").as_bytes());
-    let slot = slot_n.to_string();
-    let source = cluster.primary_for_slot(slot_n).unwrap();
-    let target = *primaries.iter().find(|&&n| n != source).unwrap();
+    let slot = sluice_testkit::key_slot(sluice_redis::keys::stem("sluice:", &p, "a").as_bytes());
 
     assert!(store.check(&p, "a", 1, now()).await.unwrap().allowed);
-    cluster.nodes()[target]
-        .cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(source)])
-        .unwrap();
-    cluster.nodes()[source]
-        .cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(target)])
-        .unwrap();
+    let migration = Migration::start(&cluster, slot);
     // Past the window's end: the window's key is still on the source (expiry + margin).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
@@ -66,9 +56,5 @@ async fn a_migrating_slot_decides_past_the_window_on_the_source() {
     // A fail-open policy is decided, not degraded (and never an error).
     let d = limiter.check("open", "a", 1).await.unwrap();
     assert_eq!(d.degraded, None::<Degraded>, "{d:?}");
-    for node in [source, target] {
-        cluster.nodes()[node]
-            .cmd(&["CLUSTER", "SETSLOT", &slot, "STABLE"])
-            .unwrap();
-    }
+    migration.stable(&cluster);
 }

@@ -19,7 +19,7 @@ use sluice::{
 };
 use sluice_redis::{RedisConfig, RedisStore, ShardedStore};
 use sluice_testkit::{RedisCluster, RedisServer};
-use support::{node_id, primaries, server_with_alice};
+use support::{Migration, node_id, primaries, server_with_alice};
 
 /// What a loaded 2-core machine answers within.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -375,16 +375,7 @@ async fn a_migrating_slot_is_transient() {
 
     // A real migration of the slot of "used", whose first limit's key is on the source and
     // whose second limit's key (a new limit) is not: TRYAGAIN.
-    let slot_n = slot_of("open", "used");
-    let slot = slot_n.to_string();
-    let source = cluster.primary_for_slot(slot_n).unwrap();
-    let target = *primaries.iter().find(|&&p| p != source).unwrap();
-    cluster.nodes()[target]
-        .cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(source)])
-        .unwrap();
-    cluster.nodes()[source]
-        .cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(target)])
-        .unwrap();
+    let migration = Migration::start(&cluster, slot_of("open", "used"));
     let e = store.check(&two, "used", 1, now()).await.unwrap_err();
     println!("half a policy's keys migrated: {e}");
     assert!(
@@ -394,11 +385,7 @@ async fn a_migrating_slot_is_transient() {
     let two_limiter = Limiter::new(store.clone()).with_policy(two.clone());
     let d = two_limiter.check("open", "used", 1).await.unwrap();
     assert_eq!(d.degraded, Some(Degraded::Open));
-    for node in [source, target] {
-        cluster.nodes()[node]
-            .cmd(&["CLUSTER", "SETSLOT", &slot, "STABLE"])
-            .unwrap();
-    }
+    migration.stable(&cluster);
     let d = two_limiter.check("open", "used", 1).await.unwrap();
     assert_eq!((d.degraded, d.limits()[0].remaining), (None, MAX - 2));
 }

@@ -23,16 +23,33 @@ fn wait_cluster_replicated(cluster: &RedisCluster, primary: usize) {
     wait_replicated(&cluster.nodes()[primary], &replicas);
 }
 
+/// A Sentinel group, its primary's port, and a store on it through the sentinels.
+async fn sentinel_store(timeout: Duration) -> (SentinelGroup, u16, RedisStore) {
+    let group = tokio::task::block_in_place(SentinelGroup::start).unwrap();
+    let old_port = group.current_primary_port().unwrap();
+    let config = RedisConfig::sentinel(group.master_name(), group.sentinel_urls()).timeout(timeout);
+    let store = RedisStore::connect(config).await.unwrap();
+    (group, old_port, store)
+}
+
+/// [`wait_replicated`] for the Sentinel group's data node on `port` and every other one;
+/// returns that node's index.
+fn wait_sentinel_replicated(group: &SentinelGroup, port: u16) -> usize {
+    let primary = group.data_node_index(port).unwrap();
+    let replicas: Vec<&RedisServer> = (0..group.data_nodes().len())
+        .filter(|&i| i != primary)
+        .map(|i| &group.data_nodes()[i])
+        .collect();
+    wait_replicated(&group.data_nodes()[primary], &replicas);
+    primary
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_is_followed_without_a_restart() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let group = tokio::task::block_in_place(SentinelGroup::start).unwrap();
-    let old_port = group.current_primary_port().unwrap();
-    let config = RedisConfig::sentinel(group.master_name(), group.sentinel_urls())
-        .timeout(Duration::from_millis(200));
-    let store = RedisStore::connect(config).await.unwrap();
+    let (group, old_port, store) = sentinel_store(Duration::from_millis(200)).await;
     assert_eq!(store.name(), "sentinel:mymaster");
     assert!(store.primary_url().ends_with(&format!(":{old_port}")));
     let limiter =
@@ -42,12 +59,7 @@ async fn sentinel_failover_is_followed_without_a_restart() {
         assert_eq!(d.remaining(), 999 - i);
     }
     // Every replica has the count before the primary stalls.
-    let primary = group.data_node_index(old_port).unwrap();
-    let replicas: Vec<&RedisServer> = (0..group.data_nodes().len())
-        .filter(|&i| i != primary)
-        .map(|i| &group.data_nodes()[i])
-        .collect();
-    wait_replicated(&group.data_nodes()[primary], &replicas);
+    let primary = wait_sentinel_replicated(&group, old_port);
 
     // SIGSTOP: the primary hangs (no connection refused, only silence).
     group.data_nodes()[primary].pause().unwrap();
@@ -85,11 +97,7 @@ async fn a_forced_sentinel_failover_is_followed_from_its_announcement() {
     if !sluice_testkit::require_redis() {
         return;
     }
-    let group = tokio::task::block_in_place(SentinelGroup::start).unwrap();
-    let old_port = group.current_primary_port().unwrap();
-    let config = RedisConfig::sentinel(group.master_name(), group.sentinel_urls())
-        .timeout(Duration::from_millis(500));
-    let store = RedisStore::connect(config).await.unwrap();
+    let (group, old_port, store) = sentinel_store(Duration::from_millis(500)).await;
     let limiter = Limiter::new(store.clone()).with_policy(policy(1_000));
     for i in 0..10u64 {
         assert_eq!(
@@ -97,12 +105,7 @@ async fn a_forced_sentinel_failover_is_followed_from_its_announcement() {
             999 - i
         );
     }
-    let primary = group.data_node_index(old_port).unwrap();
-    let replicas: Vec<&RedisServer> = (0..group.data_nodes().len())
-        .filter(|&i| i != primary)
-        .map(|i| &group.data_nodes()[i])
-        .collect();
-    wait_replicated(&group.data_nodes()[primary], &replicas);
+    let primary = wait_sentinel_replicated(&group, old_port);
 
     group.sentinels()[0]
         .cmd(&["SENTINEL", "FAILOVER", group.master_name()])

@@ -49,6 +49,13 @@ struct Probe {
     batches: std::sync::Mutex<Vec<u64>>,
 }
 
+impl Probe {
+    /// What the memory store holds for `k` at `now` (a peek: counts nothing).
+    async fn truth(&self, p: &Policy, k: &str, now: u64) -> Decision {
+        self.memory.peek(p, k, 0, now).await.unwrap()
+    }
+}
+
 impl Store for Probe {
     async fn call(&self, p: &Policy, k: &str, op: Op, now: u64) -> Result<Decision, StoreError> {
         let max = match op {
@@ -103,7 +110,7 @@ async fn a_batch_serves_locally_and_headers_stay_honest() {
         assert_eq!(*r, 1_000 - used, "check {used}");
     }
     // The store recorded whole batches: 30 units, 5 of them leased and unused.
-    let truth = store.inner().memory.peek(&p, "k", 0, T0).await.unwrap();
+    let truth = store.inner().truth(&p, "k", T0).await;
     assert_eq!(truth.remaining(), 970);
 }
 
@@ -299,23 +306,13 @@ async fn leases_end_with_their_window_or_bucket_and_early_ends_give_units_back()
     }
     store.check(&p, "k", 1, T0 + 1_000).await.unwrap();
     assert_eq!(store.inner().refunds.load(Ordering::SeqCst), 1);
-    let truth = store
-        .inner()
-        .memory
-        .peek(&p, "k", 0, T0 + 1_000)
-        .await
-        .unwrap();
+    let truth = store.inner().truth(&p, "k", T0 + 1_000).await;
     // 4 used + the second lease's 9 held = 13 recorded; the first lease's 7 came back.
     assert_eq!(truth.remaining(), 1_000 - 13);
 
     // At shutdown, release gives every lease back.
     store.release(std::slice::from_ref(&p), T0 + 1_001).await;
-    let truth = store
-        .inner()
-        .memory
-        .peek(&p, "k", 0, T0 + 1_001)
-        .await
-        .unwrap();
+    let truth = store.inner().truth(&p, "k", T0 + 1_001).await;
     assert_eq!(truth.remaining(), 1_000 - 4);
     assert!(store.is_empty());
 }
@@ -432,12 +429,7 @@ async fn the_error_budget_is_split_across_the_holders_of_a_key() {
     assert_ne!(a.holder(), b.holder());
     // Units recorded in the store beyond those admitted: held in leases.
     async fn held(probe: &Probe, p: &Policy, admitted: u64) -> u64 {
-        let remaining = probe
-            .memory
-            .peek(p, "hot", 0, T0)
-            .await
-            .unwrap()
-            .remaining();
+        let remaining = probe.truth(p, "hot", T0).await.remaining();
         100_000 - remaining - admitted
     }
 

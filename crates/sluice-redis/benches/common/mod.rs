@@ -1,16 +1,58 @@
-//! The load loop the Redis benches share: `concurrency` tasks checking random keys (uniform
-//! over `keys`) for `secs` seconds, every decision an admission.
+//! What the Redis benches share: whether to measure, the seconds per run, the runtime, and the
+//! load loop (`concurrency` tasks checking random keys, uniform over `keys`, for `secs` seconds,
+//! every decision an admission).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use sluice::{Policy, Store, StoreExt};
+use sluice_redis::{RedisConfig, RedisStore};
+use sluice_testkit::RedisServer;
 
 /// The `now` every bench check passes (the app clock, fixed: windows never close).
 pub(crate) const NOW: u64 = 1_700_000_000_000;
 
+/// Whether to measure: Redis is installed and the binary runs as `--bench`, not listed or
+/// smoke-tested by a test runner (then there is nothing to measure).
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) fn measuring() -> bool {
+    if !sluice_testkit::require_redis() {
+        return false;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list" || a == "--test")
+}
+
+/// The seconds each measured run takes: `SLUICE_BENCH_SECS`, 5 by default.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) fn secs() -> u64 {
+    std::env::var("SLUICE_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+/// The runtime the benches drive their load on: two worker threads.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A store on `server`, each call bounded by 2 s.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(RedisConfig::new(server.url()).timeout(Duration::from_secs(2)))
+        .await
+        .unwrap()
+}
+
 /// Decisions made, their latency in µs, and the seconds the run took.
+#[allow(dead_code)] // not every bench including this module calls it
 pub(crate) async fn load<S: Store + Clone + 'static>(
     store: S,
     policy: &Policy,
@@ -67,4 +109,29 @@ pub(crate) async fn load_at<S: Store + Clone + 'static>(
         hist.add(h).unwrap();
     }
     (decisions, hist, started.elapsed().as_secs_f64())
+}
+
+/// (calls, µs) of the script commands (FCALL, FCALL_RO, EVALSHA) from INFO commandstats.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) fn script_stats(server: &RedisServer) -> (u64, u64) {
+    let stats = server.command_stats().unwrap();
+    ["fcall", "fcall_ro", "evalsha"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .fold((0, 0), |a, c| (a.0 + c.calls, a.1 + c.usec))
+}
+
+/// CPU seconds (user + system) the server process has used, from INFO cpu.
+#[allow(dead_code)] // not every bench including this module calls it
+pub(crate) fn cpu_seconds(server: &RedisServer) -> f64 {
+    ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .map(|f| {
+            server
+                .info_field("cpu", f)
+                .unwrap()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
 }

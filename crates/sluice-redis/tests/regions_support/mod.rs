@@ -54,6 +54,7 @@ pub struct World {
 }
 
 impl World {
+    /// Starts every region and polls until each trusts its views of the others (within 10 s).
     pub async fn start(settings: Settings) -> World {
         let n = settings.regions;
         let primaries: Vec<RedisServer> = (0..n)
@@ -91,7 +92,9 @@ impl World {
                     .expect("regions store connects"),
             );
         }
-        World { stores, ..world }
+        let world = World { stores, ..world };
+        world.wait_fallback(false, Duration::from_secs(10)).await;
+        world
     }
 
     pub fn config(&self, r: usize) -> RegionsConfig {
@@ -158,6 +161,13 @@ impl World {
                 }
             }
         }
+    }
+
+    /// After a link heals: polls until every link is up and every view trusted again
+    /// (within 20 s).
+    pub async fn wait_healed(&self) {
+        self.wait_links_up();
+        self.wait_fallback(false, Duration::from_secs(20)).await;
     }
 
     /// Polls until every region's view of every other is trusted (or, with `false`, not).

@@ -1,7 +1,7 @@
 //! What several test binaries share: a closed policy, waiting for replication, polling
 //! checks until the store answers again (topologies, plain and over TLS); 64 tasks on one hot
-//! key (counters and hashes); a server with an ACL user (ACL, store errors); a Cluster's
-//! node ids and primaries (resharding, store errors). Each binary uses part of it.
+//! key (counters and hashes); reads from a replica (counters, the store); a server with an ACL user (ACL, store errors); a Cluster's
+//! node ids and primaries, and a slot migrating between them (resharding, store errors). Each binary uses part of it.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sluice::{Error, FailureMode, LimitSpec, Limiter, ManualClock, Policy, Store, StoreError};
 use sluice_redis::{RedisConfig, RedisStore};
-use sluice_testkit::{RedisCluster, RedisServer, ServerOptions};
+use sluice_testkit::{RedisCluster, RedisServer, ReplicaSet, ServerOptions};
 
 /// One fixed window of `max` an hour, closed: a store failure is an error, so the test sees
 /// exactly when Redis answers again.
@@ -68,8 +68,8 @@ pub(crate) async fn until_ok<S: Store>(
     }
 }
 
-/// What Redis admitted of 64 tasks' `checks` checks each of one key under `spec`, at the
-/// manual instant `at_ms`, and how many answers were degraded (the policy fails open: a check
+/// What Redis (flushed first) admitted of 64 tasks' `checks` checks each of one key under
+/// `spec`, at the manual instant `at_ms`, and how many answers were degraded (the policy fails open: a check
 /// the store could not answer in time is allowed without counting, so it is counted apart,
 /// never as an admission).
 pub(crate) async fn admitted_by_64_tasks(
@@ -78,6 +78,7 @@ pub(crate) async fn admitted_by_64_tasks(
     at_ms: u64,
     checks: usize,
 ) -> (u64, u64) {
+    server.cmd(&["FLUSHALL"]).unwrap();
     // The manual clock stands still while Redis's runs: a long margin keeps the key from
     // expiring in real time under a window the frozen clock still holds open (on a loaded
     // machine a run can outlast the 60 s window's expiry).
@@ -116,6 +117,26 @@ pub(crate) async fn admitted_by_64_tasks(
     total
 }
 
+/// A primary with one replica, and a configuration reading from the replica.
+pub(crate) fn replica_reads() -> (ReplicaSet, RedisConfig) {
+    let set = ReplicaSet::start(1).unwrap();
+    let config = RedisConfig::new(set.primary.url())
+        .replicas([set.replicas[0].url()])
+        .read_from(sluice_redis::ReadFrom::Replicas)
+        .timeout(Duration::from_secs(2));
+    (set, config)
+}
+
+/// Stops `replica`'s replication: it follows a port nothing listens on, and keeps its copy.
+pub(crate) fn cut_off(replica: &RedisServer) {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port().to_string();
+    drop(dead);
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &dead_port])
+        .unwrap();
+}
+
 /// A server where `alice` (password `password`) may do what Sluice does, on its keys only
 /// (the default user stays for the kit's readiness PING), and alice's URL.
 pub(crate) fn server_with_alice(password: &str) -> (RedisServer, String) {
@@ -150,4 +171,53 @@ pub(crate) fn primaries(cluster: &RedisCluster) -> Vec<usize> {
         .iter()
         .map(|s| s.primary)
         .collect()
+}
+
+/// A slot being moved, as a resharding does: IMPORTING on the target, MIGRATING on the
+/// source, until [`Migration::stable`] ends it.
+pub(crate) struct Migration {
+    slot: String,
+    source: usize,
+    target: usize,
+}
+
+impl Migration {
+    /// Starts moving `slot` from its primary to another primary.
+    pub(crate) fn start(cluster: &RedisCluster, slot: u16) -> Self {
+        let source = cluster.primary_for_slot(slot).unwrap();
+        let target = *primaries(cluster).iter().find(|&&n| n != source).unwrap();
+        let slot = slot.to_string();
+        cluster.nodes()[target]
+            .cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot,
+                "IMPORTING",
+                &node_id(cluster, source),
+            ])
+            .unwrap();
+        cluster.nodes()[source]
+            .cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot,
+                "MIGRATING",
+                &node_id(cluster, target),
+            ])
+            .unwrap();
+        Self {
+            slot,
+            source,
+            target,
+        }
+    }
+
+    /// Ends the migration: the slot is stable again on both nodes, where it was.
+    pub(crate) fn stable(&self, cluster: &RedisCluster) {
+        for node in [self.source, self.target] {
+            cluster.nodes()[node]
+                .cmd(&["CLUSTER", "SETSLOT", &self.slot, "STABLE"])
+                .unwrap();
+        }
+    }
 }

@@ -11,6 +11,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use sluice::{Clock, Decision, LimitSpec, Limiter, MemoryStore, Op, Policy};
 use sluice_tower::RateLimitBody;
+use tower::ServiceExt;
 
 /// 2023-11-14T22:13:20Z, a whole second.
 pub const T0: u64 = 1_700_000_000_000;
@@ -123,6 +124,22 @@ pub fn request(key: Option<&str>) -> Request<String> {
     b.body(String::new()).unwrap()
 }
 
+/// The status of each of `requests`, sent one after the other through a clone of `svc`.
+pub async fn statuses<S, B>(
+    svc: &S,
+    requests: impl IntoIterator<Item = Request<String>>,
+) -> Vec<StatusCode>
+where
+    S: tower::Service<Request<String>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    for request in requests {
+        out.push(svc.clone().oneshot(request).await.unwrap().status());
+    }
+    out
+}
+
 /// The value of header `name`, as text.
 pub fn header<B>(response: &Response<B>, name: &str) -> Option<String> {
     response
@@ -150,4 +167,19 @@ pub async fn text(response: Response<RateLimitBody<String>>) -> String {
 /// The body as JSON.
 pub async fn json(response: Response<RateLimitBody<String>>) -> serde_json::Value {
     serde_json::from_str(&text(response).await).unwrap()
+}
+
+/// The body of a problem answer (`application/problem+json`, no rate-limit numbers), after
+/// asserting the response is one with `status`.
+pub async fn problem(
+    response: Response<RateLimitBody<String>>,
+    status: StatusCode,
+) -> serde_json::Value {
+    assert_eq!(response.status(), status);
+    assert_eq!(
+        header(&response, "content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), None);
+    json(response).await
 }
