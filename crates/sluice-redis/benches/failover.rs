@@ -523,7 +523,7 @@ async fn cost() {
 }
 
 fn main() {
-    if !sluice_testkit::require_redis() {
+    if !common::measuring() {
         return;
     }
     let only = std::env::var("SLUICE_BENCH_ONLY").ok();
