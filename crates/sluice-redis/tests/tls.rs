@@ -18,20 +18,12 @@ async fn rediss_with_a_ca_a_client_certificate_and_an_acl_user() {
         return;
     }
     let certs = TlsCerts::generate().unwrap();
-    let tls_port = sluice_testkit::free_port().unwrap();
-    let mut args = certs.server_args(tls_port, true);
-    args.extend(
-        [
-            "--user",
-            "alice",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~*",
-            "+@all",
-        ]
-        .map(str::to_owned),
-    );
-    let server = ServerOptions::new().args(args).start().unwrap();
+    let server = ServerOptions::new()
+        .tls(&certs, true)
+        .args(sluice_testkit::acl_user("alice", PASSWORD, "*"))
+        .start()
+        .unwrap();
+    let tls_port = server.tls_port().unwrap();
     let (cert, key) = certs.client_files();
     let files = TlsFiles::ca(certs.ca_file()).client(&cert, &key);
     let url = format!("rediss://alice:{PASSWORD}@127.0.0.1:{tls_port}");

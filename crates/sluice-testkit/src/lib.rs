@@ -12,7 +12,7 @@
 //!   2 by default) that fail it over ([module docs](sentinel)).
 //!
 //! Any of them can also serve TLS with certificates the kit generates ([`TlsCerts`]): a server
-//! through [`TlsCerts::server_args`], a Cluster through [`ClusterOptions::tls`] (the cluster
+//! through [`ServerOptions::tls`], a Cluster through [`ClusterOptions::tls`] (the cluster
 //! bus and replication over TLS, TLS ports announced to TLS clients), a Sentinel group through
 //! [`SentinelOptions::tls`] (sentinels and data nodes, replicating and monitoring over TLS).
 //! Each TLS server keeps its plain port for the kit's own checks

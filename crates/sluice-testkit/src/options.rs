@@ -1,16 +1,16 @@
 //! [`ServerOptions`]: how to run one `redis-server` process.
 
 use std::ffi::OsString;
-use std::time::Duration;
 
-use crate::Error;
-use crate::server::{READY_TIMEOUT, RedisServer};
+use crate::server::RedisServer;
+use crate::{Error, TlsCerts};
 
-/// How to run a server: the program, a config file, extra arguments, the readiness deadline.
+/// How to run a server: the program, a config file, extra arguments, TLS.
 ///
 /// The kit always passes its base arguments (port, `--bind 127.0.0.1`, no persistence,
 /// diskless replication, a private `--dir` and `--logfile`); [`arg`](Self::arg)s come after
-/// them, so they can override any of them except the port.
+/// them, so they can override any of them except the port. Arguments that take a port of
+/// their own (a TLS port, a cluster bus port) get a free one, chosen with the server's.
 ///
 /// ```no_run
 /// use sluice_testkit::ServerOptions;
@@ -25,7 +25,8 @@ pub struct ServerOptions {
     pub(crate) program: OsString,
     pub(crate) config: Option<String>,
     pub(crate) args: Vec<OsString>,
-    pub(crate) ready_timeout: Duration,
+    /// Flags that each take a free port (`--tls-port`, `--cluster-port`), passed after `args`.
+    pub(crate) port_flags: Vec<&'static str>,
 }
 
 impl Default for ServerOptions {
@@ -34,7 +35,7 @@ impl Default for ServerOptions {
             program: "redis-server".into(),
             config: None,
             args: Vec::new(),
-            ready_timeout: READY_TIMEOUT,
+            port_flags: Vec::new(),
         }
     }
 }
@@ -74,12 +75,32 @@ impl ServerOptions {
         ])
     }
 
-    setters! {
-        /// How long to wait for the server to answer `PING` (default [`READY_TIMEOUT`]).
-        ready_timeout: Duration,
+    /// Also serve TLS, on a port of its own ([`RedisServer::tls_port`]), with the server
+    /// certificate of `certs` (requiring a client certificate signed by its CA when
+    /// `auth_clients`), and replicate over TLS (`--tls-replication yes`: a replica of a TLS
+    /// primary connects to its TLS port). The plain port stays, for the kit. `certs` must
+    /// outlive the server.
+    pub fn tls(self, certs: &TlsCerts, auth_clients: bool) -> Self {
+        self.tls_files(certs.file_args(auth_clients))
     }
 
-    /// Starts a server with these options; see [`RedisServer::start_with_options`].
+    /// [`tls`](Self::tls) with the certificate arguments of [`TlsCerts::file_args`].
+    pub(crate) fn tls_files(self, files: impl IntoIterator<Item = String>) -> Self {
+        self.port_flag("--tls-port")
+            .args(files)
+            .args(["--tls-replication", "yes"])
+    }
+
+    /// Passes `flag <a free port>`, the port chosen with the server's own (and kept across
+    /// restarts).
+    pub(crate) fn port_flag(mut self, flag: &'static str) -> Self {
+        self.port_flags.push(flag);
+        self
+    }
+
+    /// Starts a server on a fresh free port (retried up to
+    /// [`PORT_ATTEMPTS`](crate::PORT_ATTEMPTS) times if the port is taken before the server
+    /// binds it). Returns once it answers `PING`.
     pub fn start(self) -> Result<RedisServer, Error> {
         RedisServer::start_with_options(self)
     }
@@ -108,7 +129,6 @@ mod tests {
         let args: Vec<&OsStr> = o.args.iter().map(OsString::as_os_str).collect();
         assert_eq!(args, ["--a", "1", "--b", "--replicaof", "127.0.0.1", "7"]);
         assert_eq!(o.program, "redis-server");
-        assert_eq!(o.ready_timeout, READY_TIMEOUT);
     }
 
     #[test]

@@ -5,14 +5,15 @@
 //! through [`spawn_ready`]. Helper programs that run to completion (`redis-cli --cluster
 //! create`) go through [`run_tool`].
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use crate::{Error, info::parse_info_field, wait_until};
+use crate::server::READY_TIMEOUT;
+use crate::{Error, ServerOptions, info::parse_info_field, wait_until};
 
 /// The server's log file inside its directory.
 pub(crate) const LOG_FILE: &str = "redis.log";
@@ -74,22 +75,6 @@ impl Drop for ManagedChild {
     }
 }
 
-/// How to run one server process. The port is chosen by the caller (fresh for a start, the
-/// old one for a restart).
-#[derive(Debug)]
-pub(crate) struct Launch<'a> {
-    /// `redis-server` (also for sentinels, which run it with `--sentinel`).
-    pub(crate) program: &'a OsStr,
-    /// The server's own directory: `--dir`, the log file, its stderr.
-    pub(crate) dir: &'a Path,
-    /// A config file passed as the first argument (Redis requires it first).
-    pub(crate) config_file: Option<&'a Path>,
-    /// Arguments after the kit's base arguments; later ones win in Redis.
-    pub(crate) extra_args: &'a [OsString],
-    /// How long to wait for `PONG`.
-    pub(crate) ready_timeout: Duration,
-}
-
 pub(crate) fn log_path(dir: &Path) -> PathBuf {
     dir.join(LOG_FILE)
 }
@@ -128,15 +113,23 @@ fn base_args(port: u16, dir: &Path) -> Vec<OsString> {
     args
 }
 
-/// Starts the process on `port` and returns once it answers `PING` with `PONG` (and is the
-/// process answering). On any failure the process is killed before returning the error.
+/// Starts the process as `options` say in `dir` (with the config file first, Redis requires
+/// it there), on `port` and with `extra_ports` for its port flags, and returns once it
+/// answers `PING` with `PONG` (and is the process answering). On any failure the process is
+/// killed before returning the error.
 ///
-/// Errors: [`Error::AddrInUse`] if the port was taken (the caller may retry),
+/// Errors: [`Error::AddrInUse`] if a port was taken (the caller may retry),
 /// [`Error::ExitedEarly`] / [`Error::NotReady`] with the log tail otherwise.
-pub(crate) fn spawn_ready(launch: &Launch<'_>, port: u16) -> Result<ManagedChild, Error> {
+pub(crate) fn spawn_ready(
+    options: &ServerOptions,
+    dir: &Path,
+    config_file: Option<&Path>,
+    port: u16,
+    extra_ports: &[u16],
+) -> Result<ManagedChild, Error> {
     let addr = format!("127.0.0.1:{port}");
-    let log = log_path(launch.dir);
-    let stderr_file = stderr_path(launch.dir);
+    let log = log_path(dir);
+    let stderr_file = stderr_path(dir);
     // Restarts reuse the directory: only what this attempt writes counts.
     let log_start = file_len(&log);
     let stderr_start = file_len(&stderr_file);
@@ -146,20 +139,20 @@ pub(crate) fn spawn_ready(launch: &Launch<'_>, port: u16) -> Result<ManagedChild
         .open(&stderr_file)
         .map_err(|e| Error::io(format!("opening {}", stderr_file.display()), e))?;
 
-    let mut command = Command::new(launch.program);
+    let mut command = Command::new(&options.program);
     command
-        .current_dir(launch.dir)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(stderr);
-    if let Some(config) = launch.config_file {
-        command.arg(config);
+        .stderr(stderr)
+        .args(config_file)
+        .args(base_args(port, dir))
+        .args(&options.args);
+    for (flag, port) in options.port_flags.iter().zip(extra_ports) {
+        command.arg(flag).arg(port.to_string());
     }
-    command
-        .args(base_args(port, launch.dir))
-        .args(launch.extra_args);
     let child = command.spawn().map_err(|source| Error::Spawn {
-        program: launch.program.to_string_lossy().into_owned(),
+        program: options.program.to_string_lossy().into_owned(),
         source,
     })?;
     let mut child = ManagedChild {
@@ -180,7 +173,7 @@ pub(crate) fn spawn_ready(launch: &Launch<'_>, port: u16) -> Result<ManagedChild
         tail
     };
 
-    match wait_ready(&mut child, &addr, launch.ready_timeout)? {
+    match wait_ready(&mut child, &addr, READY_TIMEOUT)? {
         Readiness::Ready => Ok(child),
         Readiness::Exited(status) => {
             let log_tail = startup_tail();
@@ -199,7 +192,7 @@ pub(crate) fn spawn_ready(launch: &Launch<'_>, port: u16) -> Result<ManagedChild
             drop(child);
             Err(Error::NotReady {
                 addr,
-                timeout: launch.ready_timeout,
+                timeout: READY_TIMEOUT,
                 last_probe,
                 log_tail: startup_tail(),
             })

@@ -27,7 +27,18 @@ impl ReplicaSet {
 
     /// Like [`start`](Self::start), with extra arguments for every server.
     pub fn start_with(n_replicas: usize, extra_args: &[&str]) -> Result<Self, Error> {
-        let options = ServerOptions::new().args(extra_args.iter().copied());
+        Self::start_with_options(
+            n_replicas,
+            ServerOptions::new().args(extra_args.iter().copied()),
+        )
+    }
+
+    /// Like [`start`](Self::start), every server run as `options` say; the replicas replicate
+    /// from the primary's [announced port](RedisServer::announced_port).
+    pub(crate) fn start_with_options(
+        n_replicas: usize,
+        options: ServerOptions,
+    ) -> Result<Self, Error> {
         let primary = options.clone().start()?;
         let mut set = Self {
             primary,
@@ -37,7 +48,8 @@ impl ReplicaSet {
         // streaming one to another replica waits for the primary's next replication cron
         // (1 s); in turn, each sync takes milliseconds.
         for _ in 0..n_replicas {
-            let replica = options.clone().replica_of(set.primary.port()).start()?;
+            let primary = set.primary.announced_port();
+            let replica = options.clone().replica_of(primary).start()?;
             set.replicas.push(replica);
             set.wait_synced()?;
         }

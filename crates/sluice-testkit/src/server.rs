@@ -1,7 +1,6 @@
 //! One `redis-server` process: [`ServerOptions`] says how to run it, [`RedisServer`] owns it.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,7 +9,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::ServerOptions;
-use crate::process::{self, Launch, ManagedChild};
+use crate::process::{self, ManagedChild};
 use crate::{Error, parse_info_field, wait_until};
 
 /// How many fresh ports a start tries before giving up (another process can take a free port
@@ -60,8 +59,8 @@ pub struct RedisServer {
     /// `None` while killed. Declared first: dropped before the directory.
     child: Option<ManagedChild>,
     port: u16,
-    /// The port it serves TLS on, if a topology started it with one.
-    tls_port: Option<u16>,
+    /// The ports of `options.port_flags`, in order.
+    extra_ports: Vec<u16>,
     options: ServerOptions,
     config_file: Option<PathBuf>,
     dir: TempDir,
@@ -78,10 +77,8 @@ impl RedisServer {
         Self::start_with_options(ServerOptions::new().args(extra_args.iter().copied()))
     }
 
-    /// A server run as `options` says, on a fresh free port (retried up to [`PORT_ATTEMPTS`]
-    /// times if the port is taken before the server binds it). Returns once it answers
-    /// `PING`.
-    pub fn start_with_options(options: ServerOptions) -> Result<Self, Error> {
+    /// A server run as `options` say; see [`ServerOptions::start`].
+    pub(crate) fn start_with_options(options: ServerOptions) -> Result<Self, Error> {
         let dir = tempfile::Builder::new()
             .prefix("sluice-redis-")
             .tempdir()
@@ -95,32 +92,22 @@ impl RedisServer {
             }
             None => None,
         };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let port = free_port()?;
-            match spawn(&options, dir.path(), config_file.as_deref(), port) {
-                Ok(child) => {
-                    return Ok(Self {
-                        child: Some(child),
-                        port,
-                        tls_port: None,
-                        options,
-                        config_file,
-                        dir,
-                    });
-                }
-                Err(e @ Error::AddrInUse { .. }) => {
-                    if attempt >= PORT_ATTEMPTS {
-                        return Err(Error::PortRetriesExhausted {
-                            attempts: attempt,
-                            last: Box::new(e),
-                        });
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let mut server = Self {
+            child: None,
+            port: 0,
+            extra_ports: Vec::new(),
+            options,
+            config_file,
+            dir,
+        };
+        server.spawn(|server| {
+            server.port = free_port()?;
+            server.extra_ports = (0..server.options.port_flags.len())
+                .map(|_| free_port())
+                .collect::<Result<_, _>>()?;
+            Ok(())
+        })?;
+        Ok(server)
     }
 
     /// Starts one server per options, in parallel; all or nothing (on an error, the ones that
@@ -153,23 +140,28 @@ impl RedisServer {
     /// The port it serves TLS on, if a topology started it so (the plain [`port`](Self::port)
     /// stays, for the kit).
     pub fn tls_port(&self) -> Option<u16> {
-        self.tls_port
+        let flag = self
+            .options
+            .port_flags
+            .iter()
+            .position(|f| *f == "--tls-port");
+        flag.and_then(|i| self.extra_ports.get(i).copied())
     }
 
     /// `"rediss://127.0.0.1:TLS_PORT"`, if it serves TLS.
     pub fn tls_url(&self) -> Option<String> {
-        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}"))
+        self.tls_port().map(|p| format!("rediss://127.0.0.1:{p}"))
     }
 
     /// The port it tells others to reach it on: its TLS port if it has one (a topology that
     /// serves TLS replicates and announces over TLS), else its port.
     pub fn announced_port(&self) -> u16 {
-        self.tls_port.unwrap_or(self.port)
+        self.tls_port().unwrap_or(self.port)
     }
 
     /// Whether `port` is its port or its TLS port.
     pub fn listens_on(&self, port: u16) -> bool {
-        self.port == port || self.tls_port == Some(port)
+        self.port == port || self.tls_port() == Some(port)
     }
 
     /// `"127.0.0.1:PORT"`.
@@ -379,26 +371,40 @@ impl RedisServer {
     /// config file from [`ServerOptions::config`] is not written again.
     pub fn restart(&mut self) -> Result<(), Error> {
         self.kill()?;
-        let port = self.port;
+        self.spawn(|server| {
+            let ports = std::iter::once(server.port).chain(server.extra_ports.iter().copied());
+            for port in ports {
+                wait_until(
+                    REBIND_TIMEOUT,
+                    &format!("port {port} to be free for a restart"),
+                    || Ok(port_is_free(port)),
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Starts the process on its ports, after `ports` chose them (or waited for them to be
+    /// free); a lost race for one of them is tried again, up to [`PORT_ATTEMPTS`] times.
+    fn spawn(&mut self, ports: impl Fn(&mut Self) -> Result<(), Error>) -> Result<(), Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            wait_until(
-                REBIND_TIMEOUT,
-                &format!("port {port} to be free for a restart"),
-                || Ok(port_is_free(port)),
-            )?;
-            match spawn(
-                &self.options,
-                self.dir.path(),
-                self.config_file.as_deref(),
-                port,
-            ) {
+            ports(self)?;
+            let dir = self.dir.path();
+            let (config, port) = (self.config_file.as_deref(), self.port);
+            match process::spawn_ready(&self.options, dir, config, port, &self.extra_ports) {
                 Ok(child) => {
                     self.child = Some(child);
                     return Ok(());
                 }
-                Err(Error::AddrInUse { .. }) if attempt < PORT_ATTEMPTS => {}
+                Err(e @ Error::AddrInUse { .. }) if attempt >= PORT_ATTEMPTS => {
+                    return Err(Error::PortRetriesExhausted {
+                        attempts: attempt,
+                        last: Box::new(e),
+                    });
+                }
+                Err(Error::AddrInUse { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -447,53 +453,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         // Kill and reap before `dir` is removed; errors cannot be reported from a drop.
         let _ = self.kill();
-    }
-}
-
-fn spawn(
-    options: &ServerOptions,
-    dir: &Path,
-    config_file: Option<&Path>,
-    port: u16,
-) -> Result<ManagedChild, Error> {
-    process::spawn_ready(
-        &Launch {
-            program: OsStr::new(&options.program),
-            dir,
-            config_file,
-            extra_args: &options.args,
-            ready_timeout: options.ready_timeout,
-        },
-        port,
-    )
-}
-
-/// Starts a server with `extra_ports` more free ports, passed to `args` to make the arguments
-/// that use them (a cluster bus port, a TLS port); retried with fresh ports, like the server's
-/// own, if one was taken meanwhile. The port at index `tls_port` (if given) is recorded as the
-/// server's [`RedisServer::tls_port`].
-pub(crate) fn start_with_ports(
-    options: &ServerOptions,
-    extra_ports: usize,
-    tls_port: Option<usize>,
-    args: impl Fn(&[u16]) -> Vec<String>,
-) -> Result<RedisServer, Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let ports = (0..extra_ports)
-            .map(|_| free_port())
-            .collect::<Result<Vec<_>, _>>()?;
-        let started = options.clone().args(args(&ports)).start();
-        match started {
-            Err(Error::AddrInUse { .. } | Error::PortRetriesExhausted { .. })
-                if attempt < PORT_ATTEMPTS => {}
-            Ok(mut server) => {
-                server.tls_port = tls_port.and_then(|i| ports.get(i).copied());
-                return Ok(server);
-            }
-            Err(e) => return Err(e),
-        }
     }
 }
 
@@ -549,7 +508,8 @@ mod tests {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap();
-        let err = spawn(&ServerOptions::new(), dir.path(), None, port).unwrap_err();
+        let err =
+            process::spawn_ready(&ServerOptions::new(), dir.path(), None, port, &[]).unwrap_err();
         match err {
             Error::AddrInUse { addr, log_tail } => {
                 assert_eq!(addr, format!("127.0.0.1:{port}"));

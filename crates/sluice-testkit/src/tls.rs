@@ -6,9 +6,8 @@
 //! ```no_run
 //! use sluice_testkit::{ServerOptions, TlsCerts};
 //! let certs = TlsCerts::generate()?;
-//! let tls_port = sluice_testkit::free_port()?;
-//! let server = ServerOptions::new().args(certs.server_args(tls_port, true)).start()?;
-//! // rediss://127.0.0.1:<tls_port>, trusting certs.ca_file(), presenting certs.client_files()
+//! let server = ServerOptions::new().tls(&certs, true).start()?;
+//! let url = server.tls_url(); // trusting certs.ca_file(), presenting certs.client_files()
 //! # Ok::<(), sluice_testkit::Error>(())
 //! ```
 
@@ -89,19 +88,10 @@ impl TlsCerts {
         )
     }
 
-    /// `redis-server` arguments serving TLS on `tls_port` with the server certificate,
-    /// requiring a client certificate signed by the CA when `auth_clients` (the plain port
-    /// stays, for the kit's readiness check).
-    pub fn server_args(&self, tls_port: u16, auth_clients: bool) -> Vec<String> {
-        let mut args = vec!["--tls-port".to_owned(), tls_port.to_string()];
-        args.extend(self.file_args(auth_clients));
-        args
-    }
-
-    /// [`server_args`](Self::server_args) without the port: the certificate files (the
-    /// server's certificate is also what a server presents when it connects to another
-    /// over TLS, as a replica, a sentinel or a cluster node does) and `--tls-auth-clients`.
-    pub fn file_args(&self, auth_clients: bool) -> Vec<String> {
+    /// The `redis-server` arguments of the certificate files (the server's certificate is
+    /// also what a server presents when it connects to another over TLS, as a replica, a
+    /// sentinel or a cluster node does) and `--tls-auth-clients`.
+    pub(crate) fn file_args(&self, auth_clients: bool) -> Vec<String> {
         let path = |name: &str| self.dir.path().join(name).display().to_string();
         vec![
             "--tls-cert-file".to_owned(),

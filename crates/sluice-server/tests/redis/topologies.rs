@@ -276,11 +276,11 @@ async fn the_api_over_tls_to_redis() {
         return;
     }
     let certs = sluice_testkit::TlsCerts::generate().unwrap();
-    let tls_port = sluice_testkit::free_port().unwrap();
-    let _redis = sluice_testkit::ServerOptions::new()
-        .args(certs.server_args(tls_port, true))
+    let redis = sluice_testkit::ServerOptions::new()
+        .tls(&certs, true)
         .start()
         .unwrap();
+    let tls_port = redis.tls_port().unwrap();
     let (cert, key) = certs.client_files();
     let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap();
     let (ca, cert, key) = (read(certs.ca_file()), read(cert), read(key));

@@ -69,9 +69,8 @@ pub use slots::{SLOT_COUNT, Shard, key_slot};
 use slots::{SlotRange, overlaps};
 
 use crate::presence::on_path;
-use crate::server::start_with_ports;
 use crate::wait::with_last_seen;
-use crate::{Error, RedisServer, ServerOptions, process, wait_until};
+use crate::{Error, RedisServer, process, wait_until};
 
 /// The default `--cluster-node-timeout` of a [`RedisCluster`]'s nodes.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -116,7 +115,10 @@ impl RedisCluster {
                 package: "redis-tools".to_owned(),
             });
         }
-        let nodes = start_nodes(&options)?;
+        let nodes = RedisServer::start_many(std::iter::repeat_n(
+            options.server_options(),
+            options.node_count(),
+        ))?;
         let cluster = Self {
             nodes,
             known: Mutex::new(Vec::new()),
@@ -446,31 +448,4 @@ impl RedisCluster {
         }
         Ok(shards)
     }
-}
-
-/// Starts the nodes in parallel; all or nothing.
-fn start_nodes(options: &ClusterOptions) -> Result<Vec<RedisServer>, Error> {
-    let server_options = options.server_options();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..options.node_count())
-            .map(|_| scope.spawn(|| start_node(options, &server_options)))
-            .collect();
-        let results: Vec<Result<RedisServer, Error>> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect();
-        results.into_iter().collect()
-    })
-}
-
-/// One node with a free bus port (and TLS port), retried with others if one was taken
-/// meanwhile.
-fn start_node(options: &ClusterOptions, server: &ServerOptions) -> Result<RedisServer, Error> {
-    let tls_port = options.tls.is_some().then_some(1);
-    start_with_ports(server, options.extra_ports(), tls_port, |ports| {
-        options.port_args(ports)
-    })
 }

@@ -107,28 +107,10 @@ impl ClusterOptions {
         Ok(())
     }
 
-    /// The arguments that use a node's extra ports: the bus port and, with TLS, the TLS port.
-    pub(super) fn port_args(&self, ports: &[u16]) -> Vec<String> {
-        let mut args = Vec::new();
-        if let Some(bus) = ports.first() {
-            args.extend(["--cluster-port".to_owned(), bus.to_string()]);
-        }
-        if let (Some(tls), Some(files)) = (ports.get(1), &self.tls) {
-            args.extend(["--tls-port".to_owned(), tls.to_string()]);
-            args.extend(files.iter().cloned());
-            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
-        }
-        args
-    }
-
-    /// How many ports a node needs besides its client port: the bus port, and the TLS port.
-    pub(super) fn extra_ports(&self) -> usize {
-        if self.tls.is_some() { 2 } else { 1 }
-    }
-
-    /// The options of every node, but the bus port (chosen per node and attempt).
+    /// The options of every node (the bus port, and the TLS port, are chosen per node).
     pub(super) fn server_options(&self) -> ServerOptions {
-        ServerOptions::new()
+        let node = ServerOptions::new()
+            .port_flag("--cluster-port")
             .args([
                 "--cluster-enabled".to_owned(),
                 "yes".to_owned(),
@@ -143,7 +125,13 @@ impl ClusterOptions {
                 "--repl-ping-replica-period".to_owned(),
                 "1".to_owned(),
             ])
-            .args(self.args.iter().cloned())
+            .args(self.args.iter().cloned());
+        match &self.tls {
+            Some(files) => node
+                .tls_files(files.iter().cloned())
+                .args(["--tls-cluster", "yes"]),
+            None => node,
+        }
     }
 }
 

@@ -37,7 +37,6 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::server::start_with_ports;
 use crate::wait::with_last_seen;
 use crate::{Error, RedisServer, ReplicaSet, ServerOptions, wait_until};
 
@@ -77,40 +76,21 @@ impl SentinelGroup {
     /// replicas and the other sentinels, so that a failover can happen.
     pub fn start_with(options: SentinelOptions) -> Result<Self, Error> {
         options.validate()?;
-        let ReplicaSet { primary, replicas } = match &options.tls {
-            None => {
-                let data_args: Vec<&str> = options.data_args.iter().map(String::as_str).collect();
-                ReplicaSet::start_with(options.replicas, &data_args)?
-            }
-            Some(files) => start_tls_data_nodes(&options, files)?,
+        let tls = |server: ServerOptions| match &options.tls {
+            Some(files) => server.tls_files(files.iter().cloned()),
+            None => server,
         };
+        let data_options = tls(ServerOptions::new().args(options.data_args.iter().cloned()));
+        let ReplicaSet { primary, replicas } =
+            ReplicaSet::start_with_options(options.replicas, data_options)?;
         let sentinel_options = ServerOptions::new()
             .config(options.sentinel_config(primary.announced_port()))
             .arg("--sentinel")
             .args(options.sentinel_args.iter().cloned());
-        let sentinels = match &options.tls {
-            None => {
-                RedisServer::start_many(std::iter::repeat_n(sentinel_options, options.sentinels))?
-            }
-            Some(files) => std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..options.sentinels)
-                    .map(|_| {
-                        scope.spawn(|| {
-                            start_with_ports(&sentinel_options, 1, Some(0), |ports| {
-                                tls_args(ports[0], files)
-                            })
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })?,
-        };
+        let sentinels = RedisServer::start_many(std::iter::repeat_n(
+            tls(sentinel_options),
+            options.sentinels,
+        ))?;
         let mut data = Vec::with_capacity(1 + replicas.len());
         data.push(primary);
         data.extend(replicas);
@@ -400,36 +380,6 @@ impl SentinelGroup {
                 )
             })
     }
-}
-
-/// A primary and `options.replicas` replicas serving TLS and replicating over it, in sync.
-fn start_tls_data_nodes(options: &SentinelOptions, files: &[String]) -> Result<ReplicaSet, Error> {
-    let data_options = ServerOptions::new().args(options.data_args.iter().cloned());
-    let start = |options: &ServerOptions| {
-        start_with_ports(options, 1, Some(0), |ports| tls_args(ports[0], files))
-    };
-    let primary = start(&data_options)?;
-    let primary_port = primary.announced_port();
-    let mut set = ReplicaSet {
-        primary,
-        replicas: Vec::with_capacity(options.replicas),
-    };
-    // One at a time, as `ReplicaSet::start_with` does.
-    for _ in 0..options.replicas {
-        set.replicas
-            .push(start(&data_options.clone().replica_of(primary_port))?);
-        set.wait_synced()?;
-    }
-    Ok(set)
-}
-
-/// Serving TLS on `port` with the certificate arguments `files`, and replicating, monitoring
-/// and announcing over TLS.
-fn tls_args(port: u16, files: &[String]) -> Vec<String> {
-    let mut args = vec!["--tls-port".to_owned(), port.to_string()];
-    args.extend(files.iter().cloned());
-    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
-    args
 }
 
 /// Whether `entries` (of `SENTINEL replicas`/`sentinels`) list `port` as neither down nor
