@@ -20,7 +20,7 @@
 //! their units again; [`WaitForReplicas`] (opt-in) sends `WAIT` behind every write to narrow
 //! that, at a measured cost (docs/scaling.md, "Failover: what can be over-admitted").
 //!
-//! Feature `serde`: [`ReadFrom`], [`ClockSource`] and [`Shortfall`] deserialize from
+//! [`ReadFrom`], [`ClockSource`] and [`Shortfall`] deserialize (serde) from
 //! `snake_case` names (`replicas`, `primary`; `app`, `redis`; `keep`, `fail`), for
 //! configuration files.
 //!

@@ -133,22 +133,15 @@ fn is_unix(url: &str) -> bool {
 /// the servers' certificates and, when the servers require client certificates
 /// (`tls-auth-clients yes`), this client's certificate and key. The server's name is the
 /// URL's host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(deny_unknown_fields)
-)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TlsFiles {
     /// The CA certificate(s) that signed the servers' certificates.
-    #[cfg_attr(feature = "serde", serde(default))]
     pub ca_file: Option<PathBuf>,
     /// This client's certificate (with `key_file`).
-    #[cfg_attr(feature = "serde", serde(default))]
     pub cert_file: Option<PathBuf>,
     /// This client's private key (with `cert_file`).
-    #[cfg_attr(feature = "serde", serde(default))]
     pub key_file: Option<PathBuf>,
 }
 

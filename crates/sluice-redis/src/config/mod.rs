@@ -27,12 +27,8 @@ pub const DEFAULT_COALESCE: usize = 64;
 const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
 
 /// Where peeks read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ReadFrom {
     /// Peeks go to a replica (round robin), or to the primary when none is configured or the
@@ -44,12 +40,8 @@ pub enum ReadFrom {
 }
 
 /// Where "now" comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ClockSource {
     /// The limiter's clock, passed to the script (testable with a manual clock).
@@ -61,18 +53,14 @@ pub enum ClockSource {
 
 /// One client-side shard of [`Topology::Shards`]: a primary (decisions) and its replicas
 /// (peeks). Its `Debug` shows URLs without their credentials ([`redact`]).
-#[derive(Clone, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(deny_unknown_fields)
-)]
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Shard {
     /// The primary's URL; it names the shard (rendezvous hashing scores it).
     pub primary: String,
     /// Replica URLs, for peeks.
-    #[cfg_attr(feature = "serde", serde(default))]
+    #[serde(default)]
     pub replicas: Vec<String>,
 }
 
@@ -478,7 +466,6 @@ mod tests {
         );
     }
 
-    #[cfg(feature = "serde")]
     #[test]
     fn read_from_and_clock_deserialize_from_snake_case_names() {
         use serde::Deserialize;

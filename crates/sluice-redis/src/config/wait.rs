@@ -84,12 +84,8 @@ pub enum WaitError {
 /// What a decision is when fewer replicas than [`WaitForReplicas::replicas`] acknowledged
 /// its write within [`WaitForReplicas::timeout`]. Either way the primary has recorded it and
 /// replicates it when it can; [`crate::RedisStore::unreplicated_total`] counts shortfalls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Shortfall {
     /// The decision stands: a lagging or stopped replica slows decisions down to the `WAIT`

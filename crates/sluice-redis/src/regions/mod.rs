@@ -71,12 +71,10 @@ pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(2);
 
 /// What a region does while another region's view cannot be trusted (its replica does not
 /// answer, or lags more than [`RegionsConfig::max_lag`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Deserialize, serde::Serialize),
-    serde(rename_all = "snake_case")
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize, serde::Serialize,
 )]
+#[serde(rename_all = "snake_case")]
 pub enum Fallback {
     /// This region's own count may reach `(max − known) / regions` (rounded down), `known`
     /// being what it last saw the other regions use in the window (0 in a new one).
