@@ -151,7 +151,7 @@ mod tls;
 mod wait;
 
 pub use cluster::{
-    CLUSTER_TIMEOUT, ClusterOptions, DEFAULT_NODE_TIMEOUT, RedisCluster, SLOT_COUNT, Shard,
+    CLUSTER_TIMEOUT, ClusterOptions, NODE_TIMEOUT, PRIMARIES, RedisCluster, SLOT_COUNT, Shard,
     key_slot,
 };
 pub use error::Error;
@@ -162,7 +162,7 @@ pub use presence::{REQUIRE_REDIS_ENV, bench_seconds, require_redis};
 pub use proxy::DelayProxy;
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
 pub use sentinel::{
-    DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
+    DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
 };
 pub use server::{
     CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, free_port,

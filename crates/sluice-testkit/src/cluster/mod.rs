@@ -11,10 +11,10 @@
 //!
 //! Every node runs with:
 //!
-//! - `--cluster-node-timeout` [`DEFAULT_NODE_TIMEOUT`] (1 s; Redis's default is 15 s): how
-//!   long a node may not answer before the others flag it as failing. A failover takes about
-//!   two node timeouts plus the replica's election delay (0.5–1 s), so ~3 s here. Much lower
-//!   risks false failovers when the machine is busy; [`ClusterOptions::node_timeout`] changes it.
+//! - `--cluster-node-timeout` [`NODE_TIMEOUT`] (1 s; Redis's default is 15 s): how long a
+//!   node may not answer before the others flag it as failing. A failover takes about two
+//!   node timeouts plus the replica's election delay (0.5–1 s), so ~3 s here. Much lower
+//!   risks false failovers when the machine is busy.
 //! - `--cluster-replica-validity-factor 0`: a replica may always take over, however long its
 //!   link to the primary was down. With the default (10) a replica that was itself paused
 //!   refuses, and the test waits forever.
@@ -72,10 +72,12 @@ use crate::presence::on_path;
 use crate::wait::with_last_seen;
 use crate::{Error, RedisServer, process, wait_until};
 
-/// The default `--cluster-node-timeout` of a [`RedisCluster`]'s nodes.
-pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
-/// The default deadline for a cluster to form ([`RedisCluster::start`]) or to become whole
-/// again ([`RedisCluster::wait_ok`]).
+/// The `--cluster-node-timeout` of a [`RedisCluster`]'s nodes.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How many primaries a [`RedisCluster`] has (`redis-cli --cluster create` takes no fewer).
+pub const PRIMARIES: usize = 3;
+/// The deadline for `redis-cli` to form a cluster, and for a cluster to become whole
+/// ([`RedisCluster::start`], [`RedisCluster::wait_ok`]).
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(20);
 /// How many `MOVED`/`ASK` redirections [`RedisCluster::cmd_for_key`] follows.
 const MAX_REDIRECTS: usize = 5;
@@ -108,7 +110,6 @@ impl RedisCluster {
     /// Errors: [`Error::MissingProgram`] without `redis-cli`, [`Error::ToolFailed`] if it
     /// fails, [`Error::Timeout`] (saying what was last seen) if the cluster does not form.
     pub fn start_with(options: ClusterOptions) -> Result<Self, Error> {
-        options.validate()?;
         if !on_path(REDIS_CLI) {
             return Err(Error::MissingProgram {
                 program: REDIS_CLI.to_owned(),
@@ -130,8 +131,8 @@ impl RedisCluster {
             options.replicas_per_primary.to_string(),
             "--cluster-yes".to_owned(),
         ]);
-        process::run_tool(REDIS_CLI, &args, options.timeout)?;
-        cluster.wait_ok_within(options.timeout)?;
+        process::run_tool(REDIS_CLI, &args, CLUSTER_TIMEOUT)?;
+        cluster.wait_ok()?;
         Ok(cluster)
     }
 
@@ -282,14 +283,9 @@ impl RedisCluster {
     ///
     /// Returns the shards seen, and remembers them for [`wait_failover`](Self::wait_failover).
     pub fn wait_ok(&self) -> Result<Vec<Shard>, Error> {
-        self.wait_ok_within(CLUSTER_TIMEOUT)
-    }
-
-    /// [`wait_ok`](Self::wait_ok) with another deadline.
-    pub fn wait_ok_within(&self, timeout: Duration) -> Result<Vec<Shard>, Error> {
         let mut last_seen = String::new();
         let mut shards = None;
-        let waited = wait_until(timeout, "the cluster to be whole", || {
+        let waited = wait_until(CLUSTER_TIMEOUT, "the cluster to be whole", || {
             match self.health()? {
                 Health::Whole(seen) => {
                     shards = Some(seen);

@@ -1,33 +1,26 @@
 //! How to run a [`RedisCluster`](super::RedisCluster): [`ClusterOptions`].
 
 use std::ffi::OsString;
-use std::time::Duration;
 
-use super::{CLUSTER_TIMEOUT, DEFAULT_NODE_TIMEOUT, RedisCluster};
+use super::{NODE_TIMEOUT, PRIMARIES, RedisCluster};
 use crate::{Error, ServerOptions};
 
-/// How to run a [`RedisCluster`]: how many primaries and replicas, the node timeout, extra
-/// arguments for every node, and how long to wait for the cluster to form.
+/// How to run a [`RedisCluster`] of three primaries: how many replicas each, extra arguments
+/// for every node, TLS.
 ///
 /// ```no_run
-/// use std::time::Duration;
 /// use sluice_testkit::{ClusterOptions, RedisCluster};
 /// let cluster = RedisCluster::start_with(
 ///     ClusterOptions::new()
-///         .primaries(3)
 ///         .replicas_per_primary(2)
-///         .node_timeout(Duration::from_millis(2000))
 ///         .args(["--maxmemory", "10mb"]),
 /// )?;
 /// # Ok::<(), sluice_testkit::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    pub(super) primaries: usize,
     pub(super) replicas_per_primary: usize,
-    pub(super) node_timeout: Duration,
     pub(super) args: Vec<OsString>,
-    pub(super) timeout: Duration,
     /// The certificate arguments when the nodes serve TLS.
     pub(super) tls: Option<Vec<String>>,
 }
@@ -35,32 +28,22 @@ pub struct ClusterOptions {
 impl Default for ClusterOptions {
     fn default() -> Self {
         Self {
-            primaries: 3,
             replicas_per_primary: 1,
-            node_timeout: DEFAULT_NODE_TIMEOUT,
             args: Vec::new(),
-            timeout: CLUSTER_TIMEOUT,
             tls: None,
         }
     }
 }
 
 impl ClusterOptions {
-    /// Three primaries with one replica each, [`DEFAULT_NODE_TIMEOUT`], [`CLUSTER_TIMEOUT`].
+    /// Three primaries with one replica each.
     pub fn new() -> Self {
         Self::default()
     }
 
     setters! {
-        /// The number of primaries, at least 3 (`redis-cli --cluster create` refuses fewer).
-        primaries: usize,
         /// The number of replicas of each primary (0 for none: no failover is then possible).
         replicas_per_primary: usize,
-        /// `--cluster-node-timeout`, in whole milliseconds (default [`DEFAULT_NODE_TIMEOUT`]).
-        node_timeout: Duration,
-        /// How long [`RedisCluster::start_with`] waits for `redis-cli` and then for the
-        /// cluster to be whole (default [`CLUSTER_TIMEOUT`]).
-        timeout: Duration,
     }
 
     arg_setters! {
@@ -89,22 +72,7 @@ impl ClusterOptions {
     }
 
     pub(super) fn node_count(&self) -> usize {
-        self.primaries * (1 + self.replicas_per_primary)
-    }
-
-    pub(super) fn validate(&self) -> Result<(), Error> {
-        if self.primaries < 3 {
-            return Err(Error::InvalidArgument(format!(
-                "a cluster needs at least 3 primaries, not {}",
-                self.primaries
-            )));
-        }
-        if self.node_timeout.as_millis() == 0 {
-            return Err(Error::InvalidArgument(
-                "the node timeout must be at least 1 ms".to_owned(),
-            ));
-        }
-        Ok(())
+        PRIMARIES * (1 + self.replicas_per_primary)
     }
 
     /// The options of every node (the bus port, and the TLS port, are chosen per node).
@@ -117,7 +85,7 @@ impl ClusterOptions {
                 "--cluster-config-file".to_owned(),
                 "nodes.conf".to_owned(),
                 "--cluster-node-timeout".to_owned(),
-                self.node_timeout.as_millis().to_string(),
+                NODE_TIMEOUT.as_millis().to_string(),
                 "--cluster-replica-validity-factor".to_owned(),
                 "0".to_owned(),
                 "--cluster-allow-replica-migration".to_owned(),
@@ -140,16 +108,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_are_validated() {
-        let err = ClusterOptions::new().primaries(2).validate().unwrap_err();
-        assert!(err.to_string().contains("at least 3 primaries"), "{err}");
-        let err = ClusterOptions::new()
-            .node_timeout(Duration::ZERO)
-            .validate()
-            .unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    fn three_primaries_with_their_replicas() {
         let options = ClusterOptions::new().replicas_per_primary(2);
-        options.validate().unwrap();
         assert_eq!(options.node_count(), 9);
     }
 }

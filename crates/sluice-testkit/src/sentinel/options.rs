@@ -1,22 +1,18 @@
 //! [`SentinelOptions`]: how to run a [`SentinelGroup`](super::SentinelGroup).
 
-use std::time::Duration;
-
-use super::{DEFAULT_DOWN_AFTER, DEFAULT_FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup};
+use super::{DOWN_AFTER, FAILOVER_TIMEOUT, SentinelGroup};
 use crate::Error;
 
 /// How to run a [`SentinelGroup`].
 ///
 /// ```no_run
-/// use std::time::Duration;
 /// use sluice_testkit::{SentinelGroup, SentinelOptions};
 /// let group = SentinelGroup::start_with(
 ///     SentinelOptions::new()
 ///         .replicas(2)
 ///         .sentinels(5)
 ///         .quorum(3)
-///         .master_name("limits")
-///         .down_after(Duration::from_millis(2000)),
+///         .master_name("limits"),
 /// )?;
 /// # Ok::<(), sluice_testkit::Error>(())
 /// ```
@@ -26,13 +22,9 @@ pub struct SentinelOptions {
     pub(super) sentinels: usize,
     pub(super) quorum: usize,
     pub(super) master_name: String,
-    pub(super) down_after: Duration,
-    pub(super) failover_timeout: Duration,
-    pub(super) parallel_syncs: usize,
     pub(super) data_args: Vec<String>,
     pub(super) sentinel_args: Vec<String>,
     pub(super) tls: Option<Vec<String>>,
-    pub(super) timeout: Duration,
 }
 
 impl Default for SentinelOptions {
@@ -42,20 +34,15 @@ impl Default for SentinelOptions {
             sentinels: 3,
             quorum: 2,
             master_name: "mymaster".to_owned(),
-            down_after: DEFAULT_DOWN_AFTER,
-            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
-            parallel_syncs: 1,
             data_args: Vec::new(),
             sentinel_args: Vec::new(),
             tls: None,
-            timeout: SENTINEL_TIMEOUT,
         }
     }
 }
 
 impl SentinelOptions {
-    /// One replica, 3 sentinels, quorum 2, master name `mymaster`, [`DEFAULT_DOWN_AFTER`],
-    /// [`DEFAULT_FAILOVER_TIMEOUT`], one replica resynced at a time, [`SENTINEL_TIMEOUT`].
+    /// One replica, 3 sentinels, quorum 2, master name `mymaster`.
     pub fn new() -> Self {
         Self::default()
     }
@@ -67,15 +54,6 @@ impl SentinelOptions {
         sentinels: usize,
         /// How many sentinels must agree the primary is down (1 to the number of sentinels).
         quorum: usize,
-        /// `sentinel down-after-milliseconds`, in whole milliseconds.
-        down_after: Duration,
-        /// `sentinel failover-timeout`, in whole milliseconds.
-        failover_timeout: Duration,
-        /// `sentinel parallel-syncs`: how many replicas resync with a new primary at once.
-        parallel_syncs: usize,
-        /// How long [`SentinelGroup::start_with`] waits for the sentinels to be ready (default
-        /// [`SENTINEL_TIMEOUT`]).
-        timeout: Duration,
     }
 
     /// The name the sentinels monitor the primary under (default `mymaster`).
@@ -140,27 +118,20 @@ impl SentinelOptions {
                 self.master_name
             ));
         }
-        if self.down_after.as_millis() == 0 || self.failover_timeout.as_millis() == 0 {
-            return invalid("down-after and failover-timeout must be at least 1 ms".to_owned());
-        }
-        if self.parallel_syncs == 0 {
-            return invalid("parallel-syncs must be at least 1".to_owned());
-        }
         Ok(())
     }
 
-    /// The sentinels' config file.
+    /// The sentinels' config file (one replica resynced with a new primary at a time).
     pub(super) fn sentinel_config(&self, primary_port: u16) -> String {
         let name = &self.master_name;
         format!(
             "sentinel monitor {name} 127.0.0.1 {primary_port} {quorum}\n\
              sentinel down-after-milliseconds {name} {down_after}\n\
              sentinel failover-timeout {name} {failover_timeout}\n\
-             sentinel parallel-syncs {name} {parallel_syncs}\n",
+             sentinel parallel-syncs {name} 1\n",
             quorum = self.quorum,
-            down_after = self.down_after.as_millis(),
-            failover_timeout = self.failover_timeout.as_millis(),
-            parallel_syncs = self.parallel_syncs,
+            down_after = DOWN_AFTER.as_millis(),
+            failover_timeout = FAILOVER_TIMEOUT.as_millis(),
         )
     }
 }
