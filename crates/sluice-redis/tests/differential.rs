@@ -323,93 +323,71 @@ fn differential<S: sluice::Store + Clone>(
     decisions.load(Ordering::Relaxed)
 }
 
-/// Runs a check, peek or refund on one limiter.
+/// Runs a check, peek, refund, acquire, hold or release on one limiter.
 async fn apply<S: sluice::Store>(
     limiter: &Limiter<S, ManualClock>,
     policies: &[Policy],
     op: &Op,
     key: &impl Fn(usize) -> String,
 ) -> Result<sluice::Decision, sluice::Error> {
-    match op {
+    use sluice::Clock;
+    let (policy, k, op) = match *op {
         Op::Check {
             policy,
             key: k,
             cost,
         } => {
-            limiter
-                .check(policies[*policy].name(), &key(*k), *cost)
-                .await
+            return limiter.check(policies[policy].name(), &key(k), cost).await;
         }
         Op::Peek {
             policy,
             key: k,
             cost,
-        } => {
-            let peek = sluice::Op::Peek { cost: *cost };
-            limiter.call(&policies[*policy], &key(*k), peek).await
-        }
+        } => (policy, k, sluice::Op::Peek { cost }),
         Op::Refund {
             policy,
             key: k,
             cost,
-        } => {
-            let refund = sluice::Op::Refund { cost: *cost };
-            limiter.call(&policies[*policy], &key(*k), refund).await
-        }
+        } => (policy, k, sluice::Op::Refund { cost }),
         Op::Acquire {
             policy,
             key: k,
             min,
             max,
-        } => {
-            // Through the store (the limiter has no acquire of its own), at the limiter's now.
-            use sluice::{Clock, StoreExt};
-            let p = &policies[*policy];
-            limiter
-                .store()
-                .acquire(p, &key(*k), *min, *max, limiter.clock().now_ms())
-                .await
-                .map_err(sluice::Error::from)
-        }
+        } => (
+            policy,
+            k,
+            sluice::Op::Acquire {
+                min,
+                max,
+                holder: 0,
+            },
+        ),
         Op::Hold {
             policy,
             key: k,
             cost,
             lease,
-        } => {
-            // Through the store, with the lease id chosen here (the limiter picks a random one).
-            use sluice::Clock;
-            let hold = sluice::Op::Hold {
-                cost: *cost,
-                lease: *lease,
-            };
-            limiter
-                .store()
-                .call(&policies[*policy], &key(*k), hold, limiter.clock().now_ms())
-                .await
-                .map_err(sluice::Error::from)
-        }
+        } => (policy, k, sluice::Op::Hold { cost, lease }),
         Op::Release {
             policy,
             key: k,
             lease,
-        } => {
-            use sluice::Clock;
-            let release = sluice::Op::Release { lease: *lease };
-            limiter
-                .store()
-                .call(
-                    &policies[*policy],
-                    &key(*k),
-                    release,
-                    limiter.clock().now_ms(),
-                )
-                .await
-                .map_err(sluice::Error::from)
-        }
+        } => (policy, k, sluice::Op::Release { lease }),
         Op::Advance(_) | Op::Forget { .. } | Op::Burst(_) => {
             unreachable!("handled by the caller")
         }
+    };
+    let (policy, key) = (&policies[policy], key(k));
+    match op {
+        sluice::Op::Peek { .. } | sluice::Op::Refund { .. } => limiter.call(policy, &key, op).await,
+        // Through the store, at the limiter's now: the limiter has no acquire of its own, and
+        // a hold keeps the lease id chosen here (the limiter picks a random one).
+        _ => limiter
+            .store()
+            .call(policy, &key, op, limiter.clock().now_ms())
+            .await
+            .map_err(sluice::Error::from),
     }
 }
 
