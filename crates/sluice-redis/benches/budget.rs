@@ -120,11 +120,9 @@ async fn run(server: &RedisServer, load: &Load, max_error: f64) -> Outcome {
 }
 
 fn main() {
-    if !common::measuring() {
+    let Some((_, server, rt)) = common::start() else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let rt = common::runtime();
+    };
     let loads = [
         Load {
             name: "under the limit: 1 hot key, 15,000 checks on max 20,000",

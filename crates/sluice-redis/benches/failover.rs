@@ -523,7 +523,7 @@ async fn cost() {
 }
 
 fn main() {
-    if !common::measuring() {
+    if sluice_testkit::bench_seconds(5).is_none() {
         return;
     }
     let only = std::env::var("SLUICE_BENCH_ONLY").ok();

@@ -38,7 +38,7 @@ async fn cpu_per_call(
 }
 
 fn main() {
-    if !common::measuring() {
+    if sluice_testkit::bench_seconds(5).is_none() {
         return;
     }
     let server = RedisServer::start().unwrap();

@@ -363,12 +363,9 @@ fn latency_at_one(rt: &tokio::runtime::Runtime, server: &RedisServer, secs: u64,
 }
 
 fn main() {
-    if !common::measuring() {
+    let Some((secs, server, rt)) = common::start() else {
         return;
-    }
-    let secs = common::secs();
-    let server = RedisServer::start().unwrap();
-    let rt = common::runtime();
+    };
 
     // `SLUICE_BENCH_ONLY=cpu`: the cost tables and the latency at c = 1 alone.
     let rounds = std::env::var("SLUICE_BENCH_ROUNDS")

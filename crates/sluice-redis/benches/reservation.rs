@@ -218,12 +218,9 @@ fn svg(series: &[(&str, &str, Vec<u64>)], bars: &[(String, &str, f64)]) -> Strin
 }
 
 fn main() {
-    if !common::measuring() {
+    let Some((secs, server, rt)) = common::start() else {
         return;
-    }
-    let secs = common::secs();
-    let server = RedisServer::start().unwrap();
-    let rt = common::runtime();
+    };
     println!(
         "| load | mode | decisions/s | Redis calls per decision | hot-key windows | over max (worst) | under ideal, mean | under ideal, worst |"
     );

@@ -121,10 +121,9 @@ async fn memory_per_key(
 }
 
 fn main() {
-    if !common::measuring() {
+    let Some(secs) = sluice_testkit::bench_seconds(5) else {
         return;
-    }
-    let secs = common::secs();
+    };
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
     let rt = common::runtime();
 

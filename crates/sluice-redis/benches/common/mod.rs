@@ -13,24 +13,13 @@ use sluice_testkit::RedisServer;
 /// The `now` every bench check passes (the app clock, fixed: windows never close).
 pub(crate) const NOW: u64 = 1_700_000_000_000;
 
-/// Whether to measure: Redis is installed and the binary runs as `--bench`, not listed or
-/// smoke-tested by a test runner (then there is nothing to measure).
+/// What a bench measures on, unless there is nothing to measure
+/// ([`sluice_testkit::bench_seconds`]): the seconds each measured run takes
+/// (`SLUICE_BENCH_SECS`, 5 by default), a server and the runtime.
 #[allow(dead_code)] // not every bench including this module calls it
-pub(crate) fn measuring() -> bool {
-    if !sluice_testkit::require_redis() {
-        return false;
-    }
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list" || a == "--test")
-}
-
-/// The seconds each measured run takes: `SLUICE_BENCH_SECS`, 5 by default.
-#[allow(dead_code)] // not every bench including this module calls it
-pub(crate) fn secs() -> u64 {
-    std::env::var("SLUICE_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
+pub(crate) fn start() -> Option<(u64, RedisServer, tokio::runtime::Runtime)> {
+    let secs = sluice_testkit::bench_seconds(5)?;
+    Some((secs, RedisServer::start().unwrap(), runtime()))
 }
 
 /// The runtime the benches drive their load on: two worker threads.
