@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use regions_support::{Settings, World, now_ms, steady};
+use regions_support::{Run, Settings, World, now_ms, steady};
 use sluice::{LimitSpec, Limiter, Op, Policy, ReserveConfig, Reserving, Store, StoreExt};
 use sluice_redis::{
     Fallback, RedisConfig, RegionsConfig, RegionsError, RegionsStore, RemoteRegion,
@@ -68,6 +68,41 @@ async fn wait_views_fresh(world: &World) {
     }
 }
 
+/// Three regions each checking `key` every 10 ms for 4.2 s: the run and its whole windows,
+/// every decision taken by the store and every window within `max` plus the stated bound.
+async fn bounded_run(
+    world: &World,
+    p: &Policy,
+    key: &str,
+    max: u64,
+    label: &str,
+) -> (Run, Vec<(u64, u64)>) {
+    let interval = Duration::from_millis(10);
+    let run = steady(world, p, key, interval, Duration::from_millis(4_200)).await;
+    let bound = run.bound(3, world.settings.refresh);
+    let windows = run.whole_windows();
+    println!(
+        "{label}: rate {:.0}/s per region, lag ≤ {:?}, view age ≤ {:?}, admitted per window {windows:?}, bound {bound:.1}",
+        run.rate_per_region, run.max_lag, run.max_view_age
+    );
+    assert_eq!(
+        (run.errors, run.degraded),
+        (0, 0),
+        "{label}: every decision by the store"
+    );
+    assert!(
+        windows.len() >= 2,
+        "{label}: at least two whole windows: {windows:?}"
+    );
+    for &(w, admitted) in &windows {
+        assert!(
+            admitted as f64 <= max as f64 + bound,
+            "{label}, window {w}: {admitted} admitted, above {max} + {bound:.1}"
+        );
+    }
+    (run, windows)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_regions_admit_within_the_stated_bound_for_three_refresh_intervals() {
     if !sluice_testkit::require_redis() {
@@ -78,34 +113,9 @@ async fn healthy_regions_admit_within_the_stated_bound_for_three_refresh_interva
     for refresh in [50, 100, 200] {
         let world = World::start(Settings::new(refresh, 3_000, Fallback::LocalShare)).await;
         // 100 requests a second in each region: 300 a second against 100 per window.
-        let run = steady(
-            &world,
-            &p,
-            "user:1",
-            Duration::from_millis(10),
-            Duration::from_millis(4_200),
-        )
-        .await;
-        let bound = run.bound(3, world.settings.refresh);
-        let windows = run.whole_windows();
-        println!(
-            "refresh {refresh} ms: rate {:.0}/s per region, lag ≤ {:?}, view age ≤ {:?}, admitted per window {windows:?}, bound {bound:.1}",
-            run.rate_per_region, run.max_lag, run.max_view_age
-        );
-        assert_eq!(
-            (run.errors, run.degraded),
-            (0, 0),
-            "every decision by the store"
-        );
-        assert!(
-            windows.len() >= 2,
-            "at least two whole windows: {windows:?}"
-        );
+        let label = format!("refresh {refresh} ms");
+        let (_, windows) = bounded_run(&world, &p, "user:1", max, &label).await;
         for (w, admitted) in windows {
-            assert!(
-                admitted as f64 <= max as f64 + bound,
-                "refresh {refresh} ms, window {w}: {admitted} admitted, above {max} + {bound:.1}"
-            );
             // The views never count more than the other regions used, so the limit is used.
             assert!(
                 admitted >= max,
@@ -127,33 +137,13 @@ async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_ove
     let mut over = Vec::new();
     for delay in [0, 300] {
         world.set_delay(Duration::from_millis(delay));
-        let run = steady(
-            &world,
-            &p,
-            &format!("delay:{delay}"),
-            Duration::from_millis(10),
-            Duration::from_millis(4_200),
-        )
-        .await;
-        let bound = run.bound(3, world.settings.refresh);
-        let windows = run.whole_windows();
-        println!(
-            "delay {delay} ms: lag ≤ {:?}, admitted per window {windows:?}, bound {bound:.1}",
-            run.max_lag
-        );
-        assert_eq!((run.errors, run.degraded), (0, 0));
-        assert!(windows.len() >= 2, "{windows:?}");
+        let label = format!("delay {delay} ms");
+        let (run, windows) = bounded_run(&world, &p, &format!("delay:{delay}"), max, &label).await;
         if delay > 0 {
             assert!(
                 run.max_lag >= Duration::from_millis(delay),
                 "the lag seen ({:?}) includes the delay",
                 run.max_lag
-            );
-        }
-        for &(w, admitted) in &windows {
-            assert!(
-                admitted as f64 <= max as f64 + bound,
-                "delay {delay} ms, window {w}: {admitted} admitted, above {max} + {bound:.1}"
             );
         }
         over.push(
