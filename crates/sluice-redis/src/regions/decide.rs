@@ -204,42 +204,23 @@ mod tests {
         assert_ne!(e, effective_policy(&p, &[0; 4]).expect("valid"));
     }
 
+    /// Without known usage: a share, all or nothing. The share is of what the others were
+    /// not known to use: 10 − 4 = 6 left, 2 each of 3 regions; a spent limit leaves nothing
+    /// (the offset is `max`: saturated).
     #[test]
-    fn fallback_offsets_leave_a_share_all_or_nothing() {
+    fn fallback_offsets_leave_a_share_of_what_is_left_all_or_nothing() {
         let p = policy();
-        let none = [0; MAX_LIMITS_PER_POLICY];
-        assert_eq!(
-            fallback_offsets(&p, Fallback::LocalShare, 3, &none)[..2],
-            [7, 67]
-        );
-        assert_eq!(
-            fallback_offsets(&p, Fallback::LocalOnly, 3, &none)[..2],
-            [0, 0]
-        );
-        assert_eq!(
-            fallback_offsets(&p, Fallback::Closed, 3, &none)[..2],
-            [10, 100]
-        );
-    }
-
-    /// The share is of what the others were not known to use: 10 − 4 = 6 left, 2 each of 3
-    /// regions; a spent limit leaves nothing (the offset is `max`: saturated).
-    #[test]
-    fn local_share_splits_what_is_left_after_the_known_usage() {
-        let p = policy();
-        let known = [4, 100, 0, 0];
-        assert_eq!(
-            fallback_offsets(&p, Fallback::LocalShare, 3, &known)[..2],
-            [8, 100]
-        );
-        let over = [12, 250, 0, 0];
-        assert_eq!(
-            fallback_offsets(&p, Fallback::LocalShare, 3, &over)[..2],
-            [10, 100]
-        );
-        assert_eq!(
-            fallback_offsets(&p, Fallback::LocalOnly, 3, &known)[..2],
-            [0, 0]
-        );
+        let (none, known, over) = ([0; 4], [4, 100, 0, 0], [12, 250, 0, 0]);
+        for (mode, usage, expected) in [
+            (Fallback::LocalShare, none, [7, 67]),
+            (Fallback::LocalOnly, none, [0, 0]),
+            (Fallback::Closed, none, [10, 100]),
+            (Fallback::LocalShare, known, [8, 100]),
+            (Fallback::LocalShare, over, [10, 100]),
+            (Fallback::LocalOnly, known, [0, 0]),
+        ] {
+            let offsets = fallback_offsets(&p, mode, 3, &usage);
+            assert_eq!(offsets[..2], expected, "{mode} with {usage:?}");
+        }
     }
 }
