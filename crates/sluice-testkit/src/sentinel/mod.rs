@@ -35,8 +35,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::Value;
-
 use crate::wait::with_last_seen;
 use crate::{Error, RedisServer, ReplicaSet, ServerOptions, wait_until};
 
@@ -151,15 +149,14 @@ impl SentinelGroup {
     /// The primary's port, as the first reachable sentinel that answers reports it
     /// (`SENTINEL get-master-addr-by-name`): its TLS port when the group serves TLS.
     pub fn current_primary_port(&self) -> Result<u16, Error> {
-        let mut last_error = None;
-        for sentinel in self.sentinels.iter().filter(|s| s.is_reachable()) {
-            match self.master_addr(sentinel) {
-                Ok(port) => return Ok(port),
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error
-            .unwrap_or_else(|| Error::InvalidArgument("no sentinel is reachable".to_owned())))
+        let (ports, problems) = self.reported_primaries();
+        ports
+            .first()
+            .copied()
+            .ok_or_else(|| Error::UnexpectedReply {
+                context: format!("the primary of {:?}", self.master_name),
+                reply: problems.join("; "),
+            })
     }
 
     /// Polls until every reachable sentinel (running and not paused) reports the same
@@ -185,7 +182,7 @@ impl SentinelGroup {
     }
 
     /// After the primary on `from_port` was paused or killed: polls until every reachable
-    /// sentinel reports the same primary on another port and that data node answers `ROLE`
+    /// sentinel reports the same primary on another port and that data node reports its role
     /// as a master, for at most `timeout`. Returns the new primary's port.
     pub fn wait_failover(&self, from_port: u16, timeout: Duration) -> Result<u16, Error> {
         let mut last_seen = String::new();
@@ -216,14 +213,14 @@ impl SentinelGroup {
                         reply: format!("port {port}, which is no data node of this group"),
                     });
                 };
-                match role(node) {
-                    Ok(role) if role == "master" => {
+                match node.info_field("replication", "role") {
+                    Ok(Some(role)) if role == "master" => {
                         new_port = Some(port);
                         Ok(true)
                     }
                     Ok(role) => {
                         last_seen =
-                            format!("the sentinels report port {port}, whose ROLE is {role}");
+                            format!("the sentinels report port {port}, whose role is {role:?}");
                         Ok(false)
                     }
                     Err(e) => {
@@ -376,23 +373,6 @@ fn is_healthy(entries: &[HashMap<String, String>], port: u16, link: Option<&str>
                 .split(',')
                 .any(|f| matches!(f, "s_down" | "o_down" | "disconnected"))
             && link.is_none_or(|link| field("master-link-status") == Some(link))
-    })
-}
-
-/// The first element of `ROLE`: `master`, `slave` or `sentinel`.
-fn role(node: &RedisServer) -> Result<String, Error> {
-    let reply = node.cmd(&["ROLE"])?;
-    match &reply {
-        Value::Array(items) => match items.first() {
-            Some(Value::BulkString(role)) => Some(String::from_utf8_lossy(role).into_owned()),
-            Some(Value::SimpleString(role)) => Some(role.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
-    .ok_or_else(|| Error::UnexpectedReply {
-        context: format!("`ROLE` on {}", node.addr()),
-        reply: format!("{reply:?}"),
     })
 }
 
