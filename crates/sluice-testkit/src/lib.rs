@@ -102,40 +102,6 @@
 //! Library functions return [`Error`]; a server that exits or never answers reports the last
 //! lines of its log. Tests may `unwrap()` freely.
 
-/// Builder methods that each set one field: `/// doc`, then `field: Type`, for each.
-macro_rules! setters {
-    ($($(#[$doc:meta])* $field:ident: $ty:ty),* $(,)?) => {
-        $(
-            $(#[$doc])*
-            pub fn $field(mut self, $field: $ty) -> Self {
-                self.$field = $field;
-                self
-            }
-        )*
-    };
-}
-
-/// The builder methods `arg` and `args` that append to the field `args`, each with its doc.
-macro_rules! arg_setters {
-    ($(#[$one:meta])* arg, $(#[$many:meta])* args) => {
-        $(#[$one])*
-        pub fn arg(mut self, arg: impl Into<std::ffi::OsString>) -> Self {
-            self.args.push(arg.into());
-            self
-        }
-
-        $(#[$many])*
-        pub fn args<I, S>(mut self, args: I) -> Self
-        where
-            I: IntoIterator<Item = S>,
-            S: Into<std::ffi::OsString>,
-        {
-            self.args.extend(args.into_iter().map(Into::into));
-            self
-        }
-    };
-}
-
 pub mod cluster;
 mod error;
 mod info;

@@ -59,11 +59,16 @@ impl ServerOptions {
         self
     }
 
-    arg_setters! {
-        /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
-        arg,
-        /// Extra arguments.
-        args
+    /// One extra argument, e.g. `"--maxmemory"` then `"10mb"`.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Extra arguments.
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
     }
 
     /// Replicate the server on `127.0.0.1:port` (`--replicaof 127.0.0.1 <port>`).

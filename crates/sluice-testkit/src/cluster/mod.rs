@@ -34,7 +34,7 @@
 //! is down and not yet replaced, every node then reports `cluster_state:fail` and refuses
 //! all commands, and `cluster_state:ok` on every node means the failover is complete. With
 //! `no`, "ok" would say nothing about the lost slots. A test of partial availability can pass
-//! `--cluster-require-full-coverage no` through [`ClusterOptions::arg`] (later arguments win).
+//! `--cluster-require-full-coverage no` through [`ClusterOptions::args`] (later arguments win).
 //!
 //! # Which replica took over
 //!

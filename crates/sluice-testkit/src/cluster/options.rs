@@ -41,16 +41,16 @@ impl ClusterOptions {
         Self::default()
     }
 
-    setters! {
-        /// The number of replicas of each primary (0 for none: no failover is then possible).
-        replicas_per_primary: usize,
+    /// The number of replicas of each primary (0 for none: no failover is then possible).
+    pub fn replicas_per_primary(mut self, replicas_per_primary: usize) -> Self {
+        self.replicas_per_primary = replicas_per_primary;
+        self
     }
 
-    arg_setters! {
-        /// One extra argument for every node, after the kit's (so it can override them).
-        arg,
-        /// Extra arguments for every node.
-        args
+    /// Extra arguments for every node, after the kit's (so they can override them).
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
     }
 
     /// Every node also serves TLS, on a port of its own

@@ -47,13 +47,22 @@ impl SentinelOptions {
         Self::default()
     }
 
-    setters! {
-        /// The number of replicas (at least 1, or there is nothing to fail over to).
-        replicas: usize,
-        /// The number of sentinels (at least 1).
-        sentinels: usize,
-        /// How many sentinels must agree the primary is down (1 to the number of sentinels).
-        quorum: usize,
+    /// The number of replicas (at least 1, or there is nothing to fail over to).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
+    /// The number of sentinels (at least 1).
+    pub fn sentinels(mut self, sentinels: usize) -> Self {
+        self.sentinels = sentinels;
+        self
+    }
+
+    /// How many sentinels must agree the primary is down (1 to the number of sentinels).
+    pub fn quorum(mut self, quorum: usize) -> Self {
+        self.quorum = quorum;
+        self
     }
 
     /// The name the sentinels monitor the primary under (default `mymaster`).
