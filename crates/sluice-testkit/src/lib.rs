@@ -125,13 +125,14 @@ pub use info::parse_info_field;
 pub use join::join_in_order;
 pub use options::{ServerOptions, acl_user};
 pub use presence::{REQUIRE_REDIS_ENV, bench_seconds, require_redis};
+pub use process::READY_TIMEOUT;
 pub use proxy::DelayProxy;
 pub use replica::{ReplicaSet, SYNC_TIMEOUT};
 pub use sentinel::{
     DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_TIMEOUT, SentinelGroup, SentinelOptions,
 };
 pub use server::{
-    CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, READY_TIMEOUT, RedisServer, free_port,
+    CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, RedisServer, free_port,
 };
 pub use tls::TlsCerts;
 pub use wait::{POLL_INTERVAL, wait_until};

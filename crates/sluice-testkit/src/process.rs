@@ -5,16 +5,17 @@
 //! through [`spawn_ready`]. Helper programs that run to completion (`redis-cli --cluster
 //! create`) go through [`run_tool`].
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use crate::server::READY_TIMEOUT;
-use crate::{Error, ServerOptions, info::parse_info_field, wait_until};
+use crate::{Error, info::parse_info_field, wait_until};
 
+/// The default deadline for a server to answer `PING`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The server's log file inside its directory.
 pub(crate) const LOG_FILE: &str = "redis.log";
 /// Where the server's stderr goes (startup errors that happen before the log file is open,
@@ -113,19 +114,19 @@ fn base_args(port: u16, dir: &Path) -> Vec<OsString> {
     args
 }
 
-/// Starts the process as `options` say in `dir` (with the config file first, Redis requires
-/// it there), on `port` and with `extra_ports` for its port flags, and returns once it
+/// Starts `program` in `dir` with the config file first (Redis requires it there), the kit's
+/// base arguments for `port`, then `args` (later ones win in Redis), and returns once it
 /// answers `PING` with `PONG` (and is the process answering). On any failure the process is
 /// killed before returning the error.
 ///
 /// Errors: [`Error::AddrInUse`] if a port was taken (the caller may retry),
 /// [`Error::ExitedEarly`] / [`Error::NotReady`] with the log tail otherwise.
 pub(crate) fn spawn_ready(
-    options: &ServerOptions,
+    program: &OsStr,
     dir: &Path,
     config_file: Option<&Path>,
     port: u16,
-    extra_ports: &[u16],
+    args: &[OsString],
 ) -> Result<ManagedChild, Error> {
     let addr = format!("127.0.0.1:{port}");
     let log = log_path(dir);
@@ -139,22 +140,19 @@ pub(crate) fn spawn_ready(
         .open(&stderr_file)
         .map_err(|e| Error::io(format!("opening {}", stderr_file.display()), e))?;
 
-    let mut command = Command::new(&options.program);
-    command
+    let child = Command::new(program)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
         .args(config_file)
         .args(base_args(port, dir))
-        .args(&options.args);
-    for (flag, port) in options.port_flags.iter().zip(extra_ports) {
-        command.arg(flag).arg(port.to_string());
-    }
-    let child = command.spawn().map_err(|source| Error::Spawn {
-        program: options.program.to_string_lossy().into_owned(),
-        source,
-    })?;
+        .args(args)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            source,
+        })?;
     let mut child = ManagedChild {
         child,
         reaped: false,

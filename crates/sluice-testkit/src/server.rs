@@ -15,8 +15,6 @@ use crate::{Error, parse_info_field, wait_until};
 /// How many fresh ports a start tries before giving up (another process can take a free port
 /// between the moment the kit sees it free and the moment the server binds it).
 pub const PORT_ATTEMPTS: usize = 5;
-/// The default deadline for a server to answer `PING`.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connect timeout of [`RedisServer::connection`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Read and write timeout of [`RedisServer::connection`].
@@ -391,9 +389,12 @@ impl RedisServer {
         loop {
             attempt += 1;
             ports(self)?;
-            let dir = self.dir.path();
-            let (config, port) = (self.config_file.as_deref(), self.port);
-            match process::spawn_ready(&self.options, dir, config, port, &self.extra_ports) {
+            let mut args = self.options.args.clone();
+            for (flag, port) in self.options.port_flags.iter().zip(&self.extra_ports) {
+                args.extend([flag.into(), port.to_string().into()]);
+            }
+            let (dir, config) = (self.dir.path(), self.config_file.as_deref());
+            match process::spawn_ready(&self.options.program, dir, config, self.port, &args) {
                 Ok(child) => {
                     self.child = Some(child);
                     return Ok(());
@@ -508,8 +509,8 @@ mod tests {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap();
-        let err =
-            process::spawn_ready(&ServerOptions::new(), dir.path(), None, port, &[]).unwrap_err();
+        let program = std::ffi::OsStr::new("redis-server");
+        let err = process::spawn_ready(program, dir.path(), None, port, &[]).unwrap_err();
         match err {
             Error::AddrInUse { addr, log_tail } => {
                 assert_eq!(addr, format!("127.0.0.1:{port}"));

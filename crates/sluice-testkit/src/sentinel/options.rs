@@ -3,6 +3,19 @@
 use super::{DOWN_AFTER, FAILOVER_TIMEOUT, SentinelGroup};
 use crate::Error;
 
+/// Builder methods that each set one count: `/// doc`, then the field, for each.
+macro_rules! counts {
+    ($($(#[$doc:meta])* $field:ident),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, $field: usize) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 /// How to run a [`SentinelGroup`].
 ///
 /// ```no_run
@@ -47,22 +60,13 @@ impl SentinelOptions {
         Self::default()
     }
 
-    /// The number of replicas (at least 1, or there is nothing to fail over to).
-    pub fn replicas(mut self, replicas: usize) -> Self {
-        self.replicas = replicas;
-        self
-    }
-
-    /// The number of sentinels (at least 1).
-    pub fn sentinels(mut self, sentinels: usize) -> Self {
-        self.sentinels = sentinels;
-        self
-    }
-
-    /// How many sentinels must agree the primary is down (1 to the number of sentinels).
-    pub fn quorum(mut self, quorum: usize) -> Self {
-        self.quorum = quorum;
-        self
+    counts! {
+        /// The number of replicas (at least 1, or there is nothing to fail over to).
+        replicas,
+        /// The number of sentinels (at least 1).
+        sentinels,
+        /// How many sentinels must agree the primary is down (1 to the number of sentinels).
+        quorum,
     }
 
     /// The name the sentinels monitor the primary under (default `mymaster`).
