@@ -21,55 +21,49 @@ impl Failure {
         }
     }
 
+    /// Whether the client or the server reported an error that `is` says yes to (a timeout
+    /// is no such error).
+    fn redis_error_is(&self, is: impl FnOnce(&RedisError) -> bool) -> bool {
+        matches!(self, Failure::Redis(e) if is(e))
+    }
+
     /// Whether the node may no longer be the primary, or be gone: worth asking Sentinel.
     pub(crate) fn suggests_failover(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => true,
-            Failure::Redis(e) => {
+        matches!(self, Failure::Timeout(_))
+            || self.redis_error_is(|e| {
                 e.is_io_error()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     || e.is_timeout()
                     || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
-            }
-        }
+            })
     }
 
     /// Whether a Cluster's slot map may be stale: what suggests a failover, and the Cluster's
     /// own `CLUSTERDOWN` or a slot without a connection.
     pub(crate) fn suggests_new_slots(&self) -> bool {
         self.suggests_failover()
-            || match self {
-                Failure::Timeout(_) => false,
-                Failure::Redis(e) => {
-                    e.kind() == ErrorKind::ClusterConnectionNotFound
-                        || e.code() == Some("CLUSTERDOWN")
-                }
-            }
+            || self.redis_error_is(|e| {
+                e.kind() == ErrorKind::ClusterConnectionNotFound || e.code() == Some("CLUSTERDOWN")
+            })
     }
 
     /// Whether the node refused to log in (wrong password, a disabled or deleted ACL user).
     pub(crate) fn is_login_refused(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => false,
-            Failure::Redis(e) => {
-                e.kind() == ErrorKind::AuthenticationFailed
-                    || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
-            }
-        }
+        self.redis_error_is(|e| {
+            e.kind() == ErrorKind::AuthenticationFailed
+                || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+        })
     }
 
     /// Whether nothing ran because the node does not have the code (`NOSCRIPT`, or
     /// `ERR Function not found`): load it and try again.
     pub(crate) fn is_code_missing(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => false,
-            Failure::Redis(e) => {
-                e.code() == Some("NOSCRIPT")
-                    || e.detail().is_some_and(|d| d.contains("Function not found"))
-                    || e.to_string().contains("Function not found")
-            }
-        }
+        self.redis_error_is(|e| {
+            e.code() == Some("NOSCRIPT")
+                || e.detail().is_some_and(|d| d.contains("Function not found"))
+                || e.to_string().contains("Function not found")
+        })
     }
 }
 
