@@ -115,8 +115,26 @@ pub(crate) fn node(
     tls: Option<&redis::TlsCertificates>,
     timeout: Duration,
 ) -> Result<Node, StoreError> {
+    let client = client(url, tls)?;
     // Only the redacted URL is kept: it is what errors and logs show.
-    node_from_client(redact(url), client(url, tls)?, timeout)
+    let url = redact(url);
+    // Reconnect quickly: a restarted node must be usable again well within a second. The
+    // circuit breaker, not the connection, is what spares a dead node its traffic.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+        .set_response_timeout(None)
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100));
+    let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+        .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
+    Ok(Node {
+        url,
+        client,
+        config,
+        conn: RwLock::new(conn),
+        renewed: Mutex::new(None),
+    })
 }
 
 /// A client for `url`, with `tls`'s certificates if it is a `rediss://` URL.
@@ -153,26 +171,6 @@ pub(crate) fn certificates(
         .as_ref()
         .map(|t| t.load().map_err(StoreError::Backend))
         .transpose()
-}
-
-fn node_from_client(url: String, client: Client, timeout: Duration) -> Result<Node, StoreError> {
-    // Reconnect quickly: a restarted node must be usable again well within a second. The
-    // circuit breaker, not the connection, is what spares a dead node its traffic.
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-        .set_response_timeout(None)
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(100));
-    let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-        .map_err(|e| StoreError::Unavailable(format!("{url}: {e}")))?;
-    Ok(Node {
-        url,
-        client,
-        config,
-        conn: RwLock::new(conn),
-        renewed: Mutex::new(None),
-    })
 }
 
 #[cfg(test)]
