@@ -28,8 +28,9 @@ struct HeadTimer {
 }
 
 impl hyper::rt::Timer for HeadTimer {
+    /// A plain sleep, for any other use hyper might make of its timer.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(PlainSleep(Box::pin(tokio::time::sleep(duration))))
+        hyper::rt::Timer::sleep(&hyper_util::rt::TokioTimer::new(), duration)
     }
 
     fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
@@ -47,19 +48,6 @@ impl hyper::rt::Timer for HeadTimer {
     }
 }
 
-/// A plain sleep, for any other use hyper might make of its timer.
-struct PlainSleep(Pin<Box<tokio::time::Sleep>>);
-
-impl Future for PlainSleep {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.as_mut().poll(cx)
-    }
-}
-
-impl hyper::rt::Sleep for PlainSleep {}
-
 /// The deadline of a request head: `idle_timeout` after the connection started waiting for
 /// it while nothing has arrived, `header_timeout` after its first byte once one has.
 struct HeadSleep {
@@ -74,7 +62,7 @@ impl Future for HeadSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let started = self.activity.first_since_mark();
+        let started = *self.activity.first();
         let deadline = match started {
             Some(first) => first + self.limits.header_timeout,
             None => self.armed + self.limits.idle_timeout,
