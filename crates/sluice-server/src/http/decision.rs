@@ -6,8 +6,9 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
 use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, Policy};
 
@@ -18,44 +19,15 @@ use crate::state::Shared;
 
 // ----- decisions ----------------------------------------------------------------------------
 
-pub(super) async fn check(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Check, &headers, body).await
-}
-
-pub(super) async fn peek(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Peek, &headers, body).await
-}
-
-pub(super) async fn acquire(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Acquire, &headers, body).await
-}
-
-pub(super) async fn release(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Release, &headers, body).await
-}
-
-pub(super) async fn refund(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Refund, &headers, body).await
+/// The route of one decision endpoint: `POST` a body, answered by [`answer`].
+pub(super) fn decide(op: Endpoint) -> MethodRouter<Arc<Shared>> {
+    post(
+        move |State(s): State<Arc<Shared>>,
+              TraceHeaders(headers): TraceHeaders,
+              body: Result<Bytes, BytesRejection>| async move {
+            answer(&s, op, &headers, body).await
+        },
+    )
 }
 
 /// The caller's trace context (`traceparent`, `tracestate`), copied from the request only when
@@ -356,15 +328,7 @@ pub(super) fn decision_response_with(
         released: matches!(extra, Extra::Released).then_some(d.cost > 0),
     };
     // A one-limit decision body is about 270 bytes: written without growing the buffer.
-    let mut bytes = Vec::with_capacity(384);
-    let mut response = match serde_json::to_writer(&mut bytes, &body) {
-        Ok(()) => (status, bytes).into_response(),
-        Err(e) => return ApiError::Internal(e.to_string()).into_response(),
-    };
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut response = (status, axum::Json(body)).into_response();
     add_headers(response.headers_mut(), policy, d);
     response
 }

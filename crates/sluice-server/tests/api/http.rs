@@ -426,8 +426,7 @@ async fn the_openapi_document_matches_the_routes() {
         }
     }
     documented.sort();
-    let mut routes: Vec<String> = sluice_server::http::ROUTES
-        .iter()
+    let mut routes: Vec<String> = sluice_server::http::routes()
         .map(|(m, p)| format!("{m} {p}"))
         .collect();
     routes.sort();

@@ -200,8 +200,7 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         check(&client, &server.url).await.unwrap().status(),
         StatusCode::OK
     );
-    let public = sluice_server::http::ADMIN_ROUTES
-        .iter()
+    let public = sluice_server::http::admin_routes()
         .map(|(method, path)| {
             let url = format!("{}{}", server.url, path.replace("{policy}/{key}", "api/k"));
             client.request(method.parse().unwrap(), url).json(&body)
