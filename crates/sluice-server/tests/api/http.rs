@@ -150,7 +150,7 @@ async fn peek_refund_forget_and_policies() {
     assert_eq!(body["policies"][2]["limits"][0]["burst"], json!(20));
 
     for path in ["/healthz", "/readyz"] {
-        let r = c.get(format!("{}{path}", s.url)).send().await.unwrap();
+        let r = support::send(c.get(format!("{}{path}", s.url))).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
         assert_eq!(
             header(&r, "content-type").as_deref(),
@@ -235,7 +235,7 @@ async fn every_error_is_json_with_the_right_status() {
     )
     .await;
     let huge = format!(r#"{{"policy": "api", "key": "{}"}}"#, "k".repeat(70 * 1024));
-    let r = c.post(check.clone()).body(huge).send().await.unwrap();
+    let r = support::send(c.post(check.clone()).body(huge)).await;
     error_of(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     // Nothing above was counted.
     let r = s.post(&c, "/v1/peek", asking("api", "k", 0)).await;
@@ -402,12 +402,11 @@ async fn the_openapi_document_matches_the_routes() {
         let concrete = path.replace("{policy}", "api").replace("{key}", "some/key");
         for method in ["get", "post", "put", "delete", "patch"] {
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let r = c
-                .request(m, format!("{}{concrete}", s.url))
-                .json(&json!({"policy": "api", "key": "k"}))
-                .send()
-                .await
-                .unwrap();
+            let r = support::send(
+                c.request(m, format!("{}{concrete}", s.url))
+                    .json(&json!({"policy": "api", "key": "k"})),
+            )
+            .await;
             if ops.get(method).is_some() {
                 documented.push(format!("{} {path}", method.to_uppercase()));
                 assert!(
@@ -524,14 +523,10 @@ async fn a_thousand_malformed_requests_get_no_5xx() {
 /// the 429, readiness, and readiness failing while the primary is stalled.
 #[tokio::test]
 async fn the_api_over_a_redis_store() {
-    let Some(redis) = support::redis() else {
+    let closed = CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n");
+    let Some((redis, config)) = support::with_redis(&format!("{closed}\n"), "200ms") else {
         return;
     };
-    let config = format!(
-        "{}\n{}",
-        CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n"),
-        support::redis_store(&redis, "200ms")
-    );
     let s = start(&config).await;
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
@@ -720,7 +715,7 @@ async fn admin_routes_need_a_bearer_token() {
             if let Some(a) = auth {
                 req = req.header("authorization", a);
             }
-            let r = req.send().await.unwrap();
+            let r = support::send(req).await;
             assert_eq!(
                 r.status(),
                 StatusCode::UNAUTHORIZED,
@@ -740,7 +735,7 @@ async fn admin_routes_need_a_bearer_token() {
         if *method == reqwest::Method::POST {
             req = req.json(&body);
         }
-        let r = req.send().await.unwrap();
+        let r = support::send(req).await;
         assert!(r.status().is_success(), "{method} {path}: {}", r.status());
     }
     // The admin calls took effect (refund, then forget): the key is whole again.
@@ -759,12 +754,7 @@ async fn the_admin_scheme_is_case_insensitive() {
     let policies = format!("{}/v1/policies", s.url);
     for scheme in ["Bearer", "bearer", "BEARER", "BeArEr"] {
         for value in [format!("{scheme} {TOKEN}"), format!("{scheme}   {TOKEN}")] {
-            let r = c
-                .get(&policies)
-                .header("authorization", &value)
-                .send()
-                .await
-                .unwrap();
+            let r = support::send(c.get(&policies).header("authorization", &value)).await;
             assert_eq!(r.status(), StatusCode::OK, "{value:?}");
         }
     }
@@ -774,12 +764,7 @@ async fn the_admin_scheme_is_case_insensitive() {
         format!("Bearer{TOKEN}"),
         TOKEN.to_owned(),
     ] {
-        let r = c
-            .get(&policies)
-            .header("authorization", &value)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.get(&policies).header("authorization", &value)).await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{value:?}");
     }
     s.stop().await;
@@ -792,7 +777,7 @@ async fn a_path_that_is_not_utf8_is_a_json_error() {
     let s = start(CONFIG).await;
     let c = Client::new();
     for path in ["/v1/keys/api/%ff", "/v1/keys/s%e9arch/k"] {
-        let r = c.delete(format!("{}{path}", s.url)).send().await.unwrap();
+        let r = support::send(c.delete(format!("{}{path}", s.url))).await;
         let message = error_of(r, StatusCode::BAD_REQUEST).await;
         assert!(message.contains("UTF-8"), "{path}: {message}");
     }
@@ -867,12 +852,7 @@ async fn a_body_naming_a_field_twice_is_refused() {
             "key",
         ),
     ] {
-        let r = c
-            .post(format!("{}{path}", s.url))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.post(format!("{}{path}", s.url)).body(body)).await;
         let m = error_of(r, StatusCode::BAD_REQUEST).await;
         assert!(
             m.contains(&format!("`{field}` is given twice")),
@@ -927,12 +907,7 @@ async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
             StatusCode::UNAUTHORIZED
         };
         assert_eq!(r.status(), expected, "{extra:?}");
-        let r = c
-            .get(format!("{}/metrics", s.url))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.get(format!("{}/metrics", s.url)).bearer_auth(TOKEN)).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert!(r.text().await.unwrap().contains("sluice_limit_max{"));
         s.stop().await;
@@ -977,12 +952,11 @@ async fn a_cross_site_browser_request_that_changes_state_is_refused() {
             assert_eq!(e["error"]["code"], "cross_site", "{e}");
         }
     }
-    let forget = c
-        .delete(format!("{}/v1/keys/api/victim", s.url))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
+    let forget = support::send(
+        c.delete(format!("{}/v1/keys/api/victim", s.url))
+            .header("origin", "https://evil.example"),
+    )
+    .await;
     assert_eq!(forget.status(), StatusCode::FORBIDDEN);
 
     let own = format!("http://{host}");
@@ -1001,12 +975,11 @@ async fn a_cross_site_browser_request_that_changes_state_is_refused() {
         assert_eq!(r.status(), StatusCode::OK, "{headers:?}");
     }
     // Reading is not refused: the answer does not reach another site's page without CORS.
-    let r = c
-        .get(format!("{}/healthz", s.url))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(
+        c.get(format!("{}/healthz", s.url))
+            .header("origin", "https://evil.example"),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }

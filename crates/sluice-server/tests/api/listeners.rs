@@ -200,13 +200,12 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         check(&client, &server.url).await.unwrap().status(),
         StatusCode::OK
     );
-    let public = sluice_server::http::admin_routes()
-        .map(|(method, path)| {
-            let url = format!("{}{}", server.url, path.replace("{policy}/{key}", "api/k"));
-            client.request(method.parse().unwrap(), url).json(&body)
-        });
+    let public = sluice_server::http::admin_routes().map(|(method, path)| {
+        let url = format!("{}{}", server.url, path.replace("{policy}/{key}", "api/k"));
+        client.request(method.parse().unwrap(), url).json(&body)
+    });
     for request in public {
-        let r = request.bearer_auth(TOKEN).send().await.unwrap();
+        let r = support::send(request.bearer_auth(TOKEN)).await;
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["code"], "admin_listener", "{e}");
@@ -219,11 +218,7 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         );
     }
     for path in ["/healthz", "/readyz", "/openapi.json"] {
-        let r = client
-            .get(format!("{}{path}", server.url))
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(client.get(format!("{}{path}", server.url))).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
     }
 
@@ -233,35 +228,25 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         refund().send().await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
-    let r = refund().bearer_auth(TOKEN).send().await.unwrap();
+    let r = support::send(refund().bearer_auth(TOKEN)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 2);
-    let r = client
-        .get(format!("{admin}/v1/policies"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(
+        client
+            .get(format!("{admin}/v1/policies"))
+            .bearer_auth(TOKEN),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
-    let r = client.get(format!("{admin}/metrics")).send().await.unwrap();
+    let r = support::send(client.get(format!("{admin}/metrics"))).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = client
-        .get(format!("{admin}/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(client.get(format!("{admin}/metrics")).bearer_auth(TOKEN)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("sluice_"));
     // One state behind both: the refund gave back the public check's unit, so both ports
     // peek the key as unused (a peek reports what would remain after one more request).
     for url in [&server.url, &admin] {
-        let r = client
-            .post(format!("{url}/v1/peek"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(client.post(format!("{url}/v1/peek")).json(&body)).await;
         assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 1, "{url}");
     }
     server.stop().await;

@@ -126,12 +126,7 @@ impl Fleet {
     }
 
     async fn readyz(&self) -> (StatusCode, Value) {
-        let r = self
-            .http
-            .get(format!("{}/readyz", self.first().url))
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(self.http.get(format!("{}/readyz", self.first().url))).await;
         (r.status(), r.json().await.unwrap())
     }
 

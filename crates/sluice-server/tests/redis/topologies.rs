@@ -23,7 +23,7 @@ policies:
 "#;
 
 async fn text(c: &Client, url: String) -> (StatusCode, String) {
-    let r = c.get(url).send().await.unwrap();
+    let r = support::send(c.get(url)).await;
     (r.status(), r.text().await.unwrap())
 }
 
@@ -221,13 +221,10 @@ async fn an_open_decision_carries_no_rate_limit_headers() {
 /// /metrics, and Redis sees a fraction of the calls; the window is still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_reservation_serves_hot_keys_from_memory() {
-    let Some(redis) = support::redis() else {
+    let hot = "policies:\n  hot:\n    limits:\n      - { max: 100, per: 1h }\nlocal:\n  enabled: true\n  batch: 0.1\n";
+    let Some((redis, config)) = support::with_redis(hot, "2s") else {
         return;
     };
-    let config = format!(
-        "policies:\n  hot:\n    limits:\n      - {{ max: 100, per: 1h }}\nlocal:\n  enabled: true\n  batch: 0.1\n{}",
-        support::redis_store(&redis, "2s")
-    );
     let s = TestServer::start(&config, &[]).await;
     let c = Client::new();
     let mut allowed = 0;
