@@ -114,12 +114,14 @@ pub(super) async fn answer(
             } else {
                 StatusCode::OK
             };
-            let extra = match op {
-                Endpoint::Acquire => Extra::Lease(lease),
-                Endpoint::Release => Extra::Released,
-                _ => Extra::None,
-            };
-            Ok(decision_response_with(status, policy, &req.key, &d, extra))
+            let released = op == Endpoint::Release;
+            Ok(decision_response_with(
+                status,
+                policy,
+                &req.key,
+                &d,
+                (lease, released),
+            ))
         }
         Err(LimitError::Store(e)) => {
             span.finish(Outcome::Error.as_str(), Some(e.to_string()));
@@ -259,15 +261,6 @@ pub(super) struct LeaseBody {
     expires_ms: u64,
 }
 
-/// What an answer adds to the decision body.
-pub(super) enum Extra {
-    None,
-    /// `/v1/acquire`: the lease, when one was taken.
-    Lease(Option<sluice::Lease>),
-    /// `/v1/release`: `released`, from the decision's cost (the units freed).
-    Released,
-}
-
 /// One limit in a decision body.
 #[derive(serde::Serialize)]
 pub(super) struct LimitBody {
@@ -284,15 +277,17 @@ pub(super) struct LimitBody {
 
 /// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
 pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Decision) -> Response {
-    decision_response_with(status, policy, key, d, Extra::None)
+    decision_response_with(status, policy, key, d, (None, false))
 }
 
+/// [`decision_response`] with what an answer adds: the lease an `/v1/acquire` took, and for
+/// `/v1/release`, `released` (from the decision's cost, the units freed).
 pub(super) fn decision_response_with(
     status: StatusCode,
     policy: &Policy,
     key: &str,
     d: &Decision,
-    extra: Extra,
+    (lease, released): (Option<sluice::Lease>, bool),
 ) -> Response {
     let b = d.binding();
     let body = DecisionBody {
@@ -318,14 +313,11 @@ pub(super) fn decision_response_with(
                 retry_after_ms: s.retry_after_ms,
             })
             .collect(),
-        lease: match extra {
-            Extra::Lease(Some(l)) => Some(LeaseBody {
-                id: lease_text(l.id),
-                expires_ms: l.expires_ms,
-            }),
-            _ => None,
-        },
-        released: matches!(extra, Extra::Released).then_some(d.cost > 0),
+        lease: lease.map(|l| LeaseBody {
+            id: lease_text(l.id),
+            expires_ms: l.expires_ms,
+        }),
+        released: released.then_some(d.cost > 0),
     };
     // A one-limit decision body is about 270 bytes: written without growing the buffer.
     let mut response = (status, axum::Json(body)).into_response();

@@ -118,24 +118,19 @@ impl RateLimitQuotaService for RlqsService {
                 .streams
                 .open(peer, sluice::Clock::now_ms(shared.clock()));
             loop {
-                let next = tokio::select! {
-                    next = inbound.message() => Some(next),
-                    () = stopping(&mut stop) => None,
-                };
-                let Some(next) = next else {
-                    let _ = tx
-                        .send(Err(Status::unavailable(
-                            "sluice is shutting down; open the stream again",
-                        )))
-                        .await;
-                    break;
-                };
-                let reports = match next {
-                    Ok(Some(reports)) => reports,
-                    // The client closed its side, or the stream broke: nothing to answer.
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "rate limit quota stream ended");
+                let reports = tokio::select! {
+                    next = inbound.message() => match next {
+                        Ok(Some(reports)) => reports,
+                        // The client closed its side, or the stream broke: nothing to answer.
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "rate limit quota stream ended");
+                            break;
+                        }
+                    },
+                    () = stopping(&mut stop) => {
+                        let shutting = "sluice is shutting down; open the stream again";
+                        let _ = tx.send(Err(Status::unavailable(shutting))).await;
                         break;
                     }
                 };
