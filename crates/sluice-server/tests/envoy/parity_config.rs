@@ -22,14 +22,14 @@ use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 // Helpers.
 // ---------------------------------------------------------------------------------------------
 
-fn load(name: &str, yaml: &str) -> RlsConfig {
+pub(crate) fn load(name: &str, yaml: &str) -> RlsConfig {
     match RlsConfig::from_files(&[(name, yaml)]) {
         Ok(config) => config,
         Err(err) => panic!("{err}"),
     }
 }
 
-fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
+pub(crate) fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
     let options = LoadOptions {
         merge_domains,
         ..LoadOptions::default()
@@ -40,7 +40,7 @@ fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
     }
 }
 
-fn get(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Match {
+pub(crate) fn get(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Match {
     match config.get_limit(domain, entries) {
         Some(m) => m,
         None => panic!("no limit for {domain} {entries:?}"),
@@ -1213,7 +1213,7 @@ fn value_to_metric_statistics_keys_in_three_configurations() {
 // ---------------------------------------------------------------------------------------------
 
 /// The reference's `test/config/share_threshold.yaml`.
-const SHARE_THRESHOLD: &str = "\
+pub(crate) const SHARE_THRESHOLD: &str = "\
 domain: test-domain
 descriptors:
   - key: files

@@ -34,13 +34,16 @@ async fn serve(store: &str, files: &[(&str, &str)]) -> (TestServer, Client) {
     (TestServer::start(&config, files).await, Client::new())
 }
 
-/// [`serve`] over the one shard `redis`, with a 200 ms timeout.
-async fn one_shard(redis: &sluice_testkit::RedisServer) -> (TestServer, Client) {
+/// A real redis-server and [`serve`] over it, its one shard, with a 200 ms timeout; `None` as
+/// [`support::redis`].
+async fn one_shard() -> Option<(sluice_testkit::RedisServer, TestServer, Client)> {
+    let redis = support::redis()?;
     let shard = format!(
         "  shards:\n    - primary: {}\n  timeout: 200ms\n",
         redis.url()
     );
-    serve(&shard, &[]).await
+    let (s, c) = serve(&shard, &[]).await;
+    Some((redis, s, c))
 }
 
 /// `/readyz` answers `status`.
@@ -107,10 +110,9 @@ async fn the_api_over_sentinel() {
 /// used again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_policy_stays_limited_while_its_shard_is_down() {
-    let Some(mut redis) = support::redis() else {
+    let Some((mut redis, s, c)) = one_shard().await else {
         return;
     };
-    let (s, c) = one_shard(&redis).await;
     let (status, body) = check(&c, &s, "insured", "k").await;
     assert_eq!(
         (status, body["remaining"].as_u64()),
@@ -185,10 +187,9 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
 /// headers; the same check under `local` carries the insurance store's real numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_decision_carries_no_rate_limit_headers() {
-    let Some(mut redis) = support::redis() else {
+    let Some((mut redis, s, c)) = one_shard().await else {
         return;
     };
-    let (s, c) = one_shard(&redis).await;
     let post = |policy: &str| {
         c.post(format!("{}/v1/check", s.url))
             .json(&json!({"policy": policy, "key": "k"}))
