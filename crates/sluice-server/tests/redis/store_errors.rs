@@ -283,21 +283,25 @@ async fn out_of_memory() {
 
 const PASSWORD: &str = "store-errors-0123456789";
 
-fn server_with_alice() -> (RedisServer, String) {
+/// A redis-server with the ACL user alice, and the URL that logs in as her; `None` where Redis
+/// is absent and not required.
+fn server_with_alice() -> Option<(RedisServer, String)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
     let server = ServerOptions::new()
         .args(sluice_testkit::acl_user("alice", PASSWORD, "sluice:*"))
         .start()
         .unwrap();
     let url = format!("redis://alice:{PASSWORD}@127.0.0.1:{}", server.port());
-    (server, url)
+    Some((server, url))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_change() {
-    if !sluice_testkit::require_redis() {
+    let Some((redis, url)) = server_with_alice() else {
         return;
-    }
-    let (redis, url) = server_with_alice();
+    };
     let mut f = fleet(&shard(&url)).await;
     redis.cmd(&["ACL", "SETUSER", "alice", "-@all"]).unwrap();
     f.fails("noperm").await;
@@ -307,10 +311,9 @@ async fn an_acl_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_library_that_cannot_be_reloaded() {
-    if !sluice_testkit::require_redis() {
+    let Some((redis, url)) = server_with_alice() else {
         return;
-    }
-    let (redis, url) = server_with_alice();
+    };
     let mut f = fleet(&shard(&url)).await;
     // Reloaded at once when it can be.
     redis.cmd(&["FUNCTION", "FLUSH"]).unwrap();
