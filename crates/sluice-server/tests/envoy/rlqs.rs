@@ -618,17 +618,16 @@ async fn a_reconnected_stream_carries_on_from_the_store() {
     let r = again.report("edge", &[(&b, 99)]).await.unwrap();
     // 100 counted; the lost stream still counts as a holder for the window, so two share:
     // min(900 / 2, 500 / 2).
-    assert_eq!(seen(&r), [Seen::Tokens(250)]);
-    assert_eq!(peek_used(&server, "big", "route:a").await, 100);
+    let used = peek_used(&server, "big", "route:a").await;
+    assert_eq!((seen(&r), used), (vec![Seen::Tokens(250)], 100));
     server.stop().await;
 }
 
 #[tokio::test]
 async fn a_restarted_server_keeps_the_count_in_redis() {
-    let Some(redis) = support::redis() else {
+    let Some((_redis, config)) = support::with_redis(SHARES, "2s") else {
         return;
     };
-    let config = format!("{SHARES}{}", redis_store(&redis));
     let clock = ManualClock::new(T0);
     let b = bucket(&[("route", "a")]);
     let first = support::TestServer::start_with_clock(&config, &[], clock.clone()).await;

@@ -281,6 +281,22 @@ async fn out_of_memory() {
     f.recovers().await;
 }
 
+/// Sends `args` to `redis` from a thread of its own, on a connection that waits up to 60 s
+/// for the answer: for a command that keeps Redis busy.
+fn in_a_thread(
+    redis: &RedisServer,
+    args: &[&str],
+) -> std::thread::JoinHandle<redis::RedisResult<redis::Value>> {
+    let mut conn = redis
+        .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
+        .unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    std::thread::spawn(move || cmd.query::<redis::Value>(&mut conn))
+}
+
 const PASSWORD: &str = "store-errors-0123456789";
 
 /// A redis-server with the ACL user alice, and the URL that logs in as her; `None` where Redis
@@ -339,20 +355,9 @@ async fn a_busy_script() {
         .cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"])
         .unwrap();
     let mut f = fleet(&shard(&redis.url())).await;
-    let script = {
-        let mut conn = redis
-            .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
-            .unwrap();
-        std::thread::spawn(move || {
-            redis::cmd("EVAL")
-                .arg(
-                    "local t = redis.call('TIME')[1] \
-                     while redis.call('TIME')[1] - t < 50 do end return 1",
-                )
-                .arg(0)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
+    let spin =
+        "local t = redis.call('TIME')[1] while redis.call('TIME')[1] - t < 50 do end return 1";
+    let script = in_a_thread(&redis, &["EVAL", spin, "0"]);
     until("Redis to answer BUSY", || async {
         matches!(redis.cmd(&["PING"]), Err(e) if e.to_string().contains("BUSY"))
     })
@@ -370,17 +375,7 @@ async fn a_sleeping_server() {
     }
     let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]).unwrap();
     let mut f = fleet(&shard(&redis.url())).await;
-    let sleep = {
-        let mut conn = redis
-            .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
-            .unwrap();
-        std::thread::spawn(move || {
-            redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(12)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
+    let sleep = in_a_thread(&redis, &["DEBUG", "SLEEP", "12"]);
     until("Redis to sleep", || async {
         redis
             .connection_with_timeouts(Duration::from_secs(1), Duration::from_millis(200))
