@@ -137,13 +137,36 @@ enum Local {
         until: u64,
     },
     Tokens {
-        max: u32,
-        per_fill: u32,
-        fill_s: i64,
-        tokens: f64,
-        last: u64,
+        bucket: TokenBucket,
         until: u64,
     },
+}
+
+/// Envoy's AtomicTokenBucketImpl: `max` tokens, refilled continuously at `per_fill` every
+/// `fill_s` seconds; `tokens` as of `last`.
+#[derive(Debug, Clone, Copy)]
+struct TokenBucket {
+    max: u32,
+    per_fill: u32,
+    fill_s: i64,
+    tokens: f64,
+    last: u64,
+}
+
+impl TokenBucket {
+    /// Takes a token at `now`, if there is one.
+    fn take(&mut self, now: u64) -> bool {
+        let rate = f64::from(self.per_fill) / self.fill_s as f64;
+        self.tokens =
+            (self.tokens + (now - self.last) as f64 / 1_000.0 * rate).min(f64::from(self.max));
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 struct SimBucket {
@@ -206,25 +229,7 @@ impl Envoy {
             }
             Local::Allow { .. } => true,
             Local::Deny { .. } => false,
-            Local::Tokens {
-                max,
-                per_fill,
-                fill_s,
-                tokens,
-                last,
-                ..
-            } => {
-                // Envoy's AtomicTokenBucketImpl: a continuous refill at per_fill / fill_s.
-                let rate = f64::from(*per_fill) / *fill_s as f64;
-                *tokens = (*tokens + (now - *last) as f64 / 1_000.0 * rate).min(f64::from(*max));
-                *last = now;
-                if *tokens >= 1.0 {
-                    *tokens -= 1.0;
-                    true
-                } else {
-                    false
-                }
-            }
+            Local::Tokens { bucket, .. } => bucket.take(now),
         };
         if pass {
             bucket.allowed += 1;
@@ -284,29 +289,20 @@ impl Envoy {
                             let fill_s = tb.fill_interval.unwrap().seconds;
                             match old {
                                 // The same strategy: the bucket carries on, only the TTL moves.
-                                Local::Tokens {
-                                    max,
-                                    per_fill: p,
-                                    fill_s: f,
-                                    tokens,
-                                    last,
-                                    ..
-                                } if max == tb.max_tokens && p == per_fill && f == fill_s => {
-                                    Local::Tokens {
-                                        max,
-                                        per_fill,
-                                        fill_s,
-                                        tokens,
-                                        last,
-                                        until,
-                                    }
+                                Local::Tokens { bucket, .. }
+                                    if (bucket.max, bucket.per_fill, bucket.fill_s)
+                                        == (tb.max_tokens, per_fill, fill_s) =>
+                                {
+                                    Local::Tokens { bucket, until }
                                 }
                                 _ => Local::Tokens {
-                                    max: tb.max_tokens,
-                                    per_fill,
-                                    fill_s,
-                                    tokens: f64::from(tb.max_tokens),
-                                    last: now,
+                                    bucket: TokenBucket {
+                                        max: tb.max_tokens,
+                                        per_fill,
+                                        fill_s,
+                                        tokens: f64::from(tb.max_tokens),
+                                        last: now,
+                                    },
                                     until,
                                 },
                             }
