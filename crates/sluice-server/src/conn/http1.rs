@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::{Activity, ConnLimits, Incoming, ListenerEvents};
+use super::{Activity, ConnLimits, Incoming, ListenerEvents, poll_deadline};
 
 /// hyper's timer for one HTTP/1 connection. hyper asks a server connection's timer for one
 /// thing only: the header-read deadline, armed each time the connection starts waiting for a
@@ -67,11 +67,7 @@ impl Future for HeadSleep {
             Some(first) => first + self.limits.header_timeout,
             None => self.armed + self.limits.idle_timeout,
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        if self.sleep.deadline() != deadline {
-            self.sleep.as_mut().reset(deadline);
-        }
-        ready!(self.sleep.as_mut().poll(cx));
+        ready!(poll_deadline(&mut self.sleep, deadline, cx));
         let which = if started.is_some() { "header" } else { "idle" };
         self.series.timed_out(which);
         Poll::Ready(())

@@ -232,11 +232,7 @@ impl Conn {
             Some(first) if read < H2_PREFACE_LEN => (first + self.limits.header_timeout, "header"),
             Some(_) => (h2.last_read + self.limits.idle_timeout, "idle"),
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        if h2.sleep.deadline() != deadline {
-            h2.sleep.as_mut().reset(deadline);
-        }
-        if h2.sleep.as_mut().poll(cx).is_ready() {
+        if poll_deadline(&mut h2.sleep, deadline, cx).is_ready() {
             self.series.timed_out(which);
             let what = if which == "header" {
                 "the HTTP/2 preface did not arrive within listen.header_timeout"
@@ -247,6 +243,19 @@ impl Conn {
         }
         Ok(())
     }
+}
+
+/// Polls `sleep` towards `deadline`, moved there first when it has moved.
+fn poll_deadline(
+    sleep: &mut Pin<Box<tokio::time::Sleep>>,
+    deadline: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let deadline = tokio::time::Instant::from_std(deadline);
+    if sleep.deadline() != deadline {
+        sleep.as_mut().reset(deadline);
+    }
+    sleep.as_mut().poll(cx)
 }
 
 impl Drop for Conn {

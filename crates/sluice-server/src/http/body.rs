@@ -23,24 +23,14 @@ pub(super) enum Endpoint {
 }
 
 impl Endpoint {
-    pub(super) fn name(self) -> &'static str {
+    /// Its name in metrics, and the name of its span (docs/configuration.md#tracing).
+    pub(super) fn names(self) -> (&'static str, &'static str) {
         match self {
-            Endpoint::Check => "check",
-            Endpoint::Peek => "peek",
-            Endpoint::Refund => "refund",
-            Endpoint::Acquire => "acquire",
-            Endpoint::Release => "release",
-        }
-    }
-
-    /// The name of its span (docs/configuration.md#tracing).
-    pub(super) fn span_name(self) -> &'static str {
-        match self {
-            Endpoint::Check => "sluice.http.check",
-            Endpoint::Peek => "sluice.http.peek",
-            Endpoint::Refund => "sluice.http.refund",
-            Endpoint::Acquire => "sluice.http.acquire",
-            Endpoint::Release => "sluice.http.release",
+            Endpoint::Check => ("check", "sluice.http.check"),
+            Endpoint::Peek => ("peek", "sluice.http.peek"),
+            Endpoint::Refund => ("refund", "sluice.http.refund"),
+            Endpoint::Acquire => ("acquire", "sluice.http.acquire"),
+            Endpoint::Release => ("release", "sluice.http.release"),
         }
     }
 

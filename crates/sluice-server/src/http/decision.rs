@@ -86,10 +86,9 @@ pub(super) async fn answer(
     let Some(policy) = limiter.policy(&req.policy) else {
         return Err(unknown_policy(&req.policy, &snapshot));
     };
-    let span = shared.observe().traces.decision(
-        op.span_name(),
-        &opentelemetry_http::HeaderExtractor(headers),
-    );
+    let (op_name, span_name) = op.names();
+    let span = (shared.observe().traces)
+        .decision(span_name, &opentelemetry_http::HeaderExtractor(headers));
     span.set(|| {
         vec![
             opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
@@ -101,7 +100,6 @@ pub(super) async fn answer(
     });
     let started = std::time::Instant::now();
     let (result, lease) = span.around(ask(limiter, policy, op, &req)).await;
-    let op_name = op.name();
     let observe = shared.observe();
     observe.decision_took(op_name, crate::observe::Surface::Http, started);
     match result {
@@ -183,7 +181,7 @@ fn admitted(
     let observe = shared.observe();
     observe
         .metrics
-        .decision(policy.name_arc(), op.name(), outcome);
+        .decision(policy.name_arc(), op.names().0, outcome);
     if !op.admits() {
         return;
     }
