@@ -125,10 +125,10 @@ impl Rls {
             Ok(_) => Outcome::Allowed,
             Err(_) => Outcome::Error,
         };
-        match &answer {
-            Ok(_) => span.finish(outcome.as_str(), None),
-            Err(e) => span.finish(outcome.as_str(), Some(e.to_string())),
-        }
+        span.finish(
+            outcome.as_str(),
+            answer.as_ref().err().map(ToString::to_string),
+        );
         let metrics = &self.shared.observe().metrics;
         metrics.decision(&label, "should_rate_limit", outcome);
         answer
