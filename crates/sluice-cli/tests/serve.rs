@@ -143,7 +143,7 @@ fn without_an_admin_section_the_start_warning_names_every_admin_route() {
     let mut s = Serve::start(CONFIG);
     let line = s.logged("no admin section");
     assert!(line.contains("WARN"), "{line}");
-    for (method, path) in sluice_server::http::ADMIN_ROUTES {
+    for (method, path) in sluice_server::http::admin_routes() {
         assert!(
             line.contains(&format!("{method} {path}")),
             "{method} {path} is missing from: {line}"

@@ -111,8 +111,7 @@ fn serve_http(
 /// on the HTTP port (no admin listener, `None`), or on an admin listener bound to an address
 /// other than loopback. Every admin route, from the route table, answers anyone there.
 pub fn open_admin_warning(admin_listener: Option<std::net::SocketAddr>) -> String {
-    let routes: Vec<String> = http::ADMIN_ROUTES
-        .iter()
+    let routes: Vec<String> = http::admin_routes()
         .map(|(method, path)| format!("{method} {path}"))
         .collect();
     let reached = match admin_listener {

@@ -2,17 +2,12 @@
 //! with `content-type: application/json`. A leaf, so the connection loop (a 408) and the API
 //! answer in the same shape.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut r = (status, body.to_string()).into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    (status, axum::Json(body)).into_response()
 }
 
 /// An error answer.

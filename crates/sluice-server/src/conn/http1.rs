@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::{Activity, ConnLimits, Incoming, ListenerEvents};
+use super::{Activity, ConnLimits, Incoming, ListenerEvents, poll_deadline};
 
 /// hyper's timer for one HTTP/1 connection. hyper asks a server connection's timer for one
 /// thing only: the header-read deadline, armed each time the connection starts waiting for a
@@ -28,8 +28,9 @@ struct HeadTimer {
 }
 
 impl hyper::rt::Timer for HeadTimer {
+    /// A plain sleep, for any other use hyper might make of its timer.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(PlainSleep(Box::pin(tokio::time::sleep(duration))))
+        hyper::rt::Timer::sleep(&hyper_util::rt::TokioTimer::new(), duration)
     }
 
     fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
@@ -47,19 +48,6 @@ impl hyper::rt::Timer for HeadTimer {
     }
 }
 
-/// A plain sleep, for any other use hyper might make of its timer.
-struct PlainSleep(Pin<Box<tokio::time::Sleep>>);
-
-impl Future for PlainSleep {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.as_mut().poll(cx)
-    }
-}
-
-impl hyper::rt::Sleep for PlainSleep {}
-
 /// The deadline of a request head: `idle_timeout` after the connection started waiting for
 /// it while nothing has arrived, `header_timeout` after its first byte once one has.
 struct HeadSleep {
@@ -74,16 +62,12 @@ impl Future for HeadSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let started = self.activity.first_since_mark();
+        let started = *self.activity.first();
         let deadline = match started {
             Some(first) => first + self.limits.header_timeout,
             None => self.armed + self.limits.idle_timeout,
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        if self.sleep.deadline() != deadline {
-            self.sleep.as_mut().reset(deadline);
-        }
-        ready!(self.sleep.as_mut().poll(cx));
+        ready!(poll_deadline(&mut self.sleep, deadline, cx));
         let which = if started.is_some() { "header" } else { "idle" };
         self.series.timed_out(which);
         Poll::Ready(())

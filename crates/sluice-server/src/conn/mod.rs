@@ -36,7 +36,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The default `listen.header_timeout`.
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -139,12 +141,8 @@ pub(crate) trait ListenerEvents: Send + Sync + std::fmt::Debug {
 
 // ----- accepting ----------------------------------------------------------------------------
 
-/// A TCP connection, or one over TLS.
-#[derive(Debug)]
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// A TCP connection (`Left`), or one over TLS (`Right`).
+type Stream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
 /// What a connection has read, shared with the timer of its HTTP/1 request heads.
 #[derive(Debug, Default)]
@@ -158,26 +156,18 @@ struct Activity {
 impl Activity {
     fn on_read(&self, n: usize, now: Instant) {
         self.read.fetch_add(n as u64, Ordering::Relaxed);
-        let mut first = self
-            .first_since_mark
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        first.get_or_insert(now);
+        self.first().get_or_insert(now);
     }
 
     /// From now on, wait for a new first byte.
     fn mark(&self) {
-        *self
-            .first_since_mark
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        *self.first() = None;
     }
 
-    fn first_since_mark(&self) -> Option<Instant> {
-        *self
-            .first_since_mark
+    fn first(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.first_since_mark
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -208,8 +198,8 @@ pub(crate) struct Conn {
 impl Conn {
     fn new(stream: Stream, slot: OwnedSemaphorePermit, accepting: &Accepting) -> Self {
         let tcp = match &stream {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref().0,
+            Either::Left(s) => s,
+            Either::Right(s) => s.get_ref().0,
         };
         let (local, remote) = (tcp.local_addr().ok(), tcp.peer_addr().ok());
         let now = Instant::now();
@@ -242,11 +232,7 @@ impl Conn {
             Some(first) if read < H2_PREFACE_LEN => (first + self.limits.header_timeout, "header"),
             Some(_) => (h2.last_read + self.limits.idle_timeout, "idle"),
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        if h2.sleep.deadline() != deadline {
-            h2.sleep.as_mut().reset(deadline);
-        }
-        if h2.sleep.as_mut().poll(cx).is_ready() {
+        if poll_deadline(&mut h2.sleep, deadline, cx).is_ready() {
             self.series.timed_out(which);
             let what = if which == "header" {
                 "the HTTP/2 preface did not arrive within listen.header_timeout"
@@ -257,6 +243,19 @@ impl Conn {
         }
         Ok(())
     }
+}
+
+/// Polls `sleep` towards `deadline`, moved there first when it has moved.
+fn poll_deadline(
+    sleep: &mut Pin<Box<tokio::time::Sleep>>,
+    deadline: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let deadline = tokio::time::Instant::from_std(deadline);
+    if sleep.deadline() != deadline {
+        sleep.as_mut().reset(deadline);
+    }
+    sleep.as_mut().poll(cx)
 }
 
 impl Drop for Conn {
@@ -273,11 +272,7 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let polled = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        };
-        match polled {
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
                 if n > 0 {
@@ -305,10 +300,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -316,31 +308,19 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.stream {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
+        self.stream.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -368,16 +348,7 @@ struct Accepting {
 #[derive(Debug)]
 pub(crate) struct Incoming {
     conns: mpsc::Receiver<Conn>,
-    _accept_loop: AbortOnDrop,
-}
-
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    _accept_loop: AbortOnDropHandle<()>,
 }
 
 impl Incoming {
@@ -398,7 +369,7 @@ impl Incoming {
         let accept_loop = tokio::spawn(accept_loop(tcp, accepting, tls.map(TlsAcceptor::from), tx));
         Self {
             conns,
-            _accept_loop: AbortOnDrop(accept_loop),
+            _accept_loop: AbortOnDropHandle::new(accept_loop),
         }
     }
 
@@ -467,7 +438,7 @@ async fn accept_loop(
         match &tls {
             None => {
                 if tx
-                    .send(Conn::new(Stream::Plain(stream), slot, &accepting))
+                    .send(Conn::new(Either::Left(stream), slot, &accepting))
                     .await
                     .is_err()
                 {
@@ -480,7 +451,7 @@ async fn accept_loop(
                     let limit = accepting.limits.header_timeout;
                     match tokio::time::timeout(limit, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
-                            let conn = Conn::new(Stream::Tls(Box::new(tls)), slot, &accepting);
+                            let conn = Conn::new(Either::Right(Box::new(tls)), slot, &accepting);
                             let _ = tx.send(conn).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

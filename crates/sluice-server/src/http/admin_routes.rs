@@ -149,28 +149,13 @@ pub(super) async fn top(
 fn top_query(
     query: Option<&str>,
 ) -> Result<(String, crate::observe::top::Measure, usize), FieldError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
-        .map_err(|e| FieldError::whole(format!("the query string is not form-encoded: {e}")))?;
     let (mut policy, mut by, mut limit) = (None, crate::observe::top::Measure::Denied, 10usize);
-    for (name, value) in pairs {
+    for (name, value) in query_pairs(query, &["policy", "by", "limit"])? {
         match name.as_str() {
             "policy" => policy = Some(value),
             // Measure's own words name the parameter: `` `by` must be `used` or `denied` ``.
             "by" => by = value.parse().map_err(FieldError::whole)?,
-            "limit" => match value.parse::<usize>() {
-                Ok(n) if (1..=MAX_TOP_LIMIT).contains(&n) => limit = n,
-                _ => {
-                    return Err(FieldError::new(
-                        "limit",
-                        format!("must be a whole number from 1 to {MAX_TOP_LIMIT}, got `{value}`"),
-                    ));
-                }
-            },
-            other => {
-                return Err(FieldError::whole(format!(
-                    "unknown query parameter `{other}`; expected policy, by, limit"
-                )));
-            }
+            _ => limit = bounded("limit", &value, (1, MAX_TOP_LIMIT))?,
         }
     }
     let Some(policy) = policy else {
@@ -183,6 +168,33 @@ fn top_query(
     Ok((policy, by, limit))
 }
 
+/// The pairs of a query string whose names are all in `known`, or why it is refused.
+fn query_pairs(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, FieldError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|e| FieldError::whole(format!("the query string is not form-encoded: {e}")))?;
+    match pairs
+        .iter()
+        .find(|(name, _)| !known.contains(&name.as_str()))
+    {
+        Some((name, _)) => Err(FieldError::whole(format!(
+            "unknown query parameter `{name}`; expected {}",
+            known.join(", ")
+        ))),
+        None => Ok(pairs),
+    }
+}
+
+/// The whole number `value` of the query parameter `name`, from `min` to `max`.
+fn bounded(name: &str, value: &str, (min, max): (usize, usize)) -> Result<usize, FieldError> {
+    match value.parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(FieldError::new(
+            name,
+            format!("must be a whole number from {min} to {max}, got `{value}`"),
+        )),
+    }
+}
+
 /// The most detailed keys `GET /v1/stats` lists per Envoy rule.
 pub(super) const MAX_STATS_KEYS: usize = 100;
 
@@ -193,26 +205,10 @@ fn number_query(
     name: &str,
     (min, max, default): (usize, usize, usize),
 ) -> Result<usize, FieldError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
-        .map_err(|e| FieldError::whole(format!("the query string is not form-encoded: {e}")))?;
-    let mut out = default;
-    for (key, value) in pairs {
-        if key != name {
-            return Err(FieldError::whole(format!(
-                "unknown query parameter `{key}`; expected {name}"
-            )));
-        }
-        out = match value.parse::<usize>() {
-            Ok(n) if (min..=max).contains(&n) => n,
-            _ => {
-                return Err(FieldError::new(
-                    name,
-                    format!("must be a whole number from {min} to {max}, got `{value}`"),
-                ));
-            }
-        };
-    }
-    Ok(out)
+    let pairs = query_pairs(query, &[name])?;
+    pairs
+        .iter()
+        .try_fold(default, |_, (_, value)| bounded(name, value, (min, max)))
 }
 
 /// A latency reading as `/v1/stats` shows it: `count`, and `p50_ms`, `p99_ms` when there were
@@ -226,9 +222,15 @@ fn quantiles(q: sluice::latency::Quantiles) -> Value {
     v
 }
 
-/// A shard's store calls over the last minute (`p50_ms`, `p99_ms` when it answered any) and
-/// its replicas, each pinged.
-async fn store_calls(shard: &mut Value, store: &sluice_redis::RedisStore) {
+/// A shard as `/v1/stats` shows it: its name, a ping, its store calls over the last minute
+/// (`p50_ms`, `p99_ms` when it answered any) and its replicas, each pinged.
+async fn shard_stats(name: &str, store: &sluice_redis::RedisStore) -> Value {
+    let started = std::time::Instant::now();
+    let mut shard = match store.ping().await {
+        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    shard["name"] = json!(name);
     let q = store.call_latency();
     if let (Some(p50), Some(p99)) = (q.p50_ms, q.p99_ms) {
         shard["p50_ms"] = json!(p50);
@@ -244,6 +246,7 @@ async fn store_calls(shard: &mut Value, store: &sluice_redis::RedisStore) {
         })
         .collect();
     shard["replicas"] = json!(replicas);
+    shard
 }
 
 /// `GET /v1/stats[?keys=N]` (docs/api.md, "Statistics"): checks per configured policy and
@@ -318,10 +321,6 @@ fn reloads(shared: &Shared) -> Vec<Value> {
 /// The store as `/v1/stats` shows it: the memory store's keys, or each shard's circuit, a
 /// ping, its calls' latency and its replicas.
 async fn store_stats(store: &crate::state::StoreHandle) -> Value {
-    let ping = |started: std::time::Instant, result: Result<(), sluice::StoreError>| match result {
-        Ok(()) => json!({"ok": true, "latency_ms": started.elapsed().as_secs_f64() * 1e3}),
-        Err(e) => json!({"ok": false, "error": e.to_string()}),
-    };
     match store {
         crate::state::StoreHandle::Memory(m) => {
             json!({"kind": "memory", "keys": m.len(), "shards": []})
@@ -329,30 +328,19 @@ async fn store_stats(store: &crate::state::StoreHandle) -> Value {
         crate::state::StoreHandle::Redis(sharded) => {
             let mut shards = Vec::with_capacity(sharded.shards().len());
             for shard in sharded.shards() {
-                let started = std::time::Instant::now();
-                let mut s = ping(started, shard.inner().ping().await);
-                s["name"] = json!(shard.name());
+                let mut s = shard_stats(shard.name(), shard.inner()).await;
                 s["circuit"] = json!(shard.state().as_str());
                 s["opened_total"] = json!(shard.opened_total());
-                store_calls(&mut s, shard.inner()).await;
                 shards.push(s);
             }
             json!({"kind": "redis", "shards": shards})
         }
         crate::state::StoreHandle::Cluster(cluster) => {
-            let started = std::time::Instant::now();
-            let mut s = ping(started, cluster.ping().await);
-            s["name"] = json!(cluster.name());
-            store_calls(&mut s, cluster).await;
-            json!({"kind": "cluster", "shards": [s]})
+            json!({"kind": "cluster", "shards": [shard_stats(cluster.name(), cluster).await]})
         }
         crate::state::StoreHandle::Regions(regions) => {
-            let local = regions.local();
-            let started = std::time::Instant::now();
-            let mut s = ping(started, local.ping().await);
-            s["name"] = json!(local.name());
-            store_calls(&mut s, local).await;
-            json!({"kind": "regions", "region": regions.name(), "shards": [s]})
+            let local = shard_stats(regions.local().name(), regions.local()).await;
+            json!({"kind": "regions", "region": regions.name(), "shards": [local]})
         }
     }
 }

@@ -23,24 +23,14 @@ pub(super) enum Endpoint {
 }
 
 impl Endpoint {
-    pub(super) fn name(self) -> &'static str {
+    /// Its name in metrics, and the name of its span (docs/configuration.md#tracing).
+    pub(super) fn names(self) -> (&'static str, &'static str) {
         match self {
-            Endpoint::Check => "check",
-            Endpoint::Peek => "peek",
-            Endpoint::Refund => "refund",
-            Endpoint::Acquire => "acquire",
-            Endpoint::Release => "release",
-        }
-    }
-
-    /// The name of its span (docs/configuration.md#tracing).
-    pub(super) fn span_name(self) -> &'static str {
-        match self {
-            Endpoint::Check => "sluice.http.check",
-            Endpoint::Peek => "sluice.http.peek",
-            Endpoint::Refund => "sluice.http.refund",
-            Endpoint::Acquire => "sluice.http.acquire",
-            Endpoint::Release => "sluice.http.release",
+            Endpoint::Check => ("check", "sluice.http.check"),
+            Endpoint::Peek => ("peek", "sluice.http.peek"),
+            Endpoint::Refund => ("refund", "sluice.http.refund"),
+            Endpoint::Acquire => ("acquire", "sluice.http.acquire"),
+            Endpoint::Release => ("release", "sluice.http.release"),
         }
     }
 
@@ -124,14 +114,7 @@ fn validated(body: Result<Bytes, BytesRejection>, op: Endpoint) -> Result<Reques
     }
     if op == Endpoint::Release {
         let id = lease_id(&string(&map, "lease")?)?;
-        if let Some(field) = map
-            .keys()
-            .find(|f| !matches!(f.as_str(), "policy" | "key" | "lease"))
-        {
-            return Err(ApiError::invalid(format!(
-                "unknown field `{field}`; the fields of a release are policy, key and lease"
-            )));
-        }
+        only_known_fields(&map, op)?;
         return Ok(Request {
             policy,
             key,
@@ -233,22 +216,26 @@ fn cost(map: &Map<String, Value>) -> Result<u64, FieldError> {
 
 /// Refuses the first field `op` does not take.
 fn only_known_fields(map: &Map<String, Value>, op: Endpoint) -> Result<(), ApiError> {
-    for field in map.keys() {
-        let known = match op {
-            Endpoint::Acquire => matches!(field.as_str(), "policy" | "key" | "cost" | "lease"),
-            _ => matches!(field.as_str(), "policy" | "key" | "cost"),
-        };
-        if !known {
-            let fields = match op {
-                Endpoint::Acquire => "policy, key, cost and lease",
-                _ => "policy, key and cost",
-            };
-            return Err(ApiError::invalid(format!(
-                "unknown field `{field}`; the fields are {fields}"
-            )));
-        }
+    let (known, fields): (&[&str], _) = match op {
+        Endpoint::Release => (
+            &["policy", "key", "lease"],
+            "the fields of a release are policy, key and lease",
+        ),
+        Endpoint::Acquire => (
+            &["policy", "key", "cost", "lease"],
+            "the fields are policy, key, cost and lease",
+        ),
+        _ => (
+            &["policy", "key", "cost"],
+            "the fields are policy, key and cost",
+        ),
+    };
+    match map.keys().find(|f| !known.contains(&f.as_str())) {
+        Some(field) => Err(ApiError::invalid(format!(
+            "unknown field `{field}`; {fields}"
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 pub(super) fn type_name(v: &Value) -> &'static str {

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
 use sluice::headers::secs_up;
 use sluice::{Decision, Error as LimitError, Policy};
 
@@ -18,44 +19,15 @@ use crate::state::Shared;
 
 // ----- decisions ----------------------------------------------------------------------------
 
-pub(super) async fn check(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Check, &headers, body).await
-}
-
-pub(super) async fn peek(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Peek, &headers, body).await
-}
-
-pub(super) async fn acquire(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Acquire, &headers, body).await
-}
-
-pub(super) async fn release(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Release, &headers, body).await
-}
-
-pub(super) async fn refund(
-    State(s): State<Arc<Shared>>,
-    TraceHeaders(headers): TraceHeaders,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    answer(&s, Endpoint::Refund, &headers, body).await
+/// The route of one decision endpoint: `POST` a body, answered by [`answer`].
+pub(super) fn decide(op: Endpoint) -> MethodRouter<Arc<Shared>> {
+    post(
+        move |State(s): State<Arc<Shared>>,
+              TraceHeaders(headers): TraceHeaders,
+              body: Result<Bytes, BytesRejection>| async move {
+            answer(&s, op, &headers, body).await
+        },
+    )
 }
 
 /// The caller's trace context (`traceparent`, `tracestate`), copied from the request only when
@@ -114,10 +86,9 @@ pub(super) async fn answer(
     let Some(policy) = limiter.policy(&req.policy) else {
         return Err(unknown_policy(&req.policy, &snapshot));
     };
-    let span = shared.observe().traces.decision(
-        op.span_name(),
-        &opentelemetry_http::HeaderExtractor(headers),
-    );
+    let (op_name, span_name) = op.names();
+    let span = (shared.observe().traces)
+        .decision(span_name, &opentelemetry_http::HeaderExtractor(headers));
     span.set(|| {
         vec![
             opentelemetry::KeyValue::new("sluice.policy", policy.name().to_owned()),
@@ -129,7 +100,6 @@ pub(super) async fn answer(
     });
     let started = std::time::Instant::now();
     let (result, lease) = span.around(ask(limiter, policy, op, &req)).await;
-    let op_name = op.name();
     let observe = shared.observe();
     observe.decision_took(op_name, crate::observe::Surface::Http, started);
     match result {
@@ -142,12 +112,14 @@ pub(super) async fn answer(
             } else {
                 StatusCode::OK
             };
-            let extra = match op {
-                Endpoint::Acquire => Extra::Lease(lease),
-                Endpoint::Release => Extra::Released,
-                _ => Extra::None,
-            };
-            Ok(decision_response_with(status, policy, &req.key, &d, extra))
+            let released = op == Endpoint::Release;
+            Ok(decision_response_with(
+                status,
+                policy,
+                &req.key,
+                &d,
+                (lease, released),
+            ))
         }
         Err(LimitError::Store(e)) => {
             span.finish(Outcome::Error.as_str(), Some(e.to_string()));
@@ -209,7 +181,7 @@ fn admitted(
     let observe = shared.observe();
     observe
         .metrics
-        .decision(policy.name_arc(), op.name(), outcome);
+        .decision(policy.name_arc(), op.names().0, outcome);
     if !op.admits() {
         return;
     }
@@ -287,15 +259,6 @@ pub(super) struct LeaseBody {
     expires_ms: u64,
 }
 
-/// What an answer adds to the decision body.
-pub(super) enum Extra {
-    None,
-    /// `/v1/acquire`: the lease, when one was taken.
-    Lease(Option<sluice::Lease>),
-    /// `/v1/release`: `released`, from the decision's cost (the units freed).
-    Released,
-}
-
 /// One limit in a decision body.
 #[derive(serde::Serialize)]
 pub(super) struct LimitBody {
@@ -312,15 +275,17 @@ pub(super) struct LimitBody {
 
 /// The decision body and headers (docs/api.md#the-decision-body, docs/api.md#headers).
 pub fn decision_response(status: StatusCode, policy: &Policy, key: &str, d: &Decision) -> Response {
-    decision_response_with(status, policy, key, d, Extra::None)
+    decision_response_with(status, policy, key, d, (None, false))
 }
 
+/// [`decision_response`] with what an answer adds: the lease an `/v1/acquire` took, and for
+/// `/v1/release`, `released` (from the decision's cost, the units freed).
 pub(super) fn decision_response_with(
     status: StatusCode,
     policy: &Policy,
     key: &str,
     d: &Decision,
-    extra: Extra,
+    (lease, released): (Option<sluice::Lease>, bool),
 ) -> Response {
     let b = d.binding();
     let body = DecisionBody {
@@ -346,25 +311,14 @@ pub(super) fn decision_response_with(
                 retry_after_ms: s.retry_after_ms,
             })
             .collect(),
-        lease: match extra {
-            Extra::Lease(Some(l)) => Some(LeaseBody {
-                id: lease_text(l.id),
-                expires_ms: l.expires_ms,
-            }),
-            _ => None,
-        },
-        released: matches!(extra, Extra::Released).then_some(d.cost > 0),
+        lease: lease.map(|l| LeaseBody {
+            id: lease_text(l.id),
+            expires_ms: l.expires_ms,
+        }),
+        released: released.then_some(d.cost > 0),
     };
     // A one-limit decision body is about 270 bytes: written without growing the buffer.
-    let mut bytes = Vec::with_capacity(384);
-    let mut response = match serde_json::to_writer(&mut bytes, &body) {
-        Ok(()) => (status, bytes).into_response(),
-        Err(e) => return ApiError::Internal(e.to_string()).into_response(),
-    };
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut response = (status, axum::Json(body)).into_response();
     add_headers(response.headers_mut(), policy, d);
     response
 }

@@ -105,36 +105,24 @@ impl ApiError {
         Self::Invalid(FieldError::new(path, message))
     }
 
-    fn status(&self) -> StatusCode {
+    /// The status and the `code` of the body (docs/api.md#errors).
+    fn status_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Invalid(_) | Self::Simulation(_) => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge | Self::SimulateBodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnknownPolicy { .. }
-            | Self::UnknownTopPolicy { .. }
-            | Self::AdminListener { .. }
-            | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::StoreUnavailable(_) | Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            Self::CrossSite(_) => StatusCode::FORBIDDEN,
-            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-        }
-    }
-
-    /// The `code` of the body (docs/api.md#errors).
-    fn code(&self) -> &'static str {
-        match self {
-            Self::Invalid(_) | Self::Simulation(_) => "invalid_request",
-            Self::BodyTooLarge | Self::SimulateBodyTooLarge => "body_too_large",
-            Self::UnknownPolicy { .. } | Self::UnknownTopPolicy { .. } => "unknown_policy",
-            Self::StoreUnavailable(_) => "store_unavailable",
-            Self::Busy => "busy",
-            Self::Internal(_) => "internal",
-            Self::Unauthorized { .. } => "unauthorized",
-            Self::CrossSite(_) => "cross_site",
-            Self::AdminListener { .. } => "admin_listener",
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Invalid(_) | Self::Simulation(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            Self::BodyTooLarge | Self::SimulateBodyTooLarge => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")
+            }
+            Self::UnknownPolicy { .. } | Self::UnknownTopPolicy { .. } => {
+                (StatusCode::NOT_FOUND, "unknown_policy")
+            }
+            Self::AdminListener { .. } => (StatusCode::NOT_FOUND, "admin_listener"),
+            Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            Self::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Self::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::CrossSite(_) => (StatusCode::FORBIDDEN, "cross_site"),
+            Self::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
         }
     }
 }
@@ -147,7 +135,8 @@ impl From<FieldError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = error(self.status(), self.code(), self.to_string());
+        let (status, code) = self.status_code();
+        let mut r = error(status, code, self.to_string());
         match self {
             Self::Busy => {
                 r.headers_mut()

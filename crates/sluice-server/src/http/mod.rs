@@ -30,6 +30,7 @@ pub use self::admin_routes::MAX_TOP_LIMIT;
 use self::admin_routes::*;
 pub use self::assets::OPENAPI;
 use self::assets::*;
+use self::body::Endpoint;
 use self::decision::*;
 pub use self::decision::{add_headers, decision_response};
 pub(crate) use self::error::ApiError;
@@ -73,15 +74,25 @@ const fn route(
     }
 }
 
-/// THE route table: the router, the admin guard, [`ROUTES`], [`ADMIN_ROUTES`] (what the
+/// THE route table: the router, the admin guard, [`routes`], [`admin_routes`] (what the
 /// public listener answers `404 admin_listener` for) and the `404`'s list of routes are all
 /// derived from it. A test holds docs/openapi.json to it, and to what the router answers.
 const TABLE: [Route; 17] = [
-    route("POST", "/v1/check", Access::Public, || post(check)),
-    route("POST", "/v1/peek", Access::Public, || post(peek)),
-    route("POST", "/v1/acquire", Access::Public, || post(acquire)),
-    route("POST", "/v1/release", Access::Public, || post(release)),
-    route("POST", "/v1/refund", Access::Admin, || post(refund)),
+    route("POST", "/v1/check", Access::Public, || {
+        decide(Endpoint::Check)
+    }),
+    route("POST", "/v1/peek", Access::Public, || {
+        decide(Endpoint::Peek)
+    }),
+    route("POST", "/v1/acquire", Access::Public, || {
+        decide(Endpoint::Acquire)
+    }),
+    route("POST", "/v1/release", Access::Public, || {
+        decide(Endpoint::Release)
+    }),
+    route("POST", "/v1/refund", Access::Admin, || {
+        decide(Endpoint::Refund)
+    }),
     route("POST", "/v1/simulate", Access::Admin, || {
         post(simulate).layer(DefaultBodyLimit::max(MAX_SIMULATE_BODY))
     }),
@@ -103,38 +114,16 @@ const TABLE: [Route; 17] = [
 ];
 
 /// Every route as (method, OpenAPI path), from [`TABLE`].
-pub const ROUTES: &[(&str, &str)] = &pairs::<17, 17>(&TABLE, false);
-
-const ADMIN_COUNT: usize = {
-    let (mut i, mut n) = (0, 0);
-    while i < TABLE.len() {
-        if !matches!(TABLE[i].access, Access::Public) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-};
+pub fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    TABLE.iter().map(|r| (r.method, r.path))
+}
 
 /// The admin routes, from [`TABLE`]: with a separate admin listener (`listen.admin`) they are
 /// served there only.
-pub const ADMIN_ROUTES: &[(&str, &str)] = &pairs::<17, ADMIN_COUNT>(&TABLE, true);
-
-/// (method, path) of the routes of `table`, or of its admin routes only.
-const fn pairs<const N: usize, const M: usize>(
-    table: &[Route; N],
-    admin_only: bool,
-) -> [(&'static str, &'static str); M] {
-    let mut out = [("", ""); M];
-    let (mut i, mut j) = (0, 0);
-    while i < N {
-        if !admin_only || !matches!(table[i].access, Access::Public) {
-            out[j] = (table[i].method, table[i].path);
-            j += 1;
-        }
-        i += 1;
-    }
-    out
+pub fn admin_routes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    (TABLE.iter())
+        .filter(|r| r.access != Access::Public)
+        .map(|r| (r.method, r.path))
 }
 
 /// The largest `POST /v1/simulate` body: room for a pasted log (some 40 000 access log
@@ -148,7 +137,7 @@ pub enum Routes {
     All,
     /// What any client may call (check, peek, acquire, release, health, the OpenAPI
     /// document); the
-    /// [`ADMIN_ROUTES`] answer `404 admin_listener`.
+    /// [`admin_routes`] answer `404 admin_listener`.
     Public,
 }
 

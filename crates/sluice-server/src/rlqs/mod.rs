@@ -118,24 +118,19 @@ impl RateLimitQuotaService for RlqsService {
                 .streams
                 .open(peer, sluice::Clock::now_ms(shared.clock()));
             loop {
-                let next = tokio::select! {
-                    next = inbound.message() => Some(next),
-                    () = stopping(&mut stop) => None,
-                };
-                let Some(next) = next else {
-                    let _ = tx
-                        .send(Err(Status::unavailable(
-                            "sluice is shutting down; open the stream again",
-                        )))
-                        .await;
-                    break;
-                };
-                let reports = match next {
-                    Ok(Some(reports)) => reports,
-                    // The client closed its side, or the stream broke: nothing to answer.
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "rate limit quota stream ended");
+                let reports = tokio::select! {
+                    next = inbound.message() => match next {
+                        Ok(Some(reports)) => reports,
+                        // The client closed its side, or the stream broke: nothing to answer.
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "rate limit quota stream ended");
+                            break;
+                        }
+                    },
+                    () = stopping(&mut stop) => {
+                        let shutting = "sluice is shutting down; open the stream again";
+                        let _ = tx.send(Err(Status::unavailable(shutting))).await;
                         break;
                     }
                 };
@@ -385,27 +380,24 @@ impl StreamState {
             )));
         }
         // Every key is checked before anything is charged.
-        let mut plans = Vec::with_capacity(usages.len());
-        for (i, u) in usages.iter().enumerate() {
-            plans.push(self.plan(snapshot, config, &domain, i, u, now)?);
-        }
+        let plans = (usages.iter().enumerate())
+            .map(|(i, u)| self.plan(snapshot, config, &domain, i, u, now))
+            .collect::<Result<Vec<_>, _>>()?;
         let charged = self.charge(snapshot, &usages, &plans, now, trace).await;
-        let mut actions = Vec::with_capacity(usages.len());
-        for ((u, plan), result) in usages.into_iter().zip(plans).zip(charged) {
-            if let Some(action) = self.action(config, cadence, &u, plan, result) {
-                actions.push(BucketAction {
+        let bucket_action = (usages.into_iter().zip(plans).zip(charged))
+            .filter_map(|((u, plan), result)| {
+                let action = self.action(config, cadence, &u, plan, result)?;
+                Some(BucketAction {
                     bucket_id: Some(u.id),
                     bucket_action: Some(action),
-                });
-            }
-        }
-        Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        })
+                })
+            })
+            .collect();
+        Ok(RateLimitQuotaResponse { bucket_action })
     }
 
     /// Charges the planned usages, each answer at its usage's place (`None` for one not
-    /// charged or whose task failed).
+    /// charged).
     ///
     /// The charges are independent keys: they go to the store together (pipelined on one
     /// connection, spread over shards), so a report of many buckets costs about one round
@@ -418,36 +410,24 @@ impl StreamState {
         now: u64,
         trace: Option<opentelemetry::Context>,
     ) -> Vec<Option<Result<Decision, StoreError>>> {
-        let mut charges = tokio::task::JoinSet::new();
-        for (i, (u, plan)) in usages.iter().zip(plans).enumerate() {
-            if let Plan::Charge { policy, key, .. } = plan {
-                let store = snapshot.limiter.store().clone();
-                let (policy, key) = ((*policy).clone(), key.clone());
-                let op = Op::Acquire {
-                    min: 0,
-                    max: u.allowed,
-                    holder: self.holder,
-                };
-                let charge = async move { (i, store.call(&policy, &key, op, now).await) };
-                match &trace {
-                    // Each charge's store span is a child of the report's.
-                    Some(cx) => charges.spawn(opentelemetry::context::FutureExt::with_context(
-                        charge,
-                        cx.clone(),
-                    )),
-                    None => charges.spawn(charge),
-                };
-            }
+        let store = snapshot.limiter.store();
+        let charges = usages.iter().zip(plans).map(|(u, plan)| async move {
+            let Plan::Charge { policy, key, .. } = plan else {
+                return None;
+            };
+            let op = Op::Acquire {
+                min: 0,
+                max: u.allowed,
+                holder: self.holder,
+            };
+            Some(store.call(policy, key, op, now).await)
+        });
+        let charges = futures_util::future::join_all(charges);
+        match trace {
+            // Each charge's store span is a child of the report's.
+            Some(cx) => opentelemetry::context::FutureExt::with_context(charges, cx).await,
+            None => charges.await,
         }
-        let mut charged: Vec<Option<Result<Decision, StoreError>>> =
-            usages.iter().map(|_| None).collect();
-        while let Some(joined) = charges.join_next().await {
-            match joined {
-                Ok((i, result)) => charged[i] = Some(result),
-                Err(e) => tracing::warn!(error = %e, "a rate limit quota charge did not finish"),
-            }
-        }
-        charged
     }
 
     /// The action answered for one bucket, from its plan and its charge's result; `None`
@@ -467,8 +447,8 @@ impl StreamState {
                 Some(Action::AbandonAction(AbandonAction {}))
             }
             Plan::Blanket(a) => Some(assign_action(&self.metrics, config, cadence, a)),
-            Plan::Charge { rule, policy, .. } => match result {
-                Some(Ok(d)) => {
+            Plan::Charge { rule, policy, .. } => match result? {
+                Ok(d) => {
                     let taken = if d.allowed { d.cost } else { 0 };
                     self.metrics.rlqs_requests(
                         &rule.name,
@@ -480,13 +460,8 @@ impl StreamState {
                     let assigned = assign::assignment(share);
                     Some(assign_action(&self.metrics, config, cadence, assigned))
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     tracing::warn!(rule = %rule.name, error = %e, "could not charge a rate limit quota report");
-                    self.metrics.rlqs_action("store_error");
-                    None
-                }
-                // The task failed (it cannot panic short of a bug): no answer for it.
-                None => {
                     self.metrics.rlqs_action("store_error");
                     None
                 }

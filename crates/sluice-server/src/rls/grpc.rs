@@ -58,14 +58,11 @@ impl RateLimitService for RlsService {
             descriptors: req.descriptors.iter().map(descriptor).collect(),
             hits_addend: req.hits_addend,
         };
-        match self
-            .rls
-            .should_rate_limit(&plain, &HeaderExtractor(&metadata.into_headers()))
-            .await
-        {
-            Ok(answer) => Ok(Response::new(response(answer))),
-            Err(e) => Err(status(&e)),
-        }
+        let carrier = HeaderExtractor(&metadata.into_headers());
+        let answer = self.rls.should_rate_limit(&plain, &carrier).await;
+        answer
+            .map(|a| Response::new(response(a)))
+            .map_err(|e| status(&e))
     }
 }
 

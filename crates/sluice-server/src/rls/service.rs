@@ -125,10 +125,10 @@ impl Rls {
             Ok(_) => Outcome::Allowed,
             Err(_) => Outcome::Error,
         };
-        match &answer {
-            Ok(_) => span.finish(outcome.as_str(), None),
-            Err(e) => span.finish(outcome.as_str(), Some(e.to_string())),
-        }
+        span.finish(
+            outcome.as_str(),
+            answer.as_ref().err().map(ToString::to_string),
+        );
         let metrics = &self.shared.observe().metrics;
         metrics.decision(&label, "should_rate_limit", outcome);
         answer
@@ -263,13 +263,15 @@ impl Rls {
         let mut failure = None;
         for (descriptor, found) in req.descriptors.iter().zip(matches) {
             let cost = req.hits(descriptor);
-            let part = if descriptor.is_negative_hits {
-                self.refund_descriptor(snapshot, settings, found, cost, now)
-                    .await
-            } else {
-                self.check_descriptor(snapshot, settings, found, cost, now)
-                    .await
-            };
+            let part = self
+                .descriptor(
+                    snapshot,
+                    settings,
+                    found,
+                    (cost, descriptor.is_negative_hits),
+                    now,
+                )
+                .await;
             match part {
                 Ok(part) => parts.push(part),
                 Err(e) => {
@@ -358,22 +360,23 @@ impl Rls {
         }
     }
 
-    /// A descriptor that is charged: `OK` without a rule (or with one replaced by another) or
+    /// One descriptor's part. Charged: `OK` without a rule (or with one replaced by another) or
     /// an unlimited one, else the check of its rule's policy, coded as the rule's shadow mode
-    /// says.
-    async fn check_descriptor(
+    /// says. With `is_negative_hits` (`refund`): its hits go back to its counter (never below
+    /// zero used); it is always `OK` and takes no part in the overall code.
+    async fn descriptor(
         &self,
         snapshot: &Generation,
         settings: &RlsSettings,
         found: Option<Match>,
-        cost: u64,
+        (cost, refund): (u64, bool),
         now: u64,
     ) -> Result<Part, sluice::Error> {
         let Some(m) = found else {
             // No rule (or one replaced by another): OK, and a quota-mode descriptor under the
             // global quota mode, as in the reference.
             return Ok(Part {
-                quota: settings.quota_mode,
+                quota: settings.quota_mode && !refund,
                 ..Part::plain(DescriptorStatus::ok())
             });
         };
@@ -381,101 +384,58 @@ impl Rls {
         let (Some(window), false) = (rule.window_ms(), rule.unlimited) else {
             return Ok(Part::plain(DescriptorStatus::unlimited()));
         };
-        let quota = settings.quota_mode || rule.quota_mode;
-        let code = |over: bool| {
-            if over && !rule.shadow_mode {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            }
-        };
         let policy = self.policy(
             &snapshot.rls_policies,
             window,
             rule.requests_per_unit,
             settings.on_store_error,
         );
-        let Some(policy) = policy else {
-            // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
-            // no limit of 0 can be built, and nothing is counted, so no store has an instant:
-            // the server's clock tells the window's end.
-            let reset_secs = until_reset(window, now);
-            return Ok(Part {
-                status: DescriptorStatus {
-                    code: code(true),
-                    current_limit: Some(rule_limit(&m)),
-                    limit_remaining: 0,
-                    duration_until_reset: Some(reset_secs),
-                },
-                found: Some(m),
-                quota,
-                limited: true,
-                reset_secs,
-                ..Part::plain(DescriptorStatus::ok())
-            });
+        // requests_per_unit: 0 blocks everything (the reference's way to deny a client):
+        // no limit of 0 can be built (no policy), and nothing is counted, so no store has an
+        // instant: the server's clock tells the window's end.
+        let d = match &policy {
+            Some(policy) => {
+                let op = if refund {
+                    Op::Refund { cost }
+                } else {
+                    Op::Check { cost }
+                };
+                Some(snapshot.limiter.call(policy, &m.counter_key, op).await?)
+            }
+            None => None,
         };
-        let d = snapshot
-            .limiter
-            .call(&policy, &m.counter_key, Op::Check { cost })
-            .await?;
-        // The window's end as seen by the store that decided (Redis TIME under clock: redis).
-        let reset_secs = until_reset(window, d.now_ms);
+        let limited = !refund && d.as_ref().is_none_or(|d| !d.allowed);
         // An over-limit status says 0 remaining, as the reference's does, even when a
         // smaller cost would still fit.
-        let remaining = if d.allowed { d.binding().remaining } else { 0 };
-        Ok(Part {
-            status: DescriptorStatus {
-                code: code(!d.allowed),
-                current_limit: Some(rule_limit(&m)),
-                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                duration_until_reset: Some(reset_secs),
+        let remaining = match &d {
+            Some(d) if !limited => d.binding().remaining,
+            _ => 0,
+        };
+        // The window's end as seen by the store that decided (Redis TIME under clock: redis).
+        let reset_secs = until_reset(window, d.as_ref().map_or(now, |d| d.now_ms));
+        let status = DescriptorStatus {
+            code: if limited && !rule.shadow_mode {
+                Code::OverLimit
+            } else {
+                Code::Ok
             },
-            charge: (d.allowed && cost > 0).then(|| (policy, m.counter_key.clone(), cost)),
-            found: Some(m),
-            quota,
-            limited: !d.allowed,
-            reset_secs,
-            degraded: d.degraded,
-        })
-    }
-
-    /// A descriptor with `is_negative_hits`: its hits go back to its counter (never below
-    /// zero used); it is always `OK` and takes no part in the overall code.
-    async fn refund_descriptor(
-        &self,
-        snapshot: &Generation,
-        settings: &RlsSettings,
-        found: Option<Match>,
-        cost: u64,
-        now: u64,
-    ) -> Result<Part, sluice::Error> {
-        let Some(m) = found else {
-            return Ok(Part::plain(DescriptorStatus::ok()));
-        };
-        let (Some(window), false) = (m.rule.window_ms(), m.rule.unlimited) else {
-            return Ok(Part::plain(DescriptorStatus::unlimited()));
-        };
-        let policy = self.policy(
-            &snapshot.rls_policies,
-            window,
-            m.rule.requests_per_unit,
-            settings.on_store_error,
-        );
-        let (remaining, reset_secs) = match policy {
-            Some(policy) => {
-                let d = snapshot
-                    .limiter
-                    .call(&policy, &m.counter_key, Op::Refund { cost })
-                    .await?;
-                (d.binding().remaining, until_reset(window, d.now_ms))
-            }
-            None => (0, until_reset(window, now)),
-        };
-        Ok(Part::plain(DescriptorStatus {
-            code: Code::Ok,
             current_limit: Some(rule_limit(&m)),
             limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             duration_until_reset: Some(reset_secs),
-        }))
+        };
+        if refund {
+            return Ok(Part::plain(status));
+        }
+        Ok(Part {
+            status,
+            charge: policy
+                .filter(|_| !limited && cost > 0)
+                .map(|policy| (policy, m.counter_key.clone(), cost)),
+            quota: settings.quota_mode || rule.quota_mode,
+            limited,
+            reset_secs,
+            degraded: d.and_then(|d| d.degraded),
+            found: Some(m),
+        })
     }
 }

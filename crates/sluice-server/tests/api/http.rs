@@ -47,6 +47,20 @@ async fn start(config: &str) -> Server {
     Server::start(config, &[]).await
 }
 
+/// A server of [`CONFIG`], a client and the server's `/v1/check`.
+async fn start_checking() -> (Server, Client, String) {
+    let s = start(CONFIG).await;
+    let check = format!("{}/v1/check", s.url);
+    (s, Client::new(), check)
+}
+
+/// Asserts the answer's headers `(name, value)`.
+fn assert_headers(r: &reqwest::Response, expected: &[(&str, &str)]) {
+    for (name, value) in expected {
+        assert_eq!(header(r, name).as_deref(), Some(*value), "{name}");
+    }
+}
+
 async fn error_of(r: reqwest::Response, status: StatusCode) -> String {
     assert_eq!(r.status(), status);
     assert_eq!(
@@ -61,9 +75,7 @@ async fn error_of(r: reqwest::Response, status: StatusCode) -> String {
 
 #[tokio::test]
 async fn a_full_window_counts_down_then_429_with_a_constant_reset() {
-    let s = start(CONFIG).await;
-    let c = Client::new();
-    let url = format!("{}/v1/check", s.url);
+    let (s, c, url) = start_checking().await;
     let mut resets = Vec::new();
     for expected in [2, 1, 0] {
         let r = post(&c, &url, json!({"policy": "api", "key": "user:42"})).await;
@@ -109,9 +121,7 @@ async fn a_full_window_counts_down_then_429_with_a_constant_reset() {
 
 #[tokio::test]
 async fn peek_refund_forget_and_policies() {
-    let s = start(CONFIG).await;
-    let c = Client::new();
-    let check = format!("{}/v1/check", s.url);
+    let (s, c, check) = start_checking().await;
     post(&c, &check, asking("api", "k", 2)).await;
     let r = s.post(&c, "/v1/peek", asking("api", "k", 1)).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -150,7 +160,7 @@ async fn peek_refund_forget_and_policies() {
     assert_eq!(body["policies"][2]["limits"][0]["burst"], json!(20));
 
     for path in ["/healthz", "/readyz"] {
-        let r = c.get(format!("{}{path}", s.url)).send().await.unwrap();
+        let r = support::send(c.get(format!("{}{path}", s.url))).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
         assert_eq!(
             header(&r, "content-type").as_deref(),
@@ -162,9 +172,7 @@ async fn peek_refund_forget_and_policies() {
 
 #[tokio::test]
 async fn every_error_is_json_with_the_right_status() {
-    let s = start(CONFIG).await;
-    let c = Client::new();
-    let check = format!("{}/v1/check", s.url);
+    let (s, c, check) = start_checking().await;
     let send = |body: &'static str| {
         let c = c.clone();
         let url = check.clone();
@@ -235,7 +243,7 @@ async fn every_error_is_json_with_the_right_status() {
     )
     .await;
     let huge = format!(r#"{{"policy": "api", "key": "{}"}}"#, "k".repeat(70 * 1024));
-    let r = c.post(check.clone()).body(huge).send().await.unwrap();
+    let r = support::send(c.post(check.clone()).body(huge)).await;
     error_of(r, StatusCode::PAYLOAD_TOO_LARGE).await;
     // Nothing above was counted.
     let r = s.post(&c, "/v1/peek", asking("api", "k", 0)).await;
@@ -250,9 +258,7 @@ async fn every_error_is_json_with_the_right_status() {
 /// nullable, is a cost of 1.
 #[tokio::test]
 async fn a_key_is_bounded_in_bytes_and_a_null_cost_is_one() {
-    let s = start(CONFIG).await;
-    let c = Client::new();
-    let check = format!("{}/v1/check", s.url);
+    let (s, c, check) = start_checking().await;
     // 256 two-byte characters: 512 bytes, accepted; 257: within the document's
     // `maxLength: 512` (characters) but 514 bytes, refused.
     let r = post(&c, &check, json!({"policy": "api", "key": "é".repeat(256)})).await;
@@ -271,14 +277,9 @@ async fn a_key_is_bounded_in_bytes_and_a_null_cost_is_one() {
     let message = error_of(forget(257).await.unwrap(), StatusCode::BAD_REQUEST).await;
     assert!(message.contains("512"), "{message}");
 
-    let r = post(
-        &c,
-        &check,
-        json!({"policy": "api", "key": "n", "cost": null}),
-    )
-    .await;
-    assert_eq!(r.status(), StatusCode::OK);
-    let body: Value = r.json().await.unwrap();
+    let null_cost = json!({"policy": "api", "key": "n", "cost": null});
+    let (status, body) = support::answer(c.post(&check).json(&null_cost), None).await;
+    assert_eq!(status, StatusCode::OK);
     assert_eq!(body["cost"], json!(1));
     assert_eq!(body["remaining"], json!(2), "{body}");
     s.stop().await;
@@ -402,12 +403,11 @@ async fn the_openapi_document_matches_the_routes() {
         let concrete = path.replace("{policy}", "api").replace("{key}", "some/key");
         for method in ["get", "post", "put", "delete", "patch"] {
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let r = c
-                .request(m, format!("{}{concrete}", s.url))
-                .json(&json!({"policy": "api", "key": "k"}))
-                .send()
-                .await
-                .unwrap();
+            let r = support::send(
+                c.request(m, format!("{}{concrete}", s.url))
+                    .json(&json!({"policy": "api", "key": "k"})),
+            )
+            .await;
             if ops.get(method).is_some() {
                 documented.push(format!("{} {path}", method.to_uppercase()));
                 assert!(
@@ -426,8 +426,7 @@ async fn the_openapi_document_matches_the_routes() {
         }
     }
     documented.sort();
-    let mut routes: Vec<String> = sluice_server::http::ROUTES
-        .iter()
+    let mut routes: Vec<String> = sluice_server::http::routes()
         .map(|(m, p)| format!("{m} {p}"))
         .collect();
     routes.sort();
@@ -525,14 +524,10 @@ async fn a_thousand_malformed_requests_get_no_5xx() {
 /// the 429, readiness, and readiness failing while the primary is stalled.
 #[tokio::test]
 async fn the_api_over_a_redis_store() {
-    let Some(redis) = support::redis() else {
+    let closed = CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n");
+    let Some((redis, config)) = support::with_redis(&format!("{closed}\n"), "200ms") else {
         return;
     };
-    let config = format!(
-        "{}\n{}",
-        CONFIG.replace("  uploads:\n", "  uploads:\n    on_store_error: closed\n"),
-        support::redis_store(&redis, "200ms")
-    );
     let s = start(&config).await;
     let c = Client::new();
     let url = format!("{}/v1/check", s.url);
@@ -721,7 +716,7 @@ async fn admin_routes_need_a_bearer_token() {
             if let Some(a) = auth {
                 req = req.header("authorization", a);
             }
-            let r = req.send().await.unwrap();
+            let r = support::send(req).await;
             assert_eq!(
                 r.status(),
                 StatusCode::UNAUTHORIZED,
@@ -741,7 +736,7 @@ async fn admin_routes_need_a_bearer_token() {
         if *method == reqwest::Method::POST {
             req = req.json(&body);
         }
-        let r = req.send().await.unwrap();
+        let r = support::send(req).await;
         assert!(r.status().is_success(), "{method} {path}: {}", r.status());
     }
     // The admin calls took effect (refund, then forget): the key is whole again.
@@ -760,12 +755,7 @@ async fn the_admin_scheme_is_case_insensitive() {
     let policies = format!("{}/v1/policies", s.url);
     for scheme in ["Bearer", "bearer", "BEARER", "BeArEr"] {
         for value in [format!("{scheme} {TOKEN}"), format!("{scheme}   {TOKEN}")] {
-            let r = c
-                .get(&policies)
-                .header("authorization", &value)
-                .send()
-                .await
-                .unwrap();
+            let r = support::send(c.get(&policies).header("authorization", &value)).await;
             assert_eq!(r.status(), StatusCode::OK, "{value:?}");
         }
     }
@@ -775,12 +765,7 @@ async fn the_admin_scheme_is_case_insensitive() {
         format!("Bearer{TOKEN}"),
         TOKEN.to_owned(),
     ] {
-        let r = c
-            .get(&policies)
-            .header("authorization", &value)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.get(&policies).header("authorization", &value)).await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{value:?}");
     }
     s.stop().await;
@@ -793,7 +778,7 @@ async fn a_path_that_is_not_utf8_is_a_json_error() {
     let s = start(CONFIG).await;
     let c = Client::new();
     for path in ["/v1/keys/api/%ff", "/v1/keys/s%e9arch/k"] {
-        let r = c.delete(format!("{}{path}", s.url)).send().await.unwrap();
+        let r = support::send(c.delete(format!("{}{path}", s.url))).await;
         let message = error_of(r, StatusCode::BAD_REQUEST).await;
         assert!(message.contains("UTF-8"), "{path}: {message}");
     }
@@ -811,16 +796,15 @@ async fn a_token_bucket_reports_its_burst_as_the_limit() {
     let fresh = asking("uploads", "fresh", 0);
     let r = s.post(&c, "/v1/peek", fresh).await;
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
-    assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("20"));
-    assert_eq!(header(&r, "x-ratelimit-used").as_deref(), Some("0"));
-    assert_eq!(
-        header(&r, "ratelimit-policy").as_deref(),
-        Some(r#""uploads:0";q=20;w=12"#)
-    );
-    assert_eq!(
-        header(&r, "ratelimit").as_deref(),
-        Some(r#""uploads:0";r=20;t=0"#)
+    assert_headers(
+        &r,
+        &[
+            ("x-ratelimit-limit", "20"),
+            ("x-ratelimit-remaining", "20"),
+            ("x-ratelimit-used", "0"),
+            ("ratelimit-policy", r#""uploads:0";q=20;w=12"#),
+            ("ratelimit", r#""uploads:0";r=20;t=0"#),
+        ],
     );
     let body: Value = r.json().await.unwrap();
     assert_eq!(
@@ -834,13 +818,15 @@ async fn a_token_bucket_reports_its_burst_as_the_limit() {
 
     let r = s.post(&c, "/v1/check", asking("uploads", "fresh", 3)).await;
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(header(&r, "x-ratelimit-limit").as_deref(), Some("20"));
-    assert_eq!(header(&r, "x-ratelimit-remaining").as_deref(), Some("17"));
-    assert_eq!(header(&r, "x-ratelimit-used").as_deref(), Some("3"));
-    // Three tokens come back in 1.8 s.
-    assert_eq!(
-        header(&r, "ratelimit").as_deref(),
-        Some(r#""uploads:0";r=17;t=2"#)
+    assert_headers(
+        &r,
+        &[
+            ("x-ratelimit-limit", "20"),
+            ("x-ratelimit-remaining", "17"),
+            ("x-ratelimit-used", "3"),
+            // Three tokens come back in 1.8 s.
+            ("ratelimit", r#""uploads:0";r=17;t=2"#),
+        ],
     );
     s.stop().await;
 }
@@ -868,12 +854,7 @@ async fn a_body_naming_a_field_twice_is_refused() {
             "key",
         ),
     ] {
-        let r = c
-            .post(format!("{}{path}", s.url))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.post(format!("{}{path}", s.url)).body(body)).await;
         let m = error_of(r, StatusCode::BAD_REQUEST).await;
         assert!(
             m.contains(&format!("`{field}` is given twice")),
@@ -928,12 +909,7 @@ async fn with_an_admin_section_metrics_need_a_token_unless_opened() {
             StatusCode::UNAUTHORIZED
         };
         assert_eq!(r.status(), expected, "{extra:?}");
-        let r = c
-            .get(format!("{}/metrics", s.url))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(c.get(format!("{}/metrics", s.url)).bearer_auth(TOKEN)).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert!(r.text().await.unwrap().contains("sluice_limit_max{"));
         s.stop().await;
@@ -978,12 +954,11 @@ async fn a_cross_site_browser_request_that_changes_state_is_refused() {
             assert_eq!(e["error"]["code"], "cross_site", "{e}");
         }
     }
-    let forget = c
-        .delete(format!("{}/v1/keys/api/victim", s.url))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
+    let forget = support::send(
+        c.delete(format!("{}/v1/keys/api/victim", s.url))
+            .header("origin", "https://evil.example"),
+    )
+    .await;
     assert_eq!(forget.status(), StatusCode::FORBIDDEN);
 
     let own = format!("http://{host}");
@@ -1002,12 +977,11 @@ async fn a_cross_site_browser_request_that_changes_state_is_refused() {
         assert_eq!(r.status(), StatusCode::OK, "{headers:?}");
     }
     // Reading is not refused: the answer does not reach another site's page without CORS.
-    let r = c
-        .get(format!("{}/healthz", s.url))
-        .header("origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(
+        c.get(format!("{}/healthz", s.url))
+            .header("origin", "https://evil.example"),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
     s.stop().await;
 }

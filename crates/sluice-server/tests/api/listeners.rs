@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -78,17 +76,7 @@ async fn grpc_over_tls(
 }
 
 fn envoy_request() -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "remote_address".to_owned(),
-                value: "10.0.0.1".to_owned(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
+    support::rls_request("edge", &[&[("remote_address", "10.0.0.1")]], 0)
 }
 
 async fn check(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::Response> {
@@ -99,16 +87,23 @@ async fn check(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::
         .await
 }
 
-#[tokio::test]
-async fn http_and_grpc_answer_over_tls_and_not_in_plaintext() {
+/// A server over TLS (asking clients for a certificate when `mutual`), its certificates, and
+/// an HTTPS client that trusts it (with a certificate when `mutual`).
+async fn tls_server(mutual: bool) -> (TlsCerts, reqwest::Client, support::TestServer) {
     let certs = TlsCerts::generate().unwrap();
-    let client = https_client(&certs, false);
+    let client = https_client(&certs, mutual);
     let server = support::TestServer::start_tls(
-        &tls_config(&certs, false),
+        &tls_config(&certs, mutual),
         &[("ratelimit-config/edge.yaml", RLS_YAML)],
         client.clone(),
     )
     .await;
+    (certs, client, server)
+}
+
+#[tokio::test]
+async fn http_and_grpc_answer_over_tls_and_not_in_plaintext() {
+    let (certs, client, server) = tls_server(false).await;
     assert!(server.url.starts_with("https://"), "{}", server.url);
 
     // A client that connects and never says a word holds its own socket, not the listener.
@@ -157,14 +152,7 @@ async fn codes_of(
 
 #[tokio::test]
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
-    let certs = TlsCerts::generate().unwrap();
-    let client = https_client(&certs, true);
-    let server = support::TestServer::start_tls(
-        &tls_config(&certs, true),
-        &[("ratelimit-config/edge.yaml", RLS_YAML)],
-        client.clone(),
-    )
-    .await;
+    let (certs, client, server) = tls_server(true).await;
     assert_eq!(
         check(&client, &server.url).await.unwrap().status(),
         StatusCode::OK
@@ -200,14 +188,12 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         check(&client, &server.url).await.unwrap().status(),
         StatusCode::OK
     );
-    let public = sluice_server::http::ADMIN_ROUTES
-        .iter()
-        .map(|(method, path)| {
-            let url = format!("{}{}", server.url, path.replace("{policy}/{key}", "api/k"));
-            client.request(method.parse().unwrap(), url).json(&body)
-        });
+    let public = sluice_server::http::admin_routes().map(|(method, path)| {
+        let url = format!("{}{}", server.url, path.replace("{policy}/{key}", "api/k"));
+        client.request(method.parse().unwrap(), url).json(&body)
+    });
     for request in public {
-        let r = request.bearer_auth(TOKEN).send().await.unwrap();
+        let r = support::send(request.bearer_auth(TOKEN)).await;
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["code"], "admin_listener", "{e}");
@@ -220,11 +206,7 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         );
     }
     for path in ["/healthz", "/readyz", "/openapi.json"] {
-        let r = client
-            .get(format!("{}{path}", server.url))
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(client.get(format!("{}{path}", server.url))).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
     }
 
@@ -234,35 +216,25 @@ async fn the_admin_routes_are_served_on_the_admin_listener_only() {
         refund().send().await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
-    let r = refund().bearer_auth(TOKEN).send().await.unwrap();
+    let r = support::send(refund().bearer_auth(TOKEN)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 2);
-    let r = client
-        .get(format!("{admin}/v1/policies"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(
+        client
+            .get(format!("{admin}/v1/policies"))
+            .bearer_auth(TOKEN),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
-    let r = client.get(format!("{admin}/metrics")).send().await.unwrap();
+    let r = support::send(client.get(format!("{admin}/metrics"))).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = client
-        .get(format!("{admin}/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let r = support::send(client.get(format!("{admin}/metrics")).bearer_auth(TOKEN)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("sluice_"));
     // One state behind both: the refund gave back the public check's unit, so both ports
     // peek the key as unused (a peek reports what would remain after one more request).
     for url in [&server.url, &admin] {
-        let r = client
-            .post(format!("{url}/v1/peek"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(client.post(format!("{url}/v1/peek")).json(&body)).await;
         assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 1, "{url}");
     }
     server.stop().await;
@@ -273,41 +245,40 @@ async fn listener_settings_that_cannot_work_are_refused_naming_the_field() {
     let certs = TlsCerts::generate().unwrap();
     let (cert, key) = certs.server_files();
     let (client_cert, _) = certs.client_files();
-    let refused = |text: String| Config::parse("sluice.yaml", &text).unwrap_err().to_string();
-
-    let e = refused(format!(
-        "listen:\n  tls:\n    cert_file: /nonexistent/server.crt\n    key_file: {}\n",
-        key.display()
-    ));
-    assert!(
-        e.contains("listen.tls.cert_file") && e.contains("/nonexistent/server.crt"),
-        "{e}"
-    );
-    let e = refused(format!(
-        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
-        key.display(),
-        key.display()
-    ));
-    assert!(
-        e.contains("listen.tls.cert_file") && e.contains("no PEM certificate"),
-        "{e}"
-    );
-    let e = refused(format!(
-        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
-        client_cert.display(),
-        key.display()
-    ));
-    assert!(e.contains("does not go with the certificate"), "{e}");
-    let e = refused(format!(
-        "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
-        cert.display(),
-        cert.display()
-    ));
-    assert!(e.contains("listen.tls.key_file"), "{e}");
-    let e = refused("listen:\n  http: 127.0.0.1:9000\n  admin: 127.0.0.1:9000\n".to_owned());
-    assert!(e.contains("listen.admin") && e.contains("own port"), "{e}");
-    let e = refused("listen:\n  http: 127.0.0.1:9000\n  grpc: 127.0.0.1:9000\n".to_owned());
-    assert!(e.contains("own port"), "{e}");
+    let tls = |cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "listen:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    let missing = std::path::Path::new("/nonexistent/server.crt");
+    let port =
+        |other: &str| format!("listen:\n  http: 127.0.0.1:9000\n  {other}: 127.0.0.1:9000\n");
+    // Each configuration, and what its error must name.
+    let cases: [(String, &[&str]); 6] = [
+        (
+            tls(missing, &key),
+            &["listen.tls.cert_file", "/nonexistent/server.crt"],
+        ),
+        (
+            tls(&key, &key),
+            &["listen.tls.cert_file", "no PEM certificate"],
+        ),
+        (
+            tls(&client_cert, &key),
+            &["does not go with the certificate"],
+        ),
+        (tls(&cert, &cert), &["listen.tls.key_file"]),
+        (port("admin"), &["listen.admin", "own port"]),
+        (port("grpc"), &["own port"]),
+    ];
+    for (text, words) in cases {
+        let e = Config::parse("sluice.yaml", &text).unwrap_err().to_string();
+        for word in words {
+            assert!(e.contains(word), "{text}: {word} not in {e}");
+        }
+    }
 
     // A port already taken is an error naming the listener.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -564,13 +564,14 @@ async fn the_route_compares_a_configured_policy_with_an_inline_candidate() {
     assert_eq!(candidate["retry_after_ms"], Value::Null);
 
     // A simulation touches no live state: the configured policy's key is untouched.
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/peek", s.url))
-        .json(&json!({"policy": "api", "key": "key-1"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.json::<Value>().await.unwrap()["remaining"], 99);
+    let c = reqwest::Client::new();
+    let (_, peeked) = support::answer(
+        c.post(format!("{}/v1/peek", s.url))
+            .json(&json!({"policy": "api", "key": "key-1"})),
+        None,
+    )
+    .await;
+    assert_eq!(peeked["remaining"], 99);
     s.stop().await;
 }
 
@@ -646,14 +647,9 @@ async fn bad_requests_are_400s_naming_the_field_and_the_body_cap_is_8_mib() {
     assert_eq!(body["policies"][0]["admitted"], 100);
     // … and one over 8 MiB is refused before parsing.
     let big = "x".repeat(8 * 1024 * 1024 + 1);
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/simulate", s.url))
-        .body(big)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let e: Value = r.json().await.unwrap();
+    let simulate = reqwest::Client::new().post(format!("{}/v1/simulate", s.url));
+    let (status, e) = support::answer(simulate.body(big), None).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(e["error"]["code"], "body_too_large");
     s.stop().await;
 }
@@ -782,12 +778,12 @@ async fn more_simulations_at_once_than_allowed_are_refused_busy() {
     // Poll until both hold a slot: then a third is refused.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let refusal = loop {
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/simulate", s.url))
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(
+            reqwest::Client::new()
+                .post(format!("{}/v1/simulate", s.url))
+                .body(body.clone()),
+        )
+        .await;
         if r.status() == StatusCode::SERVICE_UNAVAILABLE {
             break r;
         }

@@ -222,7 +222,7 @@ async fn an_unknown_path_names_every_route() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(e["error"]["code"], "not_found");
     let message = e["error"]["message"].as_str().unwrap();
-    for (_, path) in sluice_server::http::ROUTES {
+    for (_, path) in sluice_server::http::routes() {
         let shown = path.trim_end_matches("/app.js");
         assert!(message.contains(shown), "{path} missing from: {message}");
     }

@@ -22,14 +22,14 @@ use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 // Helpers.
 // ---------------------------------------------------------------------------------------------
 
-fn load(name: &str, yaml: &str) -> RlsConfig {
+pub(crate) fn load(name: &str, yaml: &str) -> RlsConfig {
     match RlsConfig::from_files(&[(name, yaml)]) {
         Ok(config) => config,
         Err(err) => panic!("{err}"),
     }
 }
 
-fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
+pub(crate) fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
     let options = LoadOptions {
         merge_domains,
         ..LoadOptions::default()
@@ -40,7 +40,7 @@ fn load_err(files: &[(&str, &str)], merge_domains: bool) -> RlsConfigError {
     }
 }
 
-fn get(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Match {
+pub(crate) fn get(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Match {
     match config.get_limit(domain, entries) {
         Some(m) => m,
         None => panic!("no limit for {domain} {entries:?}"),
@@ -332,85 +332,79 @@ fn domain_merge_of_two_files() {
     );
 }
 
-// reference: test/config/config_test.go TestDuplicateKeyDomainMerge
-#[test]
-fn domain_merge_still_rejects_a_descriptor_defined_twice() {
-    let err = load_err(
-        &[
-            ("merge_domain_key1.yaml", MERGE_DOMAIN_KEY1),
-            ("merge_domain_key1.yaml", MERGE_DOMAIN_KEY1),
-        ],
-        true,
-    );
-    // reference: "merge_domain_key1.yaml: duplicate descriptor composite key
-    // 'test-domain.key1_value1'"
-    assert_eq!(err.file, "merge_domain_key1.yaml");
-    assert_eq!(err.line, Some(5));
-    assert!(err.message.contains("duplicate descriptor"), "{err}");
-    assert!(err.message.contains("`key1_value1`"), "{err}");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Files the reference refuses to load.
 // ---------------------------------------------------------------------------------------------
 
-// reference: test/config/config_test.go TestEmptyDomain
-// ("empty_domain.yaml: config file cannot have empty domain")
-#[test]
-fn error_a_file_without_a_domain() {
-    let err = load_err(&[("empty_domain.yaml", "descriptors:\n")], false);
-    assert_eq!(err.file, "empty_domain.yaml");
-    assert!(err.message.starts_with("domain: missing or empty"), "{err}");
+/// A set of files the reference refuses to load, and what Sluice's error says of them.
+struct Refused {
+    /// The reference's test in test/config/config_test.go, and the reference's error.
+    case: &'static str,
+    files: Vec<(&'static str, String)>,
+    merge_domains: bool,
+    /// The file and the line the error points at.
+    at: (&'static str, Option<usize>),
+    /// How the message begins.
+    starts: &'static str,
+    /// What else the message holds.
+    holds: &'static [&'static str],
 }
 
-// reference: test/config/config_test.go TestDuplicateDomain
-// ("duplicate_domain.yaml: duplicate domain 'test-domain' in config file")
-#[test]
-fn error_a_domain_defined_in_two_files() {
-    let err = load_err(
-        &[
-            ("basic_config.yaml", BASIC_CONFIG),
-            (
-                "duplicate_domain.yaml",
-                "domain: test-domain\ndescriptors:\n",
+fn refused_files() -> Vec<Refused> {
+    let one = |name: &'static str, yaml: &str| vec![(name, yaml.to_owned())];
+    vec![
+        Refused {
+            case: "TestDuplicateKeyDomainMerge: merge_domain_key1.yaml: duplicate descriptor \
+                   composite key 'test-domain.key1_value1'",
+            files: vec![
+                ("merge_domain_key1.yaml", MERGE_DOMAIN_KEY1.to_owned()),
+                ("merge_domain_key1.yaml", MERGE_DOMAIN_KEY1.to_owned()),
+            ],
+            merge_domains: true,
+            at: ("merge_domain_key1.yaml", Some(5)),
+            starts: "",
+            holds: &["duplicate descriptor", "`key1_value1`"],
+        },
+        Refused {
+            case: "TestEmptyDomain: empty_domain.yaml: config file cannot have empty domain",
+            files: one("empty_domain.yaml", "descriptors:\n"),
+            merge_domains: false,
+            at: ("empty_domain.yaml", None),
+            starts: "domain: missing or empty",
+            holds: &[],
+        },
+        Refused {
+            case: "TestDuplicateDomain: duplicate_domain.yaml: duplicate domain 'test-domain' in \
+                   config file",
+            files: vec![
+                ("basic_config.yaml", BASIC_CONFIG.to_owned()),
+                (
+                    "duplicate_domain.yaml",
+                    "domain: test-domain\ndescriptors:\n".to_owned(),
+                ),
+            ],
+            merge_domains: false,
+            at: ("duplicate_domain.yaml", Some(1)),
+            starts: "",
+            holds: &["\"test-domain\" is already defined in basic_config.yaml:2"],
+        },
+        Refused {
+            case: "TestEmptyKey: empty_key.yaml: descriptor has empty key",
+            files: one(
+                "empty_key.yaml",
+                "domain: test-domain\ndescriptors:\n  - value: value1\n",
             ),
-        ],
-        false,
-    );
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("duplicate_domain.yaml", Some(1))
-    );
-    assert!(
-        err.message
-            .contains("\"test-domain\" is already defined in basic_config.yaml:2"),
-        "{err}"
-    );
-}
-
-// reference: test/config/config_test.go TestEmptyKey ("empty_key.yaml: descriptor has empty key")
-#[test]
-fn error_a_descriptor_without_a_key() {
-    let err = load_err(
-        &[(
-            "empty_key.yaml",
-            "domain: test-domain\ndescriptors:\n  - value: value1\n",
-        )],
-        false,
-    );
-    assert_eq!((err.file.as_str(), err.line), ("empty_key.yaml", Some(3)));
-    assert!(
-        err.message
-            .starts_with("descriptors[0]: the descriptor has no `key`"),
-        "{err}"
-    );
-}
-
-// reference: test/config/config_test.go TestDuplicateKey
-// ("duplicate_key.yaml: duplicate descriptor composite key 'test-domain.key1_value1'")
-#[test]
-fn error_the_same_key_and_value_twice_at_one_level() {
-    let yaml = "\
+            merge_domains: false,
+            at: ("empty_key.yaml", Some(3)),
+            starts: "descriptors[0]: the descriptor has no `key`",
+            holds: &[],
+        },
+        Refused {
+            case: "TestDuplicateKey: duplicate_key.yaml: duplicate descriptor composite key \
+                   'test-domain.key1_value1'",
+            files: one(
+                "duplicate_key.yaml",
+                "\
 domain: test-domain
 descriptors:
   - key: key1
@@ -418,23 +412,146 @@ descriptors:
 
   - key: key1
     value: value1
-";
-    let err = load_err(&[("duplicate_key.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("duplicate_key.yaml", Some(6))
-    );
-    assert!(
-        err.message
-            .starts_with("descriptors[1]: duplicate descriptor"),
-        "{err}"
-    );
-    assert!(err.message.contains("`key1_value1`"), "{err}");
-    assert!(
-        err.message
-            .contains("already defined at duplicate_key.yaml:3"),
-        "{err}"
-    );
+",
+            ),
+            merge_domains: false,
+            at: ("duplicate_key.yaml", Some(6)),
+            starts: "descriptors[1]: duplicate descriptor",
+            holds: &["`key1_value1`", "already defined at duplicate_key.yaml:3"],
+        },
+        Refused {
+            case: "TestReplacesSelf: replaces_self.yaml: replaces should not contain name of \
+                   same descriptor",
+            files: vec![("replaces_self.yaml", replaces_yaml(" self"))],
+            merge_domains: false,
+            at: ("replaces_self.yaml", Some(10)),
+            starts: "descriptors[0].descriptors[0].rate_limit.replaces[0]: a rate limit cannot \
+                     replace itself",
+            holds: &[],
+        },
+        Refused {
+            case: "TestReplacesEmpty: replaces_empty.yaml: should not have an empty replaces entry",
+            files: vec![("replaces_empty.yaml", replaces_yaml(""))],
+            merge_domains: false,
+            at: ("replaces_empty.yaml", Some(10)),
+            starts: "",
+            holds: &["`name` is missing or empty"],
+        },
+        Refused {
+            case: "TestBadYaml: bad_yaml.yaml: error loading config file: yaml: line 2: found \
+                   unexpected end of stream",
+            files: one("bad_yaml.yaml", "'''\n"),
+            merge_domains: false,
+            at: ("bad_yaml.yaml", Some(2)),
+            starts: "this is not valid YAML: ",
+            holds: &[],
+        },
+        Refused {
+            case: "TestMisspelledKey: misspelled_key.yaml: config error, unknown key 'ratelimit'",
+            files: one(
+                "misspelled_key.yaml",
+                "\
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    ratelimit:
+      unit: day
+      requests_per_unit: 5
+",
+            ),
+            merge_domains: false,
+            at: ("misspelled_key.yaml", Some(5)),
+            starts: "",
+            holds: &["unknown key `ratelimit`"],
+        },
+        Refused {
+            case: "TestMisspelledKey: misspelled_key2.yaml: config error, unknown key \
+                   'requestsperunit'",
+            files: one(
+                "misspelled_key2.yaml",
+                "\
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: day
+      requestsperunit: 5
+",
+            ),
+            merge_domains: false,
+            at: ("misspelled_key2.yaml", Some(7)),
+            starts: "",
+            holds: &["unknown key `requestsperunit`"],
+        },
+        Refused {
+            case: "TestNonStringKey: non_string_key.yaml: config error, key is not of type \
+                   string: 0.25",
+            files: one(
+                "non_string_key.yaml",
+                "\
+0.25: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: day
+      requests_per_unit: 5
+",
+            ),
+            merge_domains: false,
+            at: ("non_string_key.yaml", Some(1)),
+            starts: "",
+            holds: &["key 0.25 is not a string"],
+        },
+        Refused {
+            case: "TestNonMapList: non_map_list.yaml: config error, yaml file contains list of \
+                   type other than map: a",
+            files: one(
+                "non_map_list.yaml",
+                "domain: test-domain\ndescriptors:\n  - a\n  - b\n  - c\n",
+            ),
+            merge_domains: false,
+            at: ("non_map_list.yaml", Some(3)),
+            starts: "descriptors[0]: a list item must be a mapping",
+            holds: &[],
+        },
+        Refused {
+            case: "TestUnlimitedWithRateLimitUnit: unlimited_with_unit.yaml: should not specify \
+                   rate limit unit when unlimited",
+            files: one(
+                "unlimited_with_unit.yaml",
+                "\
+domain: test-domain
+descriptors:
+  - key: foo
+    rate_limit:
+      unlimited: true
+      unit: day
+      requests_per_unit: 25
+",
+            ),
+            merge_domains: false,
+            at: ("unlimited_with_unit.yaml", Some(6)),
+            starts: "",
+            holds: &["`unlimited: true` cannot be combined with `unit: day`"],
+        },
+    ]
+}
+
+#[test]
+fn errors_of_the_files_the_reference_refuses() {
+    for r in refused_files() {
+        let files: Vec<(&str, &str)> = r.files.iter().map(|(n, y)| (*n, y.as_str())).collect();
+        let err = load_err(&files, r.merge_domains);
+        let case = r.case;
+        assert_eq!((err.file.as_str(), err.line), r.at, "{case}: {err}");
+        assert!(err.message.starts_with(r.starts), "{case}: {err}");
+        for part in r.holds {
+            assert!(err.message.contains(part), "{case}: {part} not in {err}");
+        }
+    }
 }
 
 // reference: test/config/config_test.go TestBadLimitUnit
@@ -477,149 +594,6 @@ descriptors:
           requests_per_unit: 5
 "
     )
-}
-
-// reference: test/config/config_test.go TestReplacesSelf
-// ("replaces_self.yaml: replaces should not contain name of same descriptor")
-#[test]
-fn error_a_rule_that_replaces_itself() {
-    let err = load_err(&[("replaces_self.yaml", &replaces_yaml(" self"))], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("replaces_self.yaml", Some(10))
-    );
-    assert!(
-        err.message.starts_with(
-            "descriptors[0].descriptors[0].rate_limit.replaces[0]: a rate limit cannot replace \
-             itself"
-        ),
-        "{err}"
-    );
-}
-
-// reference: test/config/config_test.go TestReplacesEmpty
-// ("replaces_empty.yaml: should not have an empty replaces entry")
-#[test]
-fn error_an_empty_replaces_entry() {
-    let err = load_err(&[("replaces_empty.yaml", &replaces_yaml(""))], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("replaces_empty.yaml", Some(10))
-    );
-    assert!(err.message.contains("`name` is missing or empty"), "{err}");
-}
-
-// reference: test/config/config_test.go TestBadYaml
-// ("bad_yaml.yaml: error loading config file: yaml: line 2: found unexpected end of stream")
-#[test]
-fn error_invalid_yaml() {
-    let err = load_err(&[("bad_yaml.yaml", "'''\n")], false);
-    assert_eq!(err.file, "bad_yaml.yaml");
-    assert!(err.message.starts_with("this is not valid YAML: "), "{err}");
-}
-
-// reference: test/config/config_test.go TestMisspelledKey
-// ("misspelled_key.yaml: config error, unknown key 'ratelimit'" and
-// "misspelled_key2.yaml: config error, unknown key 'requestsperunit'")
-#[test]
-fn error_misspelled_keys() {
-    let yaml = "\
-domain: test-domain
-descriptors:
-  - key: key1
-    value: value1
-    ratelimit:
-      unit: day
-      requests_per_unit: 5
-";
-    let err = load_err(&[("misspelled_key.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("misspelled_key.yaml", Some(5))
-    );
-    assert!(err.message.contains("unknown key `ratelimit`"), "{err}");
-
-    let yaml = "\
-domain: test-domain
-descriptors:
-  - key: key1
-    value: value1
-    rate_limit:
-      unit: day
-      requestsperunit: 5
-";
-    let err = load_err(&[("misspelled_key2.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("misspelled_key2.yaml", Some(7))
-    );
-    assert!(
-        err.message.contains("unknown key `requestsperunit`"),
-        "{err}"
-    );
-}
-
-// reference: test/config/config_test.go TestNonStringKey
-// ("non_string_key.yaml: config error, key is not of type string: 0.25")
-#[test]
-fn error_a_key_that_is_not_a_string() {
-    let yaml = "\
-0.25: test-domain
-descriptors:
-  - key: key1
-    value: value1
-    rate_limit:
-      unit: day
-      requests_per_unit: 5
-";
-    let err = load_err(&[("non_string_key.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("non_string_key.yaml", Some(1))
-    );
-    assert!(err.message.contains("key 0.25 is not a string"), "{err}");
-}
-
-// reference: test/config/config_test.go TestNonMapList
-// ("non_map_list.yaml: config error, yaml file contains list of type other than map: a")
-#[test]
-fn error_a_list_of_something_other_than_mappings() {
-    let yaml = "domain: test-domain\ndescriptors:\n  - a\n  - b\n  - c\n";
-    let err = load_err(&[("non_map_list.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("non_map_list.yaml", Some(3))
-    );
-    assert!(
-        err.message
-            .starts_with("descriptors[0]: a list item must be a mapping"),
-        "{err}"
-    );
-}
-
-// reference: test/config/config_test.go TestUnlimitedWithRateLimitUnit
-// ("unlimited_with_unit.yaml: should not specify rate limit unit when unlimited")
-#[test]
-fn error_unlimited_with_a_unit() {
-    let yaml = "\
-domain: test-domain
-descriptors:
-  - key: foo
-    rate_limit:
-      unlimited: true
-      unit: day
-      requests_per_unit: 25
-";
-    let err = load_err(&[("unlimited_with_unit.yaml", yaml)], false);
-    assert_eq!(
-        (err.file.as_str(), err.line),
-        ("unlimited_with_unit.yaml", Some(6))
-    );
-    assert!(
-        err.message
-            .contains("`unlimited: true` cannot be combined with `unit: day`"),
-        "{err}"
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1213,7 +1187,7 @@ fn value_to_metric_statistics_keys_in_three_configurations() {
 // ---------------------------------------------------------------------------------------------
 
 /// The reference's `test/config/share_threshold.yaml`.
-const SHARE_THRESHOLD: &str = "\
+pub(crate) const SHARE_THRESHOLD: &str = "\
 domain: test-domain
 descriptors:
   - key: files

@@ -548,10 +548,10 @@ async fn no_rate_limit_configuration_is_an_error() {
         .should_rate_limit(simple("test-domain", &[&[("hello", "world")]], 1))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        e.message().contains("no Envoy rate limit configuration"),
-        "{e}"
+    support::assert_status(
+        &e,
+        tonic::Code::FailedPrecondition,
+        "no Envoy rate limit configuration",
     );
     server.stop().await;
 }
@@ -562,13 +562,9 @@ async fn no_rate_limit_configuration_is_an_error() {
 // answers UNAVAILABLE. Either way Envoy's `failure_mode_deny` decides. Over Redis, paused.
 #[tokio::test]
 async fn a_store_error_is_an_error() {
-    let Some(redis) = support::redis() else {
+    let Some((redis, settings)) = support::with_redis(REFERENCE_DEFAULTS, "200ms") else {
         return;
     };
-    let settings = format!(
-        "{REFERENCE_DEFAULTS}{}",
-        support::redis_store(&redis, "200ms")
-    );
     let mut s = Rls::start(&settings, &[("different.yaml", DIFFERENT_DOMAIN)], T_2222).await;
     let r = s
         .ask(simple("different-domain", &[&[("foo", "bar")]], 1))
@@ -918,8 +914,11 @@ async fn a_carried_limit_applies_and_shares_the_configured_counter() {
             1,
         ))
         .await;
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("descriptors[0].limit.unit"), "{e}");
+    support::assert_status(
+        &e,
+        tonic::Code::InvalidArgument,
+        "descriptors[0].limit.unit",
+    );
     s.stop().await;
 }
 
@@ -1046,12 +1045,8 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     test(REFERENCE_DEFAULTS.to_owned()).await;
-    if let Some(redis) = support::redis() {
-        test(format!(
-            "{REFERENCE_DEFAULTS}{}",
-            support::redis_store(&redis, "2s")
-        ))
-        .await;
+    if let Some((_redis, settings)) = support::with_redis(REFERENCE_DEFAULTS, "2s") {
+        test(settings).await;
     }
 }
 
@@ -1479,13 +1474,10 @@ async fn integration_basic_config_in_memory() {
 // (WithoutPerSecondRedisWithCachePrefix), over Redis with a key prefix.
 #[tokio::test]
 async fn integration_basic_config_over_redis_with_a_key_prefix() {
-    let Some(redis) = support::redis() else {
+    let Some((redis, settings)) = support::with_redis(REFERENCE_DEFAULTS, "2s") else {
         return;
     };
-    let settings = format!(
-        "{REFERENCE_DEFAULTS}{}  key_prefix: \"prefix:\"\n",
-        support::redis_store(&redis, "2s")
-    );
+    let settings = format!("{settings}  key_prefix: \"prefix:\"\n");
     let s = basic_base_config(&settings, "").await;
     // Every counter is under the prefix, and carries the reference's counter key (though not
     // the reference's whole Redis key: see the parity table).

@@ -4,28 +4,15 @@
 use std::fs;
 use std::path::Path;
 
-use crate::parity_config::BASIC_CONFIG;
+use crate::parity_config::{BASIC_CONFIG, SHARE_THRESHOLD, get as limit, load, load_err};
 use sluice_envoy_rules::{LoadOptions, Match, RlsConfig, RlsConfigError, Unit};
 
 fn config(yaml: &str) -> RlsConfig {
-    match RlsConfig::from_files(&[("test.yaml", yaml)]) {
-        Ok(config) => config,
-        Err(err) => panic!("{err}"),
-    }
+    load("test.yaml", yaml)
 }
 
 fn error(yaml: &str) -> RlsConfigError {
-    match RlsConfig::from_files(&[("cfg/api.yaml", yaml)]) {
-        Ok(_) => panic!("loaded, but should not have:\n{yaml}"),
-        Err(err) => err,
-    }
-}
-
-fn limit(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Match {
-    match config.get_limit(domain, entries) {
-        Some(m) => m,
-        None => panic!("no limit for {domain} {entries:?}"),
-    }
+    load_err(&[("cfg/api.yaml", yaml)], false)
 }
 
 fn assert_rule(m: &Match, requests_per_unit: u32, unit: Unit) {
@@ -616,38 +603,8 @@ descriptors:
 
 #[test]
 fn share_threshold_shares_one_counter_per_pattern() {
-    let config = config(
-        "\
-domain: test-domain
-descriptors:
-  - key: files
-    value: files/*
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-  - key: nested
-    value: parent
-    descriptors:
-      - key: files
-        value: nested/*
-        share_threshold: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 200
-  - key: file
-    value: test1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 50
-  - key: file
-    value: test*
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-",
-    );
+    // The reference's share_threshold.yaml.
+    let config = config(SHARE_THRESHOLD);
     let d = "test-domain";
     let a = limit(&config, d, &[("files", "files/a.pdf")]);
     let b = limit(&config, d, &[("files", "files/b.csv")]);

@@ -58,6 +58,13 @@ fn named<'a>(spans: &'a [Received], name: &str) -> Vec<&'a Received> {
     spans.iter().filter(|s| s.name() == name).collect()
 }
 
+/// Whether `spans` hold `n` spans of each `(name, n)`.
+fn counted(spans: &[Received], counts: &[(&str, usize)]) -> bool {
+    counts
+        .iter()
+        .all(|&(name, n)| named(spans, name).len() == n)
+}
+
 /// Two Redis shards: each descriptor's store call is a span naming the shard that decided it.
 #[tokio::test]
 async fn should_rate_limit_is_a_span_under_envoys_traceparent_with_a_store_span_per_shard_call() {
@@ -97,8 +104,14 @@ async fn should_rate_limit_is_a_span_under_envoys_traceparent_with_a_store_span_
     assert_eq!(first.overall_code, Code::Ok as i32);
     let spans = collector
         .wait_for(trace, WITHIN, |s| {
-            named(s, "sluice.rls.should_rate_limit").len() == 1
-                && named(s, "sluice.store").len() == addresses.len()
+            let stores = addresses.len();
+            counted(
+                s,
+                &[
+                    ("sluice.rls.should_rate_limit", 1),
+                    ("sluice.store", stores),
+                ],
+            )
         })
         .await;
     let decision = named(&spans, "sluice.rls.should_rate_limit")[0];
@@ -171,7 +184,7 @@ async fn an_rlqs_report_is_a_span_under_the_streams_traceparent() {
     answers.message().await.unwrap().expect("an answer");
     let spans = collector
         .wait_for(trace, WITHIN, |s| {
-            named(s, "sluice.rlqs.report").len() == 1 && named(s, "sluice.store").len() == 1
+            counted(s, &[("sluice.rlqs.report", 1), ("sluice.store", 1)])
         })
         .await;
     let report = named(&spans, "sluice.rlqs.report")[0];

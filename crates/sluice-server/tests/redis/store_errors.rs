@@ -66,6 +66,7 @@ struct Fleet {
     http: Client,
 }
 
+/// A [`Fleet`] over `store` that has decided once ("warm").
 async fn fleet(store: &str) -> Fleet {
     let mut servers = Vec::new();
     for mode in MODES {
@@ -73,10 +74,12 @@ async fn fleet(store: &str) -> Fleet {
         let client = RateLimitServiceClient::new(s.channel().await);
         servers.push((mode, s, client));
     }
-    Fleet {
+    let fleet = Fleet {
         servers,
         http: Client::new(),
-    }
+    };
+    fleet.decides_again("warm").await;
+    fleet
 }
 
 fn request(value: &str) -> RateLimitRequest {
@@ -126,12 +129,7 @@ impl Fleet {
     }
 
     async fn readyz(&self) -> (StatusCode, Value) {
-        let r = self
-            .http
-            .get(format!("{}/readyz", self.first().url))
-            .send()
-            .await
-            .unwrap();
+        let r = support::send(self.http.get(format!("{}/readyz", self.first().url))).await;
         (r.status(), r.json().await.unwrap())
     }
 
@@ -210,6 +208,19 @@ impl Fleet {
         }
     }
 
+    /// Each server fails as its mode says ([`Fleet::each_mode_fails_as_configured`]), and
+    /// `/readyz` is not ready: its reason.
+    async fn fails(&mut self, key: &str) -> String {
+        self.each_mode_fails_as_configured(key).await;
+        self.not_ready().await
+    }
+
+    /// Every server decides again ("after"), then stops.
+    async fn recovers(self) {
+        self.decides_again("after").await;
+        self.stop().await;
+    }
+
     /// `/readyz` answers 503 (polled: the circuit opens after a few failures); its reason.
     async fn not_ready(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -257,57 +268,69 @@ async fn out_of_memory() {
         return;
     };
     let mut f = fleet(&shard(&redis.url())).await;
-    f.decides_again("warm").await;
     redis
         .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
         .unwrap();
     redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
-    f.each_mode_fails_as_configured("oom").await;
-    let why = f.not_ready().await;
+    let why = f.fails("oom").await;
     assert!(
         why.contains("every shard's circuit is open") && why.contains("oom"),
         "{why}"
     );
     redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
+}
+
+/// Sends `args` to `redis` from a thread of its own, on a connection that waits up to 60 s
+/// for the answer: for a command that keeps Redis busy.
+fn in_a_thread(
+    redis: &RedisServer,
+    args: &[&str],
+) -> std::thread::JoinHandle<redis::RedisResult<redis::Value>> {
+    let mut conn = redis
+        .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
+        .unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    std::thread::spawn(move || cmd.query::<redis::Value>(&mut conn))
 }
 
 const PASSWORD: &str = "store-errors-0123456789";
 
-fn server_with_alice() -> (RedisServer, String) {
+/// A redis-server with the ACL user alice, and the URL that logs in as her; `None` where Redis
+/// is absent and not required.
+fn server_with_alice() -> Option<(RedisServer, String)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
     let server = ServerOptions::new()
         .args(sluice_testkit::acl_user("alice", PASSWORD, "sluice:*"))
         .start()
         .unwrap();
     let url = format!("redis://alice:{PASSWORD}@127.0.0.1:{}", server.port());
-    (server, url)
+    Some((server, url))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_change() {
-    if !sluice_testkit::require_redis() {
+    let Some((redis, url)) = server_with_alice() else {
         return;
-    }
-    let (redis, url) = server_with_alice();
+    };
     let mut f = fleet(&shard(&url)).await;
-    f.decides_again("warm").await;
     redis.cmd(&["ACL", "SETUSER", "alice", "-@all"]).unwrap();
-    f.each_mode_fails_as_configured("noperm").await;
-    f.not_ready().await;
+    f.fails("noperm").await;
     redis.cmd(&["ACL", "SETUSER", "alice", "+@all"]).unwrap();
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_library_that_cannot_be_reloaded() {
-    if !sluice_testkit::require_redis() {
+    let Some((redis, url)) = server_with_alice() else {
         return;
-    }
-    let (redis, url) = server_with_alice();
+    };
     let mut f = fleet(&shard(&url)).await;
-    f.decides_again("warm").await;
     // Reloaded at once when it can be.
     redis.cmd(&["FUNCTION", "FLUSH"]).unwrap();
     f.decides_again("reloaded").await;
@@ -315,14 +338,12 @@ async fn a_flushed_library_that_cannot_be_reloaded() {
         .cmd(&["ACL", "SETUSER", "alice", "-function"])
         .unwrap();
     redis.cmd(&["FUNCTION", "FLUSH"]).unwrap();
-    f.each_mode_fails_as_configured("flushed").await;
-    let why = f.not_ready().await;
+    let why = f.fails("flushed").await;
     assert!(why.contains("every shard's circuit is open"), "{why}");
     redis
         .cmd(&["ACL", "SETUSER", "alice", "+function"])
         .unwrap();
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,31 +355,17 @@ async fn a_busy_script() {
         .cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"])
         .unwrap();
     let mut f = fleet(&shard(&redis.url())).await;
-    f.decides_again("warm").await;
-    let script = {
-        let mut conn = redis
-            .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
-            .unwrap();
-        std::thread::spawn(move || {
-            redis::cmd("EVAL")
-                .arg(
-                    "local t = redis.call('TIME')[1] \
-                     while redis.call('TIME')[1] - t < 50 do end return 1",
-                )
-                .arg(0)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
+    let spin =
+        "local t = redis.call('TIME')[1] while redis.call('TIME')[1] - t < 50 do end return 1";
+    let script = in_a_thread(&redis, &["EVAL", spin, "0"]);
     until("Redis to answer BUSY", || async {
         matches!(redis.cmd(&["PING"]), Err(e) if e.to_string().contains("BUSY"))
     })
     .await;
-    f.each_mode_fails_as_configured("busy").await;
-    f.not_ready().await;
+    f.fails("busy").await;
     redis.cmd(&["SCRIPT", "KILL"]).unwrap();
     assert!(script.join().unwrap().is_err(), "the script was killed");
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,18 +375,7 @@ async fn a_sleeping_server() {
     }
     let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]).unwrap();
     let mut f = fleet(&shard(&redis.url())).await;
-    f.decides_again("warm").await;
-    let sleep = {
-        let mut conn = redis
-            .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(60))
-            .unwrap();
-        std::thread::spawn(move || {
-            redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(12)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
+    let sleep = in_a_thread(&redis, &["DEBUG", "SLEEP", "12"]);
     until("Redis to sleep", || async {
         redis
             .connection_with_timeouts(Duration::from_secs(1), Duration::from_millis(200))
@@ -388,11 +384,9 @@ async fn a_sleeping_server() {
             })
     })
     .await;
-    f.each_mode_fails_as_configured("asleep").await;
-    f.not_ready().await;
+    f.fails("asleep").await;
     tokio::task::block_in_place(|| sleep.join().unwrap().unwrap());
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,13 +395,10 @@ async fn a_killed_primary() {
         return;
     };
     let mut f = fleet(&shard(&redis.url())).await;
-    f.decides_again("warm").await;
     tokio::task::block_in_place(|| redis.kill().unwrap());
-    f.each_mode_fails_as_configured("killed").await;
-    f.not_ready().await;
+    f.fails("killed").await;
     tokio::task::block_in_place(|| redis.restart().unwrap());
-    f.decides_again("after").await;
-    f.stop().await;
+    f.recovers().await;
 }
 
 /// Every key this test decides (the HTTP policies' and the Envoy rule's, as the store names
@@ -422,7 +413,6 @@ async fn a_migrating_cluster_slot() {
     let cluster = tokio::task::block_in_place(RedisCluster::start).unwrap();
     let store = format!("  cluster: [{}]\n", cluster.urls().join(", "));
     let mut f = fleet(&store).await;
-    f.decides_again("warm").await;
 
     let key = "moving";
     let prefix = sluice_redis::DEFAULT_PREFIX;

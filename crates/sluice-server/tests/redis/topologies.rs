@@ -23,7 +23,7 @@ policies:
 "#;
 
 async fn text(c: &Client, url: String) -> (StatusCode, String) {
-    let r = c.get(url).send().await.unwrap();
+    let r = support::send(c.get(url)).await;
     (r.status(), r.text().await.unwrap())
 }
 
@@ -34,13 +34,27 @@ async fn serve(store: &str, files: &[(&str, &str)]) -> (TestServer, Client) {
     (TestServer::start(&config, files).await, Client::new())
 }
 
-/// [`serve`] over the one shard `redis`, with a 200 ms timeout.
-async fn one_shard(redis: &sluice_testkit::RedisServer) -> (TestServer, Client) {
+/// A real redis-server and [`serve`] over it, its one shard, with a 200 ms timeout; `None` as
+/// [`support::redis`].
+async fn one_shard() -> Option<(sluice_testkit::RedisServer, TestServer, Client)> {
+    let redis = support::redis()?;
     let shard = format!(
         "  shards:\n    - primary: {}\n  timeout: 200ms\n",
         redis.url()
     );
-    serve(&shard, &[]).await
+    let (s, c) = serve(&shard, &[]).await;
+    Some((redis, s, c))
+}
+
+/// `/metrics`, `/readyz` and `/v1/policies` answer, and show none of `secrets`.
+async fn shown_nowhere(c: &Client, s: &TestServer, secrets: &[&str]) {
+    for path in ["/metrics", "/readyz", "/v1/policies"] {
+        let (status, text) = text(c, format!("{}{path}", s.url)).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        for secret in secrets {
+            assert!(!text.contains(secret), "{path} shows {secret}");
+        }
+    }
 }
 
 /// `/readyz` answers `status`.
@@ -107,10 +121,9 @@ async fn the_api_over_sentinel() {
 /// used again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_policy_stays_limited_while_its_shard_is_down() {
-    let Some(mut redis) = support::redis() else {
+    let Some((mut redis, s, c)) = one_shard().await else {
         return;
     };
-    let (s, c) = one_shard(&redis).await;
     let (status, body) = check(&c, &s, "insured", "k").await;
     assert_eq!(
         (status, body["remaining"].as_u64()),
@@ -185,10 +198,9 @@ async fn a_local_policy_stays_limited_while_its_shard_is_down() {
 /// headers; the same check under `local` carries the insurance store's real numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_decision_carries_no_rate_limit_headers() {
-    let Some(mut redis) = support::redis() else {
+    let Some((mut redis, s, c)) = one_shard().await else {
         return;
     };
-    let (s, c) = one_shard(&redis).await;
     let post = |policy: &str| {
         c.post(format!("{}/v1/check", s.url))
             .json(&json!({"policy": policy, "key": "k"}))
@@ -221,13 +233,10 @@ async fn an_open_decision_carries_no_rate_limit_headers() {
 /// /metrics, and Redis sees a fraction of the calls; the window is still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_reservation_serves_hot_keys_from_memory() {
-    let Some(redis) = support::redis() else {
+    let hot = "policies:\n  hot:\n    limits:\n      - { max: 100, per: 1h }\nlocal:\n  enabled: true\n  batch: 0.1\n";
+    let Some((redis, config)) = support::with_redis(hot, "2s") else {
         return;
     };
-    let config = format!(
-        "policies:\n  hot:\n    limits:\n      - {{ max: 100, per: 1h }}\nlocal:\n  enabled: true\n  batch: 0.1\n{}",
-        support::redis_store(&redis, "2s")
-    );
     let s = TestServer::start(&config, &[]).await;
     let c = Client::new();
     let mut allowed = 0;
@@ -330,10 +339,7 @@ async fn the_api_as_an_acl_user_with_a_password_file() {
     );
     let users = redis.client_users().unwrap();
     assert!(users.iter().any(|u| u == "sluice"), "{users:?}");
-    for path in ["/metrics", "/readyz", "/v1/policies"] {
-        let (_, text) = text(&c, format!("{}{path}", s.url)).await;
-        assert!(!text.contains(PASSWORD), "{path}");
-    }
+    shown_nowhere(&c, &s, &[PASSWORD]).await;
     s.stop().await;
 }
 
@@ -387,14 +393,7 @@ async fn the_api_over_a_tls_sentinel_with_separate_sentinel_auth() {
     assert!(users.iter().any(|u| u == "sluice"), "{users:?}");
     let users = group.sentinels()[0].client_users().unwrap();
     assert!(users.iter().any(|u| u == "watcher"), "{users:?}");
-    for path in ["/metrics", "/readyz", "/v1/policies"] {
-        let (status, text) = text(&c, format!("{}{path}", s.url)).await;
-        assert_eq!(status, StatusCode::OK, "{path}: {text}");
-        assert!(
-            !text.contains(DATA_PASSWORD) && !text.contains(SENTINEL_PASSWORD),
-            "{path}"
-        );
-    }
+    shown_nowhere(&c, &s, &[DATA_PASSWORD, SENTINEL_PASSWORD]).await;
     s.stop().await;
 }
 

@@ -215,6 +215,11 @@ pub fn rls_request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> 
     }
 }
 
+/// Sends `request`: its answer.
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.unwrap()
+}
+
 /// Sends `request` and reads its answer as JSON.
 pub async fn json(request: reqwest::RequestBuilder) -> serde_json::Value {
     request.send().await.unwrap().json().await.unwrap()
@@ -276,6 +281,20 @@ pub async fn check(
 /// test then returns without running).
 pub fn redis() -> Option<sluice_testkit::RedisServer> {
     sluice_testkit::require_redis().then(|| sluice_testkit::RedisServer::start().unwrap())
+}
+
+/// A real redis-server for one test and `config` followed by the `store:` section that
+/// decides on it ([`redis_store`]), or `None` as [`redis`].
+pub fn with_redis(config: &str, timeout: &str) -> Option<(sluice_testkit::RedisServer, String)> {
+    let redis = redis()?;
+    let config = format!("{config}{}", redis_store(&redis, timeout));
+    Some((redis, config))
+}
+
+/// Asserts that the gRPC error `e` has `code` and a message that contains `part`.
+pub fn assert_status(e: &tonic::Status, code: tonic::Code, part: &str) {
+    assert_eq!(e.code(), code, "{e:?}");
+    assert!(e.message().contains(part), "{}", e.message());
 }
 
 /// The `store:` section of a configuration deciding on the one shard `redis`, with
