@@ -158,7 +158,7 @@ impl clap::Args for ConfigArgs {
 
 impl clap::FromArgMatches for ConfigArgs {
     fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let mut overrides = Overrides::none();
+        let mut overrides = Overrides::default();
         for s in &SETTINGS {
             if let Some(value) = matches.get_one::<String>(s.flag) {
                 let given = match matches.value_source(s.flag) {

@@ -136,11 +136,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     use sluice_simulate::{Bounds, Simulation, policy_flag, render};
 
     let configured: Vec<sluice::Policy> = match &args.config {
-        Some(path) => Config::load(path)?
-            .policies
-            .into_iter()
-            .map(|p| p.policy)
-            .collect(),
+        Some(path) => Config::load(path)?.policies,
         None => Vec::new(),
     };
     let policies = args

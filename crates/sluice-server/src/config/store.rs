@@ -12,36 +12,22 @@ use super::{ClockSource, ReadFrom};
 use super::{FieldError, PositiveDuration, RawSentinel, StoreConfig};
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(super) struct RawStore {
-    #[serde(default)]
     backend: Option<String>,
-    #[serde(default)]
     shards: Vec<Shard>,
-    #[serde(default)]
     cluster: Option<Vec<String>>,
-    #[serde(default)]
     sentinel: Option<RawSentinel>,
-    #[serde(default)]
     read_from: ReadFrom,
-    #[serde(default)]
     timeout: Option<PositiveDuration>,
-    #[serde(default)]
     clock: ClockSource,
-    #[serde(default)]
     key_prefix: Option<String>,
-    #[serde(default)]
     tls: Option<sluice_redis::TlsFiles>,
-    #[serde(default)]
     auth: Option<RawAuth>,
-    #[serde(default)]
     sentinel_auth: Option<RawAuth>,
-    #[serde(default)]
     wait_for_replicas: Option<RawWait>,
-    #[serde(default)]
     coalesce: Option<u64>,
     /// `store.regions`: one limit across regions (docs/regions.md).
-    #[serde(default)]
     regions: Option<super::store_regions::RawRegions>,
 }
 
@@ -69,11 +55,8 @@ fn one() -> u32 {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAuth {
-    #[serde(default)]
     username: Option<String>,
-    #[serde(default)]
     password_file: Option<PathBuf>,
-    #[serde(default)]
     password_env: Option<String>,
 }
 

@@ -86,7 +86,7 @@ impl Generation {
         let limiter = Limiter::new(stores.deciding.clone())
             .with_clock(clock.clone())
             .with_insurance(stores.insurance.clone())
-            .with_policies(config.policies.iter().map(|p| p.policy.clone()));
+            .with_policies(config.policies.iter().cloned());
         let rls_policies = rule_policies(rls.as_deref(), config.rls.as_ref());
         Self {
             number,

@@ -50,13 +50,9 @@ local:
     .unwrap();
     assert_eq!(c.http.port(), 9090);
     assert_eq!(c.policies.len(), 3);
-    let uploads = c
-        .policies
-        .iter()
-        .find(|p| p.policy.name() == "uploads")
-        .unwrap();
-    assert_eq!(uploads.on_store_error(), FailureMode::Closed);
-    assert_eq!(uploads.policy.limits()[0].burst(), 20);
+    let uploads = c.policies.iter().find(|p| p.name() == "uploads").unwrap();
+    assert_eq!(uploads.failure_mode(), FailureMode::Closed);
+    assert_eq!(uploads.limits()[0].burst(), 20);
     match c.store {
         StoreConfig::Redis(RedisConfig {
             timeout,
@@ -400,69 +396,92 @@ fn the_sections_read_at_start_only_are_compared() {
     );
 }
 
+/// Each bad file: the start of its error (file and line) and what the error holds.
 #[test]
 fn errors_name_file_line_and_value() {
-    let e = error(
-        "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s }\n      - { max: 5, per: 0s }\n",
-    );
-    assert!(e.starts_with("sluice.yaml:5:"), "{e}");
-    assert!(e.contains("policies.api.limits[1].per"), "{e}");
-    assert!(e.contains("`0s` is not a positive duration"), "{e}");
-
-    let e = error("policies:\n  api:\n    limits:\n      - { max: 0, per: 1s }\n");
-    assert!(e.starts_with("sluice.yaml:4:"), "{e}");
-    assert!(e.contains("max"), "{e}");
-
-    let e =
-        error("policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, algorithm: leaky }\n");
-    assert!(e.contains("`leaky` is not an algorithm"), "{e}");
-
-    let e = error(
-        "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, precision: 300ms, algorithm: sliding_window }\n",
-    );
-    assert!(e.contains("multiple of precision"), "{e}");
-
-    let e = error("policies:\n  api:\n    limit:\n      - { max: 10, per: 1s }\n");
-    assert!(e.contains("unknown field `limit`"), "{e}");
-    assert!(e.starts_with("sluice.yaml:3:"), "{e}");
-
-    let e = error(
-        "store:\n  backend: redis\n  shards:\n    - primary: redis://a:1\n    - primary: redis://a:1\n",
-    );
-    assert!(
-        e.contains("store.shards[1].primary") && e.contains("listed twice"),
-        "{e}"
-    );
-
-    let e = error("store:\n  backend: redis\n");
-    assert!(e.contains("needs one of store.shards"), "{e}");
-
-    let e = error(
-        "store:\n  backend: redis\n  cluster: [redis://a:1]\n  shards:\n    - primary: redis://b:1\n",
-    );
-    assert!(e.contains("only one of store.shards"), "{e}");
-
-    let e = error("store:\n  backend: redis\n  sentinel: {master: m, nodes: []}\n");
-    assert!(e.contains("store.sentinel.nodes"), "{e}");
-
-    let e = error("store:\n  backend: redis\n  sentinel: {name: m, nodes: [redis://a:1]}\n");
-    assert!(e.contains("unknown field `name`"), "{e}");
-
-    let e = error("store:\n  backend: etcd\n");
-    assert!(e.contains("store.backend: `etcd` is not a store"), "{e}");
-
-    let e =
-        error("policies:\n  api:\n    on_store_error: maybe\n    limits: [{ max: 1, per: 1s }]\n");
-    assert!(e.contains("policies.api.on_store_error"), "{e}");
-
-    let e = error("listen:\n  http: localhost-ish\n");
-    assert!(e.starts_with("sluice.yaml:2:"), "{e}");
-
-    let e = error("policies:\n  api:\n    limits: [{ max: 1, per: 10 }]\n");
-    assert!(e.contains("has no unit"), "{e}");
-
-    let e = error("policies:\n  'a b':\n    limits: [{ max: 1, per: 1s }]\n");
-    assert!(e.contains("policies.a b"), "{e}");
+    let at = "sluice.yaml:";
+    for (text, starts, holds) in [
+        (
+            "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s }\n      - { max: 5, per: 0s }\n",
+            "sluice.yaml:5:",
+            &[
+                "policies.api.limits[1].per",
+                "`0s` is not a positive duration",
+            ][..],
+        ),
+        (
+            "policies:\n  api:\n    limits:\n      - { max: 0, per: 1s }\n",
+            "sluice.yaml:4:",
+            &["max"],
+        ),
+        (
+            "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, algorithm: leaky }\n",
+            at,
+            &["`leaky` is not an algorithm"],
+        ),
+        (
+            "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s, precision: 300ms, algorithm: sliding_window }\n",
+            at,
+            &["multiple of precision"],
+        ),
+        (
+            "policies:\n  api:\n    limit:\n      - { max: 10, per: 1s }\n",
+            "sluice.yaml:3:",
+            &["unknown field `limit`"],
+        ),
+        (
+            "store:\n  backend: redis\n  shards:\n    - primary: redis://a:1\n    - primary: redis://a:1\n",
+            at,
+            &["store.shards[1].primary", "listed twice"],
+        ),
+        (
+            "store:\n  backend: redis\n",
+            at,
+            &["needs one of store.shards"],
+        ),
+        (
+            "store:\n  backend: redis\n  cluster: [redis://a:1]\n  shards:\n    - primary: redis://b:1\n",
+            at,
+            &["only one of store.shards"],
+        ),
+        (
+            "store:\n  backend: redis\n  sentinel: {master: m, nodes: []}\n",
+            at,
+            &["store.sentinel.nodes"],
+        ),
+        (
+            "store:\n  backend: redis\n  sentinel: {name: m, nodes: [redis://a:1]}\n",
+            at,
+            &["unknown field `name`"],
+        ),
+        (
+            "store:\n  backend: etcd\n",
+            at,
+            &["store.backend: `etcd` is not a store"],
+        ),
+        (
+            "policies:\n  api:\n    on_store_error: maybe\n    limits: [{ max: 1, per: 1s }]\n",
+            at,
+            &["policies.api.on_store_error"],
+        ),
+        ("listen:\n  http: localhost-ish\n", "sluice.yaml:2:", &[]),
+        (
+            "policies:\n  api:\n    limits: [{ max: 1, per: 10 }]\n",
+            at,
+            &["has no unit"],
+        ),
+        (
+            "policies:\n  'a b':\n    limits: [{ max: 1, per: 1s }]\n",
+            at,
+            &["policies.a b"],
+        ),
+    ] {
+        let e = error(text);
+        assert!(e.starts_with(starts), "{e}");
+        for part in holds {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+    }
 }
 
 #[test]

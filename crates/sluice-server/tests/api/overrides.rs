@@ -18,7 +18,7 @@ fn config(text: &str) -> Config {
 }
 
 fn given(pairs: &[(Setting, &str, Given)]) -> Overrides {
-    let mut o = Overrides::none();
+    let mut o = Overrides::default();
     for (setting, value, given) in pairs {
         o.set(*setting, *value, *given);
     }
@@ -70,7 +70,7 @@ fn a_value_replaces_the_files_and_an_absent_one_keeps_it() {
 
 #[test]
 fn the_command_line_keeps_one_value_per_setting_the_last_set() {
-    let mut o = Overrides::none();
+    let mut o = Overrides::default();
     o.set(Setting::Http, "127.0.0.1:1", Given::Env);
     o.set(Setting::Http, "127.0.0.1:2", Given::Flag);
     assert_eq!(o.get(Setting::Http).unwrap().value, "127.0.0.1:2");
