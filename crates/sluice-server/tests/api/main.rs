@@ -11,6 +11,7 @@ mod concurrency;
 mod config;
 mod connections;
 mod http;
+mod layer_rule;
 mod listeners;
 mod metrics;
 mod overrides;
