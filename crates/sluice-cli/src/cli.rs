@@ -61,26 +61,7 @@ pub(crate) enum Command {
     /// Run the servers. Without --config: the in-memory store and a demo policy.
     Serve(ConfigArgs),
     /// Ask a running server for a decision (exit 0 allowed, 1 denied, 2 an error).
-    Check {
-        /// The policy.
-        #[arg(long)]
-        policy: String,
-        /// The key.
-        #[arg(long)]
-        key: String,
-        /// The cost.
-        #[arg(long, default_value_t = 1)]
-        cost: u64,
-        /// The server: http:// or https://.
-        #[arg(long, default_value = "http://127.0.0.1:8080")]
-        url: String,
-        /// Only look (`POST /v1/peek`): the decision a check would get now, recording nothing.
-        #[arg(long)]
-        peek: bool,
-        /// How to reach the server: --cacert for https://, an admin token.
-        #[command(flatten)]
-        client: sluice_bench::ClientArgs,
-    },
+    Check(CheckArgs),
     /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
     /// latency. Stops by itself after --duration or --requests.
     Bench(sluice_bench::BenchArgs),
@@ -195,11 +176,19 @@ impl ConfigArgs {
         if positional {
             return "argument".to_owned();
         }
-        match matches.and_then(|m| m.value_source("config")) {
-            Some(clap::parser::ValueSource::EnvVariable) => "env SLUICE_CONFIG".to_owned(),
-            Some(clap::parser::ValueSource::CommandLine) => "flag --config".to_owned(),
-            _ => "default".to_owned(),
-        }
+        matches.map_or_else(
+            || "default".to_owned(),
+            |m| origin(m, "config", "--config", "SLUICE_CONFIG"),
+        )
+    }
+}
+
+/// Where a setting of the command line came from, as `config check --explain` prints it.
+pub(crate) fn origin(matches: &clap::ArgMatches, id: &str, flag: &str, env: &str) -> String {
+    match matches.value_source(id) {
+        Some(clap::parser::ValueSource::CommandLine) => format!("flag {flag}"),
+        Some(clap::parser::ValueSource::EnvVariable) => format!("env {env}"),
+        _ => "default".to_owned(),
     }
 }
 
@@ -220,7 +209,6 @@ const DEMO_BODY: &str = "{\"policy\": \"demo\", \"key\": \"me\"}";
 /// Loads the configuration for `serve` (the file, or the demo one, with the flags and
 /// variables applied), saying what it serves when there is no file.
 pub(crate) fn serve_config(source: &ConfigSource) -> anyhow::Result<Config> {
-    source.overrides.check()?;
     let config = source.load()?;
     match source.without_file() {
         None => {}
@@ -319,24 +307,34 @@ pub(crate) async fn bench(args: &sluice_bench::BenchArgs) -> anyhow::Result<Exit
     })
 }
 
-/// What `sluice check` asks.
-#[derive(Debug)]
-pub(crate) struct CheckRequest<'a> {
-    pub(crate) url: &'a str,
-    pub(crate) policy: &'a str,
-    pub(crate) key: &'a str,
-    pub(crate) cost: u64,
-    /// `POST /v1/peek` instead of `/v1/check`.
-    pub(crate) peek: bool,
+/// What `sluice check` asks, and how to reach the server.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    /// The policy.
+    #[arg(long)]
+    policy: String,
+    /// The key.
+    #[arg(long)]
+    key: String,
+    /// The cost.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// The server: http:// or https://.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Only look (`POST /v1/peek`): the decision a check would get now, recording nothing.
+    #[arg(long)]
+    peek: bool,
+    /// How to reach the server: --cacert for https://, an admin token.
+    #[command(flatten)]
+    client: sluice_bench::ClientArgs,
 }
 
 /// `sluice check`: one decision from a running server (or, with `--peek`, the decision a
 /// check would get, recording nothing), its body printed as JSON; `Ok(allowed)`, or an error
 /// for any other answer.
-pub(crate) async fn check(
-    request: &CheckRequest<'_>,
-    client: &sluice_bench::ClientArgs,
-) -> anyhow::Result<bool> {
+pub(crate) async fn check(request: &CheckArgs) -> anyhow::Result<bool> {
+    let client = &request.client;
     let route = if request.peek { "peek" } else { "check" };
     let url = format!("{}/v1/{route}", request.url.trim_end_matches('/'));
     let body =
