@@ -393,10 +393,8 @@ impl Config {
     /// The configuration used when none is given: the in-memory store and a demo policy.
     pub fn demo() -> Self {
         // The demo text is fixed and valid; parsing it cannot fail.
-        match Self::parse("<built-in demo>", DEMO) {
-            Ok(c) => c,
-            Err(e) => unreachable!("the built-in demo configuration is invalid: {e}"),
-        }
+        Self::parse("<built-in demo>", DEMO)
+            .unwrap_or_else(|e| unreachable!("the built-in demo configuration is invalid: {e}"))
     }
 }
 

@@ -35,8 +35,8 @@ pub(super) struct RawStore {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawWait {
-    #[serde(default = "one")]
-    replicas: u32,
+    /// 1 when not given.
+    replicas: Option<u32>,
     timeout: PositiveDuration,
     #[serde(default)]
     on_shortfall: sluice_redis::Shortfall,
@@ -45,10 +45,6 @@ struct RawWait {
 /// The largest `store.coalesce`: a batch runs in Redis as one script, during which Redis
 /// serves nobody else.
 const MAX_COALESCE: u64 = 1_024;
-
-fn one() -> u32 {
-    1
-}
 
 /// `store.auth` (the data nodes) or `store.sentinel_auth` (the sentinels): a Redis user whose
 /// password is read from a file or an environment variable.
@@ -171,7 +167,7 @@ fn with_settings(
     let wait_for_replicas = raw
         .wait_for_replicas
         .map(|w| {
-            let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
+            let wait = sluice_redis::WaitForReplicas::new(w.replicas.unwrap_or(1), w.timeout.0)
                 .on_shortfall(w.on_shortfall);
             wait.validate(timeout)
                 .map(|()| wait)

@@ -136,12 +136,8 @@ pub struct TraceError {
     reason: String,
 }
 
+/// [`Traces::default`] is tracing off.
 impl Traces {
-    /// Tracing off.
-    pub(crate) fn off() -> Self {
-        Self(None)
-    }
-
     /// Exports to the collector of `settings`. Called inside the server's Tokio runtime (the
     /// gRPC exporter's connection lives there); connecting is lazy, so a collector that is
     /// down is no error here, its spans are dropped later.
@@ -360,7 +356,7 @@ mod tests {
 
     #[test]
     fn off_makes_no_span_and_reads_no_header() {
-        let traces = Traces::off();
+        let traces = Traces::default();
         let headers = axum::http::HeaderMap::new();
         let span = traces.decision(
             "sluice.check",
