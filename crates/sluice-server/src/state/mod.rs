@@ -147,7 +147,7 @@ impl Shared {
         rls: Option<Arc<RlsConfig>>,
         clock: ServerClock,
     ) -> Self {
-        Self::traced(config, store, rls, clock, Traces::off())
+        Self::traced(config, store, rls, clock, Traces::default())
     }
 
     /// [`Shared::new`] recording decisions as spans with `traces`.
@@ -330,6 +330,16 @@ mod tests {
         (after - before) as f64 / DECISIONS as f64
     }
 
+    /// One check of `policy` through `limiter`, admitted (a future for [`per_decision`]).
+    macro_rules! admitted {
+        ($limiter:expr, $policy:expr) => {
+            async {
+                let decision = $limiter.call($policy, "k", sluice::Op::Check { cost: 1 });
+                assert!(decision.await.unwrap().allowed);
+            }
+        };
+    }
+
     /// The server's limiter (the memory store, `local` as `config` says), and the same policy over
     /// the composition the server had before its store handle dispatched by enum: the store behind
     /// the library's type-erased [`SharedStore`] (which boxes each call's future), and with
@@ -341,15 +351,7 @@ mod tests {
         let snapshot = shared.snapshot();
         let limiter = &snapshot.limiter;
         let policy = limiter.policy("api").unwrap().clone();
-        let server = per_decision(|| async {
-            assert!(
-                limiter
-                    .call(&policy, "k", sluice::Op::Check { cost: 1 })
-                    .await
-                    .unwrap()
-                    .allowed
-            );
-        });
+        let server = per_decision(|| admitted!(limiter, &policy));
         let memory = SharedStore::new(MemoryStore::new());
         let erased = match config.local {
             Some(local) => SharedStore::new(Reserving::new(memory, local)),
@@ -358,15 +360,7 @@ mod tests {
         let erased = Limiter::new(erased)
             .with_clock(ManualClock::new(T0))
             .with_policy(policy.clone());
-        let before = per_decision(|| async {
-            assert!(
-                erased
-                    .call(&policy, "k", sluice::Op::Check { cost: 1 })
-                    .await
-                    .unwrap()
-                    .allowed
-            );
-        });
+        let before = per_decision(|| admitted!(erased, &policy));
         (server, before)
     }
 
