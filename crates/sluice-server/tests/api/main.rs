@@ -9,6 +9,7 @@ mod otlp;
 mod clock;
 mod concurrency;
 mod config;
+mod config_store;
 mod connections;
 mod http;
 mod layer_rule;
