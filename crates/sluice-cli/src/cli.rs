@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::simulate::SimulateArgs;
 use sluice_server::config::{
-    Config, ConfigSource, DEMO, Given, NoFile, Overrides, SETTINGS, StoreConfig,
+    Config, ConfigSource, DEMO, Explained, Given, NoFile, Overrides, SETTINGS, StoreConfig,
 };
 
 /// Sluice: a distributed rate limiter.
@@ -263,27 +263,16 @@ pub(crate) fn config_check(
     let policies = if n == 1 { "policy" } else { "policies" };
     println!("{}: valid ({n} {policies})", source.file_name());
     if explain {
-        let file = match &source.file {
-            Some(path) => path.display().to_string(),
-            None => "none".to_owned(),
-        };
-        let origin = if source.file.is_some() {
-            file_origin
-        } else {
-            "default"
-        };
-        println!(
-            "{}",
-            sluice_server::config::Explained::new("config", file, origin)
+        let (file, origin) = source.file.as_ref().map_or_else(
+            || ("none".to_owned(), "default"),
+            |path| (path.display().to_string(), file_origin),
         );
+        println!("{}", Explained::new("config", file, origin));
         for line in source.explain(&config) {
             println!("{line}");
         }
         for (key, (value, origin)) in ["log.format", "log.level"].iter().zip(logging) {
-            println!(
-                "{}",
-                sluice_server::config::Explained::new(*key, value.clone(), origin.clone())
-            );
+            println!("{}", Explained::new(*key, value.clone(), origin.clone()));
         }
     }
     ExitCode::SUCCESS
