@@ -128,12 +128,12 @@ pub enum ResponseHeaders {
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub(super) struct RawRls {
-    pub(super) config_dir: Option<PathBuf>,
-    pub(super) xds: Option<crate::xds_settings::RawXds>,
-    pub(super) shadow_mode: bool,
-    pub(super) quota_mode: bool,
-    pub(super) response_headers: ResponseHeaders,
-    pub(super) merge_domains: bool,
-    pub(super) ignore_dot_files: bool,
-    pub(super) on_store_error: Option<String>,
+    config_dir: Option<PathBuf>,
+    xds: Option<crate::xds_settings::RawXds>,
+    shadow_mode: bool,
+    quota_mode: bool,
+    response_headers: ResponseHeaders,
+    merge_domains: bool,
+    ignore_dot_files: bool,
+    on_store_error: Option<String>,
 }
