@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::simulate::SimulateArgs;
 use sluice_server::config::{
-    Config, ConfigSource, DEMO, Given, NoFile, Overrides, SETTINGS, StoreConfig,
+    Config, ConfigSource, DEMO, Explained, Given, NoFile, Overrides, SETTINGS, StoreConfig,
 };
 
 /// Sluice: a distributed rate limiter.
@@ -61,26 +61,7 @@ pub(crate) enum Command {
     /// Run the servers. Without --config: the in-memory store and a demo policy.
     Serve(ConfigArgs),
     /// Ask a running server for a decision (exit 0 allowed, 1 denied, 2 an error).
-    Check {
-        /// The policy.
-        #[arg(long)]
-        policy: String,
-        /// The key.
-        #[arg(long)]
-        key: String,
-        /// The cost.
-        #[arg(long, default_value_t = 1)]
-        cost: u64,
-        /// The server: http:// or https://.
-        #[arg(long, default_value = "http://127.0.0.1:8080")]
-        url: String,
-        /// Only look (`POST /v1/peek`): the decision a check would get now, recording nothing.
-        #[arg(long)]
-        peek: bool,
-        /// How to reach the server: --cacert for https://, an admin token.
-        #[command(flatten)]
-        client: sluice_bench::ClientArgs,
-    },
+    Check(CheckArgs),
     /// Load a server (HTTP or gRPC) or the library in-process, and report decisions/s and
     /// latency. Stops by itself after --duration or --requests.
     Bench(sluice_bench::BenchArgs),
@@ -158,7 +139,7 @@ impl clap::Args for ConfigArgs {
 
 impl clap::FromArgMatches for ConfigArgs {
     fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let mut overrides = Overrides::none();
+        let mut overrides = Overrides::default();
         for s in &SETTINGS {
             if let Some(value) = matches.get_one::<String>(s.flag) {
                 let given = match matches.value_source(s.flag) {
@@ -195,11 +176,19 @@ impl ConfigArgs {
         if positional {
             return "argument".to_owned();
         }
-        match matches.and_then(|m| m.value_source("config")) {
-            Some(clap::parser::ValueSource::EnvVariable) => "env SLUICE_CONFIG".to_owned(),
-            Some(clap::parser::ValueSource::CommandLine) => "flag --config".to_owned(),
-            _ => "default".to_owned(),
-        }
+        matches.map_or_else(
+            || "default".to_owned(),
+            |m| origin(m, "config", "--config", "SLUICE_CONFIG"),
+        )
+    }
+}
+
+/// Where a setting of the command line came from, as `config check --explain` prints it.
+pub(crate) fn origin(matches: &clap::ArgMatches, id: &str, flag: &str, env: &str) -> String {
+    match matches.value_source(id) {
+        Some(clap::parser::ValueSource::CommandLine) => format!("flag {flag}"),
+        Some(clap::parser::ValueSource::EnvVariable) => format!("env {env}"),
+        _ => "default".to_owned(),
     }
 }
 
@@ -220,7 +209,6 @@ const DEMO_BODY: &str = "{\"policy\": \"demo\", \"key\": \"me\"}";
 /// Loads the configuration for `serve` (the file, or the demo one, with the flags and
 /// variables applied), saying what it serves when there is no file.
 pub(crate) fn serve_config(source: &ConfigSource) -> anyhow::Result<Config> {
-    source.overrides.check()?;
     let config = source.load()?;
     match source.without_file() {
         None => {}
@@ -275,27 +263,16 @@ pub(crate) fn config_check(
     let policies = if n == 1 { "policy" } else { "policies" };
     println!("{}: valid ({n} {policies})", source.file_name());
     if explain {
-        let file = match &source.file {
-            Some(path) => path.display().to_string(),
-            None => "none".to_owned(),
-        };
-        let origin = if source.file.is_some() {
-            file_origin
-        } else {
-            "default"
-        };
-        println!(
-            "{}",
-            sluice_server::config::Explained::new("config", file, origin)
+        let (file, origin) = source.file.as_ref().map_or_else(
+            || ("none".to_owned(), "default"),
+            |path| (path.display().to_string(), file_origin),
         );
+        println!("{}", Explained::new("config", file, origin));
         for line in source.explain(&config) {
             println!("{line}");
         }
         for (key, (value, origin)) in ["log.format", "log.level"].iter().zip(logging) {
-            println!(
-                "{}",
-                sluice_server::config::Explained::new(*key, value.clone(), origin.clone())
-            );
+            println!("{}", Explained::new(*key, value.clone(), origin.clone()));
         }
     }
     ExitCode::SUCCESS
@@ -319,24 +296,34 @@ pub(crate) async fn bench(args: &sluice_bench::BenchArgs) -> anyhow::Result<Exit
     })
 }
 
-/// What `sluice check` asks.
-#[derive(Debug)]
-pub(crate) struct CheckRequest<'a> {
-    pub(crate) url: &'a str,
-    pub(crate) policy: &'a str,
-    pub(crate) key: &'a str,
-    pub(crate) cost: u64,
-    /// `POST /v1/peek` instead of `/v1/check`.
-    pub(crate) peek: bool,
+/// What `sluice check` asks, and how to reach the server.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    /// The policy.
+    #[arg(long)]
+    policy: String,
+    /// The key.
+    #[arg(long)]
+    key: String,
+    /// The cost.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// The server: http:// or https://.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Only look (`POST /v1/peek`): the decision a check would get now, recording nothing.
+    #[arg(long)]
+    peek: bool,
+    /// How to reach the server: --cacert for https://, an admin token.
+    #[command(flatten)]
+    client: sluice_bench::ClientArgs,
 }
 
 /// `sluice check`: one decision from a running server (or, with `--peek`, the decision a
 /// check would get, recording nothing), its body printed as JSON; `Ok(allowed)`, or an error
 /// for any other answer.
-pub(crate) async fn check(
-    request: &CheckRequest<'_>,
-    client: &sluice_bench::ClientArgs,
-) -> anyhow::Result<bool> {
+pub(crate) async fn check(request: &CheckArgs) -> anyhow::Result<bool> {
+    let client = &request.client;
     let route = if request.peek { "peek" } else { "check" };
     let url = format!("{}/v1/{route}", request.url.trim_end_matches('/'));
     let body =

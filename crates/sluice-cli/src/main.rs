@@ -32,17 +32,9 @@ fn main() -> ExitCode {
         (format!("{log_format:?}").to_lowercase(), format_origin),
         (level, level_origin),
     ];
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            match log_format {
-                LogFormat::Human => eprintln!("sluice: cannot start the runtime: {e}"),
-                LogFormat::Json => tracing::error!("sluice: cannot start the runtime: {e}"),
-            }
-            return ExitCode::from(2);
-        }
-    };
-    let result = runtime.block_on(run(cli.command, &matches, &logging));
+    let result = tokio::runtime::Runtime::new()
+        .map_err(|e| anyhow::anyhow!("cannot start the runtime: {e}"))
+        .and_then(|runtime| runtime.block_on(run(cli.command, &matches, &logging)));
     result.unwrap_or_else(|e: anyhow::Error| {
         // A collector reading JSON lines gets the reason a server did not start as one too.
         match log_format {
@@ -53,15 +45,6 @@ fn main() -> ExitCode {
     })
 }
 
-/// Where a global setting came from, as `config check --explain` prints it.
-fn origin(matches: &clap::ArgMatches, id: &str, flag: &str, env: &str) -> String {
-    match matches.value_source(id) {
-        Some(clap::parser::ValueSource::CommandLine) => format!("flag {flag}"),
-        Some(clap::parser::ValueSource::EnvVariable) => format!("env {env}"),
-        _ => "default".to_owned(),
-    }
-}
-
 /// The log filter: `--log-level` or `SLUICE_LOG_LEVEL`, else `RUST_LOG`, else `info`; with
 /// its text and where it came from. A filter that does not parse is an error naming it.
 fn log_filter(
@@ -70,7 +53,7 @@ fn log_filter(
 ) -> anyhow::Result<(tracing_subscriber::EnvFilter, String, String)> {
     let parse = |text: &str| tracing_subscriber::EnvFilter::builder().parse(text);
     if let Some(text) = given {
-        let from = origin(matches, "log_level", "--log-level", "SLUICE_LOG_LEVEL");
+        let from = cli::origin(matches, "log_level", "--log-level", "SLUICE_LOG_LEVEL");
         let filter = parse(text).map_err(|e| {
             anyhow::anyhow!(
                 "{from}: `{text}` is not a log filter ({e}); give a level (error, warn, info, \
@@ -79,14 +62,14 @@ fn log_filter(
         })?;
         return Ok((filter, text.to_owned(), from));
     }
-    match std::env::var("RUST_LOG") {
-        Ok(text) if !text.is_empty() => match parse(&text) {
-            Ok(filter) => Ok((filter, text, "env RUST_LOG".to_owned())),
-            // As before: a RUST_LOG that does not parse falls back to `info`.
-            Err(_) => Ok((parse("info")?, "info".to_owned(), "default".to_owned())),
-        },
-        _ => Ok((parse("info")?, "info".to_owned(), "default".to_owned())),
+    if let Ok(text) = std::env::var("RUST_LOG")
+        && !text.is_empty()
+        && let Ok(filter) = parse(&text)
+    {
+        return Ok((filter, text, "env RUST_LOG".to_owned()));
     }
+    // As before: a RUST_LOG that is unset, empty or does not parse falls back to `info`.
+    Ok((parse("info")?, "info".to_owned(), "default".to_owned()))
 }
 
 /// Logs to stderr, filtered by `filter`, as text or JSON lines.
@@ -116,28 +99,11 @@ async fn run(
             app::run(listeners, settings, source, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check {
-            policy,
-            key,
-            cost,
-            url,
-            peek,
-            client,
-        } => {
-            let request = cli::CheckRequest {
-                url: &url,
-                policy: &policy,
-                key: &key,
-                cost,
-                peek,
-            };
-            let allowed = cli::check(&request, &client).await?;
-            Ok(if allowed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
+        Command::Check(args) => Ok(if cli::check(&args).await? {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }),
         Command::Bench(args) => cli::bench(&args).await,
         Command::Simulate(args) => {
             simulate::simulate(&args)?;

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use serde_json::Value;
+
 use sluice_server::config::Config;
 
 /// `sluice simulate …`: the policies, the traffic (a pattern or a log) and the output.
@@ -16,6 +18,33 @@ pub(crate) struct SimulateArgs {
     /// entry).
     #[arg(long = "policy", required = true)]
     pub(crate) policies: Vec<String>,
+    /// A generated traffic.
+    #[command(flatten)]
+    pub(crate) generated: Generated,
+    /// A recorded traffic: a log file (`-` for standard input), plain or gzip (`.gz`).
+    #[arg(long)]
+    pub(crate) log: Option<PathBuf>,
+    /// How to read the log.
+    #[command(flatten)]
+    pub(crate) recorded: Recorded,
+    /// The width of a time bucket, e.g. 10s (by default the smallest of 1s, 10s, 1m, 10m, 1h,
+    /// 1d that makes at most 600).
+    #[arg(long)]
+    pub(crate) bucket: Option<String>,
+    /// Keys listed per policy, by denials.
+    #[arg(long)]
+    pub(crate) top: Option<u64>,
+    /// Write a chart of admitted and denied requests per bucket, per policy, to this SVG file.
+    #[arg(long)]
+    pub(crate) svg: Option<PathBuf>,
+    /// Print the report as JSON (the body `POST /v1/simulate` answers) instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The flags of a generated traffic, by their names in the request's `traffic`.
+#[derive(Debug, clap::Args, serde::Serialize)]
+pub(crate) struct Generated {
     /// A generated traffic: steady, bursts, poisson or ramp.
     #[arg(long, conflicts_with = "log")]
     pub(crate) pattern: Option<String>,
@@ -52,9 +81,11 @@ pub(crate) struct SimulateArgs {
     /// The cost of each generated request.
     #[arg(long)]
     pub(crate) cost: Option<u64>,
-    /// A recorded traffic: a log file (`-` for standard input), plain or gzip (`.gz`).
-    #[arg(long)]
-    pub(crate) log: Option<PathBuf>,
+}
+
+/// The flags that describe a `--log`, by their names in the request's `traffic`.
+#[derive(Debug, clap::Args, serde::Serialize)]
+pub(crate) struct Recorded {
     /// The log's format: auto (the default: detected), nginx, nginx_main, apache_common,
     /// apache_combined, envoy, istio, envoy_json, jsonl or csv.
     #[arg(long)]
@@ -72,19 +103,6 @@ pub(crate) struct SimulateArgs {
     /// The unit of Unix times: s, ms, us or ns (by default told by their magnitude).
     #[arg(long)]
     pub(crate) time_unit: Option<String>,
-    /// The width of a time bucket, e.g. 10s (by default the smallest of 1s, 10s, 1m, 10m, 1h,
-    /// 1d that makes at most 600).
-    #[arg(long)]
-    pub(crate) bucket: Option<String>,
-    /// Keys listed per policy, by denials.
-    #[arg(long)]
-    pub(crate) top: Option<u64>,
-    /// Write a chart of admitted and denied requests per bucket, per policy, to this SVG file.
-    #[arg(long)]
-    pub(crate) svg: Option<PathBuf>,
-    /// Print the report as JSON (the body `POST /v1/simulate` answers) instead of a table.
-    #[arg(long)]
-    pub(crate) json: bool,
 }
 
 /// The largest log file `sluice simulate` reads.
@@ -136,11 +154,7 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     use sluice_simulate::{Bounds, Simulation, policy_flag, render};
 
     let configured: Vec<sluice::Policy> = match &args.config {
-        Some(path) => Config::load(path)?
-            .policies
-            .into_iter()
-            .map(|p| p.policy)
-            .collect(),
+        Some(path) => Config::load(path)?.policies,
         None => Vec::new(),
     };
     let policies = args
@@ -181,64 +195,34 @@ pub(crate) fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The flags of `group` that were given, by their names in the request.
+fn given(group: &impl serde::Serialize) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let Value::Object(fields) = serde_json::to_value(group)? else {
+        return Ok(serde_json::Map::new());
+    };
+    Ok(fields.into_iter().filter(|(_, v)| !v.is_null()).collect())
+}
+
 /// The request's `traffic` from the flags: a `--log` with its options, or a generated
 /// pattern; a flag of the other kind is refused.
-fn simulate_traffic(
-    args: &SimulateArgs,
-) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    use serde_json::{Value, json};
-
-    let mut traffic = serde_json::Map::new();
-    let mut put = |name: &str, value: Option<Value>| {
-        if let Some(v) = value {
-            traffic.insert(name.to_owned(), v);
+fn simulate_traffic(args: &SimulateArgs) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let generated = given(&args.generated)?;
+    let mut recorded = given(&args.recorded)?;
+    match (&args.log, generated.keys().next()) {
+        (Some(_), Some(name)) => anyhow::bail!(
+            "--{} is for a generated traffic, not with --log",
+            name.replace('_', "-")
+        ),
+        (Some(path), None) => {
+            recorded.insert("log".to_owned(), Value::String(read_log(path)?));
+            Ok(recorded)
         }
-    };
-    if let Some(path) = &args.log {
-        let text = read_log(path)?;
-        put("log", Some(json!(text)));
-        put("format", args.format.as_ref().map(|f| json!(f)));
-        put("key", args.key.as_ref().map(|f| json!(f)));
-        put("key_field", args.key_field.as_ref().map(|f| json!(f)));
-        put("time_field", args.time_field.as_ref().map(|f| json!(f)));
-        put("time_unit", args.time_unit.as_ref().map(|f| json!(f)));
-        for (flag, given) in [
-            ("--pattern", args.pattern.is_some()),
-            ("--rate", args.rate.is_some()),
-            ("--duration", args.duration.is_some()),
-            ("--keys", args.keys.is_some()),
-            ("--seed", args.seed.is_some()),
-        ] {
-            if given {
-                anyhow::bail!("{flag} is for a generated traffic, not with --log");
-            }
+        (None, _) if !recorded.is_empty() => anyhow::bail!(
+            "--format, --key, --key-field, --time-field and --time-unit describe a --log"
+        ),
+        (None, _) if !generated.contains_key("pattern") => {
+            anyhow::bail!("give a traffic: --pattern steady|bursts|poisson|ramp, or --log FILE")
         }
-    } else {
-        if args.format.is_some()
-            || args.key.is_some()
-            || args.key_field.is_some()
-            || args.time_field.is_some()
-            || args.time_unit.is_some()
-        {
-            anyhow::bail!(
-                "--format, --key, --key-field, --time-field and --time-unit describe a --log"
-            );
-        }
-        let Some(pattern) = &args.pattern else {
-            anyhow::bail!("give a traffic: --pattern steady|bursts|poisson|ramp, or --log FILE");
-        };
-        put("pattern", Some(json!(pattern)));
-        put("rate", args.rate.map(|v| json!(v)));
-        put("size", args.size.map(|v| json!(v)));
-        put("every", args.every.as_ref().map(|v| json!(v)));
-        put("from", args.from.map(|v| json!(v)));
-        put("to", args.to.map(|v| json!(v)));
-        put("duration", args.duration.as_ref().map(|v| json!(v)));
-        put("keys", args.keys.map(|v| json!(v)));
-        put("key_choice", args.key_choice.as_ref().map(|v| json!(v)));
-        put("zipf_exponent", args.zipf_exponent.map(|v| json!(v)));
-        put("seed", args.seed.map(|v| json!(v)));
-        put("cost", args.cost.map(|v| json!(v)));
+        (None, _) => Ok(generated),
     }
-    Ok(traffic)
 }

@@ -102,7 +102,7 @@ async fn main() {
     )
     .unwrap();
     let config = Config::load(&file).unwrap();
-    let policy: Policy = config.policies[0].policy.clone();
+    let policy: Policy = config.policies[0].clone();
 
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -345,13 +345,11 @@ async fn stop_background(
 
 /// The exporter of decision traces (`tracing`), or none.
 fn start_traces(config: &Config) -> Result<crate::observe::traces::Traces, ServeError> {
-    match &config.tracing {
-        Some(settings) => {
-            tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
-            Ok(crate::observe::traces::Traces::start(settings)?)
-        }
-        None => Ok(crate::observe::traces::Traces::off()),
-    }
+    let Some(settings) = &config.tracing else {
+        return Ok(crate::observe::traces::Traces::default());
+    };
+    tracing::info!(endpoint = %settings.endpoint, sample_ratio = settings.sample_ratio, "exporting traces of decisions");
+    Ok(crate::observe::traces::Traces::start(settings)?)
 }
 
 /// Once a second: the history of `/v1/stats` sampled, idle keys dropped even when no traffic

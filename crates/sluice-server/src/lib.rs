@@ -9,7 +9,7 @@
 //! The crate is layered: a module imports (through `crate::`/`super::` paths) only from its
 //! own layer or the layers below it, never from above, so it reads top-down and no two files
 //! name each other. A module in a folder belongs to the row of its longest listed path. The
-//! table is the rule: a unit test (`layer_rule`) reads it from
+//! table is the rule: a test (`tests/api/layer_rule.rs`) reads it from
 //! this file and fails when a source file imports from a layer above its own.
 //!
 //! | layer | modules |
@@ -55,9 +55,6 @@ pub mod state;
 pub(crate) mod tls;
 pub mod url;
 pub mod xds_settings;
-
-#[cfg(test)]
-mod layer_rule;
 
 /// The heavy-hitter summaries, for the `top` benchmark.
 pub use observe::top;

@@ -42,39 +42,18 @@ pub fn load_rls(
 /// a coarse file system clock must not look the same. The files are small.
 fn fingerprint(path: Option<&std::path::Path>, rls_dir: Option<&std::path::Path>) -> Vec<u8> {
     let mut out = path.and_then(|p| std::fs::read(p).ok()).unwrap_or_default();
-    let mut stack: Vec<PathBuf> = rls_dir
-        .map(std::path::Path::to_path_buf)
-        .into_iter()
-        .collect();
-    let mut files = Vec::new();
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            // What the loader reads: not kubelet's `..data` and `..<timestamp>` (their files
-            // are read through the mount's top-level links), nor a linked directory.
-            if sluice_envoy_rules::is_kubelet_entry(&entry.file_name()) {
-                continue;
-            }
-            let Ok(file_type) = entry.file_type() else {
-                continue;
-            };
-            if file_type.is_dir() {
-                stack.push(entry.path());
-            } else if file_type.is_symlink() && entry.path().is_dir() {
-                continue;
-            } else {
-                let mut f = entry.path().display().to_string().into_bytes();
-                f.push(0);
-                f.extend(std::fs::read(entry.path()).unwrap_or_default());
-                files.push(f);
-            }
+    if let Some(dir) = rls_dir {
+        // What the loader reads: not kubelet's `..data` and `..<timestamp>` (their files are
+        // read through the mount's top-level links), nor a linked directory.
+        let entries = walkdir::WalkDir::new(dir)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| !sluice_envoy_rules::is_kubelet_entry(e.file_name()));
+        for entry in entries.flatten().filter(|e| !e.path().is_dir()) {
+            out.extend(entry.path().display().to_string().into_bytes());
+            out.push(0);
+            out.extend(std::fs::read(entry.path()).unwrap_or_default());
         }
-    }
-    files.sort();
-    for f in files {
-        out.extend_from_slice(&f);
     }
     out
 }

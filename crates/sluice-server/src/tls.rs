@@ -17,18 +17,10 @@ use serde::Deserialize;
 use sluice_redis::TlsFiles;
 use sluice_spec::FieldError;
 
-/// `listen.tls` as written.
-#[derive(Debug, Deserialize)]
+/// The certificate, key and optional client CA the listeners serve TLS with (`listen.tls`;
+/// paths resolved once read).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawListenTls {
-    cert_file: PathBuf,
-    key_file: PathBuf,
-    #[serde(default)]
-    client_ca_file: Option<PathBuf>,
-}
-
-/// The certificate, key and optional client CA the listeners serve TLS with (paths resolved).
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenTls {
     /// The server's certificate chain (PEM, leaf first).
     pub cert_file: PathBuf,
@@ -42,12 +34,12 @@ impl ListenTls {
     /// Resolves relative paths against `base` (the configuration file's directory) and checks
     /// that the files are there and hold what they should, so `sluice config check` finds a
     /// wrong path, not the first client.
-    pub(crate) fn resolve(raw: RawListenTls, base: Option<&Path>) -> Result<Self, FieldError> {
+    pub(crate) fn resolve(self, base: Option<&Path>) -> Result<Self, FieldError> {
         let at = |p: PathBuf| sluice_spec::relative_to(base, p);
         let tls = Self {
-            cert_file: at(raw.cert_file),
-            key_file: at(raw.key_file),
-            client_ca_file: raw.client_ca_file.map(at),
+            cert_file: at(self.cert_file),
+            key_file: at(self.key_file),
+            client_ca_file: self.client_ca_file.map(at),
         };
         tls.rustls_config(&[])?;
         Ok(tls)

@@ -15,13 +15,9 @@ use sluice_spec::FieldError;
 pub(crate) struct RawXds {
     address: String,
     node_id: String,
-    #[serde(default)]
     cluster: Option<String>,
-    #[serde(default)]
     ca_file: Option<PathBuf>,
-    #[serde(default)]
     cert_file: Option<PathBuf>,
-    #[serde(default)]
     key_file: Option<PathBuf>,
 }
 

@@ -151,7 +151,6 @@ fn round_trip(config: &Config) {
     let mut policies = serde_json::Map::new();
     for p in &config.policies {
         let limits: Vec<Value> = p
-            .policy
             .limits()
             .iter()
             .map(|l| {
@@ -171,13 +170,13 @@ fn round_trip(config: &Config) {
                 v
             })
             .collect();
-        let mode = match p.on_store_error() {
+        let mode = match p.failure_mode() {
             FailureMode::Open => "open",
             FailureMode::Closed => "closed",
             _ => "local",
         };
         policies.insert(
-            p.policy.name().to_owned(),
+            p.name().to_owned(),
             json!({"on_store_error": mode, "limits": limits}),
         );
     }
@@ -188,11 +187,11 @@ fn round_trip(config: &Config) {
     };
     assert_eq!(again.policies.len(), config.policies.len());
     for (a, b) in config.policies.iter().zip(&again.policies) {
-        assert_eq!(a.policy.name(), b.policy.name());
-        assert_eq!(a.policy.limits(), b.policy.limits(), "{text}");
-        assert_eq!(a.on_store_error(), b.on_store_error());
+        assert_eq!(a.name(), b.name());
+        assert_eq!(a.limits(), b.limits(), "{text}");
+        assert_eq!(a.failure_mode(), b.failure_mode());
     }
-    let mut names: Vec<&str> = config.policies.iter().map(|p| p.policy.name()).collect();
+    let mut names: Vec<&str> = config.policies.iter().map(|p| p.name()).collect();
     let sorted = {
         let mut n = names.clone();
         n.sort_unstable();

@@ -19,13 +19,10 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 /// `admin:` as written.
 #[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct RawAdmin {
-    #[serde(default)]
     tokens_file: Option<PathBuf>,
-    #[serde(default)]
     tokens_env: Option<String>,
-    #[serde(default)]
     protect_metrics: Option<bool>,
 }
 

@@ -68,21 +68,15 @@ impl<'de> Deserialize<'de> for ListenAddr {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(super) struct RawListen {
     pub(super) http: Option<ListenAddr>,
     pub(super) grpc: Option<ListenAddr>,
-    #[serde(default)]
     pub(super) admin: Option<ListenAddr>,
-    #[serde(default)]
-    pub(super) tls: Option<crate::tls::RawListenTls>,
-    #[serde(default)]
+    pub(super) tls: Option<crate::tls::ListenTls>,
     pub(super) header_timeout: Option<PositiveDuration>,
-    #[serde(default)]
     pub(super) body_timeout: Option<PositiveDuration>,
-    #[serde(default)]
     pub(super) idle_timeout: Option<PositiveDuration>,
-    #[serde(default)]
     pub(super) max_connections: Option<usize>,
 }
 
@@ -107,10 +101,7 @@ pub(super) fn listen_config(
     let grpc = raw.grpc.map_or(DEFAULT_GRPC, |a| a.0);
     let admin = raw.admin.as_ref().map(|a| a.0);
     check_listen(http, grpc, admin)?;
-    let tls = raw
-        .tls
-        .map(|t| crate::tls::ListenTls::resolve(t, base))
-        .transpose()?;
+    let tls = raw.tls.map(|t| t.resolve(base)).transpose()?;
     Ok(Listen {
         http,
         grpc,

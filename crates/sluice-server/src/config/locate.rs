@@ -29,8 +29,8 @@ pub(super) fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
     }
 }
 
-/// Reads a value, looking for `rest` below it: `Ok(())` when it is not there, the error
-/// [`FOUND`] (placed by the parser) when it is.
+/// Reads a value, looking for `rest` below it: the error [`FOUND`] (placed by the parser)
+/// when it is there; `Ok(())`, or another error (a scalar where the path goes on), when not.
 struct Walk<'p> {
     rest: &'p str,
 }
@@ -46,8 +46,14 @@ impl<'de> DeserializeSeed<'de> for Walk<'_> {
 impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
 
+    /// A value reached with nothing left of the path is the one looked for: whatever its
+    /// type, serde's default for it fails with this text, [`FOUND`].
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "a value holding {}", self.rest)
+        if self.rest.is_empty() {
+            f.write_str(FOUND)
+        } else {
+            write!(f, "a value holding {}", self.rest)
+        }
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
@@ -111,53 +117,6 @@ impl<'de> Visitor<'de> for Walk<'_> {
 
     fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_i128<E: de::Error>(self, _: i128) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_u128<E: de::Error>(self, _: u128) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.scalar()
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<(), E> {
-        self.scalar()
-    }
-}
-
-impl Walk<'_> {
-    /// A scalar is the value looked for when the path ends here; nothing lies below it.
-    fn scalar<E: de::Error>(&self) -> Result<(), E> {
-        if self.rest.is_empty() {
-            Err(E::custom(FOUND))
-        } else {
-            Ok(())
-        }
     }
 }
 

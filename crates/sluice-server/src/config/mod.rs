@@ -105,20 +105,6 @@ impl Secret<'_> {
     }
 }
 
-/// A configured policy (its failure mode is part of the [`Policy`]).
-#[derive(Debug, Clone)]
-pub struct PolicyConfig {
-    /// The validated policy.
-    pub policy: Policy,
-}
-
-impl PolicyConfig {
-    /// What the policy does when the store fails.
-    pub fn on_store_error(&self) -> FailureMode {
-        self.policy.failure_mode()
-    }
-}
-
 /// Where peeks read and where "now" comes from: the Redis library's own types, read from
 /// YAML through its `serde` feature, so both speak the same words.
 pub use sluice_redis::{ClockSource, ReadFrom};
@@ -192,8 +178,8 @@ pub struct Config {
     /// What a connection may hold: `listen.header_timeout`, `body_timeout`, `idle_timeout`,
     /// `max_connections`.
     pub connections: crate::conn::ConnLimits,
-    /// Policies by name, in name order.
-    pub policies: Vec<PolicyConfig>,
+    /// Policies by name, in name order (each with its failure mode).
+    pub policies: Vec<Policy>,
     /// Envoy RLS settings, if any.
     pub rls: Option<RlsSettings>,
     /// Envoy's rate limit quota service (`rlqs`), if configured.
@@ -209,13 +195,10 @@ pub struct Config {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct RawLocal {
-    #[serde(default)]
     enabled: bool,
-    #[serde(default)]
     batch: Option<serde_yaml_ng::Value>,
-    #[serde(default)]
     max_error: Option<f64>,
 }
 
@@ -269,32 +252,29 @@ fn local_config(raw: RawLocal) -> Result<Option<sluice::ReserveConfig>, FieldErr
 }
 
 /// `policies`: each entry built into a [`Policy`], in name order.
-fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<PolicyConfig>, FieldError> {
-    let mut policies = Vec::with_capacity(raw.len());
-    for (name, p) in raw {
-        let policy = entry_policy(&name, p).map_err(|e| e.within(&format!("policies.{name}")))?;
-        policies.push(PolicyConfig { policy });
-    }
-    Ok(policies)
+fn build_policies(raw: BTreeMap<String, RawPolicy>) -> Result<Vec<Policy>, FieldError> {
+    raw.into_iter()
+        .map(|(name, p)| entry_policy(&name, p).map_err(|e| e.within(&format!("policies.{name}"))))
+        .collect()
 }
 
 /// `rlqs`: its rules, each naming a policy of `policies` whose limits are all rates.
 fn rlqs_section(
     raw: sluice_envoy_rules::rlqs::RawRlqs,
-    policies: &[PolicyConfig],
+    policies: &[Policy],
 ) -> Result<sluice_envoy_rules::rlqs::RlqsConfig, FieldError> {
     let rlqs = sluice_envoy_rules::rlqs::rlqs_rules(raw, |name| {
         policies
             .iter()
-            .find(|p| p.policy.name() == name)
-            .map(|p| p.policy.shortest_per_ms())
+            .find(|p| p.name() == name)
+            .map(Policy::shortest_per_ms)
     })?;
     // Usage reports are counts of requests already admitted: nothing is held, so a
     // concurrency limit could never be enforced by them.
     for (i, rule) in rlqs.buckets.iter().enumerate() {
         let concurrent = policies
             .iter()
-            .any(|p| p.policy.name() == rule.policy && p.policy.concurrency_limit().is_some());
+            .any(|p| p.name() == rule.policy && p.concurrency_limit().is_some());
         if concurrent {
             return Err(FieldError::new(
                 format!("rlqs.buckets[{i}].policy"),
@@ -310,25 +290,16 @@ fn rlqs_section(
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct RawConfig {
-    #[serde(default)]
     listen: RawListen,
-    #[serde(default)]
     policies: BTreeMap<String, RawPolicy>,
-    #[serde(default)]
     rls: Option<RawRls>,
-    #[serde(default)]
     rlqs: Option<sluice_envoy_rules::rlqs::RawRlqs>,
-    #[serde(default)]
     store: RawStore,
-    #[serde(default)]
     local: RawLocal,
-    #[serde(default)]
     admin: Option<crate::config::admin::RawAdmin>,
-    #[serde(default)]
     top: RawTop,
-    #[serde(default)]
     metrics: RawMetrics,
     tracing: Option<RawTracing>,
 }
@@ -404,37 +375,26 @@ impl Config {
     /// `next`: a reload applies its policies and rules, and these after a restart.
     pub fn restart_only_changes(&self, next: &Config) -> Vec<&'static str> {
         let listen = |c: &Config| (c.http, c.grpc, c.admin_http, c.tls.clone(), c.connections);
-        let mut changed = Vec::new();
-        if listen(self) != listen(next) {
-            changed.push("listen");
-        }
-        if self.store != next.store {
-            changed.push("store");
-        }
-        if self.local != next.local {
-            changed.push("local");
-        }
-        if self.top != next.top {
-            changed.push("top");
-        }
-        if self.tracing != next.tracing {
-            changed.push("tracing");
-        }
         // The xDS client is started with the server: its control plane is read at start only.
         let xds = |c: &Config| c.rls.as_ref().and_then(|r| r.xds().cloned());
-        if xds(self) != xds(next) {
-            changed.push("rls.xds");
-        }
-        changed
+        [
+            ("listen", listen(self) != listen(next)),
+            ("store", self.store != next.store),
+            ("local", self.local != next.local),
+            ("top", self.top != next.top),
+            ("tracing", self.tracing != next.tracing),
+            ("rls.xds", xds(self) != xds(next)),
+        ]
+        .into_iter()
+        .filter_map(|(section, changed)| changed.then_some(section))
+        .collect()
     }
 
     /// The configuration used when none is given: the in-memory store and a demo policy.
     pub fn demo() -> Self {
         // The demo text is fixed and valid; parsing it cannot fail.
-        match Self::parse("<built-in demo>", DEMO) {
-            Ok(c) => c,
-            Err(e) => unreachable!("the built-in demo configuration is invalid: {e}"),
-        }
+        Self::parse("<built-in demo>", DEMO)
+            .unwrap_or_else(|e| unreachable!("the built-in demo configuration is invalid: {e}"))
     }
 }
 

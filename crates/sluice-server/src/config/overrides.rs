@@ -236,11 +236,6 @@ impl Override {
 pub struct Overrides(Vec<Override>);
 
 impl Overrides {
-    /// No value outside the file.
-    pub fn none() -> Self {
-        Self::default()
-    }
-
     /// Sets `setting`; a second value for the same setting replaces the first.
     pub fn set(&mut self, setting: Setting, value: impl Into<String>, given: Given) -> &mut Self {
         self.0.retain(|o| o.setting != setting);
@@ -260,18 +255,19 @@ impl Overrides {
 
     /// Checks each value on its own (an address parses, a URL is a Redis URL, a prefix has no
     /// brace, a directory is named) before any file is read, so a bad flag or variable is
-    /// named with its value whatever the file says; [`Overrides::apply`] runs the same checks.
+    /// named with its value whatever the file says; [`Overrides::apply`] runs them first.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.0
             .iter()
             .try_for_each(|o| (o.setting.declared().check)(o))
     }
 
-    /// Applies every value onto `config`, which came from `file` (its name in errors). An
-    /// invalid value, or one that contradicts the file (a Redis URL for a file naming a
-    /// Cluster), is an error naming the flag or variable and the value; nothing is applied
-    /// then.
+    /// Checks every value ([`Overrides::check`]), then applies it onto `config`, which came
+    /// from `file` (its name in errors). An invalid value, or one that contradicts the file (a
+    /// Redis URL for a file naming a Cluster), is an error naming the flag or variable and the
+    /// value; nothing is applied then.
     pub fn apply(&self, mut config: Config, file: &str) -> Result<Config, ConfigError> {
+        self.check()?;
         for o in &self.0 {
             (o.setting.declared().apply)(o, &mut config, file)?;
         }
@@ -303,7 +299,6 @@ fn listen_addr(o: &Override) -> Result<std::net::SocketAddr, ConfigError> {
 /// replicas, a Cluster, Sentinel) is an error naming both: one URL cannot stand for it, and
 /// silently counting in one Redis instead of a fleet's would split the counts.
 fn redis_store(o: &Override, config: &mut Config, file: &str) -> Result<(), ConfigError> {
-    redis_url(o)?;
     let url = o.value.trim();
     let redis = match &mut config.store {
         StoreConfig::Memory => {
@@ -374,13 +369,11 @@ fn key_prefix(o: &Override, config: &mut Config, _: &str) -> Result<(), ConfigEr
             o.value
         ))),
         StoreConfig::Redis(redis) => {
-            prefix(o)?;
             o.value.clone_into(&mut redis.key_prefix);
             Ok(())
         }
         // Every region reads the others' keys under its own names: one prefix for all.
         StoreConfig::Regions(regions) => {
-            prefix(o)?;
             o.value.clone_into(&mut regions.primary.key_prefix);
             for remote in &mut regions.remotes {
                 o.value.clone_into(&mut remote.replica.key_prefix);
@@ -395,7 +388,6 @@ fn key_prefix(o: &Override, config: &mut Config, _: &str) -> Result<(), ConfigEr
 /// with `rls.xds`, an error naming both (the rules come from one source). A relative path is
 /// relative to the working directory.
 fn rules_dir(o: &Override, config: &mut Config, file: &str) -> Result<(), ConfigError> {
-    dir_named(o)?;
     let dir = PathBuf::from(&o.value);
     match &mut config.rls {
         None => config.rls = Some(RlsSettings::from_dir(dir)),
@@ -428,7 +420,7 @@ impl From<Option<PathBuf>> for ConfigSource {
     fn from(file: Option<PathBuf>) -> Self {
         Self {
             file,
-            overrides: Overrides::none(),
+            overrides: Overrides::default(),
         }
     }
 }
@@ -505,7 +497,7 @@ impl ConfigSource {
             };
             out.push(Explained::new(declared.key, value, origin));
         }
-        let names: Vec<&str> = config.policies.iter().map(|p| p.policy.name()).collect();
+        let names: Vec<&str> = config.policies.iter().map(sluice::Policy::name).collect();
         let names = if names.is_empty() {
             "none".to_owned()
         } else {

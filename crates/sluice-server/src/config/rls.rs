@@ -125,23 +125,15 @@ pub enum ResponseHeaders {
     Draft03,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
 pub(super) struct RawRls {
-    #[serde(default)]
-    pub(super) config_dir: Option<PathBuf>,
-    #[serde(default)]
-    pub(super) xds: Option<crate::xds_settings::RawXds>,
-    #[serde(default)]
-    pub(super) shadow_mode: bool,
-    #[serde(default)]
-    pub(super) quota_mode: bool,
-    #[serde(default)]
-    pub(super) response_headers: ResponseHeaders,
-    #[serde(default)]
-    pub(super) merge_domains: bool,
-    #[serde(default)]
-    pub(super) ignore_dot_files: bool,
-    #[serde(default)]
-    pub(super) on_store_error: Option<String>,
+    config_dir: Option<PathBuf>,
+    xds: Option<crate::xds_settings::RawXds>,
+    shadow_mode: bool,
+    quota_mode: bool,
+    response_headers: ResponseHeaders,
+    merge_domains: bool,
+    ignore_dot_files: bool,
+    on_store_error: Option<String>,
 }

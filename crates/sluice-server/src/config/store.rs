@@ -12,36 +12,22 @@ use super::{ClockSource, ReadFrom};
 use super::{FieldError, PositiveDuration, RawSentinel, StoreConfig};
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(super) struct RawStore {
-    #[serde(default)]
     backend: Option<String>,
-    #[serde(default)]
     shards: Vec<Shard>,
-    #[serde(default)]
     cluster: Option<Vec<String>>,
-    #[serde(default)]
     sentinel: Option<RawSentinel>,
-    #[serde(default)]
     read_from: ReadFrom,
-    #[serde(default)]
     timeout: Option<PositiveDuration>,
-    #[serde(default)]
     clock: ClockSource,
-    #[serde(default)]
     key_prefix: Option<String>,
-    #[serde(default)]
     tls: Option<sluice_redis::TlsFiles>,
-    #[serde(default)]
     auth: Option<RawAuth>,
-    #[serde(default)]
     sentinel_auth: Option<RawAuth>,
-    #[serde(default)]
     wait_for_replicas: Option<RawWait>,
-    #[serde(default)]
     coalesce: Option<u64>,
     /// `store.regions`: one limit across regions (docs/regions.md).
-    #[serde(default)]
     regions: Option<super::store_regions::RawRegions>,
 }
 
@@ -49,8 +35,8 @@ pub(super) struct RawStore {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawWait {
-    #[serde(default = "one")]
-    replicas: u32,
+    /// 1 when not given.
+    replicas: Option<u32>,
     timeout: PositiveDuration,
     #[serde(default)]
     on_shortfall: sluice_redis::Shortfall,
@@ -60,20 +46,13 @@ struct RawWait {
 /// serves nobody else.
 const MAX_COALESCE: u64 = 1_024;
 
-fn one() -> u32 {
-    1
-}
-
 /// `store.auth` (the data nodes) or `store.sentinel_auth` (the sentinels): a Redis user whose
 /// password is read from a file or an environment variable.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAuth {
-    #[serde(default)]
     username: Option<String>,
-    #[serde(default)]
     password_file: Option<PathBuf>,
-    #[serde(default)]
     password_env: Option<String>,
 }
 
@@ -188,7 +167,7 @@ fn with_settings(
     let wait_for_replicas = raw
         .wait_for_replicas
         .map(|w| {
-            let wait = sluice_redis::WaitForReplicas::new(w.replicas, w.timeout.0)
+            let wait = sluice_redis::WaitForReplicas::new(w.replicas.unwrap_or(1), w.timeout.0)
                 .on_shortfall(w.on_shortfall);
             wait.validate(timeout)
                 .map(|()| wait)

@@ -14,7 +14,9 @@ use serde::Deserialize;
 use sluice_redis::regions::{DEFAULT_MAX_LAG, DEFAULT_REFRESH};
 use sluice_redis::{Fallback, InvalidRegions, RedisConfig, RegionsConfig, RemoteRegion, Topology};
 
-use super::{FieldError, PolicyConfig, PositiveDuration, RawSentinel};
+use sluice::Policy;
+
+use super::{FieldError, PositiveDuration, RawSentinel};
 
 /// `store.regions` as written.
 #[derive(Deserialize)]
@@ -24,11 +26,8 @@ pub(super) struct RawRegions {
     primary: RawPrimary,
     #[serde(default)]
     remotes: BTreeMap<String, RawRemote>,
-    #[serde(default)]
     refresh: Option<PositiveDuration>,
-    #[serde(default)]
     max_lag: Option<PositiveDuration>,
-    #[serde(default)]
     fallback: Option<Fallback>,
     #[serde(default)]
     policy_fallback: BTreeMap<String, Fallback>,
@@ -39,13 +38,10 @@ pub(super) struct RawRegions {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPrimary {
-    #[serde(default)]
     url: Option<String>,
     #[serde(default)]
     replicas: Vec<String>,
-    #[serde(default)]
     sentinel: Option<RawSentinel>,
-    #[serde(default)]
     cluster: Option<Vec<String>>,
 }
 
@@ -60,42 +56,37 @@ struct RawRemote {
 /// found through Sentinel; returned with the rest of the section.
 pub(super) fn primary_topology(mut raw: RawRegions) -> Result<(Topology, RawRegions), FieldError> {
     let p = &mut raw.primary;
-    let topology = match (p.url.take(), p.sentinel.take(), p.cluster.take()) {
-        (Some(url), None, None) => Topology::Standalone {
-            primary: url,
-            replicas: std::mem::take(&mut p.replicas),
-        },
+    let (at, why) = match (p.url.take(), p.sentinel.take(), p.cluster.take()) {
+        (Some(url), None, None) => {
+            let replicas = std::mem::take(&mut p.replicas);
+            return Ok((
+                Topology::Standalone {
+                    primary: url,
+                    replicas,
+                },
+                raw,
+            ));
+        }
         (None, Some(sentinel), None) if p.replicas.is_empty() => {
-            sentinel.topology("store.regions.primary.sentinel")?
+            return Ok((sentinel.topology("store.regions.primary.sentinel")?, raw));
         }
-        (None, None, Some(_)) => {
-            return Err(FieldError::new(
-                "store.regions.primary.cluster",
-                "a region's own Redis must be one primary (url, with replicas, or sentinel): \
-                 the other regions read its usage through one replica of it, which a Cluster \
-                 does not have",
-            ));
-        }
-        (None, None, None) => {
-            return Err(FieldError::new(
-                "store.regions.primary",
-                "this region's own Redis needs url (with replicas) or sentinel",
-            ));
-        }
-        (None, Some(_), None) => {
-            return Err(FieldError::new(
-                "store.regions.primary.replicas",
-                "only with url (Sentinel finds the replicas itself)",
-            ));
-        }
-        _ => {
-            return Err(FieldError::new(
-                "store.regions.primary",
-                "give only one of url, sentinel and cluster",
-            ));
-        }
+        (None, None, Some(_)) => (
+            ".cluster",
+            "a region's own Redis must be one primary (url, with replicas, or sentinel): the \
+             other regions read its usage through one replica of it, which a Cluster does not \
+             have",
+        ),
+        (None, None, None) => (
+            "",
+            "this region's own Redis needs url (with replicas) or sentinel",
+        ),
+        (None, Some(_), None) => (
+            ".replicas",
+            "only with url (Sentinel finds the replicas itself)",
+        ),
+        _ => ("", "give only one of url, sentinel and cluster"),
     };
-    Ok((topology, raw))
+    Err(FieldError::new(format!("store.regions.primary{at}"), why))
 }
 
 /// The rest of `store.regions`, over `primary` (this region's own Redis with every setting of
@@ -149,34 +140,32 @@ pub(super) fn regions_config(
 /// The checks that need the rest of the file: every policy can be shared across regions
 /// (fixed and sliding windows; a token bucket or a concurrency limit is refused, naming it),
 /// and `policy_fallback` names configured policies.
-pub(super) fn check(regions: &RegionsConfig, policies: &[PolicyConfig]) -> Result<(), FieldError> {
+pub(super) fn check(regions: &RegionsConfig, policies: &[Policy]) -> Result<(), FieldError> {
     for p in policies {
-        let name = p.policy.name();
-        match sluice_redis::RegionsStore::admits_policy(&p.policy) {
-            Ok(()) => {}
+        let (at, message) = match sluice_redis::RegionsStore::admits_policy(p) {
+            Ok(()) => continue,
             Err(sluice_redis::RegionsError::Unsupported {
                 index, algorithm, ..
-            }) => {
-                return Err(FieldError::new(
-                    format!("policies.{name}.limits[{index}]"),
-                    format!(
-                        "a {algorithm} limit cannot be shared across regions (store.regions): \
-                         only fixed_window and sliding_window counts add up; use one of those, \
-                         or serve this policy from a store of its own"
-                    ),
-                ));
-            }
+            }) => (
+                format!(".limits[{index}]"),
+                format!(
+                    "a {algorithm} limit cannot be shared across regions (store.regions): only \
+                     fixed_window and sliding_window counts add up; use one of those, or serve \
+                     this policy from a store of its own"
+                ),
+            ),
             Err(e @ sluice_redis::RegionsError::Collide { second, .. }) => {
-                return Err(FieldError::new(
-                    format!("policies.{name}.limits[{second}]"),
-                    e.to_string(),
-                ));
+                (format!(".limits[{second}]"), e.to_string())
             }
-            Err(e) => return Err(FieldError::new(format!("policies.{name}"), e.to_string())),
-        }
+            Err(e) => (String::new(), e.to_string()),
+        };
+        return Err(FieldError::new(
+            format!("policies.{}{at}", p.name()),
+            message,
+        ));
     }
     for name in regions.policy_fallback.keys() {
-        if !policies.iter().any(|p| p.policy.name() == name) {
+        if !policies.iter().any(|p| p.name() == name) {
             return Err(FieldError::new(
                 format!("store.regions.policy_fallback.{name}"),
                 format!(

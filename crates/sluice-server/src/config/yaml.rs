@@ -69,18 +69,6 @@ fn duplicate_keys(file: &str, text: &str) -> Result<(), ConfigError> {
 /// what to write instead.
 fn plain_words(message: &str) -> String {
     const WORDS: &[(&str, &str)] = &[
-        ("u8", "a whole number"),
-        ("u16", "a whole number"),
-        ("u32", "a whole number"),
-        ("u64", "a whole number"),
-        ("u128", "a whole number"),
-        ("usize", "a whole number"),
-        ("i8", "a whole number"),
-        ("i16", "a whole number"),
-        ("i32", "a whole number"),
-        ("i64", "a whole number"),
-        ("i128", "a whole number"),
-        ("isize", "a whole number"),
         ("f32", "a number"),
         ("f64", "a number"),
         ("a map", "a mapping (key: value)"),
@@ -100,6 +88,16 @@ fn plain_words(message: &str) -> String {
             let end = name.find(|c: char| !is_word(c)).unwrap_or(name.len());
             out.push_str("a mapping (key: value)");
             rest = &name[end..];
+            continue;
+        }
+        let word = &rest[..rest.find(|c: char| !is_word(c)).unwrap_or(rest.len())];
+        let bits = ["8", "16", "32", "64", "128", "size"];
+        if word
+            .strip_prefix(['u', 'i'])
+            .is_some_and(|b| bits.contains(&b))
+        {
+            out.push_str("a whole number");
+            rest = &rest[word.len()..];
             continue;
         }
         for (rust, words) in WORDS {

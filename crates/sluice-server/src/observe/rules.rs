@@ -14,31 +14,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::stats::{Counts, Outcome};
+use super::stats::{Counters, Counts, Outcome};
 
 /// Rules counted at most.
 pub(crate) const MAX_RULES: usize = 4_096;
 /// Detailed keys counted at most, all rules together.
 pub(crate) const MAX_DETAILED_KEYS: usize = 10_000;
-
-#[derive(Debug, Default)]
-struct Counters([AtomicU64; 4]);
-
-impl Counters {
-    fn add(&self, outcome: Outcome) {
-        self.0[outcome as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> Counts {
-        let at = |o: Outcome| self.0[o as usize].load(Ordering::Relaxed);
-        Counts {
-            allowed: at(Outcome::Allowed),
-            denied: at(Outcome::Denied),
-            degraded: at(Outcome::Degraded),
-            errors: at(Outcome::Error),
-        }
-    }
-}
 
 /// One rule: where it is, the descriptor keys it matches, and its checks.
 #[derive(Debug)]

@@ -60,10 +60,30 @@ pub(crate) struct Counts {
     pub errors: u64,
 }
 
+/// The four counts of one name (or rule), one atomic per [`Outcome`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters([AtomicU64; 4]);
+
+impl Counters {
+    pub(crate) fn add(&self, outcome: Outcome) {
+        self.0[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read(&self) -> Counts {
+        let at = |o: Outcome| self.0[o as usize].load(Ordering::Relaxed);
+        Counts {
+            allowed: at(Outcome::Allowed),
+            denied: at(Outcome::Denied),
+            degraded: at(Outcome::Degraded),
+            errors: at(Outcome::Error),
+        }
+    }
+}
+
 /// Counts per name.
 #[derive(Debug, Default)]
 pub(crate) struct DecisionCounts {
-    by_name: RwLock<HashMap<Arc<str>, Arc<[AtomicU64; 4]>>>,
+    by_name: RwLock<HashMap<Arc<str>, Arc<Counters>>>,
 }
 
 impl DecisionCounts {
@@ -83,25 +103,14 @@ impl DecisionCounts {
                 write.entry(name.clone()).or_default().clone()
             }
         };
-        counters[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        counters.add(outcome);
     }
 
     /// Every name's counts, by name.
     pub(crate) fn read(&self) -> std::collections::BTreeMap<String, Counts> {
         let read = self.by_name.read().unwrap_or_else(|p| p.into_inner());
         read.iter()
-            .map(|(name, c)| {
-                let at = |o: Outcome| c[o as usize].load(Ordering::Relaxed);
-                (
-                    name.to_string(),
-                    Counts {
-                        allowed: at(Outcome::Allowed),
-                        denied: at(Outcome::Denied),
-                        degraded: at(Outcome::Degraded),
-                        errors: at(Outcome::Error),
-                    },
-                )
-            })
+            .map(|(name, c)| (name.to_string(), c.read()))
             .collect()
     }
 }

@@ -108,27 +108,23 @@ impl Shared {
         observe
             .rules
             .retain_domains(|domain| domains.iter().any(|d| d == domain));
-        self.record_reload(Reload {
-            at_ms: self.clock.now_ms(),
-            generation: generation.number,
-            error: None,
-            source,
-        });
+        self.record_reload(source, generation.number, None);
     }
 
     /// Records a reload that failed (the last good configuration stays).
     pub fn reload_failed(&self, source: ReloadSource, error: String) {
-        self.record_reload(Reload {
-            at_ms: self.clock.now_ms(),
-            generation: self.snapshot().number,
-            error: Some(error),
-            source,
-        });
+        self.record_reload(source, self.snapshot().number, Some(error));
     }
 
     /// Remembers a change, and counts it (`sluice_config_reloads_total{result}`).
-    fn record_reload(&self, reload: Reload) {
-        self.observe.metrics.reload(reload.ok());
+    fn record_reload(&self, source: ReloadSource, generation: u64, error: Option<String>) {
+        self.observe.metrics.reload(error.is_none());
+        let reload = Reload {
+            at_ms: self.clock.now_ms(),
+            generation,
+            error,
+            source,
+        };
         let mut reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
         if reloads.len() >= MAX_RELOADS {
             reloads.pop_front();

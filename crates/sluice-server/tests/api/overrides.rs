@@ -18,7 +18,7 @@ fn config(text: &str) -> Config {
 }
 
 fn given(pairs: &[(Setting, &str, Given)]) -> Overrides {
-    let mut o = Overrides::none();
+    let mut o = Overrides::default();
     for (setting, value, given) in pairs {
         o.set(*setting, *value, *given);
     }
@@ -70,30 +70,11 @@ fn a_value_replaces_the_files_and_an_absent_one_keeps_it() {
 
 #[test]
 fn the_command_line_keeps_one_value_per_setting_the_last_set() {
-    let mut o = Overrides::none();
+    let mut o = Overrides::default();
     o.set(Setting::Http, "127.0.0.1:1", Given::Env);
     o.set(Setting::Http, "127.0.0.1:2", Given::Flag);
     assert_eq!(o.get(Setting::Http).unwrap().value, "127.0.0.1:2");
     assert_eq!(o.get(Setting::Http).unwrap().origin(), "flag --http");
-}
-
-#[test]
-fn a_bad_address_names_the_variable_or_flag_and_the_value() {
-    let e = applied_error(&[(Setting::Http, "localhost:80", Given::Env)]);
-    assert!(
-        e.starts_with("env SLUICE_HTTP: `localhost:80` names a host"),
-        "{e}"
-    );
-    let o = given(&[(Setting::Grpc, "8081", Given::Flag)]);
-    let e = o.check().unwrap_err().to_string();
-    assert!(e.starts_with("flag --grpc: `8081` is a port alone"), "{e}");
-}
-
-#[test]
-fn two_listeners_on_one_port_after_the_overrides_are_refused() {
-    let e = applied_error(&[(Setting::Grpc, "127.0.0.1:7001", Given::Flag)]);
-    assert!(e.contains("sluice.yaml with flag --grpc"), "{e}");
-    assert!(e.contains("http and grpc are both 127.0.0.1:7001"), "{e}");
 }
 
 #[test]
@@ -173,22 +154,7 @@ fn a_redis_url_never_replaces_a_topology() {
 }
 
 #[test]
-fn a_bad_redis_url_is_named_without_its_password() {
-    let e = check_error(&[(Setting::RedisUrl, "http://u:secret@h:1", Given::Env)]);
-    assert!(
-        e.starts_with("env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL"),
-        "{e}"
-    );
-    assert!(!e.contains("secret"), "{e}");
-}
-
-#[test]
-fn a_key_prefix_needs_a_redis_store_and_no_brace() {
-    let e = applied_error(&[(Setting::KeyPrefix, "app:", Given::Env)]);
-    assert!(
-        e.starts_with("env SLUICE_KEY_PREFIX: `app:`: the store is memory"),
-        "{e}"
-    );
+fn a_key_prefix_sets_the_redis_stores() {
     let o = given(&[
         (Setting::RedisUrl, "redis://h:6379", Given::Env),
         (Setting::KeyPrefix, "app:", Given::Flag),
@@ -197,8 +163,75 @@ fn a_key_prefix_needs_a_redis_store_and_no_brace() {
     assert!(
         matches!(&c.store, StoreConfig::Redis(sluice_redis::RedisConfig { key_prefix, .. }) if key_prefix == "app:")
     );
-    let e = check_error(&[(Setting::KeyPrefix, "{app}", Given::Flag)]);
-    assert!(e.starts_with("flag --key-prefix: `{app}`"), "{e}");
+}
+
+/// Each refusal names the flag or variable and the value, never a password: checked alone,
+/// or applied onto [`FILE`] (a prefix for its memory store, a second listener on its port).
+#[test]
+fn refusals_name_the_flag_or_variable_and_the_value() {
+    use Given::{Env, Flag};
+    for (setting, value, as_given, applied, starts, holds) in [
+        (
+            Setting::Http,
+            "localhost:80",
+            Env,
+            true,
+            "env SLUICE_HTTP: `localhost:80` names a host",
+            &[][..],
+        ),
+        (
+            Setting::Grpc,
+            "8081",
+            Flag,
+            false,
+            "flag --grpc: `8081` is a port alone",
+            &[],
+        ),
+        (
+            Setting::Grpc,
+            "127.0.0.1:7001",
+            Flag,
+            true,
+            "sluice.yaml with flag --grpc",
+            &["http and grpc are both 127.0.0.1:7001"],
+        ),
+        (
+            Setting::RedisUrl,
+            "http://u:secret@h:1",
+            Env,
+            false,
+            "env SLUICE_REDIS_URL: `http://h:1` is not a Redis URL",
+            &[],
+        ),
+        (
+            Setting::KeyPrefix,
+            "app:",
+            Env,
+            true,
+            "env SLUICE_KEY_PREFIX: `app:`: the store is memory",
+            &[],
+        ),
+        (
+            Setting::KeyPrefix,
+            "{app}",
+            Flag,
+            false,
+            "flag --key-prefix: `{app}`",
+            &[],
+        ),
+    ] {
+        let pairs = [(setting, value, as_given)];
+        let e = if applied {
+            applied_error(&pairs)
+        } else {
+            check_error(&pairs)
+        };
+        assert!(e.starts_with(starts), "{e}");
+        for part in holds {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        assert!(!e.contains("secret"), "a password is never shown: {e}");
+    }
 }
 
 #[test]

@@ -693,10 +693,7 @@ async fn a_simulation_over_the_memory_bound_is_refused_naming_it() {
     let started = std::time::Instant::now();
     let configured = sluice_server::config::Config::parse("sluice.yaml", CONFIG)
         .unwrap()
-        .policies
-        .into_iter()
-        .map(|p| p.policy)
-        .collect::<Vec<_>>();
+        .policies;
     // (Not `unwrap_err`: an accepted simulation's Debug is a million events long.)
     let Err(e) = Simulation::from_request(&corner, &configured, &Bounds::default()) else {
         panic!("a simulation over max_memory was accepted");

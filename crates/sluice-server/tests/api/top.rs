@@ -3,9 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -76,17 +73,11 @@ async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() 
     // made it.
     let mut rls = RateLimitServiceClient::new(s.channel().await);
     for _ in 0..4 {
-        rls.should_rate_limit(RateLimitRequest {
-            domain: "edge".to_owned(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "remote_address".to_owned(),
-                    value: "10.0.0.9".to_owned(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        })
+        rls.should_rate_limit(support::rls_request(
+            "edge",
+            &[&[("remote_address", "10.0.0.9")]],
+            0,
+        ))
         .await
         .unwrap();
     }
@@ -170,17 +161,11 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
         .unwrap();
     let mut rls = RateLimitServiceClient::new(s.channel().await);
     for _ in 0..3 {
-        rls.should_rate_limit(RateLimitRequest {
-            domain: "edge".to_owned(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "remote_address".to_owned(),
-                    value: "10.0.0.7".to_owned(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        })
+        rls.should_rate_limit(support::rls_request(
+            "edge",
+            &[&[("remote_address", "10.0.0.7")]],
+            0,
+        ))
         .await
         .unwrap();
     }

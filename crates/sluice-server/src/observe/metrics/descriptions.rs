@@ -1,187 +1,158 @@
 //! The `# HELP` line and unit of every metric a server exposes, and the check that every
 //! metric recorded anywhere in the workspace has one.
 
-/// Every metric this process can expose, with its unit and the `# HELP` line Prometheus
-/// shows (the wording of docs/server.md's table, shortened).
-const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
+/// Every metric this process records, by kind, with the `# HELP` line Prometheus shows (the
+/// wording of docs/server.md's table, shortened).
+const COUNTERS: &[(&str, &str)] = &[
     (
         "sluice_decisions_total",
-        Kind::Counter,
         "Decisions by policy (or Envoy domain), op and outcome (allowed, denied, degraded, error).",
     ),
     (
         "sluice_rls_hits_total",
-        Kind::Counter,
         "Hits (cost) of Envoy descriptors by domain, rule statistics key and result (within_limit, over_limit, shadow_mode).",
     ),
     (
-        "sluice_decision_latency_seconds",
-        Kind::Histogram,
-        "Time of a whole decision by op, store call and failure mode included.",
-    ),
-    (
-        "sluice_store_latency_seconds",
-        Kind::Histogram,
-        "Time of one Redis call by store.",
-    ),
-    (
         "sluice_store_errors_total",
-        Kind::Counter,
         "Failed Redis calls by store and kind of error.",
     ),
     (
         "sluice_store_unreplicated_total",
-        Kind::Counter,
         "Writes acknowledged by fewer replicas than store.wait_for_replicas asks, by store.",
     ),
     (
-        "sluice_store_circuit_state",
-        Kind::Gauge,
-        "Circuit breaker of each store: 0 closed, 1 open, 2 half-open.",
-    ),
-    (
         "sluice_store_circuit_opened_total",
-        Kind::Counter,
         "Times each store's circuit breaker opened.",
     ),
     (
         "sluice_reserve_total",
-        Kind::Counter,
         "Reservation layer (local.enabled): checks served local, cached_denial, waited or direct, and its fetch and refund calls.",
     ),
     (
         "sluice_config_reloads_total",
-        Kind::Counter,
         "Configuration reloads by result (ok, error).",
     ),
     (
-        "sluice_connections_open",
-        Kind::Gauge,
-        "Connections open now, by listener.",
-    ),
-    (
         "sluice_connections_limited_total",
-        Kind::Counter,
         "Times a listener reached listen.max_connections and stopped accepting until a connection closed.",
     ),
     (
         "sluice_connection_timeouts_total",
-        Kind::Counter,
         "Connections closed by a listen timeout, by listener and timeout (idle, header, body, handshake).",
     ),
     (
         "sluice_rlqs_requests_total",
-        Kind::Counter,
         "Requests reported over RLQS by rule and result (charged, lost, denied).",
     ),
-    (
-        "sluice_rlqs_actions_total",
-        Kind::Counter,
-        "RLQS actions sent, by action.",
-    ),
+    ("sluice_rlqs_actions_total", "RLQS actions sent, by action."),
     (
         "sluice_xds_updates_total",
-        Kind::Counter,
         "Responses of the rls.xds control plane by result (ack, nack).",
     ),
     (
-        "sluice_xds_connected",
-        Kind::Gauge,
-        "1 while the stream to the rls.xds control plane is open, else 0.",
-    ),
-    (
         "sluice_decisions_near_limit_total",
-        Kind::Counter,
         "Admitted decisions that left a limit at least metrics.near_limit_ratio used, by policy or Envoy domain.",
     ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    (
+        "sluice_store_circuit_state",
+        "Circuit breaker of each store: 0 closed, 1 open, 2 half-open.",
+    ),
+    (
+        "sluice_connections_open",
+        "Connections open now, by listener.",
+    ),
+    (
+        "sluice_xds_connected",
+        "1 while the stream to the rls.xds control plane is open, else 0.",
+    ),
+];
+
+/// In seconds.
+const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        "sluice_decision_latency_seconds",
+        "Time of a whole decision by op, store call and failure mode included.",
+    ),
+    (
+        "sluice_store_latency_seconds",
+        "Time of one Redis call by store.",
+    ),
+];
+
+/// Written at each scrape by [`super::scrape`], which takes the help from this table.
+const SCRAPED: &[(&str, &str)] = &[
     (
         "sluice_limit_max",
-        Kind::Scraped,
         "The max of each limit of each policy in force, by policy, limit (its place), per (window) and algorithm.",
     ),
     (
         "sluice_rule_limit",
-        Kind::Scraped,
         "The requests_per_unit of each Envoy rule in force, by domain, rule (key path) and unit; unlimited rules have none.",
     ),
     (
         "process_cpu_seconds_total",
-        Kind::Scraped,
         "User and system CPU time spent, in seconds.",
     ),
     (
         "process_resident_memory_bytes",
-        Kind::Scraped,
         "Resident memory size in bytes.",
     ),
     (
         "sluice_region_lag_seconds",
-        Kind::Scraped,
         "Replication lag of each other region's replica in this region (now - its last heartbeat), in seconds (store.regions).",
     ),
     (
         "sluice_region_view_age_seconds",
-        Kind::Scraped,
         "Age of the oldest cached view of each other region's usage, in seconds (store.regions).",
     ),
     (
         "sluice_region_reachable",
-        Kind::Scraped,
         "1 when the other region's replica answered its last read, else 0 (store.regions).",
     ),
     (
         "sluice_region_fallbacks_total",
-        Kind::Scraped,
         "Decisions taken in a fallback mode while a region's view was stale, per policy and mode (store.regions).",
     ),
-    ("process_open_fds", Kind::Scraped, "Open file descriptors."),
+    ("process_open_fds", "Open file descriptors."),
     (
         "process_max_fds",
-        Kind::Scraped,
         "The limit of open file descriptors (RLIMIT_NOFILE, soft).",
     ),
     (
         "process_start_time_seconds",
-        Kind::Scraped,
         "Start time of the process since the Unix epoch, in seconds.",
     ),
-    ("process_threads", Kind::Scraped, "Threads of the process."),
+    ("process_threads", "Threads of the process."),
 ];
 
-/// The `# HELP` text of a metric of the table (empty for one it does not hold).
+/// The `# HELP` text of a metric of the tables (empty for one they do not hold).
 pub(crate) fn help(name: &str) -> &'static str {
-    DESCRIPTIONS
-        .iter()
+    [COUNTERS, GAUGES, HISTOGRAMS, SCRAPED]
+        .into_iter()
+        .flatten()
         .find(|d| d.0 == name)
-        .map_or("", |d| d.2)
+        .map_or("", |d| d.1)
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Counter,
-    Gauge,
-    Histogram,
-    /// Written at each scrape by [`super::scrape`], which takes the help from this table.
-    Scraped,
-}
-
-/// Gives every metric its `# HELP` line.
+/// Gives every recorded metric its `# HELP` line.
 pub(super) fn describe() {
-    for &(name, kind, help) in DESCRIPTIONS {
-        match kind {
-            Kind::Counter => metrics::describe_counter!(name, help),
-            Kind::Gauge => metrics::describe_gauge!(name, help),
-            Kind::Histogram => {
-                metrics::describe_histogram!(name, metrics::Unit::Seconds, help);
-            }
-            Kind::Scraped => {}
-        }
+    for &(name, help) in COUNTERS {
+        metrics::describe_counter!(name, help);
+    }
+    for &(name, help) in GAUGES {
+        metrics::describe_gauge!(name, help);
+    }
+    for &(name, help) in HISTOGRAMS {
+        metrics::describe_histogram!(name, metrics::Unit::Seconds, help);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{DESCRIPTIONS, Kind};
+    use super::{COUNTERS, GAUGES, HISTOGRAMS, SCRAPED};
 
     /// Every metric a source file of the workspace records is described: a new metric without
     /// a `# HELP` line fails here.
@@ -215,9 +186,9 @@ mod tests {
             }
         }
         assert!(recorded.len() >= 15, "{recorded:?}");
-        let described: std::collections::BTreeSet<String> = DESCRIPTIONS
-            .iter()
-            .filter(|d| !matches!(d.1, Kind::Scraped))
+        let described: std::collections::BTreeSet<String> = [COUNTERS, GAUGES, HISTOGRAMS]
+            .into_iter()
+            .flatten()
             .map(|d| d.0.to_owned())
             .collect();
         let missing: Vec<_> = recorded.difference(&described).collect();
@@ -229,7 +200,7 @@ mod tests {
         assert!(stale.is_empty(), "described but never recorded: {stale:?}");
         // A scraped family is written, by its name, in `scrape.rs`.
         let scrape = include_str!("../scrape.rs");
-        for (name, _, _) in DESCRIPTIONS.iter().filter(|d| matches!(d.1, Kind::Scraped)) {
+        for (name, _) in SCRAPED {
             assert!(
                 scrape.contains(&format!("\"{name}\"")),
                 "{name} is described as scraped but scrape.rs never writes it"

@@ -4,9 +4,8 @@ use serde::Deserialize;
 use sluice_spec::FieldError;
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct RawMetrics {
-    #[serde(default)]
     near_limit_ratio: Option<f64>,
 }
 

@@ -6,11 +6,9 @@ use sluice_spec::FieldError;
 use sluice_spec::units::PositiveDuration;
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct RawTop {
-    #[serde(default)]
     capacity: Option<usize>,
-    #[serde(default)]
     window: Option<PositiveDuration>,
 }
 

@@ -37,15 +37,26 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server's tracer, or nothing when tracing is off. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Traces(Option<Arc<On>>);
 
+#[derive(Debug)]
 struct On {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
     /// `tracing.follow_callers`: a caller's `tracestate` is read only then.
     follow_callers: bool,
+}
+
+impl On {
+    /// A span named `name`, child of `parent`.
+    fn span(&self, name: &'static str, kind: SpanKind, parent: Context) -> Traced {
+        let builder = self.tracer.span_builder(name).with_kind(kind);
+        Traced(Some(
+            parent.with_span(builder.start_with_context(&self.tracer, &parent)),
+        ))
+    }
 }
 
 /// The longest `tracestate` carried into the spans: what W3C Trace Context asks a vendor to
@@ -117,16 +128,6 @@ impl Extractor for Bounded<'_> {
     }
 }
 
-impl std::fmt::Debug for Traces {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Traces(on)"
-        } else {
-            "Traces(off)"
-        })
-    }
-}
-
 /// The exporter could not be built from the settings.
 #[derive(Debug, thiserror::Error)]
 #[error("tracing.endpoint: cannot export to {endpoint}: {reason}")]
@@ -135,12 +136,8 @@ pub struct TraceError {
     reason: String,
 }
 
+/// [`Traces::default`] is tracing off.
 impl Traces {
-    /// Tracing off.
-    pub(crate) fn off() -> Self {
-        Self(None)
-    }
-
     /// Exports to the collector of `settings`. Called inside the server's Tokio runtime (the
     /// gRPC exporter's connection lives there); connecting is lazy, so a collector that is
     /// down is no error here, its spans are dropped later.
@@ -214,12 +211,7 @@ impl Traces {
             carrier,
             tracestate: on.follow_callers,
         });
-        let span = on
-            .tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Server)
-            .start_with_context(&on.tracer, &parent);
-        Traced(Some(parent.with_span(span)))
+        on.span(name, SpanKind::Server, parent)
     }
 
     /// A store call's span, child of the decision the caller runs in (none outside one: the
@@ -232,12 +224,7 @@ impl Traces {
         if !parent.has_active_span() {
             return Traced(None);
         }
-        let span = on
-            .tracer
-            .span_builder("sluice.store")
-            .with_kind(SpanKind::Client)
-            .start_with_context(&on.tracer, &parent);
-        Traced(Some(parent.with_span(span)))
+        on.span("sluice.store", SpanKind::Client, parent)
     }
 
     /// Exports what is queued and stops the exporter (a graceful stop), waiting at most
@@ -369,7 +356,7 @@ mod tests {
 
     #[test]
     fn off_makes_no_span_and_reads_no_header() {
-        let traces = Traces::off();
+        let traces = Traces::default();
         let headers = axum::http::HeaderMap::new();
         let span = traces.decision(
             "sluice.check",

@@ -21,19 +21,13 @@ use crate::url::ConfiguredUrl;
 
 /// `tracing`, as written.
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct RawTracing {
-    #[serde(default)]
     endpoint: Option<String>,
-    #[serde(default)]
     protocol: Option<String>,
-    #[serde(default)]
     sample_ratio: Option<f64>,
-    #[serde(default)]
     service_name: Option<String>,
-    #[serde(default)]
     headers: BTreeMap<String, String>,
-    #[serde(default)]
     follow_callers: Option<bool>,
 }
 
