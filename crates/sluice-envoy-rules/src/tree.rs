@@ -104,11 +104,12 @@ pub(super) fn load_file(
         Some(existing) => existing.label.clone(),
         None => Arc::from(root.domain.as_str()),
     };
-    let loader = Loader {
+    let mut loader = Loader {
         file: Arc::from(file),
         domain: label.clone(),
         warnings,
     };
+    let prefix = format!("{}.", root.domain);
     if let Some(existing) = domains.get_mut(&root.domain) {
         if !merge_domains {
             let first = match existing.line {
@@ -125,8 +126,7 @@ pub(super) fn load_file(
                 ),
             ));
         }
-        let prefix = format!("{}.", root.domain);
-        return loader.load_descriptors(&mut existing.root, &prefix, root.descriptors);
+        return loader.load_level(&mut existing.root, &prefix, root.descriptors);
     }
     let mut domain = Domain {
         root: DescriptorNode::new(Origin {
@@ -138,8 +138,7 @@ pub(super) fn load_file(
         line: root.domain_line,
         label,
     };
-    let prefix = format!("{}.", root.domain);
-    loader.load_descriptors(&mut domain.root, &prefix, root.descriptors)?;
+    loader.load_level(&mut domain.root, &prefix, root.descriptors)?;
     domains.insert(root.domain, domain);
     Ok(())
 }
@@ -165,15 +164,6 @@ impl Loader<'_> {
 
     /// `loadDescriptors`: the checks of the reference, in its order, for each descriptor
     /// before its nested ones.
-    fn load_descriptors(
-        mut self,
-        node: &mut DescriptorNode,
-        parent_key: &str,
-        descriptors: Vec<YamlDescriptor>,
-    ) -> Result<(), RlsConfigError> {
-        self.load_level(node, parent_key, descriptors)
-    }
-
     fn load_level(
         &mut self,
         node: &mut DescriptorNode,
