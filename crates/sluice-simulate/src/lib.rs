@@ -16,10 +16,7 @@
 //! `traffic.rs` generates a pattern's traffic, `logs/` reads a log, `render.rs` draws the
 //! answer. They use the types defined here.
 
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
-
+use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::Value;
 use sluice::{Algorithm, Limiter, ManualClock, MemoryStore, Policy};
@@ -297,19 +294,22 @@ impl Simulation {
         for e in &traffic.events {
             clock.set(traffic.start_ms + e.t_ms);
             let key = &traffic.keys[e.key as usize];
-            let d =
-                match now_or_never(limiter.call(policy, key, sluice::Op::Check { cost: e.cost })) {
-                    Some(Ok(d)) => d,
-                    Some(Err(err)) => {
-                        return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
-                    }
-                    None => {
-                        return Err(SimError::new(
-                            "simulation",
-                            "the memory store did not answer at once",
-                        ));
-                    }
-                };
+            // The memory store's answers are ready at once: polled once.
+            let d = match limiter
+                .call(policy, key, sluice::Op::Check { cost: e.cost })
+                .now_or_never()
+            {
+                Some(Ok(d)) => d,
+                Some(Err(err)) => {
+                    return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
+                }
+                None => {
+                    return Err(SimError::new(
+                        "simulation",
+                        "the memory store did not answer at once",
+                    ));
+                }
+            };
             tally.count(e, (e.t_ms / self.bucket_ms) as usize, &d);
         }
         Ok(tally)
@@ -411,16 +411,4 @@ fn describe(limit: &sluice::Limit) -> String {
         _ => {}
     }
     s
-}
-
-/// Polls a future once: the memory store's answers are ready at once.
-fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
 }

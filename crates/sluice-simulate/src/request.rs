@@ -5,13 +5,13 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use serde_path_to_error::Segment;
 use sluice::Policy;
 
 use super::{
     Bounds, Generated, KeyChoice, LogFormat, LogOptions, Pattern, SimError, Simulation, TimeUnit,
     Traffic, logs, memory_estimate, render,
 };
+use sluice_spec::policy_entry::from_value;
 use sluice_spec::units::PositiveDuration;
 
 /// The body, as written.
@@ -131,24 +131,11 @@ fn bad(field: impl Into<String>, message: impl Into<String>) -> SimError {
 }
 
 /// Deserializes `value`, found at `at`; an error names the field at fault (`traffic.rate`),
-/// or `body` for the body itself. An unknown field is named by the message, and the error by
-/// the object it is in.
+/// or `body` for the body itself.
 fn read<T: DeserializeOwned>(value: &Value, at: &str) -> Result<T, SimError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let message = e.inner().to_string();
-        let mut path = e.path().to_string();
-        if let Some(Segment::Map { key }) = e.path().iter().next_back()
-            && message.starts_with("unknown field")
-        {
-            path.truncate(path.len().saturating_sub(key.len() + 1));
-        }
-        let path = match (at, path.as_str()) {
-            ("", "" | ".") => "body".to_owned(),
-            (at, "" | ".") => at.to_owned(),
-            ("", path) => path.to_owned(),
-            (at, path) => format!("{at}.{path}"),
-        };
-        bad(path, message)
+    from_value(value).map_err(|e| match (at, e.path.is_empty()) {
+        ("", true) => bad("body", e.message),
+        _ => e.within(at),
     })
 }
 
