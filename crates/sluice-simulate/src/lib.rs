@@ -284,12 +284,7 @@ impl Simulation {
                 })
                 .collect(),
             per_key: vec![(0u64, 0u64); traffic.keys.len()],
-            admitted: 0,
-            denied: 0,
-            admitted_cost: 0,
-            never_fits: 0,
-            first_denial_ms: None,
-            retries: Vec::new(),
+            ..Tally::default()
         };
         for e in &traffic.events {
             clock.set(traffic.start_ms + e.t_ms);
@@ -341,6 +336,7 @@ impl Simulation {
 }
 
 /// What one policy's replay counted.
+#[derive(Default)]
 struct Tally {
     buckets: Vec<Bucket>,
     /// (admitted, denied) per key index.
