@@ -51,7 +51,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &["requests_per_unit", "unit", "unlimited", "
 const REPLACES_FIELDS: &[&str] = &["name"];
 
 /// A decoded file (`YamlRoot`).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlRoot {
     pub(super) domain: String,
     /// The line of `domain:`.
@@ -60,7 +60,7 @@ pub(super) struct YamlRoot {
 }
 
 /// A decoded descriptor (`YamlDescriptor`), with where it was written.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlDescriptor {
     pub(super) key: String,
     pub(super) value: String,
@@ -78,7 +78,7 @@ pub(super) struct YamlDescriptor {
 }
 
 /// A decoded `rate_limit` block (`YamlRateLimit`).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlRateLimit {
     pub(super) requests_per_unit: u32,
     /// The line of `requests_per_unit:`, when written.
@@ -369,11 +369,7 @@ impl Decoder<'_> {
     fn decode_root(&mut self, root: &Node) -> Result<YamlRoot, RlsConfigError> {
         let entries = self.entries(root, "", Duplicates::Warn)?;
         self.warn_misplaced(&entries, ROOT_FIELDS, "");
-        let mut out = YamlRoot {
-            domain: String::new(),
-            domain_line: None,
-            descriptors: Vec::new(),
-        };
+        let mut out = YamlRoot::default();
         for (key, key_node, value) in entries {
             match key {
                 "domain" => {
@@ -406,17 +402,9 @@ impl Decoder<'_> {
         let entries = self.entries(node, path, Duplicates::Warn)?;
         self.warn_misplaced(&entries, DESCRIPTOR_FIELDS, path);
         let mut out = YamlDescriptor {
-            key: String::new(),
-            value: String::new(),
-            rate_limit: None,
-            descriptors: Vec::new(),
-            shadow_mode: false,
-            quota_mode: false,
-            detailed_metric: false,
-            value_to_metric: false,
-            share_threshold: false,
             path: path.to_owned(),
             line: self.line_of(node),
+            ..YamlDescriptor::default()
         };
         for (key, key_node, value) in entries {
             let child = join(path, key);
@@ -462,14 +450,8 @@ impl Decoder<'_> {
         let entries = self.entries(node, path, Duplicates::Warn)?;
         self.warn_misplaced(&entries, RATE_LIMIT_FIELDS, path);
         let mut out = YamlRateLimit {
-            requests_per_unit: 0,
-            requests_per_unit_line: None,
-            unit: String::new(),
-            unit_line: None,
-            unlimited: false,
-            name: String::new(),
-            replaces: Vec::new(),
             line: self.line_of(key_node),
+            ..YamlRateLimit::default()
         };
         for (key, key_node, value) in entries {
             let child = join(path, key);
