@@ -185,6 +185,11 @@ pub struct RawRlqs {
     buckets: Vec<RawRule>,
 }
 
+/// `1m`, `250ms`: a duration as the configuration writes it.
+fn text(d: Duration) -> String {
+    sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Envoy reads these durations in whole seconds (`fill_interval`, `assignment_time_to_live`).
 fn whole_seconds(field: &str, d: Duration) -> Result<Duration, FieldError> {
     if d.subsec_nanos() != 0 {
@@ -192,7 +197,7 @@ fn whole_seconds(field: &str, d: Duration) -> Result<Duration, FieldError> {
             format!("rlqs.{field}"),
             format!(
                 "{} is not a whole number of seconds; Envoy reads this duration in whole seconds",
-                sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                text(d)
             ),
         ));
     }
@@ -308,12 +313,8 @@ fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), FieldError
             format!(
                 "{} is shorter than reporting_interval ({}); every bucket would be abandoned \
                  between two reports",
-                sluice::core::duration_text(
-                    u64::try_from(abandon_after.as_millis()).unwrap_or(u64::MAX)
-                ),
-                sluice::core::duration_text(
-                    u64::try_from(reporting_interval.as_millis()).unwrap_or(u64::MAX)
-                )
+                text(abandon_after),
+                text(reporting_interval)
             ),
         ));
     }
