@@ -310,28 +310,21 @@ impl Decoder<'_> {
                     }
                 }
                 NodeKind::Map(_) => self.validate_keys(value, &child)?,
-                NodeKind::Scalar { text, .. } => match value.resolved() {
-                    Some(Resolved::Float) => {
-                        return Err(self.error(
-                            self.line_of(value).or(self.line_of(key_node)),
-                            format!(
-                                "{child}: {text} is read as a floating-point number, which the \
-                                 reference service rejects; quote it (\"{text}\") if it is \
-                                 meant as text"
-                            ),
-                        ));
-                    }
-                    Some(Resolved::Uint(_)) => {
-                        return Err(self.error(
-                            self.line_of(value).or(self.line_of(key_node)),
-                            format!(
-                                "{child}: {text} is too large a number for the reference \
-                                 service; quote it (\"{text}\") if it is meant as text"
-                            ),
-                        ));
-                    }
-                    _ => {}
-                },
+                NodeKind::Scalar { text, .. } => {
+                    let why = match value.resolved() {
+                        Some(Resolved::Float) => {
+                            "read as a floating-point number, which the reference service rejects"
+                        }
+                        Some(Resolved::Uint(_)) => "too large a number for the reference service",
+                        _ => continue,
+                    };
+                    return Err(self.error(
+                        self.line_of(value).or(self.line_of(key_node)),
+                        format!(
+                            "{child}: {text} is {why}; quote it (\"{text}\") if it is meant as text"
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
