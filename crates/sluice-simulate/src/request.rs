@@ -24,8 +24,8 @@ struct Body {
     top: Option<u64>,
 }
 
-/// `traffic`, as written: a pattern's fields or a log's (which of them a traffic may give is
-/// checked apart, by [`only`]).
+/// A generated `traffic`, as written (which of the pattern fields a pattern takes is checked
+/// apart, by [`only`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTraffic {
@@ -41,7 +41,13 @@ struct RawTraffic {
     every: Option<PositiveDuration>,
     from: Option<f64>,
     to: Option<f64>,
-    log: Option<String>,
+}
+
+/// A log `traffic`, as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    log: String,
     format: Option<String>,
     key: Option<String>,
     key_field: Option<String>,
@@ -319,7 +325,7 @@ fn configured_policy(
 }
 
 /// A log `traffic`: its text, format and key and time options (docs/simulate.md#the-request).
-fn parse_log(raw: RawTraffic, policies: u64, bounds: &Bounds) -> Result<Traffic, SimError> {
+fn parse_log(raw: RawLog, policies: u64, bounds: &Bounds) -> Result<Traffic, SimError> {
     let format = match raw.format {
         Some(f) => LogFormat::parse(&f).map_err(|e| bad("traffic.format", e.to_string()))?,
         None => None,
@@ -347,7 +353,7 @@ fn parse_log(raw: RawTraffic, policies: u64, bounds: &Bounds) -> Result<Traffic,
         time_field: raw.time_field,
         time_unit,
     };
-    let traffic = logs::read(raw.log.as_deref().unwrap_or(""), &options, bounds)?;
+    let traffic = logs::read(&raw.log, &options, bounds)?;
     let key_text: u64 = traffic.keys.iter().map(|k| k.len() as u64).sum();
     let events = traffic.events.len() as u64;
     let keys = traffic.keys.len() as u64;
@@ -367,15 +373,7 @@ const TRAFFIC_SHAPE: &str = concat!(
     "{\"format\": \"csv\", \"log\": \"…\"}",
 );
 
-/// The fields every traffic may give, and each kind's own.
-const LOG_FIELDS: &[&str] = &[
-    "log",
-    "format",
-    "key",
-    "key_field",
-    "time_field",
-    "time_unit",
-];
+/// The fields every generated traffic may give, besides its pattern's own.
 const PATTERN_FIELDS: &[&str] = &[
     "pattern",
     "duration",
@@ -398,7 +396,6 @@ fn parse_traffic(
         ));
     };
     if map.contains_key("log") {
-        only(map, "traffic", LOG_FIELDS)?;
         return Ok((parse_log(read(value, "traffic")?, policies, bounds)?, None));
     }
     let raw: RawTraffic = read(value, "traffic")?;
