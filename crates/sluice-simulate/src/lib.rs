@@ -18,7 +18,6 @@
 
 use futures_util::FutureExt;
 use serde::Serialize;
-use serde_json::Value;
 use sluice::{Algorithm, Limiter, ManualClock, MemoryStore, Policy};
 
 pub mod logs;
@@ -224,16 +223,6 @@ pub struct Report {
 }
 
 impl Simulation {
-    /// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
-    /// `{"policy": "<name>"}` entry may name.
-    pub fn from_request(
-        request: &Value,
-        configured: &[Policy],
-        bounds: &Bounds,
-    ) -> Result<Self, SimError> {
-        request::parse(request, configured, bounds)
-    }
-
     /// Runs every policy over the traffic.
     pub fn run(&self) -> Result<Report, SimError> {
         let policies = self

@@ -81,55 +81,57 @@ struct Entry {
     definition: Map<String, Value>,
 }
 
-/// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
-/// `{"policy": "<name>"}` entry may name.
-pub(super) fn parse(
-    request: &Value,
-    configured: &[Policy],
-    bounds: &Bounds,
-) -> Result<Simulation, SimError> {
-    if !request.is_object() {
-        return Err(bad(
-            "body",
-            "must be an object: {\"policies\": [...], \"traffic\": {...}, \"bucket\": \"1s\", \
-             \"top\": 10}",
-        ));
+impl Simulation {
+    /// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
+    /// `{"policy": "<name>"}` entry may name.
+    pub fn from_request(
+        request: &Value,
+        configured: &[Policy],
+        bounds: &Bounds,
+    ) -> Result<Self, SimError> {
+        if !request.is_object() {
+            return Err(bad(
+                "body",
+                "must be an object: {\"policies\": [...], \"traffic\": {...}, \"bucket\": \"1s\", \
+                 \"top\": 10}",
+            ));
+        }
+        let body: Body = read(request, "")?;
+        let policies = parse_policies(body.policies, configured, bounds)?;
+        let traffic_value = body
+            .traffic
+            .ok_or_else(|| bad("traffic", "is missing: a pattern or a log"))?;
+        let (traffic, seed) = parse_traffic(&traffic_value, policies.len() as u64, bounds)?;
+        let bucket_ms = match body.bucket {
+            Some(b) => b.millis(),
+            None => default_bucket(traffic.duration_ms, bounds.max_buckets),
+        };
+        let buckets = traffic.duration_ms.div_ceil(bucket_ms);
+        if buckets > bounds.max_buckets {
+            return Err(bad(
+                "bucket",
+                format!(
+                    "{bucket_ms} ms buckets make {buckets} buckets over {} ms, more than the \
+                     maximum of {} (max_buckets); choose a wider bucket",
+                    traffic.duration_ms, bounds.max_buckets
+                ),
+            ));
+        }
+        let top = body.top.unwrap_or(10);
+        if top as usize > bounds.max_top {
+            return Err(bad(
+                "top",
+                format!("at most {} keys per policy, got {top}", bounds.max_top),
+            ));
+        }
+        Ok(Self {
+            policies,
+            traffic,
+            seed,
+            bucket_ms,
+            top: top as usize,
+        })
     }
-    let body: Body = read(request, "")?;
-    let policies = parse_policies(body.policies, configured, bounds)?;
-    let traffic_value = body
-        .traffic
-        .ok_or_else(|| bad("traffic", "is missing: a pattern or a log"))?;
-    let (traffic, seed) = parse_traffic(&traffic_value, policies.len() as u64, bounds)?;
-    let bucket_ms = match body.bucket {
-        Some(b) => b.millis(),
-        None => default_bucket(traffic.duration_ms, bounds.max_buckets),
-    };
-    let buckets = traffic.duration_ms.div_ceil(bucket_ms);
-    if buckets > bounds.max_buckets {
-        return Err(bad(
-            "bucket",
-            format!(
-                "{bucket_ms} ms buckets make {buckets} buckets over {} ms, more than the \
-                 maximum of {} (max_buckets); choose a wider bucket",
-                traffic.duration_ms, bounds.max_buckets
-            ),
-        ));
-    }
-    let top = body.top.unwrap_or(10);
-    if top as usize > bounds.max_top {
-        return Err(bad(
-            "top",
-            format!("at most {} keys per policy, got {top}", bounds.max_top),
-        ));
-    }
-    Ok(Simulation {
-        policies,
-        traffic,
-        seed,
-        bucket_ms,
-        top: top as usize,
-    })
 }
 
 fn bad(field: impl Into<String>, message: impl Into<String>) -> SimError {
