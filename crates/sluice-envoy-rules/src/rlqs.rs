@@ -158,14 +158,11 @@ impl RlqsConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     domain: Option<String>,
     #[serde(default, rename = "match")]
     matches: BTreeMap<String, String>,
     policy: String,
-    #[serde(default)]
     key: Option<String>,
 }
 
@@ -173,11 +170,8 @@ struct RawRule {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRlqs {
-    #[serde(default)]
     reporting_interval: Option<PositiveDuration>,
-    #[serde(default)]
     assignment_ttl: Option<PositiveDuration>,
-    #[serde(default)]
     abandon_after: Option<PositiveDuration>,
     #[serde(default)]
     unmatched: Unmatched,

@@ -61,11 +61,8 @@ impl FieldError {
 struct RawLimit {
     max: u64,
     per: PositiveDuration,
-    #[serde(default)]
     algorithm: Option<String>,
-    #[serde(default)]
     precision: Option<PositiveDuration>,
-    #[serde(default)]
     burst: Option<u64>,
     #[serde(default)]
     align: bool,
@@ -115,7 +112,6 @@ impl ValidLimit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
-    #[serde(default)]
     on_store_error: Option<String>,
     limits: Vec<ValidLimit>,
 }
