@@ -444,21 +444,7 @@ fn parse_traffic(
             ),
         ));
     }
-    let choice = match (raw.key_choice.unwrap_or_default(), raw.zipf_exponent) {
-        (KeyChoiceName::Uniform, None) => KeyChoice::Uniform,
-        (KeyChoiceName::Uniform, Some(_)) => {
-            return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
-        }
-        (KeyChoiceName::Zipf, s) if s.is_none_or(|s| s.is_finite() && s > 0.0) => KeyChoice::Zipf {
-            exponent: s.unwrap_or(1.0),
-        },
-        (KeyChoiceName::Zipf, s) => {
-            return Err(bad(
-                "traffic.zipf_exponent",
-                format!("must be a positive number, got {}", s.unwrap_or_default()),
-            ));
-        }
-    };
+    let choice = key_choice(&raw)?;
     let seed = raw.seed.unwrap_or(0);
     let cost = raw.cost.unwrap_or(1);
     if sluice::check_cost(cost).is_err() {
@@ -474,6 +460,29 @@ fn parse_traffic(
     };
     check_generated_memory(&generated, keys, policies, bounds)?;
     Ok((generated.generate(bounds)?, Some(seed)))
+}
+
+/// `key_choice` (uniform or zipf) and zipf's `zipf_exponent`.
+fn key_choice(raw: &RawTraffic) -> Result<KeyChoice, SimError> {
+    Ok(
+        match (raw.key_choice.unwrap_or_default(), raw.zipf_exponent) {
+            (KeyChoiceName::Uniform, None) => KeyChoice::Uniform,
+            (KeyChoiceName::Uniform, Some(_)) => {
+                return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
+            }
+            (KeyChoiceName::Zipf, s) if s.is_none_or(|s| s.is_finite() && s > 0.0) => {
+                KeyChoice::Zipf {
+                    exponent: s.unwrap_or(1.0),
+                }
+            }
+            (KeyChoiceName::Zipf, s) => {
+                return Err(bad(
+                    "traffic.zipf_exponent",
+                    format!("must be a positive number, got {}", s.unwrap_or_default()),
+                ));
+            }
+        },
+    )
 }
 
 /// A generated traffic's pattern, from the fields only it takes.
