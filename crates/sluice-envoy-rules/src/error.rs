@@ -55,7 +55,7 @@ impl fmt::Display for RlsConfigWarning {
 }
 
 /// `file:line`, or `file` without a line.
-fn located(file: &str, line: Option<usize>) -> String {
+pub(crate) fn located(file: &str, line: Option<usize>) -> String {
     match line {
         Some(line) => format!("{file}:{line}"),
         None => file.to_owned(),

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
-use crate::error::{RlsConfigError, RlsConfigWarning};
+use crate::error::{RlsConfigError, RlsConfigWarning, located};
 use crate::rule::Rule;
 use crate::unit::Unit;
 
@@ -55,10 +55,7 @@ struct Origin {
 
 impl Origin {
     fn describe(&self) -> String {
-        match self.line {
-            Some(line) => format!("{}:{line} ({})", self.file, self.path),
-            None => format!("{} ({})", self.file, self.path),
-        }
+        format!("{} ({})", located(&self.file, self.line), self.path)
     }
 }
 
@@ -112,10 +109,7 @@ pub(super) fn load_file(
     let prefix = format!("{}.", root.domain);
     if let Some(existing) = domains.get_mut(&root.domain) {
         if !merge_domains {
-            let first = match existing.line {
-                Some(line) => format!("{}:{line}", existing.file),
-                None => existing.file.clone(),
-            };
+            let first = located(&existing.file, existing.line);
             return Err(RlsConfigError::new(
                 file,
                 root.domain_line,
