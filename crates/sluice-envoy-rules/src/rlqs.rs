@@ -356,10 +356,8 @@ fn bucket_rule(
             ),
         ));
     }
-    for k in r.matches.keys() {
-        if k.is_empty() {
-            return Err(here("match", "an entry name must not be empty".to_owned()));
-        }
+    if r.matches.keys().any(String::is_empty) {
+        return Err(here("match", "an entry name must not be empty".to_owned()));
     }
     let template = r
         .key
