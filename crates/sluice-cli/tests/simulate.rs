@@ -147,7 +147,7 @@ fn bad_input_exits_non_zero_naming_what_is_wrong() {
         (
             "p={limits: [{max: 2, per: 0s}]}",
             steady,
-            "limits[0]: `0s` is not a positive duration",
+            "limits[0].per: `0s` is not a positive duration",
         ),
         (
             inline,

@@ -200,10 +200,7 @@ pub fn draft03_headers(parts: &[Part]) -> Vec<(&'static str, String)> {
             least = 0;
         }
     }
-    let Some(part) = chosen else {
-        return Vec::new();
-    };
-    let Some(limit) = &part.status.current_limit else {
+    let Some((part, Some(limit))) = chosen.map(|p| (p, &p.status.current_limit)) else {
         return Vec::new();
     };
     vec![

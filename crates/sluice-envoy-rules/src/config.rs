@@ -64,18 +64,17 @@ impl RlsConfig {
         for relative in found {
             let path = dir.join(&relative);
             let name = path.display().to_string();
-            match std::fs::read(&path) {
-                Ok(bytes) => match String::from_utf8(bytes) {
-                    Ok(text) => files.push((name, text)),
-                    Err(_) => {
-                        return Err(RlsConfigError::new(
-                            &name,
-                            None,
-                            "the file is not UTF-8 text; every file under the configuration \
-                             directory is read as a YAML configuration",
-                        ));
-                    }
-                },
+            match std::fs::read_to_string(&path) {
+                Ok(text) => files.push((name, text)),
+                // What `read_to_string` answers for a file that is not UTF-8.
+                Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                    return Err(RlsConfigError::new(
+                        &name,
+                        None,
+                        "the file is not UTF-8 text; every file under the configuration \
+                         directory is read as a YAML configuration",
+                    ));
+                }
                 Err(err) => warnings.push(RlsConfigWarning {
                     file: name,
                     line: None,

@@ -51,7 +51,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &["requests_per_unit", "unit", "unlimited", "
 const REPLACES_FIELDS: &[&str] = &["name"];
 
 /// A decoded file (`YamlRoot`).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlRoot {
     pub(super) domain: String,
     /// The line of `domain:`.
@@ -60,7 +60,7 @@ pub(super) struct YamlRoot {
 }
 
 /// A decoded descriptor (`YamlDescriptor`), with where it was written.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlDescriptor {
     pub(super) key: String,
     pub(super) value: String,
@@ -78,7 +78,7 @@ pub(super) struct YamlDescriptor {
 }
 
 /// A decoded `rate_limit` block (`YamlRateLimit`).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct YamlRateLimit {
     pub(super) requests_per_unit: u32,
     /// The line of `requests_per_unit:`, when written.
@@ -96,13 +96,6 @@ pub(super) struct YamlRateLimit {
 
 /// One mapping entry after merge keys are applied: the key's text, the key and the value.
 type Entry<'n> = (&'n str, &'n Node, &'n Node);
-
-/// Whether [`Decoder::entries`] reports keys written twice (done once, while decoding).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Duplicates {
-    Warn,
-    Quiet,
-}
 
 /// Decodes one file.
 pub(super) fn decode_file(
@@ -174,16 +167,21 @@ impl Decoder<'_> {
     }
 
     /// The entries of a mapping as yaml.v2 sees them: merge keys (`<<: *anchor`) expanded,
-    /// a key written twice keeping its last value (with a warning), non-string keys rejected.
+    /// a key written twice keeping its last value, non-string keys rejected. With the
+    /// mapping's `fields` (while decoding; validating passes none, so each is said once), a
+    /// key written twice and a key that is not one of them are warned about.
     fn entries<'n>(
         &mut self,
         map: &'n Node,
         path: &str,
-        duplicates: Duplicates,
+        fields: Option<&[&str]>,
     ) -> Result<Vec<Entry<'n>>, RlsConfigError> {
         let mut out: Vec<Entry<'n>> = Vec::new();
         let mut explicit: Vec<&str> = Vec::new();
-        self.collect_entries(map, path, &mut out, Some((&mut explicit, duplicates)))?;
+        self.collect_entries(map, path, &mut out, fields.map(|_| &mut explicit))?;
+        if let Some(fields) = fields {
+            self.warn_misplaced(&out, fields, path);
+        }
         Ok(out)
     }
 
@@ -192,7 +190,7 @@ impl Decoder<'_> {
         map: &'n Node,
         path: &str,
         out: &mut Vec<Entry<'n>>,
-        mut explicit: Option<(&mut Vec<&'n str>, Duplicates)>,
+        mut explicit: Option<&mut Vec<&'n str>>,
     ) -> Result<(), RlsConfigError> {
         let NodeKind::Map(entries) = &map.kind else {
             return Ok(());
@@ -218,10 +216,10 @@ impl Decoder<'_> {
                     ));
                 }
             };
-            if let Some((seen, duplicates)) = explicit.as_mut() {
+            if let Some(seen) = explicit.as_mut() {
                 let again = seen.contains(&text);
                 seen.push(text);
-                if again && *duplicates == Duplicates::Warn {
+                if again {
                     let line = self.line_of(key);
                     self.warn(
                         line,
@@ -270,7 +268,7 @@ impl Decoder<'_> {
 
     /// `validateYamlKeys`: keys valid anywhere, lists of mappings only, no floats.
     fn validate_keys(&mut self, map: &Node, path: &str) -> Result<(), RlsConfigError> {
-        for (key, key_node, value) in self.entries(map, path, Duplicates::Quiet)? {
+        for (key, key_node, value) in self.entries(map, path, None)? {
             if !VALID_KEYS.contains(&key) {
                 let hint = suggestion(key, VALID_KEYS)
                     .map(|s| format!("did you mean `{s}`? "))
@@ -310,28 +308,21 @@ impl Decoder<'_> {
                     }
                 }
                 NodeKind::Map(_) => self.validate_keys(value, &child)?,
-                NodeKind::Scalar { text, .. } => match value.resolved() {
-                    Some(Resolved::Float) => {
-                        return Err(self.error(
-                            self.line_of(value).or(self.line_of(key_node)),
-                            format!(
-                                "{child}: {text} is read as a floating-point number, which the \
-                                 reference service rejects; quote it (\"{text}\") if it is \
-                                 meant as text"
-                            ),
-                        ));
-                    }
-                    Some(Resolved::Uint(_)) => {
-                        return Err(self.error(
-                            self.line_of(value).or(self.line_of(key_node)),
-                            format!(
-                                "{child}: {text} is too large a number for the reference \
-                                 service; quote it (\"{text}\") if it is meant as text"
-                            ),
-                        ));
-                    }
-                    _ => {}
-                },
+                NodeKind::Scalar { text, .. } => {
+                    let why = match value.resolved() {
+                        Some(Resolved::Float) => {
+                            "read as a floating-point number, which the reference service rejects"
+                        }
+                        Some(Resolved::Uint(_)) => "too large a number for the reference service",
+                        _ => continue,
+                    };
+                    return Err(self.error(
+                        self.line_of(value).or(self.line_of(key_node)),
+                        format!(
+                            "{child}: {text} is {why}; quote it (\"{text}\") if it is meant as text"
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -367,13 +358,8 @@ impl Decoder<'_> {
     }
 
     fn decode_root(&mut self, root: &Node) -> Result<YamlRoot, RlsConfigError> {
-        let entries = self.entries(root, "", Duplicates::Warn)?;
-        self.warn_misplaced(&entries, ROOT_FIELDS, "");
-        let mut out = YamlRoot {
-            domain: String::new(),
-            domain_line: None,
-            descriptors: Vec::new(),
-        };
+        let entries = self.entries(root, "", Some(ROOT_FIELDS))?;
+        let mut out = YamlRoot::default();
         for (key, key_node, value) in entries {
             match key {
                 "domain" => {
@@ -403,20 +389,11 @@ impl Decoder<'_> {
     }
 
     fn descriptor(&mut self, node: &Node, path: &str) -> Result<YamlDescriptor, RlsConfigError> {
-        let entries = self.entries(node, path, Duplicates::Warn)?;
-        self.warn_misplaced(&entries, DESCRIPTOR_FIELDS, path);
+        let entries = self.entries(node, path, Some(DESCRIPTOR_FIELDS))?;
         let mut out = YamlDescriptor {
-            key: String::new(),
-            value: String::new(),
-            rate_limit: None,
-            descriptors: Vec::new(),
-            shadow_mode: false,
-            quota_mode: false,
-            detailed_metric: false,
-            value_to_metric: false,
-            share_threshold: false,
             path: path.to_owned(),
             line: self.line_of(node),
+            ..YamlDescriptor::default()
         };
         for (key, key_node, value) in entries {
             let child = join(path, key);
@@ -459,17 +436,10 @@ impl Decoder<'_> {
                 ),
             ));
         }
-        let entries = self.entries(node, path, Duplicates::Warn)?;
-        self.warn_misplaced(&entries, RATE_LIMIT_FIELDS, path);
+        let entries = self.entries(node, path, Some(RATE_LIMIT_FIELDS))?;
         let mut out = YamlRateLimit {
-            requests_per_unit: 0,
-            requests_per_unit_line: None,
-            unit: String::new(),
-            unit_line: None,
-            unlimited: false,
-            name: String::new(),
-            replaces: Vec::new(),
             line: self.line_of(key_node),
+            ..YamlRateLimit::default()
         };
         for (key, key_node, value) in entries {
             let child = join(path, key);
@@ -488,8 +458,7 @@ impl Decoder<'_> {
                     let items = self.list(value, &child, key_node, "`- name: ...` entries")?;
                     for (i, item) in items.iter().enumerate() {
                         let item_path = format!("{child}[{i}]");
-                        let entries = self.entries(item, &item_path, Duplicates::Warn)?;
-                        self.warn_misplaced(&entries, REPLACES_FIELDS, &item_path);
+                        let entries = self.entries(item, &item_path, Some(REPLACES_FIELDS))?;
                         let mut name = String::new();
                         for (key, key_node, value) in entries {
                             if key == "name" {

@@ -10,6 +10,7 @@ use std::fmt;
 /// expected one of second, minute, hour, day, week, month, year`. The message starts with
 /// the YAML path of the offending node where there is one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", located(file, *line))]
 pub struct RlsConfigError {
     /// The file, as given to [`super::RlsConfig::from_files`] or as found under the directory
     /// given to [`super::RlsConfig::load_dir`] (the directory joined with the relative path).
@@ -27,12 +28,6 @@ impl RlsConfigError {
             line,
             message: message.into(),
         }
-    }
-}
-
-impl fmt::Display for RlsConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_located(f, &self.file, self.line, &self.message)
     }
 }
 
@@ -55,19 +50,15 @@ pub struct RlsConfigWarning {
 
 impl fmt::Display for RlsConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_located(f, &self.file, self.line, &self.message)
+        write!(f, "{}: {}", located(&self.file, self.line), self.message)
     }
 }
 
-fn write_located(
-    f: &mut fmt::Formatter<'_>,
-    file: &str,
-    line: Option<usize>,
-    message: &str,
-) -> fmt::Result {
+/// `file:line`, or `file` without a line.
+pub(crate) fn located(file: &str, line: Option<usize>) -> String {
     match line {
-        Some(line) => write!(f, "{file}:{line}: {message}"),
-        None => write!(f, "{file}: {message}"),
+        Some(line) => format!("{file}:{line}"),
+        None => file.to_owned(),
     }
 }
 
@@ -82,25 +73,10 @@ pub(super) fn suggestion(key: &str, valid_keys: &[&'static str]) -> Option<&'sta
     let wanted = squash(key);
     valid_keys
         .iter()
-        .map(|valid| (edit_distance(&wanted, &squash(valid)), *valid))
+        .map(|valid| (strsim::levenshtein(&wanted, &squash(valid)), *valid))
         .filter(|(distance, valid)| *distance <= 2.max(valid.len() / 4))
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, valid)| valid)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous + usize::from(ca != *cb);
-            previous = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]

@@ -48,27 +48,17 @@ pub struct CarriedLimit {
 }
 
 impl RlsRequest<'_> {
-    /// The request's shape: a domain, at least one descriptor, and the bounds
-    /// (`check_bounds`).
+    /// The request's shape: a domain, at least one descriptor, and the bounds, each refused
+    /// as invalid naming the bound (docs/api.md, "Bounds"), before anything is matched or
+    /// charged.
     pub fn validate(&self) -> Result<(), RlsError> {
+        let refuse = |what: String| Err(RlsError::Invalid(what));
         if self.domain.is_empty() {
-            return Err(RlsError::Invalid(
-                "rate limit domain must not be empty".to_owned(),
-            ));
+            return refuse("rate limit domain must not be empty".to_owned());
         }
         if self.descriptors.is_empty() {
-            return Err(RlsError::Invalid(
-                "rate limit descriptor list must not be empty".to_owned(),
-            ));
+            return refuse("rate limit descriptor list must not be empty".to_owned());
         }
-        self.check_bounds()?;
-        Ok(())
-    }
-
-    /// The request's bounds, each refused as invalid naming the bound (docs/api.md,
-    /// "Bounds"), before anything is matched or charged.
-    fn check_bounds(&self) -> Result<(), RlsError> {
-        let refuse = |what: String| Err(RlsError::Invalid(what));
         if self.domain.len() > MAX_DOMAIN_LEN {
             return refuse(format!(
                 "domain is {} bytes; at most {MAX_DOMAIN_LEN}",

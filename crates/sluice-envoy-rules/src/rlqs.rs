@@ -158,14 +158,11 @@ impl RlqsConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     domain: Option<String>,
     #[serde(default, rename = "match")]
     matches: BTreeMap<String, String>,
     policy: String,
-    #[serde(default)]
     key: Option<String>,
 }
 
@@ -173,16 +170,18 @@ struct RawRule {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRlqs {
-    #[serde(default)]
     reporting_interval: Option<PositiveDuration>,
-    #[serde(default)]
     assignment_ttl: Option<PositiveDuration>,
-    #[serde(default)]
     abandon_after: Option<PositiveDuration>,
     #[serde(default)]
     unmatched: Unmatched,
     #[serde(default)]
     buckets: Vec<RawRule>,
+}
+
+/// `1m`, `250ms`: a duration as the configuration writes it.
+fn text(d: Duration) -> String {
+    sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Envoy reads these durations in whole seconds (`fill_interval`, `assignment_time_to_live`).
@@ -192,7 +191,7 @@ fn whole_seconds(field: &str, d: Duration) -> Result<Duration, FieldError> {
             format!("rlqs.{field}"),
             format!(
                 "{} is not a whole number of seconds; Envoy reads this duration in whole seconds",
-                sluice::core::duration_text(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                text(d)
             ),
         ));
     }
@@ -308,12 +307,8 @@ fn intervals(raw: &RawRlqs) -> Result<(Duration, Duration, Duration), FieldError
             format!(
                 "{} is shorter than reporting_interval ({}); every bucket would be abandoned \
                  between two reports",
-                sluice::core::duration_text(
-                    u64::try_from(abandon_after.as_millis()).unwrap_or(u64::MAX)
-                ),
-                sluice::core::duration_text(
-                    u64::try_from(reporting_interval.as_millis()).unwrap_or(u64::MAX)
-                )
+                text(abandon_after),
+                text(reporting_interval)
             ),
         ));
     }
@@ -361,10 +356,8 @@ fn bucket_rule(
             ),
         ));
     }
-    for k in r.matches.keys() {
-        if k.is_empty() {
-            return Err(here("match", "an entry name must not be empty".to_owned()));
-        }
+    if r.matches.keys().any(String::is_empty) {
+        return Err(here("match", "an entry name must not be empty".to_owned()));
     }
     let template = r
         .key

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::decode::{YamlDescriptor, YamlRateLimit, YamlRoot};
-use crate::error::{RlsConfigError, RlsConfigWarning};
+use crate::error::{RlsConfigError, RlsConfigWarning, located};
 use crate::rule::Rule;
 use crate::unit::Unit;
 
@@ -55,10 +55,7 @@ struct Origin {
 
 impl Origin {
     fn describe(&self) -> String {
-        match self.line {
-            Some(line) => format!("{}:{line} ({})", self.file, self.path),
-            None => format!("{} ({})", self.file, self.path),
-        }
+        format!("{} ({})", located(&self.file, self.line), self.path)
     }
 }
 
@@ -104,17 +101,15 @@ pub(super) fn load_file(
         Some(existing) => existing.label.clone(),
         None => Arc::from(root.domain.as_str()),
     };
-    let loader = Loader {
+    let mut loader = Loader {
         file: Arc::from(file),
         domain: label.clone(),
         warnings,
     };
+    let prefix = format!("{}.", root.domain);
     if let Some(existing) = domains.get_mut(&root.domain) {
         if !merge_domains {
-            let first = match existing.line {
-                Some(line) => format!("{}:{line}", existing.file),
-                None => existing.file.clone(),
-            };
+            let first = located(&existing.file, existing.line);
             return Err(RlsConfigError::new(
                 file,
                 root.domain_line,
@@ -125,8 +120,7 @@ pub(super) fn load_file(
                 ),
             ));
         }
-        let prefix = format!("{}.", root.domain);
-        return loader.load_descriptors(&mut existing.root, &prefix, root.descriptors);
+        return loader.load_level(&mut existing.root, &prefix, root.descriptors);
     }
     let mut domain = Domain {
         root: DescriptorNode::new(Origin {
@@ -138,8 +132,7 @@ pub(super) fn load_file(
         line: root.domain_line,
         label,
     };
-    let prefix = format!("{}.", root.domain);
-    loader.load_descriptors(&mut domain.root, &prefix, root.descriptors)?;
+    loader.load_level(&mut domain.root, &prefix, root.descriptors)?;
     domains.insert(root.domain, domain);
     Ok(())
 }
@@ -165,15 +158,6 @@ impl Loader<'_> {
 
     /// `loadDescriptors`: the checks of the reference, in its order, for each descriptor
     /// before its nested ones.
-    fn load_descriptors(
-        mut self,
-        node: &mut DescriptorNode,
-        parent_key: &str,
-        descriptors: Vec<YamlDescriptor>,
-    ) -> Result<(), RlsConfigError> {
-        self.load_level(node, parent_key, descriptors)
-    }
-
     fn load_level(
         &mut self,
         node: &mut DescriptorNode,

@@ -293,8 +293,8 @@ pub fn resource_file(resource: &RateLimitConfig) -> String {
 fn root(resource: &RateLimitConfig) -> YamlRoot {
     YamlRoot {
         domain: resource.domain.clone(),
-        domain_line: None,
         descriptors: descriptors(&resource.descriptors, ""),
+        ..YamlRoot::default()
     }
 }
 
@@ -316,11 +316,10 @@ fn descriptors(list: &[RateLimitDescriptor], parent: &str) -> Vec<YamlDescriptor
                 shadow_mode: d.shadow_mode,
                 quota_mode: d.quota_mode,
                 detailed_metric: d.detailed_metric,
-                // Not in the proto: always off for xDS rules, as in the reference.
-                value_to_metric: false,
-                share_threshold: false,
                 path,
-                line: None,
+                // Not in the proto (`value_to_metric`, `share_threshold`): always off for
+                // xDS rules, as in the reference; and no line.
+                ..YamlDescriptor::default()
             }
         })
         .collect()
@@ -330,13 +329,11 @@ fn descriptors(list: &[RateLimitDescriptor], parent: &str) -> Vec<YamlDescriptor
 fn policy(p: &RateLimitPolicy) -> YamlRateLimit {
     YamlRateLimit {
         requests_per_unit: p.requests_per_unit,
-        requests_per_unit_line: None,
         unit: unit_text(p.unit),
-        unit_line: None,
         unlimited: p.unlimited,
         name: p.name.clone(),
         replaces: p.replaces.iter().map(|r| (r.name.clone(), None)).collect(),
-        line: None,
+        ..YamlRateLimit::default()
     }
 }
 

@@ -270,28 +270,28 @@ impl<'de> DeserializeSeed<'de> for NodeSeed<'_, 'de> {
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Node, D::Error> {
         match self.shape {
             Shape::Void => Ok(Node::null()),
-            Shape::Scalar => deserializer.deserialize_str(ScalarVisitor { base: self.base }),
-            Shape::Map(entries) => deserializer.deserialize_map(MapVisitor {
-                entries,
-                base: self.base,
-            }),
-            Shape::Seq(items) => deserializer.deserialize_seq(SeqVisitor {
-                items,
-                base: self.base,
-            }),
+            Shape::Scalar => deserializer.deserialize_str(self),
+            Shape::Map(_) => deserializer.deserialize_map(self),
+            Shape::Seq(_) => deserializer.deserialize_seq(self),
         }
     }
 }
 
-struct ScalarVisitor<'de> {
-    base: &'de str,
+impl<'de> NodeSeed<'_, 'de> {
+    fn seed<'s>(&self, shape: &'s Shape) -> NodeSeed<'s, 'de> {
+        NodeSeed {
+            shape,
+            base: self.base,
+        }
+    }
 }
 
-impl<'de> Visitor<'de> for ScalarVisitor<'de> {
+/// A node as the first reading saw it: a scalar, a mapping or a sequence.
+impl<'de> Visitor<'de> for NodeSeed<'_, 'de> {
     type Value = Node;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a scalar")
+        f.write_str("the node of the first reading")
     }
 
     /// A slice of the input: its address gives its offset, and the byte before it tells a
@@ -327,37 +327,21 @@ impl<'de> Visitor<'de> for ScalarVisitor<'de> {
             offset: None,
         })
     }
-}
-
-struct MapVisitor<'s, 'de> {
-    entries: &'s [(Shape, Shape)],
-    base: &'de str,
-}
-
-impl<'de> Visitor<'de> for MapVisitor<'_, 'de> {
-    type Value = Node;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a mapping")
-    }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
-        let mut entries = Vec::with_capacity(self.entries.len());
-        for (key_shape, value_shape) in self.entries {
-            let seed = NodeSeed {
-                shape: key_shape,
-                base: self.base,
-            };
-            let Some(key) = map.next_key_seed(seed)? else {
+        let Shape::Map(shapes) = self.shape else {
+            return Err(de::Error::custom(
+                "a mapping where the first reading saw none",
+            ));
+        };
+        let mut entries = Vec::with_capacity(shapes.len());
+        for (key_shape, value_shape) in shapes {
+            let Some(key) = map.next_key_seed(self.seed(key_shape))? else {
                 return Err(de::Error::custom(
                     "the mapping changed between two readings",
                 ));
             };
-            let value = map.next_value_seed(NodeSeed {
-                shape: value_shape,
-                base: self.base,
-            })?;
-            entries.push((key, value));
+            entries.push((key, map.next_value_seed(self.seed(value_shape))?));
         }
         let offset = entries.first().and_then(|(key, _)| key.offset);
         Ok(Node {
@@ -365,28 +349,16 @@ impl<'de> Visitor<'de> for MapVisitor<'_, 'de> {
             offset,
         })
     }
-}
-
-struct SeqVisitor<'s, 'de> {
-    items: &'s [Shape],
-    base: &'de str,
-}
-
-impl<'de> Visitor<'de> for SeqVisitor<'_, 'de> {
-    type Value = Node;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a sequence")
-    }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
-        let mut items = Vec::with_capacity(self.items.len());
-        for shape in self.items {
-            let seed = NodeSeed {
-                shape,
-                base: self.base,
-            };
-            let Some(item) = seq.next_element_seed(seed)? else {
+        let Shape::Seq(shapes) = self.shape else {
+            return Err(de::Error::custom(
+                "a sequence where the first reading saw none",
+            ));
+        };
+        let mut items = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            let Some(item) = seq.next_element_seed(self.seed(shape))? else {
                 return Err(de::Error::custom(
                     "the sequence changed between two readings",
                 ));

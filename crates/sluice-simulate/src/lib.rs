@@ -16,12 +16,8 @@
 //! `traffic.rs` generates a pattern's traffic, `logs/` reads a log, `render.rs` draws the
 //! answer. They use the types defined here.
 
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
-
+use futures_util::FutureExt;
 use serde::Serialize;
-use serde_json::Value;
 use sluice::{Algorithm, Limiter, ManualClock, MemoryStore, Policy};
 
 pub mod logs;
@@ -227,16 +223,6 @@ pub struct Report {
 }
 
 impl Simulation {
-    /// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
-    /// `{"policy": "<name>"}` entry may name.
-    pub fn from_request(
-        request: &Value,
-        configured: &[Policy],
-        bounds: &Bounds,
-    ) -> Result<Self, SimError> {
-        request::parse(request, configured, bounds)
-    }
-
     /// Runs every policy over the traffic.
     pub fn run(&self) -> Result<Report, SimError> {
         let policies = self
@@ -287,29 +273,27 @@ impl Simulation {
                 })
                 .collect(),
             per_key: vec![(0u64, 0u64); traffic.keys.len()],
-            admitted: 0,
-            denied: 0,
-            admitted_cost: 0,
-            never_fits: 0,
-            first_denial_ms: None,
-            retries: Vec::new(),
+            ..Tally::default()
         };
         for e in &traffic.events {
             clock.set(traffic.start_ms + e.t_ms);
             let key = &traffic.keys[e.key as usize];
-            let d =
-                match now_or_never(limiter.call(policy, key, sluice::Op::Check { cost: e.cost })) {
-                    Some(Ok(d)) => d,
-                    Some(Err(err)) => {
-                        return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
-                    }
-                    None => {
-                        return Err(SimError::new(
-                            "simulation",
-                            "the memory store did not answer at once",
-                        ));
-                    }
-                };
+            // The memory store's answers are ready at once: polled once.
+            let d = match limiter
+                .call(policy, key, sluice::Op::Check { cost: e.cost })
+                .now_or_never()
+            {
+                Some(Ok(d)) => d,
+                Some(Err(err)) => {
+                    return Err(SimError::new("traffic", format!("key `{key}`: {err}")));
+                }
+                None => {
+                    return Err(SimError::new(
+                        "simulation",
+                        "the memory store did not answer at once",
+                    ));
+                }
+            };
             tally.count(e, (e.t_ms / self.bucket_ms) as usize, &d);
         }
         Ok(tally)
@@ -341,6 +325,7 @@ impl Simulation {
 }
 
 /// What one policy's replay counted.
+#[derive(Default)]
 struct Tally {
     buckets: Vec<Bucket>,
     /// (admitted, denied) per key index.
@@ -411,16 +396,4 @@ fn describe(limit: &sluice::Limit) -> String {
         _ => {}
     }
     s
-}
-
-/// Polls a future once: the memory store's answers are ready at once.
-fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
 }

@@ -200,9 +200,7 @@ pub fn svg(report: &Report) -> String {
 
 /// One policy's panel, its top at `y0`: a title, the axes and a bar per bucket.
 fn svg_panel(s: &mut String, y0: f64, p: &PolicyReport, peak: u64, duration_ms: u64) {
-    let plot_w = PLOT_W;
-    let plot_h = PLOT_H;
-    let base = y0 + 20.0 + plot_h;
+    let base = y0 + 20.0 + PLOT_H;
     let _ = writeln!(s, r#"<g class="policy" data-name="{}">"#, escape(&p.name));
     let _ = writeln!(
         s,
@@ -216,7 +214,7 @@ fn svg_panel(s: &mut String, y0: f64, p: &PolicyReport, peak: u64, duration_ms: 
     let _ = writeln!(
         s,
         r##"<line x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}" stroke="#444"/>"##,
-        LEFT + plot_w
+        LEFT + PLOT_W
     );
     let _ = writeln!(
         s,
@@ -226,11 +224,11 @@ fn svg_panel(s: &mut String, y0: f64, p: &PolicyReport, peak: u64, duration_ms: 
         LEFT - 6.0
     );
     let n = p.buckets.len().max(1) as f64;
-    let bar_w = plot_w / n;
+    let bar_w = PLOT_W / n;
     for (j, b) in p.buckets.iter().enumerate() {
         let x = LEFT + bar_w * j as f64;
-        let ha = b.admitted as f64 / peak as f64 * plot_h;
-        let hd = b.denied as f64 / peak as f64 * plot_h;
+        let ha = b.admitted as f64 / peak as f64 * PLOT_H;
+        let hd = b.denied as f64 / peak as f64 * PLOT_H;
         if b.admitted > 0 {
             let _ = writeln!(
                 s,
@@ -250,7 +248,7 @@ fn svg_panel(s: &mut String, y0: f64, p: &PolicyReport, peak: u64, duration_ms: 
         s,
         r#"<text x="{LEFT}" y="{:.1}">0</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
         base + 14.0,
-        LEFT + plot_w,
+        LEFT + PLOT_W,
         base + 14.0,
         human_ms(duration_ms)
     );

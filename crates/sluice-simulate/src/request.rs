@@ -2,6 +2,8 @@
 //! from its flags), parsed once for both: every field checked, every bound applied before any
 //! work, each refusal naming the field (docs/simulate.md#the-request).
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use sluice::Policy;
 
@@ -9,137 +11,164 @@ use super::{
     Bounds, Generated, KeyChoice, LogFormat, LogOptions, Pattern, SimError, Simulation, TimeUnit,
     Traffic, logs, memory_estimate, render,
 };
+use sluice_spec::policy_entry::from_value;
 use sluice_spec::units::PositiveDuration;
 
-/// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
-/// `{"policy": "<name>"}` entry may name.
-pub(super) fn parse(
-    request: &Value,
-    configured: &[Policy],
-    bounds: &Bounds,
-) -> Result<Simulation, SimError> {
-    let map = object(
-        request,
-        "body",
-        "{\"policies\": [...], \"traffic\": {...}, \"bucket\": \"1s\", \"top\": 10}",
-    )?;
-    only(map, "body", &["policies", "traffic", "bucket", "top"])?;
-    let policies = parse_policies(map.get("policies"), configured, bounds)?;
-    let traffic_value = map
-        .get("traffic")
-        .ok_or_else(|| bad("traffic", "is missing: a pattern or a log"))?;
-    let (traffic, seed) = parse_traffic(traffic_value, policies.len() as u64, bounds)?;
-    let bucket_ms = match duration(map, "bucket", "bucket")? {
-        Some(b) => b,
-        None => default_bucket(traffic.duration_ms, bounds.max_buckets),
-    };
-    let buckets = traffic.duration_ms.div_ceil(bucket_ms);
-    if buckets > bounds.max_buckets {
-        return Err(bad(
-            "bucket",
-            format!(
-                "{bucket_ms} ms buckets make {buckets} buckets over {} ms, more than the \
-                 maximum of {} (max_buckets); choose a wider bucket",
-                traffic.duration_ms, bounds.max_buckets
-            ),
-        ));
-    }
-    let top = match whole(map, "top", "top")? {
-        None => 10,
-        Some(n) if n as usize <= bounds.max_top => n as usize,
-        Some(n) => {
+/// The body, as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    policies: Option<Vec<Value>>,
+    traffic: Option<Value>,
+    bucket: Option<PositiveDuration>,
+    top: Option<u64>,
+}
+
+/// A generated `traffic`, as written (which of the pattern fields a pattern takes is checked
+/// apart, by [`only`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTraffic {
+    pattern: Option<PatternName>,
+    duration: Option<PositiveDuration>,
+    keys: Option<u64>,
+    key_choice: Option<KeyChoiceName>,
+    zipf_exponent: Option<f64>,
+    seed: Option<u64>,
+    cost: Option<u64>,
+    rate: Option<f64>,
+    size: Option<u64>,
+    every: Option<PositiveDuration>,
+    from: Option<f64>,
+    to: Option<f64>,
+}
+
+/// A log `traffic`, as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    log: String,
+    format: Option<String>,
+    key: Option<String>,
+    key_field: Option<String>,
+    time_field: Option<String>,
+    time_unit: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum PatternName {
+    Steady,
+    Bursts,
+    Poisson,
+    Ramp,
+}
+
+#[derive(Deserialize, Clone, Copy, Default)]
+#[serde(rename_all = "lowercase")]
+enum KeyChoiceName {
+    #[default]
+    Uniform,
+    Zipf,
+}
+
+/// One `policies[i]` entry: a configured `policy` (under `name`), or an inline definition.
+#[derive(Deserialize)]
+struct Entry {
+    name: Option<String>,
+    policy: Option<String>,
+    #[serde(flatten)]
+    definition: Map<String, Value>,
+}
+
+impl Simulation {
+    /// Parses a request (docs/simulate.md#the-request). `configured` are the policies a
+    /// `{"policy": "<name>"}` entry may name.
+    pub fn from_request(
+        request: &Value,
+        configured: &[Policy],
+        bounds: &Bounds,
+    ) -> Result<Self, SimError> {
+        if !request.is_object() {
             return Err(bad(
-                "top",
-                format!("at most {} keys per policy, got {n}", bounds.max_top),
+                "body",
+                "must be an object: {\"policies\": [...], \"traffic\": {...}, \"bucket\": \"1s\", \
+                 \"top\": 10}",
             ));
         }
-    };
-    Ok(Simulation {
-        policies,
-        traffic,
-        seed,
-        bucket_ms,
-        top,
-    })
+        let body: Body = read(request, "")?;
+        let policies = parse_policies(body.policies, configured, bounds)?;
+        let traffic_value = body
+            .traffic
+            .ok_or_else(|| bad("traffic", "is missing: a pattern or a log"))?;
+        let (traffic, seed) = parse_traffic(&traffic_value, policies.len() as u64, bounds)?;
+        let bucket_ms = match body.bucket {
+            Some(b) => b.millis(),
+            None => default_bucket(traffic.duration_ms, bounds.max_buckets),
+        };
+        let buckets = traffic.duration_ms.div_ceil(bucket_ms);
+        if buckets > bounds.max_buckets {
+            return Err(bad(
+                "bucket",
+                format!(
+                    "{bucket_ms} ms buckets make {buckets} buckets over {} ms, more than the \
+                     maximum of {} (max_buckets); choose a wider bucket",
+                    traffic.duration_ms, bounds.max_buckets
+                ),
+            ));
+        }
+        let top = body.top.unwrap_or(10);
+        if top as usize > bounds.max_top {
+            return Err(bad(
+                "top",
+                format!("at most {} keys per policy, got {top}", bounds.max_top),
+            ));
+        }
+        Ok(Self {
+            policies,
+            traffic,
+            seed,
+            bucket_ms,
+            top: top as usize,
+        })
+    }
 }
 
 fn bad(field: impl Into<String>, message: impl Into<String>) -> SimError {
     SimError::new(field, message)
 }
 
-fn object<'a>(
-    value: &'a Value,
-    field: &str,
-    shape: &str,
-) -> Result<&'a Map<String, Value>, SimError> {
-    value
-        .as_object()
-        .ok_or_else(|| bad(field, format!("must be an object: {shape}")))
+/// Deserializes `value`, found at `at`; an error names the field at fault (`traffic.rate`),
+/// or `body` for the body itself.
+fn read<T: DeserializeOwned>(value: &Value, at: &str) -> Result<T, SimError> {
+    from_value(value).map_err(|e| match (at, e.path.is_empty()) {
+        ("", true) => bad("body", e.message),
+        _ => e.within(at),
+    })
 }
 
+/// Refuses a field of `map` (at `field`) that is not one of `allowed`.
 fn only(map: &Map<String, Value>, field: &str, allowed: &[&str]) -> Result<(), SimError> {
-    for name in map.keys() {
-        if !allowed.contains(&name.as_str()) {
-            return Err(bad(
-                field,
-                format!(
-                    "unknown field `{name}`; the fields are {}",
-                    allowed.join(", ")
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn string<'a>(
-    map: &'a Map<String, Value>,
-    field: &str,
-    path: &str,
-) -> Result<Option<&'a str>, SimError> {
-    match map.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(bad(path, "must be a string")),
+    match map.keys().find(|name| !allowed.contains(&name.as_str())) {
+        Some(name) => Err(bad(
+            field,
+            format!(
+                "unknown field `{name}`; the fields are {}",
+                allowed.join(", ")
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
-fn whole(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<u64>, SimError> {
-    match map.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| bad(path, format!("must be a whole number ≥ 0, got {n}"))),
-        Some(_) => Err(bad(path, "must be a whole number")),
-    }
-}
-
-fn rate(
-    map: &Map<String, Value>,
-    field: &str,
-    path: &str,
-    zero_ok: bool,
-) -> Result<Option<f64>, SimError> {
-    match map.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(r) if r.is_finite() && (r > 0.0 || (zero_ok && r == 0.0)) => Ok(Some(r)),
-            _ => Err(bad(
-                path,
-                format!("must be a positive number of requests per second, got {n}"),
-            )),
-        },
-        Some(_) => Err(bad(path, "must be a number of requests per second")),
-    }
-}
-
-fn duration(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<u64>, SimError> {
-    match string(map, field, path)? {
-        None => Ok(None),
-        Some(s) => PositiveDuration::parse(s)
-            .map(|d| Some(u64::try_from(d.0.as_millis()).unwrap_or(u64::MAX)))
-            .map_err(|e| bad(path, e.to_string())),
+/// A rate (requests per second) that must be positive, or may be 0 when `zero_ok`.
+fn rate(value: Option<f64>, path: &str, zero_ok: bool) -> Result<Option<f64>, SimError> {
+    match value {
+        Some(r) if !(r.is_finite() && (r > 0.0 || (zero_ok && r == 0.0))) => Err(bad(
+            path,
+            format!("must be a positive number of requests per second, got {r}"),
+        )),
+        r => Ok(r),
     }
 }
 
@@ -186,12 +215,12 @@ const POLICIES_SHAPE: &str = concat!(
 );
 
 fn parse_policies(
-    value: Option<&Value>,
+    items: Option<Vec<Value>>,
     configured: &[Policy],
     bounds: &Bounds,
 ) -> Result<Vec<Policy>, SimError> {
     let shape = POLICIES_SHAPE;
-    let Some(Value::Array(items)) = value else {
+    let Some(items) = items else {
         return Err(bad(
             "policies",
             format!("must be a list of one or more policies: {shape}"),
@@ -234,23 +263,28 @@ fn parse_policies(
 /// One `policies[i]` entry: a configured policy by name, or an inline one; never one with a
 /// concurrency limit.
 fn parse_policy(item: &Value, path: &str, configured: &[Policy]) -> Result<Policy, SimError> {
-    let map = object(item, path, POLICIES_SHAPE)?;
-    let name = string(map, "name", &format!("{path}.name"))?;
-    let policy = match string(map, "policy", &format!("{path}.policy"))? {
-        Some(configured_name) => {
-            only(map, path, &["name", "policy"])?;
-            configured_policy(path, name, configured_name, configured)?
-        }
-        None => {
-            let Some(name) = name else {
+    if !item.is_object() {
+        return Err(bad(path, format!("must be an object: {POLICIES_SHAPE}")));
+    }
+    let entry: Entry = read(item, path)?;
+    let policy = match (entry.policy, entry.name) {
+        (Some(configured_name), name) => {
+            if let Some(field) = entry.definition.keys().next() {
                 return Err(bad(
-                    format!("{path}.name"),
-                    "is missing: an inline policy needs a name",
+                    path,
+                    format!("unknown field `{field}`; the fields are name, policy"),
                 ));
-            };
-            let mut definition = map.clone();
-            definition.remove("name");
-            sluice_spec::policy_entry::inline_policy(name, &Value::Object(definition))
+            }
+            configured_policy(path, name.as_deref(), &configured_name, configured)?
+        }
+        (None, None) => {
+            return Err(bad(
+                format!("{path}.name"),
+                "is missing: an inline policy needs a name",
+            ));
+        }
+        (None, Some(name)) => {
+            sluice_spec::policy_entry::inline_policy(&name, &Value::Object(entry.definition))
                 .map_err(|e| bad(path.to_owned(), e.to_string()))?
         }
     };
@@ -293,32 +327,12 @@ fn configured_policy(
 }
 
 /// A log `traffic`: its text, format and key and time options (docs/simulate.md#the-request).
-fn parse_log(
-    map: &Map<String, Value>,
-    policies: u64,
-    bounds: &Bounds,
-) -> Result<Traffic, SimError> {
-    only(
-        map,
-        "traffic",
-        &[
-            "log",
-            "format",
-            "key",
-            "key_field",
-            "time_field",
-            "time_unit",
-        ],
-    )?;
-    let text = string(map, "log", "traffic.log")?.unwrap_or("");
-    let format = match string(map, "format", "traffic.format")? {
-        Some(f) => LogFormat::parse(f).map_err(|e| bad("traffic.format", e.to_string()))?,
+fn parse_log(raw: RawLog, policies: u64, bounds: &Bounds) -> Result<Traffic, SimError> {
+    let format = match raw.format {
+        Some(f) => LogFormat::parse(&f).map_err(|e| bad("traffic.format", e.to_string()))?,
         None => None,
     };
-    let (key, key_path) = match (
-        string(map, "key", "traffic.key")?,
-        string(map, "key_field", "traffic.key_field")?,
-    ) {
+    let (key, key_path) = match (raw.key, raw.key_field) {
         (Some(_), Some(_)) => {
             return Err(bad(
                 "traffic.key_field",
@@ -330,19 +344,18 @@ fn parse_log(
         (None, Some(k)) => (Some(k), "traffic.log.key_field"),
         (None, None) => (None, "traffic.key"),
     };
+    let time_unit = raw
+        .time_unit
+        .map(|u| TimeUnit::parse(&u).map_err(|e| bad("traffic.time_unit", e.to_string())))
+        .transpose()?;
     let options = LogOptions {
         format,
-        key: key.map(str::to_owned),
+        key,
         key_path: key_path.to_owned(),
-        time_field: string(map, "time_field", "traffic.time_field")?.map(str::to_owned),
-        time_unit: match string(map, "time_unit", "traffic.time_unit")? {
-            Some(u) => {
-                Some(TimeUnit::parse(u).map_err(|e| bad("traffic.time_unit", e.to_string()))?)
-            }
-            None => None,
-        },
+        time_field: raw.time_field,
+        time_unit,
     };
-    let traffic = logs::read(text, &options, bounds)?;
+    let traffic = logs::read(&raw.log, &options, bounds)?;
     let key_text: u64 = traffic.keys.iter().map(|k| k.len() as u64).sum();
     let events = traffic.events.len() as u64;
     let keys = traffic.keys.len() as u64;
@@ -362,35 +375,56 @@ const TRAFFIC_SHAPE: &str = concat!(
     "{\"format\": \"csv\", \"log\": \"…\"}",
 );
 
+/// The fields every generated traffic may give, besides its pattern's own.
+const PATTERN_FIELDS: &[&str] = &[
+    "pattern",
+    "duration",
+    "keys",
+    "key_choice",
+    "zipf_exponent",
+    "seed",
+    "cost",
+];
+
 fn parse_traffic(
     value: &Value,
     policies: u64,
     bounds: &Bounds,
 ) -> Result<(Traffic, Option<u64>), SimError> {
-    let map = object(value, "traffic", TRAFFIC_SHAPE)?;
+    let Some(map) = value.as_object() else {
+        return Err(bad(
+            "traffic",
+            format!("must be an object: {TRAFFIC_SHAPE}"),
+        ));
+    };
     if map.contains_key("log") {
-        return Ok((parse_log(map, policies, bounds)?, None));
+        return Ok((parse_log(read(value, "traffic")?, policies, bounds)?, None));
     }
-    let pattern_name = string(map, "pattern", "traffic.pattern")?.ok_or_else(|| {
-        bad(
+    let raw: RawTraffic = read(value, "traffic")?;
+    let Some(name) = raw.pattern else {
+        return Err(bad(
             "traffic",
             "needs a `pattern` (steady, bursts, poisson, ramp) or a `log`",
-        )
-    })?;
-    let common = [
-        "pattern",
-        "duration",
-        "keys",
-        "key_choice",
-        "zipf_exponent",
-        "seed",
-        "cost",
-    ];
-    let (pattern, extra) = parse_pattern(map, pattern_name)?;
-    let allowed: Vec<&str> = common.iter().chain(extra).copied().collect();
+        ));
+    };
+    let extra: &[&str] = match name {
+        PatternName::Steady | PatternName::Poisson => &["rate"],
+        PatternName::Bursts => &["size", "every"],
+        PatternName::Ramp => &["from", "to"],
+    };
+    let allowed: Vec<&str> = PATTERN_FIELDS.iter().chain(extra).copied().collect();
     only(map, "traffic", &allowed)?;
-    let duration_ms = duration(map, "duration", "traffic.duration")?
-        .ok_or_else(|| bad("traffic.duration", "is missing, e.g. 1m"))?;
+    let pattern = parse_pattern(
+        &raw,
+        name,
+        map.get("pattern")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+    )?;
+    let duration_ms = raw
+        .duration
+        .ok_or_else(|| bad("traffic.duration", "is missing, e.g. 1m"))?
+        .millis();
     if duration_ms > bounds.max_duration_ms {
         return Err(bad(
             "traffic.duration",
@@ -400,7 +434,7 @@ fn parse_traffic(
             ),
         ));
     }
-    let keys = whole(map, "keys", "traffic.keys")?.unwrap_or(1);
+    let keys = raw.keys.unwrap_or(1);
     if keys == 0 || keys > bounds.max_keys as u64 {
         return Err(bad(
             "traffic.keys",
@@ -410,9 +444,9 @@ fn parse_traffic(
             ),
         ));
     }
-    let choice = parse_key_choice(map)?;
-    let seed = whole(map, "seed", "traffic.seed")?.unwrap_or(0);
-    let cost = whole(map, "cost", "traffic.cost")?.unwrap_or(1);
+    let choice = key_choice(&raw)?;
+    let seed = raw.seed.unwrap_or(0);
+    let cost = raw.cost.unwrap_or(1);
     if sluice::check_cost(cost).is_err() {
         return Err(bad("traffic.cost", "at most 2^53 (9007199254740992)"));
     }
@@ -428,96 +462,70 @@ fn parse_traffic(
     Ok((generated.generate(bounds)?, Some(seed)))
 }
 
-/// A generated traffic's pattern and the fields only it takes.
-fn parse_pattern(
-    map: &Map<String, Value>,
-    pattern_name: &str,
-) -> Result<(Pattern, &'static [&'static str]), SimError> {
-    let need = |v: Option<f64>, field: &str| {
-        v.ok_or_else(|| {
-            bad(
-                format!("traffic.{field}"),
-                format!("is missing for pattern {pattern_name}"),
-            )
-        })
-    };
-    Ok(match pattern_name {
-        "steady" => (
-            Pattern::Steady {
-                rate: need(rate(map, "rate", "traffic.rate", false)?, "rate")?,
-            },
-            &["rate"],
-        ),
-        "poisson" => (
-            Pattern::Poisson {
-                rate: need(rate(map, "rate", "traffic.rate", false)?, "rate")?,
-            },
-            &["rate"],
-        ),
-        "bursts" => {
-            let size = whole(map, "size", "traffic.size")?
-                .filter(|s| *s > 0)
-                .ok_or_else(|| bad("traffic.size", "must be a whole number of requests ≥ 1"))?;
-            let every_ms = duration(map, "every", "traffic.every")?.ok_or_else(|| {
-                bad(
-                    "traffic.every",
-                    "is missing: the interval between bursts, e.g. 10s",
-                )
-            })?;
-            (Pattern::Bursts { size, every_ms }, &["size", "every"])
-        }
-        "ramp" => {
-            let from = need(rate(map, "from", "traffic.from", true)?, "from")?;
-            let to = need(rate(map, "to", "traffic.to", true)?, "to")?;
-            if from == 0.0 && to == 0.0 {
-                return Err(bad("traffic.to", "a ramp from 0 to 0 makes no request"));
-            }
-            (Pattern::Ramp { from, to }, &["from", "to"])
-        }
-        other => {
-            return Err(bad(
-                "traffic.pattern",
-                format!("`{other}` is not a pattern; expected steady, bursts, poisson or ramp"),
-            ));
-        }
-    })
-}
-
 /// `key_choice` (uniform or zipf) and zipf's `zipf_exponent`.
-fn parse_key_choice(map: &Map<String, Value>) -> Result<KeyChoice, SimError> {
+fn key_choice(raw: &RawTraffic) -> Result<KeyChoice, SimError> {
     Ok(
-        match string(map, "key_choice", "traffic.key_choice")?.unwrap_or("uniform") {
-            "uniform" => {
-                if map.contains_key("zipf_exponent") {
-                    return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
-                }
-                KeyChoice::Uniform
+        match (raw.key_choice.unwrap_or_default(), raw.zipf_exponent) {
+            (KeyChoiceName::Uniform, None) => KeyChoice::Uniform,
+            (KeyChoiceName::Uniform, Some(_)) => {
+                return Err(bad("traffic.zipf_exponent", "only for key_choice zipf"));
             }
-            "zipf" => KeyChoice::Zipf {
-                exponent: match map.get("zipf_exponent") {
-                    None | Some(Value::Null) => 1.0,
-                    Some(Value::Number(n)) => match n.as_f64() {
-                        Some(s) if s.is_finite() && s > 0.0 => s,
-                        _ => {
-                            return Err(bad(
-                                "traffic.zipf_exponent",
-                                format!("must be a positive number, got {n}"),
-                            ));
-                        }
-                    },
-                    Some(_) => {
-                        return Err(bad("traffic.zipf_exponent", "must be a positive number"));
-                    }
-                },
-            },
-            other => {
+            (KeyChoiceName::Zipf, s) if s.is_none_or(|s| s.is_finite() && s > 0.0) => {
+                KeyChoice::Zipf {
+                    exponent: s.unwrap_or(1.0),
+                }
+            }
+            (KeyChoiceName::Zipf, s) => {
                 return Err(bad(
-                    "traffic.key_choice",
-                    format!("`{other}` is not a key choice; expected uniform or zipf"),
+                    "traffic.zipf_exponent",
+                    format!("must be a positive number, got {}", s.unwrap_or_default()),
                 ));
             }
         },
     )
+}
+
+/// A generated traffic's pattern, from the fields only it takes.
+fn parse_pattern(raw: &RawTraffic, name: PatternName, named: &str) -> Result<Pattern, SimError> {
+    let need = |v: Option<f64>, field: &str| {
+        v.ok_or_else(|| {
+            bad(
+                format!("traffic.{field}"),
+                format!("is missing for pattern {named}"),
+            )
+        })
+    };
+    Ok(match name {
+        PatternName::Steady => Pattern::Steady {
+            rate: need(rate(raw.rate, "traffic.rate", false)?, "rate")?,
+        },
+        PatternName::Poisson => Pattern::Poisson {
+            rate: need(rate(raw.rate, "traffic.rate", false)?, "rate")?,
+        },
+        PatternName::Bursts => Pattern::Bursts {
+            size: raw
+                .size
+                .filter(|s| *s > 0)
+                .ok_or_else(|| bad("traffic.size", "must be a whole number of requests ≥ 1"))?,
+            every_ms: raw
+                .every
+                .ok_or_else(|| {
+                    bad(
+                        "traffic.every",
+                        "is missing: the interval between bursts, e.g. 10s",
+                    )
+                })?
+                .millis(),
+        },
+        PatternName::Ramp => {
+            let from = need(rate(raw.from, "traffic.from", true)?, "from")?;
+            let to = need(rate(raw.to, "traffic.to", true)?, "to")?;
+            if from == 0.0 && to == 0.0 {
+                return Err(bad("traffic.to", "a ramp from 0 to 0 makes no request"));
+            }
+            Pattern::Ramp { from, to }
+        }
+    })
 }
 
 /// Refuses a generated traffic whose estimated memory is over the bound, before making it

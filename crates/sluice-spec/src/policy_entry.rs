@@ -8,7 +8,8 @@
 //! configuration and the simulator, `` `path` message`` in a `400`).
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer};
+use serde::de::{self, DeserializeOwned, Deserializer};
+use serde_path_to_error::Segment;
 use sluice::{Algorithm, FailureMode, Limit, LimitSpec, Policy};
 use std::fmt;
 
@@ -60,11 +61,8 @@ impl FieldError {
 struct RawLimit {
     max: u64,
     per: PositiveDuration,
-    #[serde(default)]
     algorithm: Option<String>,
-    #[serde(default)]
     precision: Option<PositiveDuration>,
-    #[serde(default)]
     burst: Option<u64>,
     #[serde(default)]
     align: bool,
@@ -114,7 +112,6 @@ impl ValidLimit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
-    #[serde(default)]
     on_store_error: Option<String>,
     limits: Vec<ValidLimit>,
 }
@@ -146,50 +143,33 @@ pub fn entry_policy(name: &str, raw: RawPolicy) -> Result<Policy, FieldError> {
 /// rules, so an inline policy means and refuses exactly what a configured one does. The
 /// error names the path below the entry: `limits[1].per: `0s` is not a positive duration`.
 pub fn inline_policy(name: &str, value: &serde_json::Value) -> Result<Policy, FieldError> {
-    let serde_json::Value::Object(map) = value else {
+    if !value.is_object() {
         return Err(FieldError::whole(
             "must be an object such as {\"limits\": [{\"max\": 100, \"per\": \"1m\"}]}",
         ));
-    };
-    for field in map.keys() {
-        if !matches!(field.as_str(), "limits" | "on_store_error") {
-            return Err(FieldError::whole(format!(
-                "unknown field `{field}`; a policy has limits and on_store_error"
-            )));
-        }
     }
-    let on_store_error = match map.get("on_store_error") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
-        Some(_) => {
-            return Err(FieldError::new(
-                "on_store_error",
-                "must be a string: open, closed or local",
-            ));
-        }
-    };
-    let Some(serde_json::Value::Array(items)) = map.get("limits") else {
-        return Err(FieldError::new(
-            "limits",
-            "must be a list of limits such as [{\"max\": 100, \"per\": \"1m\"}]",
-        ));
-    };
-    let mut limits = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let limit = ValidLimit::deserialize(item)
-            .map_err(|e| FieldError::new(format!("limits[{i}]"), e.to_string()))?;
-        limits.push(limit);
-    }
-    entry_policy(
-        name,
-        RawPolicy {
-            on_store_error,
-            limits,
-        },
-    )
-    .map_err(|e| match e.path.is_empty() {
+    entry_policy(name, from_value(value)?).map_err(|e| match e.path.is_empty() {
         true => FieldError::whole(format!("the name `{name}`: {}", e.message)),
         false => e,
+    })
+}
+
+/// Reads `value` into a `T`; an error names the path of the value at fault (`limits[1].per`,
+/// empty for `value` itself). An unknown field is named by the message, the error by the
+/// object it is in.
+pub fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let message = e.inner().to_string();
+        let mut path = e.path().to_string();
+        if let Some(Segment::Map { key }) = e.path().iter().next_back()
+            && message.starts_with("unknown field")
+        {
+            path.truncate(path.len().saturating_sub(key.len() + 1));
+        }
+        if path == "." {
+            path.clear();
+        }
+        FieldError::new(path, message)
     })
 }
 
@@ -252,7 +232,7 @@ mod tests {
         let value =
             serde_json::json!({"limits": [{"max": 1, "per": "1s"}, {"max": 1, "per": "0s"}]});
         let e = inline_policy("api", &value).unwrap_err();
-        assert_eq!(e.path, "limits[1]");
+        assert_eq!(e.path, "limits[1].per");
         assert!(e.message.contains("`0s` is not a positive duration"), "{e}");
         let e = inline_policy(
             "api",
@@ -261,7 +241,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "on_store_error: must be a string: open, closed or local"
+            "on_store_error: invalid type: integer `1`, expected a string"
         );
     }
 }

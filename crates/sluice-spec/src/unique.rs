@@ -76,6 +76,7 @@ pub fn read<'de, D: Deserializer<'de>>(de: D, probe: Option<Probe>) -> Parsed<D:
     let result = Walk {
         path: Path::Root,
         found: &found,
+        seen: None,
     }
     .deserialize(de);
     let found = found.into_inner();
@@ -137,13 +138,48 @@ impl fmt::Display for Path<'_> {
     }
 }
 
-/// One value at `path`.
-struct Walk<'p, 'f> {
+/// One value at `path`; with `seen`, a key of the mapping at `path`, checked against the keys
+/// it holds before this one while the key is read (so a deserializer that knows positions
+/// places the error at it).
+struct Walk<'p, 'f, 's> {
     path: Path<'p>,
     found: &'f RefCell<Found>,
+    seen: Option<&'s Map<String, Value>>,
 }
 
-impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
+impl Walk<'_, '_, '_> {
+    /// The value read, or as a key: a scalar's text (`null` for null), a mapping's or a list's
+    /// JSON (YAML allows them as keys; nothing in Sluice reads one), checked.
+    fn done<E: de::Error>(self, value: Value) -> Result<Value, E> {
+        let Some(seen) = self.seen else {
+            return Ok(value);
+        };
+        let key = match value {
+            Value::String(text) => text,
+            other => other.to_string(),
+        };
+        let mut found = self.found.borrow_mut();
+        if let Some(probe) = &found.probe
+            && probe.key == key
+            && probe.path == self.path.to_string()
+        {
+            found.probed = true;
+            return Err(E::custom(format!("the first `{key}`")));
+        }
+        if seen.contains_key(&key) {
+            let duplicate = Duplicate {
+                path: self.path.to_string(),
+                key,
+            };
+            let message = format!("`{}` is given twice", duplicate.full_path());
+            found.duplicate = Some(duplicate);
+            return Err(E::custom(message));
+        }
+        Ok(Value::String(key))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_, '_, '_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
@@ -151,43 +187,43 @@ impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
     }
 }
 
-impl<'de> Visitor<'de> for Walk<'_, '_> {
+impl<'de> Visitor<'de> for Walk<'_, '_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any value")
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        self.done(Value::Bool(v))
     }
 
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        self.done(Value::from(v))
     }
 
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        self.done(Value::from(v))
     }
 
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        self.done(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        self.done(Value::String(v.to_owned()))
     }
 
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        self.done(Value::String(v))
     }
 
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        self.done(Value::Null)
     }
 
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        self.done(Value::Null)
     }
 
     fn visit_some<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
@@ -203,124 +239,30 @@ impl<'de> Visitor<'de> for Walk<'_, '_> {
         while let Some(item) = seq.next_element_seed(Walk {
             path: Path::Index(&self.path, items.len()),
             found: self.found,
+            seen: None,
         })? {
             items.push(item);
         }
-        Ok(Value::Array(items))
+        self.done(Value::Array(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
-        while let Some(key) = map.next_key_seed(Key {
-            path: &self.path,
-            seen: &out,
+        while let Some(key) = map.next_key_seed(Walk {
+            path: self.path,
             found: self.found,
+            seen: Some(&out),
         })? {
+            // A key is read as a string (`done`).
+            let key = key.as_str().unwrap_or_default().to_owned();
             let value = map.next_value_seed(Walk {
                 path: Path::Key(&self.path, &key),
                 found: self.found,
+                seen: None,
             })?;
             out.insert(key, value);
         }
-        Ok(Value::Object(out))
-    }
-}
-
-/// A key of the mapping at `path`, checked against the keys `seen` before it.
-struct Key<'a, 'p, 'f> {
-    path: &'a Path<'p>,
-    seen: &'a Map<String, Value>,
-    found: &'f RefCell<Found>,
-}
-
-impl Key<'_, '_, '_> {
-    fn check<E: de::Error>(self, key: String) -> Result<String, E> {
-        let mut found = self.found.borrow_mut();
-        if let Some(probe) = &found.probe
-            && probe.key == key
-            && probe.path == self.path.to_string()
-        {
-            found.probed = true;
-            return Err(E::custom(format!("the first `{key}`")));
-        }
-        if self.seen.contains_key(&key) {
-            let duplicate = Duplicate {
-                path: self.path.to_string(),
-                key,
-            };
-            let message = format!("`{}` is given twice", duplicate.full_path());
-            found.duplicate = Some(duplicate);
-            return Err(E::custom(message));
-        }
-        Ok(key)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Key<'_, '_, '_> {
-    type Value = String;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<String, D::Error> {
-        de.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Key<'_, '_, '_> {
-    type Value = String;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
-        self.check(v.to_string())
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
-        self.check(v.to_string())
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
-        self.check(v.to_string())
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
-        self.check(v.to_string())
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
-        self.check(v.to_owned())
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
-        self.check(v)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
-        self.check("null".to_owned())
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<String, E> {
-        self.check("null".to_owned())
-    }
-
-    // A mapping or a list as a key (YAML allows it; nothing in Sluice reads one): its text is
-    // its JSON, so two equal ones are one key given twice.
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<String, A::Error> {
-        let value = Walk {
-            path: *self.path,
-            found: self.found,
-        }
-        .visit_seq(seq)?;
-        self.check(value.to_string())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<String, A::Error> {
-        let value = Walk {
-            path: *self.path,
-            found: self.found,
-        }
-        .visit_map(map)?;
-        self.check(value.to_string())
+        self.done(Value::Object(out))
     }
 }
 

@@ -54,26 +54,13 @@ impl Decoder<'_> {
         path: &str,
         key_node: &Node,
     ) -> Result<u32, RlsConfigError> {
-        let line = self.line_of(node).or(self.line_of(key_node));
-        match (node.resolved(), &node.kind) {
-            (Some(Resolved::Null), _) => Ok(0),
-            (Some(Resolved::Int(v)), _) if (0..=i64::from(u32::MAX)).contains(&v) => {
-                Ok(u32::try_from(v).unwrap_or(u32::MAX))
-            }
-            (Some(Resolved::Str), NodeKind::Scalar { text, plain: false }) => Err(self.error(
-                line,
-                format!(
-                    "{path}: \"{text}\" is quoted, so it is text, not a number; write the \
-                     number without quotes"
-                ),
-            )),
-            _ => Err(self.expected(
-                node,
-                path,
-                key_node,
-                &format!("a whole number between 0 and {}", u32::MAX),
-            )),
-        }
+        let expected = format!("a whole number between 0 and {}", u32::MAX);
+        let words = ["a number", "the number", &expected];
+        self.typed(node, path, key_node, words, |r| match r {
+            Resolved::Null => Some(0),
+            Resolved::Int(v) => u32::try_from(v).ok(),
+            _ => None,
+        })
     }
 
     /// A `bool` field: yaml.v2's booleans (`true`, `yes`, `on`, ...); null is false.
@@ -83,18 +70,37 @@ impl Decoder<'_> {
         path: &str,
         key_node: &Node,
     ) -> Result<bool, RlsConfigError> {
-        let line = self.line_of(node).or(self.line_of(key_node));
-        match (node.resolved(), &node.kind) {
-            (Some(Resolved::Null), _) => Ok(false),
-            (Some(Resolved::Bool(b)), _) => Ok(b),
-            (Some(Resolved::Str), NodeKind::Scalar { text, plain: false }) => Err(self.error(
-                line,
+        let words = ["a boolean", "true or false", "true or false"];
+        self.typed(node, path, key_node, words, |r| match r {
+            Resolved::Null => Some(false),
+            Resolved::Bool(b) => Some(b),
+            _ => None,
+        })
+    }
+
+    /// A scalar field `pick` reads from yaml.v2's resolution. `words`: what the field is, how
+    /// to write it, and what is expected (for a value that is no such scalar).
+    fn typed<T>(
+        &self,
+        node: &Node,
+        path: &str,
+        key_node: &Node,
+        [what, write, expected]: [&str; 3],
+        pick: impl Fn(Resolved) -> Option<T>,
+    ) -> Result<T, RlsConfigError> {
+        if let Some(v) = node.resolved().and_then(pick) {
+            return Ok(v);
+        }
+        match &node.kind {
+            // Only a plain scalar can be a number or a boolean.
+            NodeKind::Scalar { text, plain: false } => Err(self.error(
+                self.line_of(node).or(self.line_of(key_node)),
                 format!(
-                    "{path}: \"{text}\" is quoted, so it is text, not a boolean; write true or \
-                     false without quotes"
+                    "{path}: \"{text}\" is quoted, so it is text, not {what}; write {write} \
+                     without quotes"
                 ),
             )),
-            _ => Err(self.expected(node, path, key_node, "true or false")),
+            _ => Err(self.expected(node, path, key_node, expected)),
         }
     }
 }

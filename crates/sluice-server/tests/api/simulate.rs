@@ -437,7 +437,7 @@ fn bad_requests() -> Vec<(Value, &'static str, &'static str)> {
         (
             json!({"policies": [{"name": "p", "limits": [{"max": 1, "per": "0s"}]}], "traffic": steady(1.0, "1s")}),
             "policies[0]",
-            "limits[0]: `0s` is not a positive duration",
+            "limits[0].per: `0s` is not a positive duration",
         ),
         (
             json!({"policies": [{"name": "p", "limits": [{"max": 1, "per": "1s", "algorithm": "leaky"}]}], "traffic": steady(1.0, "1s")}),

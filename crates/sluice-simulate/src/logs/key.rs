@@ -39,6 +39,9 @@ pub(crate) struct Row {
     pub(crate) cost: u64,
 }
 
+/// The parts of a request line, by their index in [`Part::Request`].
+const REQUEST_PARTS: [&str; 3] = ["method", "path", "protocol"];
+
 /// A part of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Part {
@@ -78,13 +81,9 @@ pub(super) fn parts(
         .iter()
         .map(|name| match name.as_str() {
             "client" => Ok(Part::Client),
-            "method" | "path" | "protocol" if format.layout().is_some() => {
-                Ok(Part::Request(match name.as_str() {
-                    "method" => 0,
-                    "path" => 1,
-                    _ => 2,
-                }))
-            }
+            "method" | "path" | "protocol" if format.layout().is_some() => Ok(Part::Request(
+                REQUEST_PARTS.iter().position(|p| p == name).unwrap_or(0),
+            )),
             _ => match format.layout() {
                 None => Ok(Part::Field(name.clone())),
                 Some(layout) if layout.iter().any(|(f, _)| f == name && *f != "-") => {
@@ -127,9 +126,7 @@ pub(crate) fn make_key<'a>(
                 Some(v) if !v.is_empty() && v != "-" => v.to_owned(),
                 absent => {
                     let name = match part {
-                        Part::Request(0) => "method",
-                        Part::Request(1) => "path",
-                        Part::Request(_) => "protocol",
+                        Part::Request(i) => REQUEST_PARTS[*i],
                         Part::Field(name) => name,
                         Part::Client => "client",
                     };

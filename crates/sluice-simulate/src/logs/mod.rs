@@ -22,7 +22,7 @@ pub use time::{TimeError, TimeUnit};
 
 use access::access_line;
 use format::NAMES;
-use key::{Row, Skip, clip, key_names, parts};
+use key::{clip, key_names, parts};
 use sink::Sink;
 
 use super::{Bounds, SimError, Traffic};
@@ -60,6 +60,18 @@ fn read_as(text: &str, options: &LogOptions, bounds: &Bounds) -> Result<Traffic,
         Some(f) => (f, false),
         None => (detect(text, options)?, true),
     };
+    let mut sink = Sink::new(bounds);
+    let (key_names, time_field) = fill(format, text, options, &mut sink)?;
+    sink.finish(format, detected, key_names, time_field)
+}
+
+/// Reads `text` as `format` into `sink`; answers the key's fields and the time field.
+fn fill(
+    format: LogFormat,
+    text: &str,
+    options: &LogOptions,
+    sink: &mut Sink<'_>,
+) -> Result<(Vec<String>, String), SimError> {
     if format.layout().is_some() && options.time_field.is_some() {
         return Err(SimError::new(
             "traffic.time_field",
@@ -71,16 +83,18 @@ fn read_as(text: &str, options: &LogOptions, bounds: &Bounds) -> Result<Traffic,
         ));
     }
     let key_names = key_names(format, options)?;
-    let mut sink = Sink::new(bounds);
     let time_field = match format {
-        LogFormat::Csv => records::csv(text, options, &key_names, &mut sink)?,
+        LogFormat::Csv => records::csv(text, options, &key_names, sink)?,
         LogFormat::JsonLines | LogFormat::EnvoyJson => {
             let parts = parts(format, &key_names, options)?;
             let time_field = options
                 .time_field
                 .clone()
                 .unwrap_or_else(|| format.default_time_field().to_owned());
-            let mut clock = clock(options);
+            let mut clock = time::Clock {
+                named: options.time_unit,
+                seen: None,
+            };
             for (n, line) in lines(text) {
                 let row = records::json_line(format, line, &time_field, &parts, &mut clock);
                 sink.push(n, row)?;
@@ -95,7 +109,7 @@ fn read_as(text: &str, options: &LogOptions, bounds: &Bounds) -> Result<Traffic,
             format.default_time_field().to_owned()
         }
     };
-    sink.finish(format, detected, key_names, time_field)
+    Ok((key_names, time_field))
 }
 
 /// The non-blank lines of a text, numbered from 1, without their `\r`.
@@ -106,23 +120,16 @@ fn lines(text: &str) -> impl Iterator<Item = (u64, &str)> {
         .filter(|(_, l)| !l.trim().is_empty())
 }
 
-fn clock(options: &LogOptions) -> time::Clock {
-    time::Clock {
-        named: options.time_unit,
-        seen: None,
-    }
-}
-
 /// The format that reads the most of the log's first lines (a line of the format without a
 /// key counts); ties go to the earlier in [`LogFormat::ALL`].
 fn detect(text: &str, options: &LogOptions) -> Result<LogFormat, SimError> {
-    let sample: Vec<(u64, &str)> = lines(text).take(PROBE_LINES).collect();
-    let Some(&(_, first)) = sample.first() else {
+    let mut sample = lines(text).take(PROBE_LINES);
+    let Some((first_n, first)) = sample.next() else {
         return Err(SimError::new("traffic.log", "the log holds no request"));
     };
     let sample_text: String = text
         .lines()
-        .take(sample.last().map_or(0, |(n, _)| *n as usize))
+        .take(sample.last().map_or(first_n, |(n, _)| n) as usize)
         .collect::<Vec<_>>()
         .join("\n");
     let mut best: Option<(usize, LogFormat)> = None;
@@ -134,7 +141,7 @@ fn detect(text: &str, options: &LogOptions) -> Result<LogFormat, SimError> {
             format: Some(format),
             ..options.clone()
         };
-        let read = probe_count(format, &sample, &sample_text, &probe);
+        let read = probe_count(format, &sample_text, &probe);
         if read > 0 && best.is_none_or(|(n, _)| read > n) {
             best = Some((read, format));
         }
@@ -151,63 +158,14 @@ fn detect(text: &str, options: &LogOptions) -> Result<LogFormat, SimError> {
     })
 }
 
-/// How many of the sample lines `format` reads (0 when the options do not fit it).
-fn probe_count(
-    format: LogFormat,
-    sample: &[(u64, &str)],
-    sample_text: &str,
-    options: &LogOptions,
-) -> usize {
-    let readable = |r: &Result<Row, Skip>| match r {
-        Ok(_) => true,
-        Err(skip) => skip.keyless,
-    };
-    if format.layout().is_some() && options.time_field.is_some() {
-        return 0;
-    }
-    let Ok(names) = key_names(format, options) else {
-        return 0;
-    };
-    match format {
-        LogFormat::Csv => {
-            let bounds = Bounds::default();
-            let mut sink = Sink::new(&bounds);
-            sink.probing = true;
-            match records::csv(sample_text, options, &names, &mut sink) {
-                Ok(_) => sink.raw.len() + sink.keyless as usize,
-                Err(_) => 0,
-            }
-        }
-        LogFormat::JsonLines | LogFormat::EnvoyJson => {
-            let Ok(parts) = parts(format, &names, options) else {
-                return 0;
-            };
-            let time_field = options
-                .time_field
-                .clone()
-                .unwrap_or_else(|| format.default_time_field().to_owned());
-            let mut clock = clock(options);
-            sample
-                .iter()
-                .filter(|(_, l)| {
-                    readable(&records::json_line(
-                        format,
-                        l,
-                        &time_field,
-                        &parts,
-                        &mut clock,
-                    ))
-                })
-                .count()
-        }
-        _ => {
-            let Ok(parts) = parts(format, &names, options) else {
-                return 0;
-            };
-            sample
-                .iter()
-                .filter(|(_, l)| readable(&access_line(format, l, &parts)))
-                .count()
-        }
+/// How many of the sample lines `format` reads, a line of the format without a key counted
+/// (0 when the options do not fit it).
+fn probe_count(format: LogFormat, sample_text: &str, options: &LogOptions) -> usize {
+    let bounds = Bounds::default();
+    let mut sink = Sink::new(&bounds);
+    sink.probing = true;
+    match fill(format, sample_text, options, &mut sink) {
+        Ok(_) => sink.raw.len() + sink.keyless as usize,
+        Err(_) => 0,
     }
 }

@@ -244,7 +244,6 @@ pub(crate) fn json_line(
     })?;
     let cost = match map.get("cost") {
         None | Some(Value::Null) => 1,
-        Some(Value::Number(n)) => cost(&n.to_string())?,
         Some(v) => cost(&v.to_string())?,
     };
     let texts = texts(&map);

@@ -103,26 +103,20 @@ impl<'b> Sink<'b> {
             self.raw.push((row.t_ms, 0, row.cost));
             return Ok(());
         }
+        let over =
+            |what: String| SimError::new("traffic.log", format!("more than the maximum of {what}"));
         if self.raw.len() >= self.bounds.max_events {
-            return Err(SimError::new(
-                "traffic.log",
-                format!(
-                    "more than the maximum of {} events (max_events); simulate a part of the log",
-                    self.bounds.max_events
-                ),
-            ));
+            let max = self.bounds.max_events;
+            return Err(over(format!(
+                "{max} events (max_events); simulate a part of the log"
+            )));
         }
         let k = match self.index.get(row.key.as_str()) {
             Some(&k) => k,
             None => {
                 if self.keys.len() >= self.bounds.max_keys {
-                    return Err(SimError::new(
-                        "traffic.log",
-                        format!(
-                            "more than the maximum of {} distinct keys (max_keys)",
-                            self.bounds.max_keys
-                        ),
-                    ));
+                    let max = self.bounds.max_keys;
+                    return Err(over(format!("{max} distinct keys (max_keys)")));
                 }
                 let k = u32::try_from(self.keys.len()).unwrap_or(u32::MAX);
                 self.index.insert(row.key.clone(), k);

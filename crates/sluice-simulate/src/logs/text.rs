@@ -118,44 +118,26 @@ pub(crate) enum Unclosed {
 pub(crate) fn split(line: &str) -> Result<Vec<String>, Unclosed> {
     let mut fields = Vec::new();
     let mut chars = line.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        let Some(&c) = chars.peek() else { break };
+    while let Some(first) = chars.find(|c| !c.is_whitespace()) {
         let mut field = String::new();
-        match c {
-            '[' => {
-                chars.next();
-                loop {
-                    match chars.next() {
-                        Some(']') => break,
-                        Some(c) => field.push(c),
-                        None => return Err(Unclosed::Bracket),
-                    }
+        match first {
+            '[' => loop {
+                match chars.next().ok_or(Unclosed::Bracket)? {
+                    ']' => break,
+                    c => field.push(c),
                 }
-            }
-            '"' => {
-                chars.next();
-                loop {
-                    match chars.next() {
-                        Some('\\') => match chars.next() {
-                            Some(c) => field.push(c),
-                            None => return Err(Unclosed::Quote),
-                        },
-                        Some('"') => break,
-                        Some(c) => field.push(c),
-                        None => return Err(Unclosed::Quote),
-                    }
+            },
+            '"' => loop {
+                match chars.next().ok_or(Unclosed::Quote)? {
+                    '\\' => field.push(chars.next().ok_or(Unclosed::Quote)?),
+                    '"' => break,
+                    c => field.push(c),
                 }
-            }
-            _ => {
-                while let Some(&c) = chars.peek() {
-                    if c.is_whitespace() {
-                        break;
-                    }
+            },
+            c => {
+                field.push(c);
+                while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
                     field.push(c);
-                    chars.next();
                 }
             }
         }

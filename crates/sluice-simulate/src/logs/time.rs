@@ -52,15 +52,23 @@ pub enum TimeUnit {
 }
 
 impl TimeUnit {
+    /// Each unit (in the order declared: `entry` indexes it), its name, and what turns it into
+    /// ms (multiply, then divide).
+    const ALL: [(Self, &'static str, u64, u64); 4] = [
+        (Self::Seconds, "s", 1_000, 1),
+        (Self::Millis, "ms", 1, 1),
+        (Self::Micros, "us", 1, 1_000),
+        (Self::Nanos, "ns", 1, 1_000_000),
+    ];
+
     /// Reads `s`, `ms`, `us` (or `µs`) or `ns`.
     pub fn parse(text: &str) -> Result<Self, TimeError> {
-        match text {
-            "s" => Ok(Self::Seconds),
-            "ms" => Ok(Self::Millis),
-            "us" | "µs" => Ok(Self::Micros),
-            "ns" => Ok(Self::Nanos),
-            other => Err(TimeError::Unit(other.to_owned())),
-        }
+        let name = if text == "µs" { "us" } else { text };
+        Self::ALL
+            .iter()
+            .find(|u| u.1 == name)
+            .map(|u| u.0)
+            .ok_or_else(|| TimeError::Unit(text.to_owned()))
     }
 
     /// The unit a whole number of this size is in: seconds below 10^11 (up to the year 5138),
@@ -74,24 +82,14 @@ impl TimeUnit {
         }
     }
 
-    fn per_ms(self) -> (u64, u64) {
-        match self {
-            Self::Seconds => (1_000, 1),
-            Self::Millis => (1, 1),
-            Self::Micros => (1, 1_000),
-            Self::Nanos => (1, 1_000_000),
-        }
+    fn entry(self) -> (Self, &'static str, u64, u64) {
+        Self::ALL[self as usize]
     }
 }
 
 impl fmt::Display for TimeUnit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Seconds => "s",
-            Self::Millis => "ms",
-            Self::Micros => "us",
-            Self::Nanos => "ns",
-        })
+        f.write_str(self.entry().1)
     }
 }
 
@@ -142,7 +140,7 @@ impl Clock {
                 unit
             }
         };
-        let (mul, div) = unit.per_ms();
+        let (_, _, mul, div) = unit.entry();
         let frac_ms: u64 = if unit == TimeUnit::Seconds && !frac.is_empty() {
             format!("{frac:0<3}")[..3].parse().map_err(|_| not())?
         } else {
