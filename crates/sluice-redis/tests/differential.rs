@@ -363,11 +363,17 @@ async fn apply<S: sluice::Store>(
             max,
         } => {
             // Through the store (the limiter has no acquire of its own), at the limiter's now.
-            use sluice::{Clock, StoreExt};
+            use sluice::Clock;
             let p = &policies[*policy];
+            let (min, max, holder) = (*min, *max, 0);
             limiter
                 .store()
-                .acquire(p, &key(*k), *min, *max, limiter.clock().now_ms())
+                .call(
+                    p,
+                    &key(*k),
+                    sluice::Op::Acquire { min, max, holder },
+                    limiter.clock().now_ms(),
+                )
                 .await
                 .map_err(sluice::Error::from)
         }

@@ -37,9 +37,6 @@ impl Store for Failing {
     async fn call(&self, _: &Policy, _: &str, _: Op, _: u64) -> Result<Decision, StoreError> {
         Err(self.error())
     }
-    async fn forget(&self, _: &Policy, _: &str) -> Result<(), StoreError> {
-        Err(self.error())
-    }
 }
 
 fn api(mode: FailureMode) -> Policy {

@@ -499,7 +499,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let d = evaluate::hold(&p, &[], 1, 7, NOW).decision;
+        let d = evaluate::apply(&p, &[], evaluate::Op::Hold { cost: 1, lease: 7 }, NOW).decision;
         assert_eq!(
             ietf(&p, &d),
             vec![

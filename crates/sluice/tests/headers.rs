@@ -200,7 +200,7 @@ proptest! {
                     agree(&policy, &evaluate::peek(&policy, &states, cost, now))?;
                 }
                 Op::Refund(cost) => {
-                    let eval = evaluate::refund(&policy, &states, cost, now);
+                    let eval = evaluate::apply(&policy, &states, evaluate::Op::Refund { cost }, now);
                     agree(&policy, &eval.decision)?;
                     apply(&mut states, eval.writes);
                 }
