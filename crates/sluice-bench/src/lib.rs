@@ -299,13 +299,16 @@ impl Tally {
             Ok(Answer::Allowed) => self.allowed += 1,
             Ok(Answer::Denied) => self.denied += 1,
             Ok(Answer::Degraded) => self.degraded += 1,
-            Err(f) => {
-                self.errors
-                    .entry(f.kind)
-                    .and_modify(|(n, _)| *n += 1)
-                    .or_insert((1, f.message));
-            }
+            Err(f) => self.failed(f.kind, 1, f.message),
         }
+    }
+
+    /// `n` failed requests of `kind`, the first with the message `first`.
+    fn failed(&mut self, kind: String, n: u64, first: String) {
+        self.errors
+            .entry(kind)
+            .and_modify(|(m, _)| *m += n)
+            .or_insert((n, first));
     }
 
     /// The report of what was counted over `seconds`.
@@ -341,10 +344,7 @@ impl Tally {
         self.denied += other.denied;
         self.degraded += other.degraded;
         for (kind, (n, first)) in other.errors {
-            self.errors
-                .entry(kind)
-                .and_modify(|(m, _)| *m += n)
-                .or_insert((n, first));
+            self.failed(kind, n, first);
         }
         Ok(())
     }

@@ -44,13 +44,20 @@ pub enum Op {
         /// Units asked about.
         cost: u64,
     },
-    /// Gives `cost` back to the current windows, never below zero used ([`refund`]).
+    /// Gives `cost` back to every limit's current window (never below zero used) and reports
+    /// the state after it (as a check of cost 0: always allowed).
     Refund {
         /// Units given back.
         cost: u64,
     },
-    /// Takes as many units as every limit admits now, at least `min` and at most `max`
-    /// ([`acquire`]): how a process leases a batch. The decision's `cost` is the amount taken.
+    /// Takes as many units as every limit admits now, at least `min` and at most `max`: how a
+    /// process leases a batch. The decision's `cost` is the amount taken.
+    ///
+    /// One all-or-nothing check of the largest amount that fits: every algorithm's `remaining`
+    /// is exactly the largest cost it would admit now
+    /// (docs/algorithms.md#what-every-limit-reports), so the amount is the least `remaining`
+    /// over the limits, capped by `max` and by each limit's `max` ([`grantable`]). When even
+    /// `min` does not fit, this is a (refused) check of `min` and records nothing.
     Acquire {
         /// The least worth taking; when even this does not fit, a refused check of `min`.
         min: u64,
@@ -61,20 +68,29 @@ pub enum Op {
         holder: u64,
     },
     /// Takes the lease `lease` for `cost` units in the policy's concurrency limit, and
-    /// records `cost` in its other limits, all or nothing ([`hold`]). Taking a lease that is
-    /// already held renews it.
+    /// records `cost` in its other limits, all or nothing: a check that also holds. Taking a
+    /// lease that is already held renews it: it is replaced (new cost, new expiry) if the
+    /// concurrency limit admits, and the other limits, which counted it when it was taken,
+    /// are neither charged nor consulted (they report their state). `cost = 0` takes nothing
+    /// and reports the state.
     Hold {
         /// Units the lease holds; 0 takes nothing and reports the state.
         cost: u64,
         /// The lease's id, chosen by the caller (unique per lease, e.g. random).
         lease: u64,
     },
-    /// Frees the lease `lease` of the policy's concurrency limit ([`release`]); other limits
-    /// are left as they are. The decision's `cost` is the units it held (0: not held).
+    /// Frees the lease `lease` of the policy's concurrency limit and reports the state after
+    /// it (as a check of cost 0: always allowed). Other limits are left as they are: a release
+    /// is not a refund. The decision's `cost` is the units it held: 0 when it was not held
+    /// (never taken, released already, or lapsed).
     Release {
         /// The lease's id.
         lease: u64,
     },
+    /// Forgets every limit's state of the key: a store deletes them (and the key's holders,
+    /// leases and reserved units with them). The decision is the state after it: a key with
+    /// no state.
+    Forget,
 }
 
 impl Op {
@@ -86,7 +102,7 @@ impl Op {
             | Op::Refund { cost }
             | Op::Hold { cost, .. } => cost,
             Op::Acquire { min, .. } => min,
-            Op::Release { .. } => 0,
+            Op::Release { .. } | Op::Forget => 0,
         }
     }
 
@@ -95,7 +111,7 @@ impl Op {
         matches!(self, Op::Peek { .. })
     }
 
-    /// `check`, `peek`, `refund`, `acquire`, `hold` or `release`.
+    /// `check`, `peek`, `refund`, `acquire`, `hold`, `release` or `forget`.
     pub fn name(self) -> &'static str {
         match self {
             Op::Check { .. } => "check",
@@ -104,6 +120,7 @@ impl Op {
             Op::Acquire { .. } => "acquire",
             Op::Hold { .. } => "hold",
             Op::Release { .. } => "release",
+            Op::Forget => "forget",
         }
     }
 }
@@ -165,37 +182,6 @@ pub fn check(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Eva
     apply(policy, states, Op::Check { cost }, now)
 }
 
-/// Takes the lease `lease` for `cost` units in the policy's concurrency limit and records
-/// `cost` in every other limit, only if all admit: a [`check`] that also holds. A lease of the
-/// same id still held is renewed instead: it is replaced (new cost, new expiry) if the
-/// concurrency limit admits, and the other limits, which counted it when it was taken, are
-/// neither charged nor consulted (they report their state). `cost = 0` takes nothing and
-/// reports the state.
-pub fn hold(policy: &Policy, states: &[LimitState], cost: u64, lease: u64, now: u64) -> Evaluation {
-    apply(policy, states, Op::Hold { cost, lease }, now)
-}
-
-/// Takes as many units as every limit admits now, at least `min` and at most `max` (a batch
-/// for a local lease): one all-or-nothing check of the largest amount that fits. When even
-/// `min` does not fit, this is a (refused) check of `min` and records nothing. The decision's
-/// `cost` is the amount taken.
-///
-/// Every algorithm's `remaining` is exactly the largest cost it would admit now
-/// (docs/algorithms.md#what-every-limit-reports), so the amount is the least `remaining` over
-/// the limits, capped by `max` and by each limit's `max` (a cost above it never fits).
-pub fn acquire(policy: &Policy, states: &[LimitState], min: u64, max: u64, now: u64) -> Evaluation {
-    apply(
-        policy,
-        states,
-        Op::Acquire {
-            min,
-            max,
-            holder: 0,
-        },
-        now,
-    )
-}
-
 /// The most a check could take now, given `state` (a decision of cost 0), capped at `max`.
 pub fn grantable(policy: &Policy, state: &Decision, max: u64) -> u64 {
     state
@@ -208,31 +194,7 @@ pub fn grantable(policy: &Policy, state: &Decision, max: u64) -> u64 {
 
 /// The decision a check of `cost` would get now, recording nothing.
 pub fn peek(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Decision {
-    let mut records = [Record::Nothing; MAX_LIMITS_PER_POLICY];
-    let mut decision = Decision::empty(cost, now);
-    decide(
-        policy,
-        states,
-        Op::Peek { cost },
-        now,
-        &mut records,
-        &mut decision,
-    );
-    decision
-}
-
-/// Gives `cost` back to every limit's current window (never below zero used) and reports the
-/// state after it (as a check of cost 0: always allowed).
-pub fn refund(policy: &Policy, states: &[LimitState], cost: u64, now: u64) -> Evaluation {
-    apply(policy, states, Op::Refund { cost }, now)
-}
-
-/// Frees the lease `lease` of the policy's concurrency limit and reports the state after it
-/// (as a check of cost 0: always allowed). The decision's `cost` is the units the lease held:
-/// 0 when it was not held (never taken, released already, or lapsed). Other limits are left
-/// as they are: a release is not a refund.
-pub fn release(policy: &Policy, states: &[LimitState], lease: u64, now: u64) -> Evaluation {
-    apply(policy, states, Op::Release { lease }, now)
+    apply(policy, states, Op::Peek { cost }, now).decision
 }
 
 /// The first instant at which every state of the key means the same as no state: a store may
@@ -314,6 +276,10 @@ fn decide(
             }
             d.cost = freed;
             d.finish(true);
+        }
+        Op::Forget => {
+            check_holding(policy, &[], 0, now, None, records, d);
+            records[..policy.limits().len()].fill(Record::Clear);
         }
     }
 }

@@ -40,8 +40,7 @@ mod policy;
 mod state;
 
 pub use algorithms::{
-    Outcome, concurrency, expires_at, fixed_window, fixed_window_end, holds, refund, release,
-    sliding_window, sliding_window_floor, step, step_holding, token_bucket,
+    Outcome, expires_at, fixed_window, fixed_window_end, holds, sliding_window_floor, token_bucket,
 };
 pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, Degraded, LimitStatus};

@@ -131,7 +131,12 @@ impl Key {
 
     fn refund(&mut self, cost: u64) -> Result<(), TestCaseError> {
         let before = self.peek(0).remaining();
-        let eval = evaluate::refund(&self.policy, &self.states, cost, self.now);
+        let eval = evaluate::apply(
+            &self.policy,
+            &self.states,
+            evaluate::Op::Refund { cost },
+            self.now,
+        );
         let after = eval.decision.remaining();
         self.apply(eval.writes);
         prop_assert_eq!(after, (before + cost).min(self.full()));
@@ -335,7 +340,7 @@ proptest! {
                 Op::Advance(dt) => now += dt,
                 Op::Check(min) | Op::Peek(min) => {
                     let min = min.min(batch);
-                    let eval = evaluate::acquire(&policy, &states, min, batch, now);
+                    let eval = evaluate::apply(&policy, &states, evaluate::Op::Acquire { min, max: batch, holder: 0 }, now);
                     let d = eval.decision.clone();
                     if d.allowed {
                         prop_assert!(d.cost >= min && d.cost <= batch, "took {} for [{min}, {batch}]", d.cost);
@@ -354,7 +359,7 @@ proptest! {
                     apply(&mut states, eval.writes);
                 }
                 Op::Refund(cost) => {
-                    let eval = evaluate::refund(&policy, &states, cost, now);
+                    let eval = evaluate::apply(&policy, &states, evaluate::Op::Refund { cost }, now);
                     apply(&mut states, eval.writes);
                 }
             }

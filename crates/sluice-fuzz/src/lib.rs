@@ -76,19 +76,11 @@ impl Tally {
             self.valid.fetch_add(1, Ordering::Relaxed);
         }
     }
-
-    /// (inputs, valid inputs) so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.inputs.load(Ordering::Relaxed),
-            self.valid.load(Ordering::Relaxed),
-        )
-    }
 }
 
 impl Drop for Tally {
     fn drop(&mut self) {
-        let (inputs, valid) = self.counts();
+        let (inputs, valid) = (self.inputs.get_mut(), self.valid.get_mut());
         println!(
             "fuzz target {}: {inputs} inputs, {valid} valid",
             self.target

@@ -200,14 +200,6 @@ impl<S: Store> Store for ShardedStore<S> {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.shard(policy, key).call(policy, key, op, now_ms)
     }
-
-    fn forget(
-        &self,
-        policy: &Policy,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.shard(policy, key).forget(policy, key)
-    }
 }
 
 #[cfg(test)]
@@ -326,7 +318,7 @@ mod tests {
                 .remaining(),
             0
         );
-        block(sharded.forget(&p, "user:42")).expect("memory");
+        block(sharded.call(&p, "user:42", Op::Forget, 0)).expect("memory");
         assert!(sharded.shards()[owner].is_empty());
     }
 

@@ -171,7 +171,9 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
             }
             assert_eq!(admitted, 2, "{what}: the count survived the lost expiry");
             assert!(pexpiretime(&server, &counter) > 0, "{what}: re-armed");
-            s.refund(&p, "k2", 1, now()).await.unwrap();
+            s.call(&p, "k2", Op::Refund { cost: 1 }, now())
+                .await
+                .unwrap();
         }
     }
     // The general path (a refund) meets a counter without expiry too.
@@ -179,7 +181,9 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
     let counter = redis_key(&p, "k", 0);
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
     server.cmd(&["PERSIST", &counter]).unwrap();
-    s.refund(&p, "k", 1, now()).await.unwrap();
+    s.call(&p, "k", Op::Refund { cost: 1 }, now())
+        .await
+        .unwrap();
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
 }
 

@@ -215,9 +215,15 @@ impl Case<'_> {
     /// Forgets (p, k) in both stores: in sync again.
     async fn forget(&mut self, p: usize, k: usize) -> Outcome {
         let policy = self.policies[p].clone();
-        let r = self.store.forget(&policy, &key(k)).await;
+        let r = self
+            .store
+            .call(&policy, &key(k), Op::Forget, self.now)
+            .await;
         ensure!(self, r.is_ok(), "forget {}/{k}: {r:?}", policy.name());
-        self.memory.forget(&policy, &key(k)).await.unwrap();
+        self.memory
+            .call(&policy, &key(k), Op::Forget, self.now)
+            .await
+            .unwrap();
         self.dirty.remove(&(p, k));
         self.garbage.remove(&(p, k));
         let at = self.now;
@@ -613,7 +619,7 @@ impl Case<'_> {
                 for p in 0..self.policies.len() {
                     for k in 0..KEYS {
                         self.memory
-                            .forget(&self.policies[p], &key(k))
+                            .call(&self.policies[p], &key(k), Op::Forget, self.now)
                             .await
                             .unwrap();
                         self.dirty.remove(&(p, k));

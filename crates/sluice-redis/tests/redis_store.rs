@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sluice::{
-    Decision, LimitSpec, Limiter, ManualClock, Op, Policy, StoreError, StoreExt, SystemClock,
+    Decision, LimitSpec, Limiter, ManualClock, Op, Policy, Store, StoreError, StoreExt, SystemClock,
 };
 use sluice_redis::{ClockSource, ReadFrom, RedisConfig, RedisStore, ScriptMode};
 use sluice_testkit::RedisServer;
@@ -332,7 +332,7 @@ async fn bad_data_gives_a_clear_error_and_changes_nothing() {
             let r = match op {
                 0 => s.check(&p, "k", 1, T0).await,
                 1 => s.peek(&p, "k", 1, T0).await,
-                _ => s.refund(&p, "k", 1, T0).await,
+                _ => s.call(&p, "k", Op::Refund { cost: 1 }, T0).await,
             };
             match r {
                 Err(StoreError::Corrupt { key, detail }) => {

@@ -168,7 +168,7 @@ async fn redis_counts_the_holders_of_a_key() {
     assert_eq!(acquire(9, T0 + 60_001).await.holders, 2, "7 has expired");
     let members = server.cmd(&["ZCARD", "sluice:{3:api:k}:holders"]).unwrap();
     assert_eq!(members, redis::Value::Int(2));
-    store.forget(&p, "k").await.unwrap();
+    store.call(&p, "k", Op::Forget, T0).await.unwrap();
     let members = server.cmd(&["EXISTS", "sluice:{3:api:k}:holders"]).unwrap();
     assert_eq!(members, redis::Value::Int(0));
     // And a layer sends its holder id: two layers on one key are two holders.

@@ -259,55 +259,20 @@ pub fn too_many_requests(decision: &Decision, policy: &Policy) -> Response<Bytes
     )
 }
 
-/// 503: the store cannot answer and the policy fails closed (or the store's state is corrupt).
-pub(crate) fn store_unavailable(policy: &Policy) -> Response<Bytes> {
-    let status = StatusCode::SERVICE_UNAVAILABLE;
+/// An `about:blank` problem of `status`, titled with its reason phrase: a 503 when the store
+/// cannot answer and the policy fails closed (or the store's state is corrupt), a 400 for a
+/// request refused before any limit is checked, a 500 for a limiter error this layer does
+/// not know (a future error variant).
+pub(crate) fn blank(status: StatusCode, detail: String, policy: Option<&str>) -> Response<Bytes> {
     problem_response(
         status,
         &Problem {
             kind: "about:blank",
-            title: "Service Unavailable",
-            status: status.as_u16(),
-            detail: format!(
-                "the rate limiter's store cannot answer for policy `{}`; try again later",
-                policy.name()
-            ),
-            violated: None,
-            policy: Some(policy.name()),
-            quota: None,
-        },
-    )
-}
-
-/// 400: the request is refused before any limit is checked.
-pub(crate) fn bad_request(detail: String) -> Response<Bytes> {
-    let status = StatusCode::BAD_REQUEST;
-    problem_response(
-        status,
-        &Problem {
-            kind: "about:blank",
-            title: "Bad Request",
+            title: status.canonical_reason().unwrap_or_default(),
             status: status.as_u16(),
             detail,
             violated: None,
-            policy: None,
-            quota: None,
-        },
-    )
-}
-
-/// 500: the limiter failed in a way this layer does not know (a future error variant).
-pub(crate) fn internal(detail: String) -> Response<Bytes> {
-    let status = StatusCode::INTERNAL_SERVER_ERROR;
-    problem_response(
-        status,
-        &Problem {
-            kind: "about:blank",
-            title: "Internal Server Error",
-            status: status.as_u16(),
-            detail,
-            violated: None,
-            policy: None,
+            policy,
             quota: None,
         },
     )

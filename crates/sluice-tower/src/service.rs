@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use sluice::headers::{self, Field, Sets};
 use sluice::{
     Clock, Decision, Degraded, Error, Lease, Limiter, MAX_KEY_LEN, Op, Policy, Store, SystemClock,
@@ -87,36 +87,16 @@ where
         // leave a fresh clone behind for the next `poll_ready`.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture {
-            inner: Box::pin(handle(Arc::clone(&self.config), inner, request)),
-        }
+        Box::pin(handle(Arc::clone(&self.config), inner, request))
     }
 }
-
-type BoxedResponse<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
 /// The future of a [`RateLimit`] call.
 ///
 /// Boxed: it awaits the store's future, whose type cannot be named (the `Store` trait returns
 /// `impl Future`). One allocation per request, measured by the crate's `layer` bench.
-pub struct ResponseFuture<B, E> {
-    inner: BoxedResponse<B, E>,
-}
-
-impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<RateLimitBody<B>>, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl<B, E> fmt::Debug for ResponseFuture<B, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
 /// One request, start to end.
 async fn handle<T, S, C, ReqBody, ResBody>(
@@ -142,7 +122,7 @@ where
             Some(fallback) => Cow::Borrowed(&**fallback),
             None => {
                 let detail = missing_key(config.key.description(), found.as_deref());
-                return Ok(own(response::bad_request(detail)));
+                return Ok(own(response::blank(StatusCode::BAD_REQUEST, detail, None)));
             }
         },
     };
@@ -152,12 +132,29 @@ where
         Ok(d) => d,
         Err(Error::Store(e)) => {
             tracing::warn!(policy = policy.name(), error = %e, "rate limit store failed; answering 503");
-            return Ok(own(response::store_unavailable(policy)));
+            return Ok(own(response::blank(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the rate limiter's store cannot answer for policy `{}`; try again later",
+                    policy.name()
+                ),
+                Some(policy.name()),
+            )));
         }
         Err(e @ (Error::InvalidKey(_) | Error::InvalidCost(_))) => {
-            return Ok(own(response::bad_request(e.to_string())));
+            return Ok(own(response::blank(
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+                None,
+            )));
         }
-        Err(e) => return Ok(own(response::internal(e.to_string()))),
+        Err(e) => {
+            return Ok(own(response::blank(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                e.to_string(),
+                None,
+            )));
+        }
     };
 
     if !decision.allowed {

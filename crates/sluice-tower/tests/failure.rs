@@ -37,9 +37,6 @@ impl Store for Failing {
     async fn call(&self, _: &Policy, _: &str, _: Op, _: u64) -> Result<Decision, StoreError> {
         Err(self.error())
     }
-    async fn forget(&self, _: &Policy, _: &str) -> Result<(), StoreError> {
-        Err(self.error())
-    }
 }
 
 fn api(mode: FailureMode) -> Policy {
@@ -48,19 +45,16 @@ fn api(mode: FailureMode) -> Policy {
         .with_failure_mode(mode)
 }
 
-fn limiter(store: Failing) -> Arc<Limiter<Failing, ManualClock>> {
-    Arc::new(Limiter::new(store).with_clock(ManualClock::new(T0)))
+/// The layer over a store that fails so, for `api` under `mode`, keyed by `x-api-key`.
+fn layer(store: Failing, mode: FailureMode) -> RateLimitLayer<Failing, ManualClock> {
+    let limiter = Arc::new(Limiter::new(store).with_clock(ManualClock::new(T0)));
+    RateLimitLayer::new(limiter, api(mode), KeyExtractor::header("x-api-key"))
 }
 
 #[tokio::test]
 async fn a_closed_policy_answers_503_without_leaking_the_store_error() {
     let inner = Inner::default();
-    let svc = RateLimitLayer::new(
-        limiter(Failing::Down),
-        api(FailureMode::Closed),
-        KeyExtractor::header("x-api-key"),
-    )
-    .layer(inner.service());
+    let svc = layer(Failing::Down, FailureMode::Closed).layer(inner.service());
     let r = svc.oneshot(request(Some("k1"))).await.unwrap();
     assert_eq!(
         problem(r, StatusCode::SERVICE_UNAVAILABLE).await,
@@ -78,12 +72,7 @@ async fn a_closed_policy_answers_503_without_leaking_the_store_error() {
 #[tokio::test]
 async fn corrupt_state_is_503_even_for_an_open_policy() {
     let inner = Inner::default();
-    let svc = RateLimitLayer::new(
-        limiter(Failing::Corrupt),
-        api(FailureMode::Open),
-        KeyExtractor::header("x-api-key"),
-    )
-    .layer(inner.service());
+    let svc = layer(Failing::Corrupt, FailureMode::Open).layer(inner.service());
     let r = svc.oneshot(request(Some("k1"))).await.unwrap();
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(inner.calls(), 0);
@@ -92,11 +81,7 @@ async fn corrupt_state_is_503_even_for_an_open_policy() {
 #[tokio::test]
 async fn an_open_policy_passes_through_without_numbers_and_marks_if_asked() {
     let inner = Inner::default();
-    let layer = RateLimitLayer::new(
-        limiter(Failing::Down),
-        api(FailureMode::Open),
-        KeyExtractor::header("x-api-key"),
-    );
+    let layer = layer(Failing::Down, FailureMode::Open);
     let plain = layer.clone().layer(inner.service());
     for _ in 0..5 {
         // Also exercises the refund path: a 304 under an open decision asks the store nothing.
@@ -124,13 +109,9 @@ async fn an_open_policy_passes_through_without_numbers_and_marks_if_asked() {
 #[tokio::test]
 async fn a_local_policy_limits_with_the_insurance_store_and_shows_its_numbers() {
     let inner = Inner::default();
-    let svc = RateLimitLayer::new(
-        limiter(Failing::Down),
-        api(FailureMode::Local),
-        KeyExtractor::header("x-api-key"),
-    )
-    .degraded_header(HeaderName::from_static("x-ratelimit-degraded"))
-    .layer(inner.service());
+    let svc = layer(Failing::Down, FailureMode::Local)
+        .degraded_header(HeaderName::from_static("x-ratelimit-degraded"))
+        .layer(inner.service());
     let mut statuses = Vec::new();
     for _ in 0..3 {
         let r = svc.clone().oneshot(request(Some("k1"))).await.unwrap();

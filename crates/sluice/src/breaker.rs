@@ -280,10 +280,6 @@ impl<S: Store> Store for CircuitBreaker<S> {
     ) -> Result<Decision, StoreError> {
         self.guarded(self.store.call(policy, key, op, now_ms)).await
     }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.guarded(self.store.forget(policy, key)).await
-    }
 }
 
 #[cfg(test)]
@@ -317,9 +313,6 @@ mod tests {
                 return Err(StoreError::Timeout(Duration::from_millis(50)));
             }
             self.memory.call(policy, key, op, now_ms).await
-        }
-        async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-            self.memory.forget(policy, key).await
         }
     }
 

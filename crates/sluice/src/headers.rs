@@ -4,13 +4,13 @@
 //! so both speak the same headers to the byte. Pure functions, no HTTP types: names are
 //! lowercase `&'static str` (valid for any HTTP library's `from_static`), values are visible ASCII.
 //!
-//! - GitHub's set ([`github`]): `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (Unix
+//! - GitHub's set ([`Sets::github`]): `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (Unix
 //!   seconds, rounded up) and `-resource` (the policy name), for the binding limit. The limit
 //!   is the most the limit holds at once ([`LimitStatus::capacity`]: `max`, or a token
 //!   bucket's `burst`), so `used = limit - remaining` and a fresh key has used 0.
-//! - [`retry_after`]: `retry-after` in whole seconds (at least 1) on a denied decision that can
+//! - `retry-after` ([`Sets::retry_after`]): in whole seconds (at least 1) on a denied decision that can
 //!   ever pass; none when allowed, and none when the cost can never fit.
-//! - The IETF draft's set ([`ietf`], draft-ietf-httpapi-ratelimit-headers): `ratelimit-policy`
+//! - The IETF draft's set ([`Sets::ietf`], draft-ietf-httpapi-ratelimit-headers): `ratelimit-policy`
 //!   and `ratelimit`, Structured Field lists with one item per limit of the policy, named
 //!   `"<policy>:<index>"` (see [`item_name`]): `q` (the quota) and `w` (its window, seconds)
 //!   in the policy, `r` (remaining, at most `q`) and `t` (seconds until the limit is whole
@@ -27,7 +27,7 @@
 //!
 //! let api = Policy::from_specs("api", vec![LimitSpec::fixed_window(10, 1_000)])?;
 //! let d: Decision = evaluate::check(&api, &[], 1, 1_700_000_000_000).decision;
-//! let all = headers::all(&api, &d);
+//! let all = headers::collect(&api, &d, headers::Sets::ALL);
 //! assert_eq!(all[1], ("x-ratelimit-remaining", "9".to_owned()));
 //! assert_eq!(all[5], ("ratelimit-policy", "\"api:0\";q=10;w=1".to_owned()));
 //! assert_eq!(all[6], ("ratelimit", "\"api:0\";r=9;t=1".to_owned()));
@@ -134,8 +134,8 @@ impl Sets {
 
 /// Writes the headers of `sets` for decision `d` under `policy`, calling `emit(field, value)`
 /// for each in [`Field::ALL`] order. Values are rendered into one reused buffer, so a caller
-/// that copies them into its own header type allocates nothing else; [`all`], [`github`],
-/// [`retry_after`] and [`ietf`] are this function collecting `String`s.
+/// that copies them into its own header type allocates nothing else; [`collect`] is this
+/// function collecting `String`s.
 ///
 /// Two rules hold for every caller:
 ///
@@ -230,43 +230,14 @@ pub fn quota_window_ms(s: &LimitStatus) -> u64 {
     }
 }
 
-/// [`render`] into `(name, value)` pairs.
-fn collect(policy: &Policy, d: &Decision, sets: Sets) -> Vec<Header> {
+/// [`render`] into `(name, value)` pairs: with [`Sets::ALL`], every header as the server
+/// sends them (GitHub's `X-RateLimit-*` set for the binding limit, then `Retry-After` if any,
+/// then the IETF draft's `RateLimit-Policy` and `RateLimit` fields, one list item per limit
+/// in the policy's order).
+pub fn collect(policy: &Policy, d: &Decision, sets: Sets) -> Vec<Header> {
     let mut out = Vec::with_capacity(8);
     render(policy, d, sets, |f, v| out.push((f.name(), v.to_owned())));
     out
-}
-
-/// GitHub's `X-RateLimit-*` set for the binding limit, in the order limit, remaining, used,
-/// reset, resource.
-pub fn github(policy: &Policy, d: &Decision) -> Vec<Header> {
-    let sets = Sets {
-        github: true,
-        retry_after: false,
-        ietf: false,
-    };
-    collect(policy, d, sets)
-}
-
-/// `Retry-After` in seconds (at least 1) for a denied decision that can ever pass; `None`
-/// when the decision is allowed or the cost can never fit.
-pub fn retry_after(d: &Decision) -> Option<Header> {
-    if d.allowed {
-        return None;
-    }
-    let ms = d.retry_after_ms()?;
-    Some((RETRY_AFTER, secs_up(ms).max(1).to_string()))
-}
-
-/// The IETF draft's `RateLimit-Policy` and `RateLimit` fields, one list item per limit in the
-/// policy's order; `t` counts from the decision's own instant.
-pub fn ietf(policy: &Policy, d: &Decision) -> Vec<Header> {
-    let sets = Sets {
-        github: false,
-        retry_after: false,
-        ietf: true,
-    };
-    collect(policy, d, sets)
 }
 
 /// Appends `sf_string(item_name(policy, index))` to `out`.
@@ -285,12 +256,6 @@ fn push_sf_escaped(out: &mut String, s: &str) {
         }
         out.push(c);
     }
-}
-
-/// Every header of a decision, as the server sends them: [`github`], then [`retry_after`] if
-/// any, then [`ietf`].
-pub fn all(policy: &Policy, d: &Decision) -> Vec<Header> {
-    collect(policy, d, Sets::ALL)
 }
 
 /// The name of limit `index` of `policy` in the IETF fields, `"<policy>:<index>"` (unquoted),
@@ -316,6 +281,38 @@ mod tests {
     use sluice_core::{LimitSpec, LimitState, evaluate};
 
     const NOW: u64 = 1_700_000_000_000;
+
+    fn github(policy: &Policy, d: &Decision) -> Vec<Header> {
+        let sets = Sets {
+            github: true,
+            retry_after: false,
+            ietf: false,
+        };
+        collect(policy, d, sets)
+    }
+
+    fn retry_after(d: &Decision) -> Option<Header> {
+        let sets = Sets {
+            github: false,
+            retry_after: true,
+            ietf: false,
+        };
+        let policy = Policy::from_specs("any", vec![LimitSpec::fixed_window(1, 1_000)]).unwrap();
+        collect(&policy, d, sets).pop()
+    }
+
+    fn all(policy: &Policy, d: &Decision) -> Vec<Header> {
+        collect(policy, d, Sets::ALL)
+    }
+
+    fn ietf(policy: &Policy, d: &Decision) -> Vec<Header> {
+        let sets = Sets {
+            github: false,
+            retry_after: false,
+            ietf: true,
+        };
+        collect(policy, d, sets)
+    }
 
     fn two_limits() -> Policy {
         Policy::from_specs(
@@ -499,7 +496,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let d = evaluate::hold(&p, &[], 1, 7, NOW).decision;
+        let d = evaluate::apply(&p, &[], evaluate::Op::Hold { cost: 1, lease: 7 }, NOW).decision;
         assert_eq!(
             ietf(&p, &d),
             vec![

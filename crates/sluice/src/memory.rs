@@ -13,7 +13,7 @@
 //! sweeps every shard at once, for callers that want memory back while no traffic arrives.
 
 use std::collections::HashMap;
-use std::future::{Future, ready};
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -188,16 +188,27 @@ impl MemoryStore {
         now: u64,
         decision: &mut Decision,
     ) {
-        if op.is_read_only() {
-            self.read(policy, key, op, now, decision);
-        } else {
-            self.update(policy, key, op, now, decision);
+        match op {
+            Op::Forget => self.forget(policy, key, now, decision),
+            _ if op.is_read_only() => self.read(policy, key, op, now, decision),
+            _ => self.update(policy, key, op, now, decision),
         }
         if let Op::Acquire { holder, .. } = op
             && holder != 0
         {
             decision.holders = self.hold(policy, key, holder, now);
         }
+    }
+
+    /// Drops the key's states and holders; the decision is that of a key with no state.
+    fn forget(&self, policy: &Policy, key: &str, now: u64, decision: &mut Decision) {
+        let (hash, shard) = self.locate(policy, key);
+        if let Ok(entry) = lock(shard).table.find_entry(hash, |e| e.is(policy, key)) {
+            entry.remove();
+        }
+        lock_holders(&self.holders)
+            .remove(&(Box::<str>::from(policy.name()), Box::<str>::from(key)));
+        *decision = evaluate::apply(policy, &[], Op::Forget, now).decision;
     }
 
     /// Runs `op` on the key's states under its shard's lock, writing them in place.
@@ -392,22 +403,6 @@ impl Store for MemoryStore {
             call: Some((policy, key, op, now_ms)),
         }
     }
-
-    fn forget(
-        &self,
-        policy: &Policy,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (hash, shard) = self.locate(policy, key);
-        let mut inner = lock(shard);
-        if let Ok(entry) = inner.table.find_entry(hash, |e| e.is(policy, key)) {
-            entry.remove();
-        }
-        drop(inner);
-        lock_holders(&self.holders)
-            .remove(&(Box::<str>::from(policy.name()), Box::<str>::from(key)));
-        ready(Ok(()))
-    }
 }
 
 #[cfg(test)]
@@ -441,7 +436,7 @@ mod tests {
         assert!(block(s.check(&q, "a", 1, T0)).is_ok_and(|d| d.allowed));
         assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| !d.allowed));
         assert_eq!(s.len(), 3);
-        assert!(block(s.forget(&p, "a")).is_ok());
+        assert!(block(s.call(&p, "a", Op::Forget, T0)).is_ok());
         assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| d.allowed));
     }
 

@@ -187,17 +187,11 @@ pub trait Store: Send + Sync {
         op: Op,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
-
-    /// Forgets every limit's state of `key` under `policy`.
-    fn forget(
-        &self,
-        policy: &Policy,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// Calls of each [`Op`] by name, for every [`Store`]: each is [`Store::call`] with that
-/// operation, nothing more (a store cannot override them).
+/// The two most common calls by name, for every [`Store`]: each is [`Store::call`] with that
+/// operation, nothing more (a store cannot override them). Every other operation is a
+/// [`Store::call`] of its [`Op`].
 pub trait StoreExt: Store {
     /// [`Op::Check`]: records `cost` in every limit if all admit, nowhere otherwise.
     fn check(
@@ -220,39 +214,6 @@ pub trait StoreExt: Store {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.call(policy, key, Op::Peek { cost }, now_ms)
     }
-
-    /// [`Op::Refund`]: gives `cost` back to the key's current windows.
-    fn refund(
-        &self,
-        policy: &Policy,
-        key: &str,
-        cost: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.call(policy, key, Op::Refund { cost }, now_ms)
-    }
-
-    /// [`Op::Acquire`]: takes between `min` and `max` units, as many as every limit admits
-    /// (anonymously: holder 0).
-    fn acquire(
-        &self,
-        policy: &Policy,
-        key: &str,
-        min: u64,
-        max: u64,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.call(
-            policy,
-            key,
-            Op::Acquire {
-                min,
-                max,
-                holder: 0,
-            },
-            now_ms,
-        )
-    }
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
@@ -266,14 +227,6 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).call(policy, key, op, now_ms)
-    }
-
-    fn forget(
-        &self,
-        policy: &Policy,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).forget(policy, key)
     }
 }
 
@@ -291,12 +244,6 @@ pub trait DynStore: Send + Sync {
         op: Op,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
-    /// [`Store::forget`], boxed.
-    fn forget_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -308,14 +255,6 @@ impl<S: Store> DynStore for S {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.call(policy, key, op, now_ms))
-    }
-
-    fn forget_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.forget(policy, key))
     }
 }
 
@@ -348,10 +287,6 @@ impl Store for SharedStore {
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
         self.0.call_boxed(policy, key, op, now_ms).await
-    }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.0.forget_boxed(policy, key).await
     }
 }
 

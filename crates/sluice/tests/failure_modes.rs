@@ -40,10 +40,6 @@ impl Store for Switch {
         self.gate()?;
         self.memory.call(p, k, op, now).await
     }
-    async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
-        self.gate()?;
-        self.memory.forget(p, k).await
-    }
 }
 
 fn policy(name: &str, mode: FailureMode) -> Policy {
@@ -370,9 +366,6 @@ async fn a_charge_the_store_refuses_for_good_is_dropped() {
                 });
             }
             self.memory.call(p, k, op, now).await
-        }
-        async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
-            self.memory.forget(p, k).await
         }
     }
     let store = Arc::new(CorruptKey {

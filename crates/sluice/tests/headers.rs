@@ -115,7 +115,7 @@ fn param(item: &[(String, u64)], name: &str) -> Result<u64, TestCaseError> {
 
 /// Renders `d` and checks that its numbers agree; returns (limit, remaining, used).
 fn agree(policy: &Policy, d: &Decision) -> Result<(u64, u64, u64), TestCaseError> {
-    let h = headers::all(policy, d);
+    let h = headers::collect(policy, d, headers::Sets::ALL);
     let limit = number(&h, headers::X_RATELIMIT_LIMIT)?;
     let remaining = number(&h, headers::X_RATELIMIT_REMAINING)?;
     let used = number(&h, headers::X_RATELIMIT_USED)?;
@@ -155,7 +155,17 @@ fn fresh(policy: &Policy, d: &Decision) -> Result<(), TestCaseError> {
         (0, limit),
         "a fresh key has used nothing"
     );
-    let state = headers::ietf(policy, d)[1].1.clone();
+    let state = headers::collect(
+        policy,
+        d,
+        headers::Sets {
+            github: false,
+            retry_after: false,
+            ietf: true,
+        },
+    )[1]
+    .1
+    .clone();
     for (item, l) in items(&state).iter().zip(policy.limits()) {
         prop_assert_eq!(param(item, "r")?, capacity(l));
         // Nothing to wait for, except an aligned window's end, which exists regardless.
@@ -200,7 +210,7 @@ proptest! {
                     agree(&policy, &evaluate::peek(&policy, &states, cost, now))?;
                 }
                 Op::Refund(cost) => {
-                    let eval = evaluate::refund(&policy, &states, cost, now);
+                    let eval = evaluate::apply(&policy, &states, evaluate::Op::Refund { cost }, now);
                     agree(&policy, &eval.decision)?;
                     apply(&mut states, eval.writes);
                 }

@@ -84,9 +84,6 @@ impl Store for Probe {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         d
     }
-    async fn forget(&self, p: &Policy, k: &str) -> Result<(), StoreError> {
-        self.memory.forget(p, k).await
-    }
 }
 
 #[tokio::test]

@@ -24,23 +24,8 @@ fn live_leases(
 /// of the same id already held is replaced (taken again: renewed, with the new cost), so its
 /// own units do not count against it. Without `lease` (a check, a peek) the limit only says
 /// whether `cost` could start now and records nothing, so its `remaining` is unchanged.
-pub fn concurrency(
-    limit: &Limit,
-    state: Option<&ConcurrencyState>,
-    cost: u64,
-    now: u64,
-    lease: Option<u64>,
-) -> (Option<ConcurrencyState>, Outcome) {
-    let (outcome, held) = concurrency_plan(limit, state, cost, now, lease);
-    let next = held.map(|held| {
-        let mut leases: Vec<HeldLease> = live_leases(state, now, Some(held.id)).copied().collect();
-        leases.push(held);
-        ConcurrencyState { leases }
-    });
-    (next, outcome)
-}
-
-/// The outcome of [`concurrency`], and the lease to hold when one is taken.
+///
+/// Returns the outcome, and the lease to hold when one is taken.
 pub(super) fn concurrency_plan(
     limit: &Limit,
     state: Option<&ConcurrencyState>,
@@ -96,14 +81,8 @@ pub fn holds(state: &LimitState, id: u64, now: u64) -> bool {
     matches!(state, LimitState::Concurrency(s) if live_leases(Some(s), now, None).any(|l| l.id == id))
 }
 
-/// Frees the lease `id` of a concurrency limit. Returns the state to store (`None` when the
-/// lease is not held: unknown, already released or lapsed) and the units it held.
-pub fn release(state: &LimitState, id: u64, now: u64) -> (Option<LimitState>, u64) {
-    let (record, freed) = plan_release(state, id, now);
-    (record.written(state), freed)
-}
-
-/// What [`release`] writes, and the units the lease held.
+/// What freeing the lease `id` of a concurrency limit writes (nothing when the lease is not
+/// held: unknown, already released or lapsed), and the units it held.
 pub(crate) fn plan_release(state: &LimitState, id: u64, now: u64) -> (Record, u64) {
     let LimitState::Concurrency(s) = state else {
         return (Record::Nothing, 0);

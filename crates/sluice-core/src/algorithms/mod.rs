@@ -22,8 +22,8 @@ mod concurrency;
 mod token_bucket;
 
 use concurrency::concurrency_plan;
+pub use concurrency::holds;
 pub(crate) use concurrency::plan_release;
-pub use concurrency::{concurrency, holds, release};
 pub use token_bucket::token_bucket;
 use token_bucket::token_bucket_refund;
 
@@ -62,32 +62,8 @@ impl Outcome {
     }
 }
 
-/// Decides `cost` for one limit of any algorithm. State of another algorithm's shape is
-/// treated as empty. A concurrency limit is consulted, not held: see [`step_holding`].
-pub fn step(
-    limit: &Limit,
-    state: &LimitState,
-    cost: u64,
-    now: u64,
-) -> (Option<LimitState>, Outcome) {
-    step_holding(limit, state, cost, now, None)
-}
-
-/// [`step`], where a concurrency limit that admits takes the lease `lease` (when one is
-/// given) for `cost` units. Other algorithms ignore `lease`.
-pub fn step_holding(
-    limit: &Limit,
-    state: &LimitState,
-    cost: u64,
-    now: u64,
-    lease: Option<u64>,
-) -> (Option<LimitState>, Outcome) {
-    let (outcome, record) = plan(limit, state, cost, now, lease);
-    (record.written(state), outcome)
-}
-
 /// What one limit writes when a decision records: worked out by [`plan`] (or
-/// [`plan_refund`], [`plan_release`]) from the stored state, written by [`Record::write`].
+/// [`plan_refund`], `plan_release`) from the stored state, written by [`Record::write`].
 /// Small and `Copy`, so a store can decide every limit of a policy before writing any, and
 /// then write each state in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +84,8 @@ pub(crate) enum Record {
     Hold { now: u64, lease: HeldLease },
     /// Drop the leases lapsed at `now` and the lease `id`.
     Release { now: u64, id: u64 },
+    /// Drop the state.
+    Clear,
 }
 
 impl Record {
@@ -122,6 +100,7 @@ impl Record {
     pub(crate) fn write(self, state: &mut LimitState) {
         match self {
             Record::Nothing => {}
+            Record::Clear => *state = LimitState::Empty,
             Record::FixedWindow(s) => *state = LimitState::FixedWindow(s),
             Record::TokenBucket(s) => *state = LimitState::TokenBucket(s),
             Record::SlidingAdd { floor, start, cost } => {
@@ -233,13 +212,7 @@ pub(crate) fn plan(
     }
 }
 
-/// Gives `cost` back to one limit's current window (never below zero used). Returns the state
-/// to store, or `None` when nothing changes.
-pub fn refund(limit: &Limit, state: &LimitState, cost: u64, now: u64) -> Option<LimitState> {
-    plan_refund(limit, state, cost, now).written(state)
-}
-
-/// What [`refund`] writes.
+/// What giving `cost` back to one limit's current window (never below zero used) writes.
 pub(crate) fn plan_refund(limit: &Limit, state: &LimitState, cost: u64, now: u64) -> Record {
     if cost == 0 {
         return Record::Nothing;
@@ -354,24 +327,6 @@ pub fn sliding_window_floor(limit: &Limit, now: u64) -> u64 {
 /// `sliding_window`: `per` split into buckets of `precision`; `used` is the sum of the counted
 /// buckets. `reset` is when the oldest counted bucket leaves the window; a refused cost's
 /// `retry_after` is when enough buckets have left for it to fit.
-pub fn sliding_window(
-    limit: &Limit,
-    state: Option<&SlidingWindowState>,
-    cost: u64,
-    now: u64,
-) -> (Option<SlidingWindowState>, Outcome) {
-    let (outcome, record) = sliding_window_plan(limit, state, cost, now);
-    let next = record.writes().then(|| {
-        let mut next = LimitState::SlidingWindow(state.cloned().unwrap_or_default());
-        record.write(&mut next);
-        match next {
-            LimitState::SlidingWindow(s) => s,
-            _ => SlidingWindowState::default(),
-        }
-    });
-    (next, outcome)
-}
-
 fn sliding_window_plan(
     limit: &Limit,
     state: Option<&SlidingWindowState>,

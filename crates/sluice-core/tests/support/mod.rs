@@ -45,7 +45,7 @@ impl Key {
     }
 
     pub(crate) fn refund(&mut self, cost: u64, now: u64) -> Decision {
-        let eval = evaluate::refund(&self.policy, &self.states, cost, now);
+        let eval = evaluate::apply(&self.policy, &self.states, Op::Refund { cost }, now);
         self.apply(eval.writes);
         eval.decision
     }

@@ -446,7 +446,8 @@ fn model() {
                 }
                 Step::Refund(cost) => {
                     let cost = cost.cost();
-                    let eval = evaluate::refund(&policy, &states, cost, now);
+                    let eval =
+                        evaluate::apply(&policy, &states, evaluate::Op::Refund { cost }, now);
                     models = limits
                         .iter()
                         .zip(&models)
@@ -458,7 +459,16 @@ fn model() {
                 }
                 Step::Acquire(min, max) => {
                     let (min, max) = (min.cost(), max.cost());
-                    let eval = evaluate::acquire(&policy, &states, min, max, now);
+                    let eval = evaluate::apply(
+                        &policy,
+                        &states,
+                        evaluate::Op::Acquire {
+                            min,
+                            max,
+                            holder: 0,
+                        },
+                        now,
+                    );
                     // The most every limit admits now (each one's remaining, capped by its
                     // max), capped by `max`; when even `min` does not fit, a check of `min`.
                     let (_, idle, _) = model_check(limits, &models, 0, now);

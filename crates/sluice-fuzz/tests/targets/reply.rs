@@ -273,7 +273,7 @@ fn decode() {
                     assert_eq!(u64::from(d.holders), holders.min(u64::from(u32::MAX)));
                 }
                 // What the server makes of it: headers and the HTTP body.
-                let _ = sluice::headers::all(&policy, &d);
+                let _ = sluice::headers::collect(&policy, &d, sluice::headers::Sets::ALL);
                 let response =
                     sluice_server::http::decision_response(StatusCode::OK, &policy, "k", &d);
                 assert_ne!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -313,7 +313,7 @@ fn decode_lean() {
             Ok(d) => {
                 assert_eq!(d.limits().len(), policy.limits().len());
                 assert!(d.binding_index() < d.limits().len());
-                let _ = sluice::headers::all(&policy, &d);
+                let _ = sluice::headers::collect(&policy, &d, sluice::headers::Sets::ALL);
                 let response =
                     sluice_server::http::decision_response(StatusCode::OK, &policy, "k", &d);
                 assert_ne!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);

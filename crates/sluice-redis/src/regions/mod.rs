@@ -473,6 +473,11 @@ impl Store for RegionsStore {
         op: Op,
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
+        if op == Op::Forget {
+            // This region's state only; the other regions keep theirs.
+            let aligned = decide::effective_policy(policy, &[0; 4]).map_err(StoreError::Backend)?;
+            return self.inner.local.call(&aligned, key, op, now_ms).await;
+        }
         Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
         if matches!(op, Op::Hold { .. } | Op::Release { .. }) {
             return Err(StoreError::Backend(format!(
@@ -494,11 +499,5 @@ impl Store for RegionsStore {
             remote
         };
         decide::decide(&inner.local, policy, key, op, now_ms, &offsets).await
-    }
-
-    /// Forgets this region's state of `key`; the other regions keep theirs.
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        let aligned = decide::effective_policy(policy, &[0; 4]).map_err(StoreError::Backend)?;
-        self.inner.local.forget(&aligned, key).await
     }
 }

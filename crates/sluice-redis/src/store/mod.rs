@@ -374,12 +374,23 @@ impl Store for RedisStore {
         now_ms: u64,
     ) -> Result<Decision, StoreError> {
         let started = Instant::now();
-        let result = self.run(policy, key, op, now_ms).await;
+        let result = match op {
+            Op::Forget => self.forget(policy, key, now_ms).await,
+            _ => self.run(policy, key, op, now_ms).await,
+        };
         self.inner.latency.record(started, started.elapsed());
         result
     }
+}
 
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
+impl RedisStore {
+    /// Deletes every key of `key`'s state under `policy` ([`Op::Forget`]).
+    async fn forget(
+        &self,
+        policy: &Policy,
+        key: &str,
+        now_ms: u64,
+    ) -> Result<Decision, StoreError> {
         let prefix = &self.inner.config.key_prefix;
         let mut del = redis::cmd("DEL");
         let stem = keys::stem(prefix, policy, key);
@@ -396,7 +407,7 @@ impl Store for RedisStore {
             Backend::Cluster { conn } => query(&mut conn.get(), &del, timeout).await,
         };
         result
-            .map(drop)
+            .map(|_| sluice::core::evaluate::apply(policy, &[], Op::Forget, now_ms).decision)
             .map_err(|f| f.into_store_error(&keys::stem(prefix, policy, key)))
     }
 }

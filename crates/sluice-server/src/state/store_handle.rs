@@ -157,15 +157,6 @@ impl Store for StoreHandle {
             },
         }
     }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        match self {
-            StoreHandle::Memory(m) => m.forget(policy, key).await,
-            StoreHandle::Redis(r) => r.forget(policy, key).await,
-            StoreHandle::Cluster(c) => c.forget(policy, key).await,
-            StoreHandle::Regions(r) => r.forget(policy, key).await,
-        }
-    }
 }
 
 pin_project_lite::pin_project! {
@@ -233,13 +224,6 @@ impl Store for DecidingStore {
         match &self.0 {
             Deciding::Direct(s) => Either::Left(s.call(policy, key, op, now_ms)),
             Deciding::Reserving(r) => Either::Right(r.call(policy, key, op, now_ms)),
-        }
-    }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        match &self.0 {
-            Deciding::Direct(s) => s.forget(policy, key).await,
-            Deciding::Reserving(r) => r.forget(policy, key).await,
         }
     }
 }
@@ -358,10 +342,6 @@ impl Store for TracedStore {
         } else {
             Either::Left(self.handle.call(policy, key, op, now_ms))
         }
-    }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        self.handle.forget(policy, key).await
     }
 }
 

@@ -196,7 +196,12 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// Forgets the key's state under the policy.
     pub async fn forget(&self, policy: &Policy, key: &str) -> Result<(), Error> {
         check_key(key)?;
-        Ok(self.store.forget(policy, key).await?)
+        let now = self.clock.now_ms();
+        Ok(self
+            .store
+            .call(policy, key, Op::Forget, now)
+            .await
+            .map(drop)?)
     }
 
     /// Charges the shared store with what the insurance store admitted while the store could
@@ -263,11 +268,11 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         if let Err(e) = self.store.call(policy, key, take, now).await {
             if !e.is_transient() {
                 // The store will never take it (corrupt state of the key, …): not owed.
-                self.insurance.forget(policy, key).await?;
+                self.insurance.call(policy, key, Op::Forget, now).await?;
             }
             return Err(e);
         }
-        self.insurance.forget(policy, key).await?;
+        self.insurance.call(policy, key, Op::Forget, now).await?;
         Ok(true)
     }
 

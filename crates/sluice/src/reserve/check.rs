@@ -38,8 +38,16 @@ impl<S: Store> Reserving<S> {
     ) -> ControlFlow<Decision, Pending> {
         // A concurrency limit is consulted at every check (it admits what could start now):
         // no batch can stand for it, so such policies are never leased. Peeks (which see
-        // leased units as used), refunds, acquires, holds and releases go to the store.
+        // leased units as used), refunds, acquires, holds, releases and forgets go to the
+        // store; a forget empties the key's lease first.
         let Op::Check { cost } = op else {
+            if op == Op::Forget {
+                let lease = self.lease(policy, key);
+                let mut l = lock(&lease);
+                l.tokens = 0;
+                l.basis = None;
+                l.denied = None;
+            }
             return ControlFlow::Continue(Pending::Inner);
         };
         if policy.concurrency_limit().is_some() {

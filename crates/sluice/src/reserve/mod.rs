@@ -325,7 +325,11 @@ impl<S: Store> Reserving<S> {
             return;
         }
         self.counters.refunds.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.inner.refund(policy, key, units, now).await {
+        if let Err(e) = self
+            .inner
+            .call(policy, key, Op::Refund { cost: units }, now)
+            .await
+        {
             // Not given back: under-admission until the window ends, never over-admission.
             tracing::debug!(policy = policy.name(), error = %e, units, "could not give leased units back");
         }
@@ -419,17 +423,6 @@ impl<S: Store> Store for Reserving<S> {
             )),
             rest: None,
         }
-    }
-
-    async fn forget(&self, policy: &Policy, key: &str) -> Result<(), StoreError> {
-        {
-            let lease = self.lease(policy, key);
-            let mut l = lock(&lease);
-            l.tokens = 0;
-            l.basis = None;
-            l.denied = None;
-        }
-        self.inner.forget(policy, key).await
     }
 }
 
