@@ -71,18 +71,33 @@ fn line(lines: &[(String, String, String)], key: &str) -> (String, String) {
     (l.1.clone(), l.2.clone())
 }
 
+/// Each `(key, value, source)` of `want` is a line of `lines`.
+fn assert_lines(lines: &[(String, String, String)], want: &[(&str, &str, &str)]) {
+    for &(key, value, source) in want {
+        assert_eq!(
+            line(lines, key),
+            (value.to_owned(), source.to_owned()),
+            "{key}"
+        );
+    }
+}
+
 fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, body).unwrap();
     path
 }
 
+/// A new directory holding `sluice.yaml` with `body`, and the file's path.
+fn sluice_yaml(body: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "sluice.yaml", body);
+    (dir, file)
+}
+
 #[test]
 fn explain_shows_flag_over_env_over_file_over_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(
-        dir.path(),
-        "sluice.yaml",
+    let (_dir, file) = sluice_yaml(
         "listen:\n  http: 127.0.0.1:7001\n  grpc: 127.0.0.1:7002\npolicies:\n  api:\n    limits:\n      - { max: 1, per: 1s }\n",
     );
     let file = file.to_str().unwrap();
@@ -90,16 +105,15 @@ fn explain_shows_flag_over_env_over_file_over_default() {
 
     // File over default.
     let l = explain(&[("SLUICE_CONFIG", file)], &[]);
-    assert_eq!(
-        line(&l, "config"),
-        (file.to_owned(), "env SLUICE_CONFIG".to_owned())
+    assert_lines(
+        &l,
+        &[
+            ("config", file, "env SLUICE_CONFIG"),
+            ("listen.http", "127.0.0.1:7001", &from_file),
+            ("store", "memory", "default"),
+            ("log.format", "human", "default"),
+        ],
     );
-    assert_eq!(
-        line(&l, "listen.http"),
-        ("127.0.0.1:7001".into(), from_file.clone())
-    );
-    assert_eq!(line(&l, "store"), ("memory".into(), "default".into()));
-    assert_eq!(line(&l, "log.format"), ("human".into(), "default".into()));
 
     // Environment over file.
     let l = explain(
@@ -110,22 +124,15 @@ fn explain_shows_flag_over_env_over_file_over_default() {
         ],
         &[file],
     );
-    assert_eq!(line(&l, "config"), (file.to_owned(), "argument".to_owned()));
-    assert_eq!(
-        line(&l, "listen.http"),
-        ("0.0.0.0:9001".into(), "env SLUICE_HTTP".into())
-    );
-    assert_eq!(
-        line(&l, "listen.grpc"),
-        ("127.0.0.1:7002".into(), from_file.clone())
-    );
-    assert_eq!(
-        line(&l, "log.format"),
-        ("json".into(), "env SLUICE_LOG_FORMAT".into())
-    );
-    assert_eq!(
-        line(&l, "log.level"),
-        ("debug".into(), "env SLUICE_LOG_LEVEL".into())
+    assert_lines(
+        &l,
+        &[
+            ("config", file, "argument"),
+            ("listen.http", "0.0.0.0:9001", "env SLUICE_HTTP"),
+            ("listen.grpc", "127.0.0.1:7002", &from_file),
+            ("log.format", "json", "env SLUICE_LOG_FORMAT"),
+            ("log.level", "debug", "env SLUICE_LOG_LEVEL"),
+        ],
     );
 
     // Flag over environment; a Redis URL's password never shown.
@@ -147,25 +154,15 @@ fn explain_shows_flag_over_env_over_file_over_default() {
         ],
     );
     assert_eq!(line(&l, "config").1, "flag --config");
-    assert_eq!(
-        line(&l, "listen.http"),
-        ("0.0.0.0:9100".into(), "flag --http".into())
-    );
     assert_eq!(line(&l, "listen.admin").1, "default");
-    assert_eq!(
-        line(&l, "store"),
-        (
-            "redis redis://redis:6379".into(),
-            "env SLUICE_REDIS_URL".into()
-        )
-    );
-    assert_eq!(
-        line(&l, "store.key_prefix"),
-        ("flag:".into(), "flag --key-prefix".into())
-    );
-    assert_eq!(
-        line(&l, "log.format"),
-        ("json".into(), "flag --log-format".into())
+    assert_lines(
+        &l,
+        &[
+            ("listen.http", "0.0.0.0:9100", "flag --http"),
+            ("store", "redis redis://redis:6379", "env SLUICE_REDIS_URL"),
+            ("store.key_prefix", "flag:", "flag --key-prefix"),
+            ("log.format", "json", "flag --log-format"),
+        ],
     );
     assert!(!format!("{l:?}").contains("hunter2"));
 }
@@ -221,12 +218,8 @@ fn bad_values_are_refused_naming_the_flag_or_variable_and_the_value() {
 
 #[test]
 fn a_redis_url_does_not_replace_a_cluster_named_by_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(
-        dir.path(),
-        "sluice.yaml",
-        "store:\n  backend: redis\n  cluster: [redis://10.0.0.1:7000]\n",
-    );
+    let (_dir, file) =
+        sluice_yaml("store:\n  backend: redis\n  cluster: [redis://10.0.0.1:7000]\n");
     let o = sluice(&[("SLUICE_REDIS_URL", "redis://10.0.0.9:6379")])
         .args(["config", "check"])
         .arg(&file)
@@ -278,16 +271,11 @@ fn listening(port: u16) -> bool {
 
 #[test]
 fn the_server_listens_where_the_flag_says_over_the_variable_and_the_file() {
-    let dir = tempfile::tempdir().unwrap();
     let (file_http, env_http, flag_http) = (port(), port(), port());
     let (file_grpc, env_grpc, env_admin) = (port(), port(), port());
-    let file = write(
-        dir.path(),
-        "sluice.yaml",
-        &format!(
-            "listen:\n  http: 127.0.0.1:{file_http}\n  grpc: 127.0.0.1:{file_grpc}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
-        ),
-    );
+    let (dir, file) = sluice_yaml(&format!(
+        "listen:\n  http: 127.0.0.1:{file_http}\n  grpc: 127.0.0.1:{file_grpc}\npolicies:\n  api:\n    limits:\n      - {{ max: 100, per: 1m }}\n"
+    ));
     let (env_http_addr, env_grpc_addr, env_admin_addr, flag_http_addr) = (
         format!("127.0.0.1:{env_http}"),
         format!("127.0.0.1:{env_grpc}"),

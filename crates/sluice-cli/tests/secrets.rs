@@ -93,22 +93,22 @@ fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
     std::fs::write(dir.path().join("wrong"), format!("{WRONG}\n")).unwrap();
     let http = sluice_testkit::free_port().unwrap();
     let url = format!("http://127.0.0.1:{http}");
-    let config = |store: &str| {
-        format!(
+    let port = redis.port();
+    // A configuration file `name` with `store` for its store settings.
+    let write = |name: &str, store: &str| {
+        let path = dir.path().join(name);
+        let config = format!(
             "listen:\n  http: 127.0.0.1:{http}\n  grpc: 127.0.0.1:{}\nadmin:\n  tokens_file: tokens\n  protect_metrics: true\npolicies:\n  api:\n    limits:\n      - {{ max: 2, per: 1m }}\n    on_store_error: closed\nstore:\n  backend: redis\n{store}",
             sluice_testkit::free_port().unwrap()
-        )
+        );
+        std::fs::write(&path, config).unwrap();
+        path
     };
     // The password in the URL.
-    let good = dir.path().join("good.yaml");
-    std::fs::write(
-        &good,
-        config(&format!(
-            "  shards:\n    - primary: redis://alice:{PASSWORD}@127.0.0.1:{}\n",
-            redis.port()
-        )),
-    )
-    .unwrap();
+    let good = write(
+        "good.yaml",
+        &format!("  shards:\n    - primary: redis://alice:{PASSWORD}@127.0.0.1:{port}\n"),
+    );
     let log = dir.path().join("serve.log");
     let mut child = serve(&good, &log, &[]);
     wait_ready(&url, &mut child);
@@ -153,15 +153,12 @@ fn no_log_error_body_or_metric_shows_a_token_or_a_password() {
     redis.restart().unwrap();
 
     // A start refused for a wrong password (from store.auth), and `config check`.
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(
-        &bad,
-        config(&format!(
-            "  auth:\n    username: alice\n    password_file: wrong\n  shards:\n    - primary: redis://127.0.0.1:{}\n",
-            redis.port()
-        )),
-    )
-    .unwrap();
+    let bad = write(
+        "bad.yaml",
+        &format!(
+            "  auth:\n    username: alice\n    password_file: wrong\n  shards:\n    - primary: redis://127.0.0.1:{port}\n"
+        ),
+    );
     let bad_log = dir.path().join("bad.log");
     let status = serve(&bad, &bad_log, &[]).wait().unwrap();
     assert!(!status.success());

@@ -43,7 +43,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use sluice::{LimitSpec, Policy, StoreExt};
 use sluice_redis::{RedisConfig, RedisStore, WaitForReplicas};
-use sluice_testkit::{ClusterOptions, RedisCluster, ReplicaSet, SentinelGroup, SentinelOptions};
+use sluice_testkit::{
+    ClusterOptions, RedisCluster, RedisServer, ReplicaSet, SentinelGroup, SentinelOptions,
+};
 
 use common::NOW;
 
@@ -100,6 +102,26 @@ enum Trigger {
 
 /// The replication lag of [`Trigger::LagThenCrash`].
 const LAG: Duration = Duration::from_millis(200);
+
+/// Stalls the `replicas` of `nodes[primary]` and cuts them off it: what was sent so far sits
+/// in their socket buffers, and what the primary acknowledges for the next [`LAG`] never
+/// reaches them.
+fn lag(nodes: &[RedisServer], primary: usize, replicas: &[usize]) {
+    for &r in replicas {
+        nodes[r].pause().unwrap();
+    }
+    nodes[primary]
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
+        .unwrap();
+    std::thread::sleep(LAG);
+}
+
+/// Lets the stalled `replicas` go on.
+fn resume(nodes: &[RedisServer], replicas: &[usize]) {
+    for &r in replicas {
+        nodes[r].resume().unwrap();
+    }
+}
 
 impl Trigger {
     fn name(self) -> &'static str {
@@ -286,19 +308,9 @@ async fn run(topo: Topo, trigger: Trigger, mode: Option<u32>) -> RunResult {
                     let i = group.data_node_index(old).unwrap();
                     let replicas: Vec<usize> =
                         (0..group.data_nodes().len()).filter(|&j| j != i).collect();
-                    for &r in &replicas {
-                        group.data_nodes()[r].pause().unwrap();
-                    }
-                    // What was sent so far sits in the stalled replicas' socket buffers; what
-                    // the primary acknowledges from now on never reaches them.
-                    group.data_nodes()[i]
-                        .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
-                        .unwrap();
-                    std::thread::sleep(LAG);
+                    lag(group.data_nodes(), i, &replicas);
                     group.data_node_mut(i).kill().unwrap();
-                    for &r in &replicas {
-                        group.data_nodes()[r].resume().unwrap();
-                    }
+                    resume(group.data_nodes(), &replicas);
                 }
             }
             let new = group.wait_failover(old, timeout).unwrap();
@@ -315,17 +327,9 @@ async fn run(topo: Topo, trigger: Trigger, mode: Option<u32>) -> RunResult {
                 Trigger::Crash => c.node_mut(old).kill().unwrap(),
                 Trigger::LagThenCrash => {
                     let replicas = c.replicas_of(old).unwrap();
-                    for &r in &replicas {
-                        c.nodes()[r].pause().unwrap();
-                    }
-                    c.nodes()[old]
-                        .cmd(&["CLIENT", "KILL", "TYPE", "replica"])
-                        .unwrap();
-                    std::thread::sleep(LAG);
+                    lag(c.nodes(), old, &replicas);
                     c.node_mut(old).kill().unwrap();
-                    for &r in &replicas {
-                        c.nodes()[r].resume().unwrap();
-                    }
+                    resume(c.nodes(), &replicas);
                 }
             }
             c.wait_failover(old, timeout).unwrap();

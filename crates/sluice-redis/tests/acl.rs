@@ -14,10 +14,9 @@ const PASSWORD: &str = "acl-s3cret-0123456789";
 
 #[tokio::test]
 async fn an_acl_user_in_the_url_works_and_its_password_never_shows() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, url)) = server_with_alice(PASSWORD) else {
         return;
-    }
-    let (server, url) = server_with_alice(PASSWORD);
+    };
     let store = RedisStore::connect(RedisConfig::new(url.as_str()))
         .await
         .unwrap();

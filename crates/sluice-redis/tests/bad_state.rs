@@ -37,6 +37,13 @@ fn redis_key(p: &Policy, key: &str, i: usize) -> String {
     sluice_redis::keys::policy_keys("sluice:", p, key, "1000")[i].clone()
 }
 
+/// Policy `api` (one fixed window of 10 a minute) and the Redis key of its counter for `k2`.
+fn api_k2_counter() -> (Policy, String) {
+    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
+    let counter = redis_key(&p, "k2", 0);
+    (p, counter)
+}
+
 /// Checks of `cost` on keys `k0..k4`, together: one batch (a bad key among them fails alone).
 async fn batched(s: &RedisStore, p: &Policy, cost: u64) -> Vec<Result<Decision, StoreError>> {
     let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
@@ -71,8 +78,7 @@ async fn a_failed_fast_path_leaves_nothing_behind() {
     let Some((server, s)) = started().await else {
         return;
     };
-    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
-    let counter = redis_key(&p, "k2", 0);
+    let (p, counter) = api_k2_counter();
     let faults: [&[&str]; 3] = [
         &["SET", &counter, "-5"],
         &["LPUSH", &counter, "x"],
@@ -416,8 +422,7 @@ async fn the_same_fault_is_the_same_kind_single_and_batched() {
     let Some((server, s)) = started().await else {
         return;
     };
-    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
-    let counter = redis_key(&p, "k2", 0);
+    let (p, counter) = api_k2_counter();
     for setup in [
         vec!["SET", counter.as_str(), "x"],
         vec!["LPUSH", counter.as_str(), "x"],

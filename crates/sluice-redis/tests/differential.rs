@@ -186,15 +186,24 @@ fn config(server: &RedisServer, mode: ScriptMode) -> RedisConfig {
         .expiry_margin(Duration::from_secs(3_600))
 }
 
-fn run_differential(mode: ScriptMode, start: Start, cases: u32, min_ops: usize) {
+/// What `start` starts and a runtime to drive stores on it; `None` (the test is skipped)
+/// without `redis-server`.
+fn started<T>(start: impl FnOnce() -> T) -> Option<(T, tokio::runtime::Runtime)> {
     if !sluice_testkit::require_redis() {
-        return;
+        return None;
     }
-    let server = RedisServer::start().expect("redis-server");
+    let started = start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    Some((started, rt))
+}
+
+fn run_differential(mode: ScriptMode, start: Start, cases: u32, min_ops: usize) {
+    let Some((server, rt)) = started(|| RedisServer::start().expect("redis-server")) else {
+        return;
+    };
     let redis = rt
         .block_on(RedisStore::connect(config(&server, mode)))
         .expect("connect");
@@ -229,6 +238,21 @@ fn run_differential(mode: ScriptMode, start: Start, cases: u32, min_ops: usize) 
 
 /// Runs the scenarios through the memory store and `redis`; returns the decisions asked of
 /// `redis`.
+/// A limiter on a fresh memory store and one on `remote`, on the one `clock`, with `policies`.
+fn limiters<S: sluice::Store + Clone>(
+    remote: &S,
+    clock: &ManualClock,
+    policies: &[Policy],
+) -> (Limiter<MemoryStore, ManualClock>, Limiter<S, ManualClock>) {
+    let memory = Limiter::new(MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policies(policies.to_vec());
+    let remote = Limiter::new(remote.clone())
+        .with_clock(clock.clone())
+        .with_policies(policies.to_vec());
+    (memory, remote)
+}
+
 fn differential<S: sluice::Store + Clone>(
     label: &str,
     rt: &tokio::runtime::Runtime,
@@ -255,12 +279,7 @@ fn differential<S: sluice::Store + Clone>(
             .map(|(i, l)| Policy::new(format!("p{i}"), l))
             .collect::<Result<_, _>>()
             .map_err(|e| TestCaseError::reject(e.to_string()))?;
-        let memory = Limiter::new(MemoryStore::new())
-            .with_clock(clock.clone())
-            .with_policies(policies.clone());
-        let remote = Limiter::new(redis.clone())
-            .with_clock(clock.clone())
-            .with_policies(policies.clone());
+        let (memory, remote) = limiters(&redis, &clock, &policies);
         let key = |k: usize| format!("case{case}:key{k}");
         rt.block_on(async {
             for (step, op) in ops.iter().enumerate() {
@@ -429,16 +448,13 @@ fn redis_functions_off_redis_clock_decide_like_the_memory_store() {
 
 #[test]
 fn three_redis_shards_decide_like_the_memory_store() {
-    if !sluice_testkit::require_redis() {
+    let Some((servers, rt)) = started(|| {
+        (0..3)
+            .map(|_| RedisServer::start().expect("redis-server"))
+            .collect::<Vec<_>>()
+    }) else {
         return;
-    }
-    let servers: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    };
     let shards = servers
         .iter()
         .map(|s| {
@@ -471,14 +487,9 @@ fn redis_evalsha_decides_like_the_memory_store() {
 /// limbs: the same sequence through both stores, decision for decision.
 #[test]
 fn huge_token_buckets_decide_like_the_memory_store() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, rt)) = started(|| RedisServer::start().expect("redis-server")) else {
         return;
-    }
-    let server = RedisServer::start().expect("redis-server");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    };
     let max = sluice::core::MAX_AMOUNT;
     let year = 366 * 86_400_000;
     let specs = [
@@ -496,12 +507,7 @@ fn huge_token_buckets_decide_like_the_memory_store() {
         let limit = Limit::new(spec.clone()).expect("valid limit");
         let policy = Policy::new(format!("huge{i}"), vec![limit.clone()]).unwrap();
         let clock = ManualClock::new(T0);
-        let memory = Limiter::new(MemoryStore::new())
-            .with_clock(clock.clone())
-            .with_policy(policy.clone());
-        let remote = Limiter::new(redis.clone())
-            .with_clock(clock.clone())
-            .with_policy(policy.clone());
+        let (memory, remote) = limiters(&redis, &clock, std::slice::from_ref(&policy));
         let name = format!("huge{i}");
         let costs = [
             1,
@@ -532,14 +538,11 @@ fn huge_token_buckets_decide_like_the_memory_store() {
 /// replicas lag by design and this test demands identical answers.
 #[test]
 fn redis_cluster_decides_like_the_memory_store() {
-    if !sluice_testkit::require_redis() {
+    let Some((cluster, rt)) =
+        started(|| sluice_testkit::RedisCluster::start().expect("redis cluster"))
+    else {
         return;
-    }
-    let cluster = sluice_testkit::RedisCluster::start().expect("redis cluster");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    };
     let config = RedisConfig::cluster(cluster.urls())
         .read_from(sluice_redis::ReadFrom::Primary)
         .timeout(Duration::from_secs(5))

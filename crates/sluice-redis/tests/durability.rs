@@ -39,6 +39,14 @@ fn used_on_cluster_replica(server: &RedisServer, key: &str) -> u64 {
     used(reply)
 }
 
+/// A primary with one replica (none when Redis is missing).
+fn replica_set() -> Option<ReplicaSet> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    Some(tokio::task::block_in_place(|| ReplicaSet::start(1)).unwrap())
+}
+
 fn used(reply: redis::Value) -> u64 {
     match reply {
         redis::Value::Nil => 0,
@@ -49,10 +57,9 @@ fn used(reply: redis::Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admitted_decision_is_on_the_replica_when_it_returns() {
-    if !sluice_testkit::require_redis() {
+    let Some(set) = replica_set() else {
         return;
-    }
-    let set = tokio::task::block_in_place(|| ReplicaSet::start(1)).unwrap();
+    };
     let (primary, replica) = (&set.primary, &set.replicas[0]);
     let config = RedisConfig::new(primary.url())
         .replicas([replica.url()])
@@ -86,10 +93,9 @@ async fn an_admitted_decision_is_on_the_replica_when_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_no_replica_acknowledged_stands_or_fails_as_configured() {
-    if !sluice_testkit::require_redis() {
+    let Some(set) = replica_set() else {
         return;
-    }
-    let set = tokio::task::block_in_place(|| ReplicaSet::start(1)).unwrap();
+    };
     let (primary, replica) = (&set.primary, &set.replicas[0]);
     let store = |on_shortfall| {
         let config = RedisConfig::new(primary.url())

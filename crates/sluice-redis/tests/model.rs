@@ -96,7 +96,7 @@ struct Case<'a> {
     rng: SmallRng,
     seed: u64,
     store: &'a RedisStore,
-    redis: Redis<'a>,
+    redis: &'a Redis,
     memory: MemoryStore,
     policies: Vec<Policy>,
     now: u64,
@@ -652,22 +652,32 @@ impl Case<'_> {
 }
 
 /// Where the faults go: the one server, or the Cluster node that serves the key.
-#[derive(Clone, Copy)]
-enum Redis<'a> {
-    One(&'a RedisServer),
-    Cluster(&'a RedisCluster),
+enum Redis {
+    One(RedisServer),
+    Cluster(RedisCluster),
 }
 
-impl Redis<'_> {
+impl Redis {
+    /// A store's configuration for this Redis (reads on the primary, the model's margin).
+    fn config(&self) -> RedisConfig {
+        match self {
+            Redis::One(s) => RedisConfig::new(s.url()),
+            Redis::Cluster(c) => RedisConfig::cluster(c.urls()),
+        }
+        .read_from(sluice_redis::ReadFrom::Primary)
+        .timeout(Duration::from_secs(5))
+        .expiry_margin(Duration::from_millis(MARGIN_MS))
+    }
+
     /// How many kinds of fault apply (a slot migration needs a Cluster).
-    fn faults(self) -> usize {
+    fn faults(&self) -> usize {
         match self {
             Redis::One(_) => 11,
             Redis::Cluster(_) => 12,
         }
     }
 
-    fn cmd(self, args: &[&str]) -> Result<redis::Value, String> {
+    fn cmd(&self, args: &[&str]) -> Result<redis::Value, String> {
         match self {
             Redis::One(s) => s.cmd(args),
             Redis::Cluster(c) => c.cmd_for_key(args[1], args),
@@ -676,7 +686,7 @@ impl Redis<'_> {
     }
 
     /// Runs `args` on every primary.
-    fn everywhere(self, args: &[&str]) -> Result<(), String> {
+    fn everywhere(&self, args: &[&str]) -> Result<(), String> {
         match self {
             Redis::One(s) => s.cmd(args).map(drop).map_err(|e| format!("{args:?}: {e}")),
             Redis::Cluster(c) => {
@@ -691,7 +701,7 @@ impl Redis<'_> {
     }
 
     /// `RESTORE key ttl dump REPLACE` where the key lives.
-    fn restore(self, key: &str, ttl: &str, dump: &[u8]) -> Result<(), String> {
+    fn restore(&self, key: &str, ttl: &str, dump: &[u8]) -> Result<(), String> {
         let nodes: Vec<&RedisServer> = match self {
             Redis::One(s) => vec![s],
             Redis::Cluster(c) => c.nodes().iter().collect(),
@@ -717,7 +727,7 @@ impl Redis<'_> {
     }
 
     /// Moves `slot` to another primary, keys and all, as resharding does.
-    fn migrate(self, slot: u16) -> Result<(), String> {
+    fn migrate(&self, slot: u16) -> Result<(), String> {
         let Redis::Cluster(c) = self else {
             return Ok(());
         };
@@ -796,17 +806,23 @@ impl Drop for SeedOnPanic {
     }
 }
 
-/// Runs `cases` cases from seed `first` on `redis` through `store`; the env variable naming the
-/// case count (for the replay hint) is `cases_var`.
-fn run_cases(
-    label: &str,
-    redis: Redis<'_>,
-    store: &RedisStore,
-    rt: &tokio::runtime::Runtime,
-    cases: u64,
-    first: u64,
-    cases_var: &str,
-) {
+/// Starts `redis` (unless Redis is missing) and runs the cases the env variable `cases_var`
+/// asks for (`default_cases` without it) through a store on it, from seed `SLUICE_MODEL_SEED`
+/// (the wall clock without it).
+fn run_cases(label: &str, cases_var: &str, default_cases: u64, redis: fn() -> Redis) {
+    if !sluice_testkit::require_redis() {
+        return;
+    }
+    let cases = env_u64(cases_var).unwrap_or(default_cases);
+    let redis = &redis();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = &rt
+        .block_on(RedisStore::connect(redis.config()))
+        .expect("connect");
+    let first = env_u64("SLUICE_MODEL_SEED").unwrap_or_else(|| wall_ms() ^ 0x5eed_0040);
     let mut stats = Stats::default();
     let started = std::time::Instant::now();
     println!("model ({label}): {cases} cases from seed {first}");
@@ -861,71 +877,19 @@ fn run_cases(
     assert!(stats.compared > 0 && stats.corrupt_seen > 0 && stats.repaired > 0);
 }
 
-fn first_seed() -> u64 {
-    env_u64("SLUICE_MODEL_SEED").unwrap_or_else(|| wall_ms() ^ 0x5eed_0040)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn config(config: RedisConfig) -> RedisConfig {
-    config
-        .read_from(sluice_redis::ReadFrom::Primary)
-        .timeout(Duration::from_secs(5))
-        .expiry_margin(Duration::from_millis(MARGIN_MS))
-}
-
 /// Standalone Redis: `SLUICE_MODEL_CASES` cases (default 100).
 #[test]
 fn the_store_keeps_its_invariants_under_random_faults() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
-    let cases = env_u64("SLUICE_MODEL_CASES").unwrap_or(100);
-    let server = RedisServer::start().expect("redis-server");
-    let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(config(RedisConfig::new(server.url()))))
-        .expect("connect");
-    let first = first_seed();
-    run_cases(
-        "standalone",
-        Redis::One(&server),
-        &store,
-        &rt,
-        cases,
-        first,
-        "SLUICE_MODEL_CASES",
-    );
+    run_cases("standalone", "SLUICE_MODEL_CASES", 100, || {
+        Redis::One(RedisServer::start().expect("redis-server"))
+    });
 }
 
 /// A Redis Cluster (3 primaries, 3 replicas), with slot migrations among the faults:
 /// `SLUICE_MODEL_CLUSTER_CASES` cases (default 24).
 #[test]
 fn the_cluster_keeps_its_invariants_under_random_faults() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
-    let cases = env_u64("SLUICE_MODEL_CLUSTER_CASES").unwrap_or(24);
-    let cluster = RedisCluster::start().expect("redis cluster");
-    let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(config(RedisConfig::cluster(
-            cluster.urls(),
-        ))))
-        .expect("connect");
-    let first = first_seed();
-    run_cases(
-        "cluster",
-        Redis::Cluster(&cluster),
-        &store,
-        &rt,
-        cases,
-        first,
-        "SLUICE_MODEL_CLUSTER_CASES",
-    );
+    run_cases("cluster", "SLUICE_MODEL_CLUSTER_CASES", 24, || {
+        Redis::Cluster(RedisCluster::start().expect("redis cluster"))
+    });
 }

@@ -25,6 +25,17 @@ async fn store(config: RedisConfig) -> RedisStore {
     RedisStore::connect(config).await.expect("connect to redis")
 }
 
+/// A fresh Redis and a store on it with `timeout`; `None` (the test is skipped) without
+/// `redis-server`.
+async fn started(timeout: Duration) -> Option<(RedisServer, RedisStore)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    let server = RedisServer::start().unwrap();
+    let s = store(RedisConfig::new(server.url()).timeout(timeout)).await;
+    Some((server, s))
+}
+
 // ----- exactness under concurrency ----------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,22 +363,24 @@ async fn bad_data_gives_a_clear_error_and_changes_nothing() {
 
 // ----- timeouts -----------------------------------------------------------------------------
 
-#[tokio::test]
-async fn a_stalled_primary_gives_a_typed_timeout() {
-    if !sluice_testkit::require_redis() {
+/// `n` checks together on a stalled Redis, through a store with the default timeout (50 ms):
+/// each times out on its own, typed and transient, and the store answers again once Redis
+/// does.
+async fn checks_on_a_stalled_primary_time_out(n: usize) {
+    let Some((server, s)) = started(sluice_redis::DEFAULT_TIMEOUT).await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(RedisConfig::new(server.url())).await; // the default 50 ms timeout
-    let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
+    };
+    let p = policy("api", vec![LimitSpec::fixed_window(100, 60_000)]);
     assert!(s.check(&p, "k", 1, T0).await.is_ok());
     server.pause().unwrap();
-    let started = std::time::Instant::now();
-    let r = s.check(&p, "k", 1, T0).await;
-    let waited = started.elapsed();
+    let paused = std::time::Instant::now();
+    let decided = sluice_testkit::join_in_order((0..n).map(|_| s.check(&p, "k", 1, T0))).await;
+    let waited = paused.elapsed();
     server.resume().unwrap();
-    assert_eq!(r, Err(StoreError::Timeout(Duration::from_millis(50))));
-    assert!(r.unwrap_err().is_transient());
+    for d in decided {
+        assert_eq!(d, Err(StoreError::Timeout(Duration::from_millis(50))));
+        assert!(d.unwrap_err().is_transient());
+    }
     assert!(waited < Duration::from_secs(1), "waited {waited:?}");
     // After the stall, the same store answers again.
     let mut tries = 0;
@@ -375,6 +388,11 @@ async fn a_stalled_primary_gives_a_typed_timeout() {
         tries += 1;
         assert!(tries < 100, "the store did not come back");
     }
+}
+
+#[tokio::test]
+async fn a_stalled_primary_gives_a_typed_timeout() {
+    checks_on_a_stalled_primary_time_out(1).await;
 }
 
 // ----- client-side shards -------------------------------------------------------------------
@@ -435,11 +453,9 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// corrupt state, and write nothing; every other decision of the batch is made.
 #[tokio::test]
 async fn one_bad_key_in_a_batch_fails_alone() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started(Duration::from_secs(2)).await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await;
+    };
     let p = policy("api", vec![LimitSpec::fixed_window(10, 60_000)]);
     let key = |i: usize| {
         sluice_redis::keys::policy_keys("sluice:", &p, &format!("k{i}"), "1000")[0].clone()
@@ -474,11 +490,9 @@ async fn one_bad_key_in_a_batch_fails_alone() {
 /// good keys of the same batch are decided.
 #[tokio::test]
 async fn bad_data_on_the_one_limit_fast_paths_fails_alone_and_changes_nothing() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = started(Duration::from_secs(2)).await else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(RedisConfig::new(server.url()).timeout(Duration::from_secs(2))).await;
+    };
     let bucket = policy("tb", vec![LimitSpec::token_bucket(10, 60_000)]);
     let sliding = policy(
         "sw",
@@ -558,25 +572,5 @@ async fn bad_data_on_the_one_limit_fast_paths_fails_alone_and_changes_nothing() 
 /// answers again once Redis does.
 #[tokio::test]
 async fn queued_decisions_time_out_each_on_its_own() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
-    let server = RedisServer::start().unwrap();
-    let s = store(RedisConfig::new(server.url())).await; // 50 ms
-    let p = policy("api", vec![LimitSpec::fixed_window(100, 60_000)]);
-    assert!(s.check(&p, "k", 1, T0).await.is_ok());
-    server.pause().unwrap();
-    let started = std::time::Instant::now();
-    let decided = sluice_testkit::join_in_order((0..16).map(|_| s.check(&p, "k", 1, T0))).await;
-    let waited = started.elapsed();
-    server.resume().unwrap();
-    for d in decided {
-        assert_eq!(d, Err(StoreError::Timeout(Duration::from_millis(50))));
-    }
-    assert!(waited < Duration::from_secs(1), "waited {waited:?}");
-    let mut tries = 0;
-    while s.check(&p, "k", 0, T0).await.is_err() {
-        tries += 1;
-        assert!(tries < 100, "the store did not come back");
-    }
+    checks_on_a_stalled_primary_time_out(16).await;
 }

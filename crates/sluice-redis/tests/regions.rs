@@ -30,6 +30,18 @@ fn policy(name: &str, specs: Vec<LimitSpec>) -> Policy {
     Policy::from_specs(name, specs).expect("valid policy")
 }
 
+/// Policy `name`: `max` a day in a sliding window of hourly buckets.
+fn daily_sliding(name: &str, max: u64) -> Policy {
+    policy(
+        name,
+        vec![LimitSpec::sliding_window(max, DAY).precision_ms(3_600_000)],
+    )
+}
+
+/// The limit of the bounded runs: 100 a second, against 100 requests a second in each of
+/// three regions.
+const MAX: u64 = 100;
+
 /// Polls (a few ms apart) until every region's view of every other region was read after
 /// every primary's writes so far reached its replicas.
 async fn wait_views_fresh(world: &World) {
@@ -108,18 +120,17 @@ async fn healthy_regions_admit_within_the_stated_bound_for_three_refresh_interva
     if !sluice_testkit::require_redis() {
         return;
     }
-    let max = 100;
-    let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
+    let p = policy("api", vec![LimitSpec::fixed_window(MAX, 1_000)]);
     for refresh in [50, 100, 200] {
         let world = World::start(Settings::new(refresh, 3_000, Fallback::LocalShare)).await;
         // 100 requests a second in each region: 300 a second against 100 per window.
         let label = format!("refresh {refresh} ms");
-        let (_, windows) = bounded_run(&world, &p, "user:1", max, &label).await;
+        let (_, windows) = bounded_run(&world, &p, "user:1", MAX, &label).await;
         for (w, admitted) in windows {
             // The views never count more than the other regions used, so the limit is used.
             assert!(
-                admitted >= max,
-                "window {w}: only {admitted} of {max} admitted"
+                admitted >= MAX,
+                "window {w}: only {admitted} of {MAX} admitted"
             );
         }
     }
@@ -130,15 +141,14 @@ async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_ove
     if !sluice_testkit::require_redis() {
         return;
     }
-    let max = 100;
-    let p = policy("api", vec![LimitSpec::fixed_window(max, 1_000)]);
+    let p = policy("api", vec![LimitSpec::fixed_window(MAX, 1_000)]);
     let world = World::start(Settings::new(50, 1_500, Fallback::LocalShare)).await;
 
     let mut over = Vec::new();
     for delay in [0, 300] {
         world.set_delay(Duration::from_millis(delay));
         let label = format!("delay {delay} ms");
-        let (run, windows) = bounded_run(&world, &p, &format!("delay:{delay}"), max, &label).await;
+        let (run, windows) = bounded_run(&world, &p, &format!("delay:{delay}"), MAX, &label).await;
         if delay > 0 {
             assert!(
                 run.max_lag >= Duration::from_millis(delay),
@@ -149,7 +159,7 @@ async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_ove
         over.push(
             windows
                 .iter()
-                .map(|&(_, a)| a.saturating_sub(max))
+                .map(|&(_, a)| a.saturating_sub(MAX))
                 .max()
                 .unwrap_or(0),
         );
@@ -162,28 +172,14 @@ async fn delayed_replication_stays_within_the_bound_then_each_fallback_takes_ove
     // Past max_lag: every region falls back, each policy in its own mode.
     world.set_delay(Duration::from_millis(2_500));
     world.wait_fallback(true, Duration::from_secs(15)).await;
-    let long = |name: &str| {
-        policy(
-            name,
-            vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
-        )
-    };
     let store = &world.stores[0];
     for (name, mode, expected) in [
         ("share", Fallback::LocalShare, 10),
         ("only", Fallback::LocalOnly, 30),
         ("closed", Fallback::Closed, 0),
     ] {
-        let p = long(name);
-        let mut admitted = 0;
-        for _ in 0..40 {
-            let d = store
-                .check(&p, "lagging", 1, now_ms())
-                .await
-                .expect("answers");
-            assert!(!d.is_degraded());
-            admitted += u64::from(d.allowed);
-        }
+        let p = daily_sliding(name, 30);
+        let admitted = admitted(&world, 0, &p, "lagging", 40, now_ms()).await;
         assert_eq!(
             admitted, expected,
             "{mode} admits {expected} of 30 in region 0"
@@ -209,12 +205,7 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
     let max = 30;
     let policies: Vec<Policy> = ["share", "only", "closed"]
         .iter()
-        .map(|n| {
-            policy(
-                n,
-                vec![LimitSpec::sliding_window(max, DAY).precision_ms(3_600_000)],
-            )
-        })
+        .map(|n| daily_sliding(n, max))
         .collect();
     // Before: regions 1 and 2 use 4 units each of every policy, region 0 none.
     let mut used: HashMap<String, u64> = HashMap::new();
@@ -235,20 +226,11 @@ async fn a_partitioned_region_keeps_answering_in_every_mode_and_counts_converge_
 
     world.partition(0, true);
     world.wait_cut_off(0, Duration::from_secs(10)).await;
-    let store = &world.stores[0];
     // local_share: region 0's share of what regions 1 and 2 were last known to leave,
     // (30 − 8) / 3 = 7 (a fresh 30 / 3 would hand out 10 on top of their 8).
     for (p, expected) in policies.iter().zip([7, 30, 0]) {
-        let mut admitted = 0;
         let started = Instant::now();
-        for _ in 0..40 {
-            let d = store
-                .check(p, "k", 1, now_ms())
-                .await
-                .expect("a partitioned region answers");
-            assert!(!d.is_degraded(), "decided by the local store");
-            admitted += u64::from(d.allowed);
-        }
+        let admitted = admitted(&world, 0, p, "k", 40, now_ms()).await;
         println!(
             "{}: 40 decisions in {:?} while partitioned",
             p.name(),
@@ -289,10 +271,7 @@ async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answe
         return;
     }
     let mut world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
-    let p = policy(
-        "share",
-        vec![LimitSpec::sliding_window(30, DAY).precision_ms(3_600_000)],
-    );
+    let p = daily_sliding("share", 30);
     world.stores[0]
         .peek(&p, "k", 0, now_ms())
         .await
@@ -316,15 +295,7 @@ async fn an_unreachable_replica_puts_decisions_under_the_fallback_until_it_answe
             },
         )
         .await;
-    let mut admitted = 0;
-    for _ in 0..20 {
-        let d = world.stores[0]
-            .check(&p, "k", 1, now_ms())
-            .await
-            .expect("answers");
-        assert!(!d.is_degraded());
-        admitted += u64::from(d.allowed);
-    }
+    let admitted = admitted(&world, 0, &p, "k", 20, now_ms()).await;
     assert_eq!(admitted, 10, "local_share: 30 / 3 regions");
     assert!(
         world.stores[0]
@@ -374,15 +345,19 @@ async fn admitted(world: &World, r: usize, p: &Policy, key: &str, n: u64, now: u
 }
 
 /// Three regions under `local_share`, healthy, and a policy of one fixed window of 30 a day
-/// whose key `key` every region has read, away from the day's edge.
-async fn healthy_share_world(key: &str) -> (World, Policy) {
+/// whose key `key` every region has read, away from the day's edge; `None` (the test is
+/// skipped) without `redis-server`.
+async fn healthy_share_world(key: &str) -> Option<(World, Policy)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
     let world = World::start(Settings::new(50, 500, Fallback::LocalShare)).await;
     let p = policy("share", vec![LimitSpec::fixed_window(30, DAY)]);
     away_from_the_day_edge().await;
     for s in &world.stores {
         s.peek(&p, key, 0, now_ms()).await.expect("peek");
     }
-    (world, p)
+    Some((world, p))
 }
 
 /// A cut that starts mid-window: region 1 has used 20 of 30 and every region
@@ -394,10 +369,9 @@ async fn healthy_share_world(key: &str) -> (World, Policy) {
 /// window edge) nothing known counts: 10 each, 30.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
-    if !sluice_testkit::require_redis() {
+    let Some((world, p)) = healthy_share_world("mid").await else {
         return;
-    }
-    let (world, p) = healthy_share_world("mid").await;
+    };
     let max = 30;
     let d = world.stores[1]
         .check(&p, "mid", 20, now_ms())
@@ -458,10 +432,9 @@ async fn a_cut_mid_window_grants_each_region_its_share_of_what_is_left() {
 /// region 2 (which sees both) what is left, 30 in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_way_cut_is_seen_from_both_sides() {
-    if !sluice_testkit::require_redis() {
+    let Some((world, p)) = healthy_share_world("one-way").await else {
         return;
-    }
-    let (world, p) = healthy_share_world("one-way").await;
+    };
     let max = 30;
     world.links[0][1].as_ref().expect("a link").1.cut();
     world
@@ -507,10 +480,7 @@ async fn a_region_decides_as_a_model_summing_every_region_does() {
     let world = World::start(Settings::new(20, 3_000, Fallback::Closed)).await;
     let policies = [
         policy("fixed", vec![LimitSpec::fixed_window(12, DAY)]),
-        policy(
-            "sliding",
-            vec![LimitSpec::sliding_window(12, DAY).precision_ms(3_600_000)],
-        ),
+        daily_sliding("sliding", 12),
         policy(
             "both",
             vec![

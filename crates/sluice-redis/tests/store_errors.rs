@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::{
     Degraded, Error, FailureMode, LimitSpec, Limiter, Policy, StoreError, StoreErrorKind, StoreExt,
@@ -59,13 +59,10 @@ async fn setup(url: &str) -> Setup {
     }
 }
 
-/// Polls (every 20 ms, at most 10 s) until `f` says yes.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Polls (at most 10 s) until `cond` says yes.
+async fn until(what: &str, cond: impl AsyncFnMut() -> bool) {
+    let waited = sluice_testkit::until(Duration::from_secs(10), what, cond).await;
+    waited.unwrap();
 }
 
 impl Setup {
@@ -90,6 +87,24 @@ impl Setup {
             self.sharded.shards()[0].opened_total() >= 1,
             "the breaker counted the failures and opened"
         );
+    }
+
+    /// The store itself fails with a transient error of one of `kinds`, and
+    /// [`Setup::each_mode_applies`].
+    async fn fails_as(&self, kinds: &[StoreErrorKind], key: &str) {
+        let e = self.store_error().await;
+        assert!(kinds.contains(&e.kind()), "{e}: not one of {kinds:?}");
+        assert!(e.is_transient(), "{e}");
+        self.each_mode_applies(key).await;
+    }
+
+    /// Once the store itself fails with `kind` (polled), [`Setup::each_mode_applies`].
+    async fn each_mode_applies_when(&self, kind: StoreErrorKind, key: &str) {
+        until(&format!("the store to fail with {kind:?}"), || async {
+            self.try_store_error().await.map(|e| e.kind()) == Some(kind)
+        })
+        .await;
+        self.each_mode_applies(key).await;
     }
 
     /// Decisions again (the breaker probes and closes), not degraded.
@@ -136,10 +151,7 @@ async fn out_of_memory_is_transient() {
         .unwrap();
     server.cmd(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
 
-    let e = s.store_error().await;
-    assert_eq!(e.kind(), StoreErrorKind::OutOfMemory, "{e}");
-    assert!(e.is_transient());
-    s.each_mode_applies("oom").await;
+    s.fails_as(&[StoreErrorKind::OutOfMemory], "oom").await;
 
     server.cmd(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
     s.decides_again("k").await;
@@ -151,22 +163,26 @@ async fn out_of_memory_is_transient() {
 
 const PASSWORD: &str = "store-errors-0123456789";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acl_change_is_transient() {
-    if !sluice_testkit::require_redis() {
-        return;
-    }
-    let (server, url) = server_with_alice(PASSWORD);
+/// Redis with the ACL user alice, and a [`Setup`] on it as alice that has decided once; `None`
+/// (the test is skipped) without `redis-server`.
+async fn as_alice() -> Option<(RedisServer, Setup)> {
+    let (server, url) = server_with_alice(PASSWORD)?;
     let s = setup(&url).await;
     assert!(s.limiter.check("closed", "k", 1).await.unwrap().allowed);
+    Some((server, s))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_change_is_transient() {
+    let Some((server, s)) = as_alice().await else {
+        return;
+    };
 
     // Alice loses the right to run scripts: NOPERM on every decision.
     server
         .cmd(&["ACL", "SETUSER", "alice", "-@scripting"])
         .unwrap();
-    let e = s.store_error().await;
-    assert_eq!(e.kind(), StoreErrorKind::Denied, "{e}");
-    s.each_mode_applies("noperm").await;
+    s.fails_as(&[StoreErrorKind::Denied], "noperm").await;
     server
         .cmd(&["ACL", "SETUSER", "alice", "+@scripting"])
         .unwrap();
@@ -175,11 +191,8 @@ async fn an_acl_change_is_transient() {
     // Alice is disabled and her connections killed: logging in again fails (WRONGPASS).
     server.cmd(&["ACL", "SETUSER", "alice", "off"]).unwrap();
     server.cmd(&["CLIENT", "KILL", "USER", "alice"]).unwrap();
-    until("the login to be refused", || async {
-        s.try_store_error().await.map(|e| e.kind()) == Some(StoreErrorKind::Denied)
-    })
-    .await;
-    s.each_mode_applies("off").await;
+    s.each_mode_applies_when(StoreErrorKind::Denied, "off")
+        .await;
     server.cmd(&["ACL", "SETUSER", "alice", "on"]).unwrap();
     s.decides_again("k").await;
     assert_eq!(
@@ -191,12 +204,9 @@ async fn an_acl_change_is_transient() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_library_is_reloaded_and_when_it_cannot_be_the_error_is_transient() {
-    if !sluice_testkit::require_redis() {
+    let Some((server, s)) = as_alice().await else {
         return;
-    }
-    let (server, url) = server_with_alice(PASSWORD);
-    let s = setup(&url).await;
-    assert!(s.limiter.check("closed", "k", 1).await.unwrap().allowed);
+    };
 
     // Flushed: the store loads its code again and goes on, counting where it was.
     server.cmd(&["FUNCTION", "FLUSH"]).unwrap();
@@ -208,16 +218,8 @@ async fn a_flushed_library_is_reloaded_and_when_it_cannot_be_the_error_is_transi
         .cmd(&["ACL", "SETUSER", "alice", "-function"])
         .unwrap();
     server.cmd(&["FUNCTION", "FLUSH"]).unwrap();
-    let e = s.store_error().await;
-    assert!(e.is_transient(), "{e}");
-    assert!(
-        matches!(
-            e.kind(),
-            StoreErrorKind::Denied | StoreErrorKind::CodeMissing
-        ),
-        "{e}"
-    );
-    s.each_mode_applies("flushed").await;
+    let kinds = [StoreErrorKind::Denied, StoreErrorKind::CodeMissing];
+    s.fails_as(&kinds, "flushed").await;
 
     server
         .cmd(&["ACL", "SETUSER", "alice", "+function"])
@@ -238,47 +240,30 @@ async fn a_busy_script_and_a_sleeping_server_are_transient() {
     assert!(s.limiter.check("open", "k", 1).await.unwrap().allowed);
 
     // Another client's script runs for up to 20 s (until SCRIPT KILL): BUSY.
-    let long = |server: &RedisServer| {
-        server
+    let in_background = |cmd: &redis::Cmd| {
+        let mut conn = server
             .connection_with_timeouts(Duration::from_secs(1), Duration::from_secs(30))
-            .unwrap()
+            .unwrap();
+        let cmd = cmd.clone();
+        std::thread::spawn(move || cmd.query::<redis::Value>(&mut conn))
     };
-    let script = {
-        let mut conn = long(&server);
-        std::thread::spawn(move || {
-            redis::cmd("EVAL")
-                .arg(
-                    "local t = redis.call('TIME')[1] \
-                     while redis.call('TIME')[1] - t < 20 do end return 1",
-                )
-                .arg(0)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
-    until("the script to make Redis busy", || async {
-        s.try_store_error().await.map(|e| e.kind()) == Some(StoreErrorKind::Busy)
-    })
-    .await;
-    s.each_mode_applies("busy").await;
+    let script = in_background(
+        redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME')[1] \
+                 while redis.call('TIME')[1] - t < 20 do end return 1",
+            )
+            .arg(0),
+    );
+    s.each_mode_applies_when(StoreErrorKind::Busy, "busy").await;
     server.cmd(&["SCRIPT", "KILL"]).unwrap();
     assert!(script.join().unwrap().is_err(), "the script was killed");
     s.decides_again("k").await;
 
     // DEBUG SLEEP: nothing answered until it ends; each call times out.
-    let sleep = {
-        let mut conn = long(&server);
-        std::thread::spawn(move || {
-            redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(6)
-                .query::<redis::Value>(&mut conn)
-        })
-    };
-    until("the server to sleep", || async {
-        s.try_store_error().await.map(|e| e.kind()) == Some(StoreErrorKind::Timeout)
-    })
-    .await;
-    s.each_mode_applies("asleep").await;
+    let sleep = in_background(redis::cmd("DEBUG").arg("SLEEP").arg(6));
+    s.each_mode_applies_when(StoreErrorKind::Timeout, "asleep")
+        .await;
     sleep.join().unwrap().unwrap();
     s.decides_again("k").await;
 }
@@ -292,15 +277,8 @@ async fn a_killed_primary_is_transient() {
     let s = setup(&server.url()).await;
     assert!(s.limiter.check("open", "k", 1).await.unwrap().allowed);
     tokio::task::block_in_place(|| server.kill().unwrap());
-    let e = s.store_error().await;
-    assert!(
-        matches!(
-            e.kind(),
-            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-        ),
-        "{e}"
-    );
-    s.each_mode_applies("killed").await;
+    let kinds = [StoreErrorKind::Unavailable, StoreErrorKind::Timeout];
+    s.fails_as(&kinds, "killed").await;
     tokio::task::block_in_place(|| server.restart().unwrap());
     s.decides_again("k").await;
 }

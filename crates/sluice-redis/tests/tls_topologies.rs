@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sluice::{LimitSpec, Limiter, Policy, StoreExt};
 use sluice_redis::{Credentials, RedisConfig, RedisStore, TlsFiles};
-use sluice_testkit::{ClusterOptions, RedisServer, SentinelOptions, TlsCerts};
+use sluice_testkit::{ClusterOptions, RedisServer, SentinelGroup, SentinelOptions, TlsCerts};
 use support::{policy, until_ok, wait_replicated};
 
 const DATA_PASSWORD: &str = "data-s3cret-0123456789";
@@ -49,6 +49,25 @@ fn assert_no_password(text: &str) {
 }
 
 /// The error connecting with `config`, checked to show no password (nor its `Debug`).
+/// Certificates, and a Sentinel group of `options` serving TLS with them that requires client
+/// certificates, its data nodes with the ACL user alice, its sentinels with watcher; `None`
+/// (the test is skipped) without `redis-server`.
+fn tls_sentinel(options: SentinelOptions) -> Option<(TlsCerts, SentinelGroup)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    let certs = TlsCerts::generate().unwrap();
+    let group = tokio::task::block_in_place(|| {
+        options
+            .tls(&certs, true)
+            .data_args(acl_user("alice", DATA_PASSWORD))
+            .sentinel_args(acl_user("watcher", SENTINEL_PASSWORD))
+            .start()
+    })
+    .unwrap();
+    Some((certs, group))
+}
+
 async fn refused(config: RedisConfig) -> String {
     assert_no_password(&format!("{config:?}"));
     let e = RedisStore::connect(config).await.unwrap_err();
@@ -60,18 +79,9 @@ async fn refused(config: RedisConfig) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_over_tls_with_acl_users_follows_a_forced_failover() {
-    if !sluice_testkit::require_redis() {
+    let Some((certs, group)) = tls_sentinel(SentinelOptions::new()) else {
         return;
-    }
-    let certs = TlsCerts::generate().unwrap();
-    let group = tokio::task::block_in_place(|| {
-        SentinelOptions::new()
-            .tls(&certs, true)
-            .data_args(acl_user("alice", DATA_PASSWORD))
-            .sentinel_args(acl_user("watcher", SENTINEL_PASSWORD))
-            .start()
-    })
-    .unwrap();
+    };
     // The sentinels report the primary's TLS port.
     let old_port = group.current_primary_port().unwrap();
     let old = group.data_node_index(old_port).unwrap();
@@ -115,11 +125,8 @@ async fn sentinel_over_tls_with_acl_users_follows_a_forced_failover() {
     wait_replicated(&group.data_nodes()[old], &replicas);
 
     // A forced failover: a replica is promoted while the old primary still runs.
-    group.sentinels()[0]
-        .cmd(&["SENTINEL", "FAILOVER", group.master_name()])
-        .unwrap();
     let new_port =
-        tokio::task::block_in_place(|| group.wait_failover(old_port, Duration::from_secs(20)))
+        tokio::task::block_in_place(|| group.force_failover(old_port, Duration::from_secs(20)))
             .unwrap();
     let new = group.data_node_index(new_port).unwrap();
     assert_eq!(group.data_nodes()[new].tls_port(), Some(new_port));
@@ -154,20 +161,9 @@ async fn sentinel_over_tls_with_acl_users_follows_a_forced_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_tls_and_acl_mistakes_are_clear_startup_errors() {
-    if !sluice_testkit::require_redis() {
+    let Some((certs, group)) = tls_sentinel(SentinelOptions::new().sentinels(1).quorum(1)) else {
         return;
-    }
-    let certs = TlsCerts::generate().unwrap();
-    let group = tokio::task::block_in_place(|| {
-        SentinelOptions::new()
-            .sentinels(1)
-            .quorum(1)
-            .tls(&certs, true)
-            .data_args(acl_user("alice", DATA_PASSWORD))
-            .sentinel_args(acl_user("watcher", SENTINEL_PASSWORD))
-            .start()
-    })
-    .unwrap();
+    };
     let sentinel_port = group.sentinels()[0].tls_port().unwrap();
     let sentinel = format!("rediss://127.0.0.1:{sentinel_port}");
     let primary = format!(

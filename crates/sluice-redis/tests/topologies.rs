@@ -107,11 +107,8 @@ async fn a_forced_sentinel_failover_is_followed_from_its_announcement() {
     }
     let primary = wait_sentinel_replicated(&group, old_port);
 
-    group.sentinels()[0]
-        .cmd(&["SENTINEL", "FAILOVER", group.master_name()])
-        .unwrap();
     let new_port =
-        tokio::task::block_in_place(|| group.wait_failover(old_port, Duration::from_secs(30)))
+        tokio::task::block_in_place(|| group.force_failover(old_port, Duration::from_secs(30)))
             .unwrap();
     // No call: only the announcement can move the store (polled, with a bound).
     let deadline = Instant::now() + Duration::from_secs(5);

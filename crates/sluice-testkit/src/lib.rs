@@ -84,7 +84,7 @@
 //! replication offset reached the primary's; every cluster node reports `cluster_state:ok`;
 //! the sentinels agree on a new primary. It returns as soon as the condition holds, and
 //! on a deadline fails with an error that says what it waited for and what it last saw.
-//! [`wait_until`] is public so tests can wait the same way.
+//! [`wait_until`] is public so tests can wait the same way ([`until`] in async tests).
 //!
 //! # Killed on drop
 //!
@@ -135,7 +135,7 @@ pub use server::{
     CONNECT_TIMEOUT, CommandStats, IO_TIMEOUT, PORT_ATTEMPTS, RedisServer, free_port,
 };
 pub use tls::TlsCerts;
-pub use wait::{POLL_INTERVAL, wait_until};
+pub use wait::{POLL_INTERVAL, until, wait_until};
 
 /// Re-exported so users need not add the same version of the client themselves.
 pub use redis;

@@ -53,6 +53,27 @@ pub fn wait_until(
     }
 }
 
+/// [`wait_until`] for async tests: awaits `cond` every [`POLL_INTERVAL`] (sleeping on the
+/// Tokio timer, so the runtime's other tasks go on) until it returns `true`, for at most
+/// `timeout`; past it, [`Error::Timeout`] naming `what`.
+pub async fn until(
+    timeout: Duration,
+    what: &str,
+    mut cond: impl AsyncFnMut() -> bool,
+) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    while !cond().await {
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_owned(),
+                timeout,
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    Ok(())
+}
+
 /// Adds what the last poll saw to a timeout's description, so the failure says not only what
 /// was awaited but how far it got.
 pub(crate) fn with_last_seen<T>(waited: Result<T, Error>, last_seen: &str) -> Result<T, Error> {

@@ -8,6 +8,14 @@ use std::time::Duration;
 use redis::Value;
 use sluice_testkit::{Error, RedisServer, ServerOptions, wait_until};
 
+/// A fresh server; `None` (the test is skipped) without `redis-server`.
+fn started() -> Option<RedisServer> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
+    Some(RedisServer::start().unwrap())
+}
+
 fn proc_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -31,10 +39,9 @@ fn errors_can_cross_threads() {
 
 #[test]
 fn starts_and_answers() {
-    if !sluice_testkit::require_redis() {
+    let Some(server) = started() else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
+    };
     assert_eq!(
         server.cmd(&["PING"]).unwrap(),
         Value::SimpleString("PONG".into())
@@ -107,10 +114,9 @@ fn many_start_in_parallel() {
 
 #[test]
 fn drop_kills_reaps_and_cleans_up() {
-    if !sluice_testkit::require_redis() {
+    let Some(server) = started() else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
+    };
     let pid = server.pid().unwrap();
     let dir = server.dir().to_owned();
     assert!(proc_exists(pid));
@@ -143,10 +149,9 @@ fn a_panicking_test_still_kills_its_server() {
 
 #[test]
 fn kill_then_restart_on_the_same_port() {
-    if !sluice_testkit::require_redis() {
+    let Some(mut server) = started() else {
         return;
-    }
-    let mut server = RedisServer::start().unwrap();
+    };
     let port = server.port();
     let first_pid = server.pid().unwrap();
     server.cmd(&["SET", "k", "v"]).unwrap();
@@ -192,10 +197,9 @@ fn kill_then_restart_on_the_same_port() {
 
 #[test]
 fn pause_stalls_and_resume_thaws() {
-    if !sluice_testkit::require_redis() {
+    let Some(server) = started() else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
+    };
     let mut conn = server
         .connection_with_timeouts(Duration::from_secs(1), Duration::from_millis(200))
         .unwrap();
@@ -261,10 +265,9 @@ fn a_server_that_cannot_start_reports_why() {
 /// calls between two readings.
 #[test]
 fn command_stats_count_the_calls_of_each_command() {
-    if !sluice_testkit::require_redis() {
+    let Some(server) = started() else {
         return;
-    }
-    let server = RedisServer::start().unwrap();
+    };
     let before = server.command_stats().unwrap();
     for i in 0..5 {
         server.cmd(&["SET", &format!("k{i}"), "v"]).unwrap();

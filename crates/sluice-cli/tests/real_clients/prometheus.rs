@@ -53,6 +53,12 @@ impl Prometheus {
         }
     }
 
+    /// Polls (at most 30 s) until `promql` has something to draw.
+    fn until_drawn(&self, what: &str, promql: &str) {
+        let drawn = || drawn(&self.query(promql));
+        support::wait_for(Duration::from_secs(30), what, drawn, String::new);
+    }
+
     /// An instant query's result vector (`[]` when it has no series).
     fn query(&self, promql: &str) -> Vec<serde_json::Value> {
         let encoded: String = promql
@@ -135,13 +141,7 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
     let prometheus = Prometheus::start(&prometheus_bin, &[sluice.http]);
     // Prometheus has scraped Sluice before the traffic starts: a counter's first increase is
     // seen only against an earlier sample.
-    let scraped = || drawn(&prometheus.query("up{job=\"sluice\"} == 1"));
-    support::wait_for(
-        Duration::from_secs(30),
-        "prometheus scraped sluice",
-        scraped,
-        String::new,
-    );
+    prometheus.until_drawn("prometheus scraped sluice", "up{job=\"sluice\"} == 1");
 
     // One round a second for 14 s, so that Prometheus sees every counter rise (a series born
     // between two scrapes shows no increase): an HTTP check of a new key that leaves it 90 %
@@ -167,12 +167,9 @@ fn every_grafana_panel_returns_data_from_a_real_prometheus() {
         http.post("/v1/check", &check);
         edge.get("/", &[]).status
     });
-    let reloaded = || drawn(&prometheus.query("sluice_config_reloads_total"));
-    support::wait_for(
-        Duration::from_secs(30),
+    prometheus.until_drawn(
         "prometheus scraped the reload",
-        reloaded,
-        String::new,
+        "sluice_config_reloads_total",
     );
 
     let mut empty = Vec::new();

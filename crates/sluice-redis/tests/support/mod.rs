@@ -138,8 +138,12 @@ pub(crate) fn cut_off(replica: &RedisServer) {
 }
 
 /// A server where `alice` (password `password`) may do what Sluice does, on its keys only
-/// (the default user stays for the kit's readiness PING), and alice's URL.
-pub(crate) fn server_with_alice(password: &str) -> (RedisServer, String) {
+/// (the default user stays for the kit's readiness PING), and alice's URL; `None` (the test is
+/// skipped) without `redis-server`.
+pub(crate) fn server_with_alice(password: &str) -> Option<(RedisServer, String)> {
+    if !sluice_testkit::require_redis() {
+        return None;
+    }
     let server = ServerOptions::new()
         .args([
             "--user",
@@ -152,7 +156,7 @@ pub(crate) fn server_with_alice(password: &str) -> (RedisServer, String) {
         .start()
         .unwrap();
     let url = format!("redis://alice:{password}@127.0.0.1:{}", server.port());
-    (server, url)
+    Some((server, url))
 }
 
 /// The Cluster node id (`CLUSTER MYID`) of node `i`.

@@ -5,16 +5,25 @@
 use std::time::Duration;
 
 use sluice_redis::{RedisConfig, Topology};
-use sluice_server::config::{Config, FailureMode, StoreConfig};
+use sluice_server::config::{Config, ConfigError, FailureMode, StoreConfig};
+
+/// `text` as `sluice.yaml`, which must be accepted.
+pub(crate) fn parsed(text: &str) -> Config {
+    Config::parse("sluice.yaml", text).unwrap()
+}
+
+/// The refusal of `text` as `sluice.yaml`.
+pub(crate) fn refused(text: &str) -> ConfigError {
+    Config::parse("sluice.yaml", text).unwrap_err()
+}
 
 fn error(text: &str) -> String {
-    Config::parse("sluice.yaml", text).unwrap_err().to_string()
+    refused(text).to_string()
 }
 
 #[test]
 fn a_configuration_using_every_section_is_accepted() {
-    let c = Config::parse(
-        "sluice.yaml",
+    let c = parsed(
         r#"
 listen:
   http: 127.0.0.1:9090
@@ -46,8 +55,7 @@ local:
   enabled: false
   batch: auto
 "#,
-    )
-    .unwrap();
+    );
     assert_eq!(c.http.port(), 9090);
     assert_eq!(c.policies.len(), 3);
     let uploads = c.policies.iter().find(|p| p.name() == "uploads").unwrap();
@@ -69,50 +77,36 @@ local:
 
 #[test]
 fn local_reservation_settings() {
-    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n  batch: 0.01\n").unwrap();
+    let c = parsed("local:\n  enabled: true\n  batch: 0.01\n");
     assert_eq!(
         c.local,
         Some(sluice::ReserveConfig::default().batch(sluice::Batch::Fraction(0.01)))
     );
-    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n").unwrap();
+    let c = parsed("local:\n  enabled: true\n");
     assert_eq!(c.local, Some(sluice::ReserveConfig::default()));
-    let c = Config::parse("sluice.yaml", "local:\n  enabled: false\n  batch: auto\n").unwrap();
+    let c = parsed("local:\n  enabled: false\n  batch: auto\n");
     assert_eq!(c.local, None);
     for (batch, says) in [
         ("2", "not a fraction"),
         ("0", "not a fraction"),
         ("lots", "got lots"),
     ] {
-        let e = Config::parse(
-            "sluice.yaml",
-            &format!("local:\n  enabled: true\n  batch: {batch}\n"),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = refused(&format!("local:\n  enabled: true\n  batch: {batch}\n")).to_string();
         assert!(e.contains("local.batch") && e.contains(says), "{e}");
     }
 }
 
 #[test]
 fn local_error_budget() {
-    let c = Config::parse(
-        "sluice.yaml",
-        "local:\n  enabled: true\n  max_error: 0.05\n",
-    )
-    .unwrap();
+    let c = parsed("local:\n  enabled: true\n  max_error: 0.05\n");
     assert_eq!(
         c.local,
         Some(sluice::ReserveConfig::default().max_error(0.05))
     );
-    let c = Config::parse("sluice.yaml", "local:\n  enabled: true\n").unwrap();
+    let c = parsed("local:\n  enabled: true\n");
     assert_eq!(c.local.map(|l| l.max_error), Some(0.01));
     for bad in ["0", "1.5", "-0.1"] {
-        let e = Config::parse(
-            "sluice.yaml",
-            &format!("local:\n  enabled: true\n  max_error: {bad}\n"),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = refused(&format!("local:\n  enabled: true\n  max_error: {bad}\n")).to_string();
         assert!(e.contains("local.max_error") && e.contains("(0, 1]"), "{e}");
     }
 }
@@ -123,13 +117,13 @@ fn local_error_budget() {
 #[test]
 fn an_empty_file_is_refused_and_braces_mean_defaults() {
     for empty in ["", "\n\n", "# just a comment\n", "---\n", "~\n"] {
-        let e = Config::parse("sluice.yaml", empty).unwrap_err();
+        let e = refused(empty);
         assert!(
             e.message.starts_with("the file is empty") && e.message.contains("`{}`"),
             "{empty:?}: {e}"
         );
     }
-    let c = Config::parse("sluice.yaml", "{}\n").unwrap();
+    let c = parsed("{}\n");
     assert_eq!(c.http.to_string(), "127.0.0.1:8080");
     assert_eq!(c.grpc.to_string(), "127.0.0.1:8081");
     assert_eq!(c.store, StoreConfig::Memory);
@@ -141,11 +135,9 @@ fn an_empty_file_is_refused_and_braces_mean_defaults() {
 /// anywhere in the file is an error at the second, naming the lines of both.
 #[test]
 fn a_key_given_twice_anywhere_is_refused_naming_both_lines() {
-    let e = Config::parse(
-        "sluice.yaml",
+    let e = refused(
         "policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n  web:\n    limits: [{ max: 2, per: 1s }]\n  api:\n    limits: [{ max: 3, per: 1s }]\n",
-    )
-    .unwrap_err();
+    );
     assert_eq!(e.line, Some((6, 3)), "{e}");
     assert_eq!(
         e.message,
@@ -173,7 +165,7 @@ fn a_key_given_twice_anywhere_is_refused_naming_both_lines() {
             "`policies` is given twice, at lines 1 and 5",
         ),
     ] {
-        let e = Config::parse("sluice.yaml", text).unwrap_err();
+        let e = refused(text);
         assert_eq!(e.line, Some(at), "{e}");
         assert!(e.message.starts_with(says), "{e}");
     }
@@ -293,11 +285,7 @@ fn a_port_alone_or_a_host_name_as_listen_address_gets_a_hint() {
         assert!(e.starts_with("sluice.yaml:2:9: listen.grpc: "), "{e}");
         assert!(e.contains(says), "{value}: {e}");
     }
-    let c = Config::parse(
-        "sluice.yaml",
-        "listen:\n  http: '[::]:80'\n  grpc: 0.0.0.0:81\n",
-    )
-    .unwrap();
+    let c = parsed("listen:\n  http: '[::]:80'\n  grpc: 0.0.0.0:81\n");
     assert_eq!((c.http.port(), c.grpc.port()), (80, 81));
 }
 
@@ -305,22 +293,12 @@ fn a_port_alone_or_a_host_name_as_listen_address_gets_a_hint() {
 /// restart.
 #[test]
 fn the_sections_read_at_start_only_are_compared() {
-    let base = Config::parse(
-        "sluice.yaml",
-        "policies:\n  a:\n    limits: [{ max: 1, per: 1s }]\n",
-    )
-    .unwrap();
-    let same = Config::parse(
-        "sluice.yaml",
-        "policies:\n  b:\n    limits: [{ max: 9, per: 1m }]\n",
-    )
-    .unwrap();
+    let base = parsed("policies:\n  a:\n    limits: [{ max: 1, per: 1s }]\n");
+    let same = parsed("policies:\n  b:\n    limits: [{ max: 9, per: 1m }]\n");
     assert!(base.restart_only_changes(&same).is_empty());
-    let moved = Config::parse(
-        "sluice.yaml",
+    let moved = parsed(
         "listen:\n  http: 127.0.0.1:9999\nlocal:\n  enabled: true\ntop:\n  capacity: 8\nstore:\n  backend: redis\n  shards: [{primary: redis://r:1}]\n",
-    )
-    .unwrap();
+    );
     assert_eq!(
         base.restart_only_changes(&moved),
         ["listen", "store", "local", "top"]
@@ -419,14 +397,10 @@ fn errors_name_file_line_and_value() {
 /// document, so the error named neither a line nor a field.
 #[test]
 fn a_second_document_is_refused_at_its_line() {
-    let e = Config::parse(
-        "sluice.yaml",
-        "policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n---\nstore: {}\n",
-    )
-    .unwrap_err();
+    let e = refused("policies:\n  api:\n    limits: [{ max: 1, per: 1s }]\n---\nstore: {}\n");
     assert_eq!(e.line, Some((4, 1)), "{e}");
     assert!(e.message.contains("more than one YAML document"), "{e}");
-    let e = Config::parse("sluice.yaml", "---\nlocal: {}\n---\nstore: {}\n").unwrap_err();
+    let e = refused("---\nlocal: {}\n---\nstore: {}\n");
     assert_eq!(e.line, Some((3, 1)), "{e}");
     // A second document the parser finds without a `---` line: the error says it is about
     // the whole file.
@@ -444,13 +418,9 @@ fn a_second_document_is_refused_at_its_line() {
 #[test]
 fn errors_of_checks_over_a_section_carry_the_line_of_the_value() {
     let policies = "policies:\n  api:\n    limits:\n      - { max: 10, per: 1s }\n";
-    let e = Config::parse(
-        "sluice.yaml",
-        &format!(
-            "{policies}rlqs:\n  reporting_interval: 1s\n  buckets:\n    - {{ match: {{ tenant: \"*\" }}, policy: api }}\n"
-        ),
-    )
-    .unwrap_err();
+    let e = refused(&format!(
+        "{policies}rlqs:\n  reporting_interval: 1s\n  buckets:\n    - {{ match: {{ tenant: \"*\" }}, policy: api }}\n"
+    ));
     assert_eq!(e.line, Some((8, 41)), "{e}");
     assert!(
         e.to_string()
@@ -480,7 +450,7 @@ fn errors_of_checks_over_a_section_carry_the_line_of_the_value() {
         ),
     ];
     for (text, line, path) in cases {
-        let e = Config::parse("sluice.yaml", text).unwrap_err();
+        let e = refused(text);
         assert_eq!(e.line, Some(line), "{text}{e}");
         assert!(e.message.starts_with(&format!("{path}: ")), "{e}");
     }
@@ -490,16 +460,14 @@ fn errors_of_checks_over_a_section_carry_the_line_of_the_value() {
 /// defaults, and what cannot work.
 #[test]
 fn connection_bounds_have_defaults_and_refuse_what_cannot_work() {
-    let c = Config::parse("sluice.yaml", "{}\n").unwrap();
+    let c = parsed("{}\n");
     assert_eq!(c.connections.header_timeout, Duration::from_secs(10));
     assert_eq!(c.connections.body_timeout, Duration::from_secs(30));
     assert_eq!(c.connections.idle_timeout, Duration::from_secs(60));
     assert!((64..=10_000).contains(&c.connections.max_connections));
-    let c = Config::parse(
-        "sluice.yaml",
+    let c = parsed(
         "listen:\n  header_timeout: 2s\n  body_timeout: 5s\n  idle_timeout: 2m\n  max_connections: 500\n",
-    )
-    .unwrap();
+    );
     assert_eq!(
         (
             c.connections.header_timeout,
@@ -532,7 +500,7 @@ fn connection_bounds_have_defaults_and_refuse_what_cannot_work() {
     // An RLQS stream is silent between two reports: the default idle timeout makes room for
     // three, and a shorter one given is refused.
     let rlqs = "policies:\n  api:\n    limits: [{ max: 100, per: 1h }]\nrlqs:\n  reporting_interval: 1m\n  buckets: [{ policy: api }]\n";
-    let c = Config::parse("sluice.yaml", rlqs).unwrap();
+    let c = parsed(rlqs);
     assert_eq!(c.connections.idle_timeout, Duration::from_secs(180));
     let e = error(&format!("listen:\n  idle_timeout: 1m\n{rlqs}"));
     assert!(

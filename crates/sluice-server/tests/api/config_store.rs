@@ -8,22 +8,20 @@ use std::time::Duration;
 use sluice_redis::{RedisConfig, Topology};
 use sluice_server::config::{Config, StoreConfig};
 
+use crate::config::{parsed, refused};
+
 #[test]
 fn cluster_and_sentinel_layouts() {
-    let c = Config::parse(
-        "sluice.yaml",
+    let c = parsed(
         "store:\n  backend: redis\n  cluster: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\n",
-    )
-    .unwrap();
+    );
     assert!(matches!(
         c.store,
         StoreConfig::Redis(RedisConfig { topology: Topology::Cluster { ref nodes }, .. }) if nodes.len() == 2
     ));
-    let c = Config::parse(
-        "sluice.yaml",
+    let c = parsed(
         "store:\n  backend: redis\n  sentinel: {master: mymaster, nodes: [redis://127.0.0.1:26379]}\n  read_from: primary\n",
-    )
-    .unwrap();
+    );
     match c.store {
         StoreConfig::Redis(RedisConfig {
             topology: Topology::Sentinel { master, sentinels },
@@ -43,16 +41,14 @@ fn coalesce_sets_the_largest_batch_and_names_a_bad_one() {
         StoreConfig::Redis(RedisConfig { coalesce, .. }) => coalesce,
         other => panic!("{other:?}"),
     };
-    let c = Config::parse("sluice.yaml", redis).unwrap();
+    let c = parsed(redis);
     assert_eq!(coalesce(c), sluice_redis::DEFAULT_COALESCE);
     for (n, expected) in [(1, 1), (16, 16), (1_024, 1_024)] {
-        let c = Config::parse("sluice.yaml", &format!("{redis}  coalesce: {n}\n")).unwrap();
+        let c = parsed(&format!("{redis}  coalesce: {n}\n"));
         assert_eq!(coalesce(c), expected);
     }
     for bad in ["0", "1025", "-1", "lots"] {
-        let e = Config::parse("sluice.yaml", &format!("{redis}  coalesce: {bad}\n"))
-            .unwrap_err()
-            .to_string();
+        let e = refused(&format!("{redis}  coalesce: {bad}\n")).to_string();
         assert!(
             e.contains("store.coalesce") || e.contains("coalesce"),
             "{bad}: {e}"
@@ -67,9 +63,7 @@ fn store_layout_is_gone_and_a_file_that_sets_it_is_told() {
     let redis = "store:\n  backend: redis\n  shards: [{primary: redis://127.0.0.1:6379}]\n";
     assert!(Config::parse("sluice.yaml", redis).is_ok());
     for v in ["v1", "v2"] {
-        let e = Config::parse("sluice.yaml", &format!("{redis}  layout: {v}\n"))
-            .unwrap_err()
-            .to_string();
+        let e = refused(&format!("{redis}  layout: {v}\n")).to_string();
         assert!(
             e.starts_with("sluice.yaml:4:") && e.contains("`layout`"),
             "{v}: {e}"
@@ -79,21 +73,17 @@ fn store_layout_is_gone_and_a_file_that_sets_it_is_told() {
 
 #[test]
 fn redis_tls_files() {
-    let c = Config::parse(
-        "sluice.yaml",
+    let c = parsed(
         "store:\n  backend: redis\n  shards: [{primary: rediss://r:6380}]\n  tls: {ca_file: ca.crt, cert_file: c.crt, key_file: c.key}\n",
-    )
-    .unwrap();
+    );
     let StoreConfig::Redis(RedisConfig { tls: Some(tls), .. }) = c.store else {
         panic!("{:?}", c.store)
     };
     assert_eq!(tls.ca_file.as_deref(), Some(std::path::Path::new("ca.crt")));
     assert_eq!(tls.key_file.as_deref(), Some(std::path::Path::new("c.key")));
-    let e = Config::parse(
-        "sluice.yaml",
+    let e = refused(
         "store:\n  backend: redis\n  shards: [{primary: rediss://r:6380}]\n  tls: {ca: x}\n",
     )
-    .unwrap_err()
     .to_string();
     assert!(e.contains("store.tls") && e.contains("ca"), "{e}");
 }
@@ -115,9 +105,7 @@ fn redis_auth_needs_one_password_source() {
             "SLUICE_TEST_SURELY_UNSET_VARIABLE is not set",
         ),
     ] {
-        let e = Config::parse("sluice.yaml", &format!("{base}{auth}"))
-            .unwrap_err()
-            .to_string();
+        let e = refused(&format!("{base}{auth}")).to_string();
         assert!(e.contains(says), "{e}");
     }
 }
@@ -131,7 +119,7 @@ fn sentinel_auth_is_for_the_sentinels_only() {
     let sentinel = format!(
         "store:\n  backend: redis\n  sentinel: {{master: m, nodes: [rediss://s1:26379]}}\n  sentinel_auth:\n    username: watcher\n    password_file: {pw}\n"
     );
-    let c = Config::parse("sluice.yaml", &sentinel).unwrap();
+    let c = parsed(&sentinel);
     let StoreConfig::Redis(RedisConfig {
         sentinel_credentials: Some(creds),
         credentials: None,
@@ -148,17 +136,13 @@ fn sentinel_auth_is_for_the_sentinels_only() {
     let shards = format!(
         "store:\n  backend: redis\n  shards: [{{primary: redis://r:6379}}]\n  sentinel_auth:\n    password_file: {pw}\n"
     );
-    let e = Config::parse("sluice.yaml", &shards)
-        .unwrap_err()
-        .to_string();
+    let e = refused(&shards).to_string();
     assert!(
         e.contains("store.sentinel_auth: only for store.sentinel"),
         "{e}"
     );
     let no_source = "store:\n  backend: redis\n  sentinel: {master: m, nodes: [redis://s1:26379]}\n  sentinel_auth:\n    username: watcher\n";
-    let e = Config::parse("sluice.yaml", no_source)
-        .unwrap_err()
-        .to_string();
+    let e = refused(no_source).to_string();
     assert!(
         e.contains("store.sentinel_auth: give exactly one of password_file and password_env"),
         "{e}"
@@ -168,7 +152,7 @@ fn sentinel_auth_is_for_the_sentinels_only() {
 #[test]
 fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
     let base = "store:\n  backend: redis\n  shards: [{primary: redis://r:6379}]\n  timeout: 50ms\n";
-    let c = Config::parse("sluice.yaml", base).unwrap();
+    let c = parsed(base);
     let StoreConfig::Redis(RedisConfig {
         wait_for_replicas, ..
     }) = c.store
@@ -176,11 +160,9 @@ fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
         panic!("{:?}", c.store)
     };
     assert_eq!(wait_for_replicas, None);
-    let c = Config::parse(
-        "sluice.yaml",
-        &format!("{base}  wait_for_replicas: {{timeout: 10ms, on_shortfall: fail}}\n"),
-    )
-    .unwrap();
+    let c = parsed(&format!(
+        "{base}  wait_for_replicas: {{timeout: 10ms, on_shortfall: fail}}\n"
+    ));
     let StoreConfig::Redis(RedisConfig {
         wait_for_replicas: Some(w),
         ..
@@ -205,12 +187,7 @@ fn waiting_for_replicas_is_opt_in_and_must_fit_in_the_call_timeout() {
         ("{replicas: 1}", "timeout"),
         ("{timeout: 10ms, on_shortfall: drop}", "drop"),
     ] {
-        let e = Config::parse(
-            "sluice.yaml",
-            &format!("{base}  wait_for_replicas: {wait}\n"),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = refused(&format!("{base}  wait_for_replicas: {wait}\n")).to_string();
         assert!(e.contains(says), "{wait}: {e}");
     }
 }

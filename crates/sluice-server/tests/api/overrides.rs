@@ -25,6 +25,20 @@ fn given(pairs: &[(Setting, &str, Given)]) -> Overrides {
     o
 }
 
+/// The shards, key prefix and timeout of `c`'s store, which must be sharded Redis.
+fn sharded_redis(c: &Config) -> (&[sluice_redis::Shard], &str, Duration) {
+    let StoreConfig::Redis(sluice_redis::RedisConfig {
+        topology: Topology::Shards { shards },
+        key_prefix,
+        timeout,
+        ..
+    }) = &c.store
+    else {
+        panic!("{:?}", c.store);
+    };
+    (shards, key_prefix, *timeout)
+}
+
 /// The error applying `pairs` onto [`FILE`] gives.
 fn applied_error(pairs: &[(Setting, &str, Given)]) -> String {
     given(pairs)
@@ -82,19 +96,11 @@ fn a_redis_url_turns_the_memory_store_into_one_redis_with_the_defaults() {
     let c = given(&[(Setting::RedisUrl, "redis://u:pw@10.0.0.1:6379", Given::Env)])
         .apply(config(FILE), "sluice.yaml")
         .unwrap();
-    let StoreConfig::Redis(sluice_redis::RedisConfig {
-        topology: Topology::Shards { shards },
-        key_prefix,
-        timeout,
-        ..
-    }) = &c.store
-    else {
-        panic!("{:?}", c.store);
-    };
+    let (shards, key_prefix, timeout) = sharded_redis(&c);
     assert_eq!(shards.len(), 1);
     assert_eq!(shards[0].primary, "redis://u:pw@10.0.0.1:6379");
     assert_eq!(key_prefix, sluice_redis::DEFAULT_PREFIX);
-    assert_eq!(*timeout, sluice_redis::DEFAULT_TIMEOUT);
+    assert_eq!(timeout, sluice_redis::DEFAULT_TIMEOUT);
     assert_eq!(c.store.to_string(), "redis redis://10.0.0.1:6379");
 }
 
@@ -105,18 +111,10 @@ fn a_redis_url_replaces_a_single_primary_and_keeps_the_other_store_settings() {
     let c = given(&[(Setting::RedisUrl, "redis://new:6379", Given::Flag)])
         .apply(file, "sluice.yaml")
         .unwrap();
-    let StoreConfig::Redis(sluice_redis::RedisConfig {
-        topology: Topology::Shards { shards },
-        key_prefix,
-        timeout,
-        ..
-    }) = &c.store
-    else {
-        panic!("{:?}", c.store);
-    };
+    let (shards, key_prefix, timeout) = sharded_redis(&c);
     assert_eq!(shards[0].primary, "redis://new:6379");
     assert_eq!(key_prefix, "a:");
-    assert_eq!(*timeout, Duration::from_millis(200));
+    assert_eq!(timeout, Duration::from_millis(200));
 }
 
 #[test]

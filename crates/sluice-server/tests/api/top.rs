@@ -17,13 +17,29 @@ async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
     support::answer(reqwest::Client::new().get(url), token).await
 }
 
+/// `n` Envoy requests through the `edge` rules from `address`.
+async fn edge_requests(s: &support::TestServer, address: &str, n: usize) {
+    let mut rls = RateLimitServiceClient::new(s.channel().await);
+    for _ in 0..n {
+        rls.should_rate_limit(support::rls_request(
+            "edge",
+            &[&[("remote_address", address)]],
+            0,
+        ))
+        .await
+        .unwrap();
+    }
+}
+
+/// A server on [`CONFIG`], with its tokens file and the `edge` rules.
+async fn started() -> support::TestServer {
+    let files = [("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)];
+    support::TestServer::start(CONFIG, &files).await
+}
+
 #[tokio::test]
 async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() {
-    let s = support::TestServer::start(
-        CONFIG,
-        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
-    )
-    .await;
+    let s = started().await;
     let c = reqwest::Client::new();
     let check = |key: &'static str| {
         c.post(format!("{}/v1/check", s.url))
@@ -71,16 +87,7 @@ async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() 
 
     // An Envoy rule, under its statistics key; the counter key is what Envoy's descriptor
     // made it.
-    let mut rls = RateLimitServiceClient::new(s.channel().await);
-    for _ in 0..4 {
-        rls.should_rate_limit(support::rls_request(
-            "edge",
-            &[&[("remote_address", "10.0.0.9")]],
-            0,
-        ))
-        .await
-        .unwrap();
-    }
+    edge_requests(&s, "10.0.0.9", 4).await;
     let (status, rule) = get(
         &format!("{}/v1/top?policy=edge.remote_address", s.url),
         Some(TOKEN),
@@ -100,11 +107,7 @@ async fn the_keys_driven_over_their_limit_come_first_with_what_they_have_left() 
 
 #[tokio::test]
 async fn bad_top_queries_name_what_is_wrong() {
-    let s = support::TestServer::start(
-        CONFIG,
-        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
-    )
-    .await;
+    let s = started().await;
     for (query, expected) in [
         ("", "`policy` is required"),
         (
@@ -144,11 +147,7 @@ fn a_capacity_over_the_bound_is_refused() {
 
 #[tokio::test]
 async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
-    let s = support::TestServer::start(
-        CONFIG,
-        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
-    )
-    .await;
+    let s = started().await;
     let c = reqwest::Client::new();
     for _ in 0..5 {
         support::check(&c, &s, "api", "k").await;
@@ -159,16 +158,7 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
         .send()
         .await
         .unwrap();
-    let mut rls = RateLimitServiceClient::new(s.channel().await);
-    for _ in 0..3 {
-        rls.should_rate_limit(support::rls_request(
-            "edge",
-            &[&[("remote_address", "10.0.0.7")]],
-            0,
-        ))
-        .await
-        .unwrap();
-    }
+    edge_requests(&s, "10.0.0.7", 3).await;
     let (status, e) = get(&format!("{}/v1/stats", s.url), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{e}");
     let (status, stats) = get(&format!("{}/v1/stats", s.url), Some(TOKEN)).await;
@@ -198,11 +188,7 @@ async fn stats_count_checks_per_policy_and_rule_and_report_the_store() {
 /// An unknown path's 404 lists the API: every route the server has.
 #[tokio::test]
 async fn an_unknown_path_names_every_route() {
-    let s = support::TestServer::start(
-        CONFIG,
-        &[("tokens", TOKEN), ("ratelimit-config/edge.yaml", RLS_YAML)],
-    )
-    .await;
+    let s = started().await;
     let (status, e) = get(&format!("{}/v2/nothing", s.url), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(e["error"]["code"], "not_found");

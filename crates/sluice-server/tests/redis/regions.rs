@@ -157,12 +157,9 @@ fn sample(text: &str, family: &str, labels: &str) -> Option<f64> {
 }
 
 /// Polls `cond` on the server until it holds, for at most 10 s.
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(sluice_testkit::POLL_INTERVAL).await;
-    }
+async fn until(what: &str, cond: impl AsyncFnMut() -> bool) {
+    let waited = sluice_testkit::until(Duration::from_secs(10), what, cond).await;
+    waited.unwrap();
 }
 
 /// What one region's traffic saw: checks sent, admitted per window (by `reset`), how long.

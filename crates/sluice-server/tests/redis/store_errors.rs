@@ -104,13 +104,10 @@ fn degraded(r: &RateLimitResponse) -> Option<String> {
     }
 }
 
-/// Polls (every 20 ms, at most 15 s) until `f` says yes.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Polls (at most 15 s) until `cond` says yes.
+async fn until(what: &str, cond: impl AsyncFnMut() -> bool) {
+    let waited = sluice_testkit::until(Duration::from_secs(15), what, cond).await;
+    waited.unwrap();
 }
 
 impl Fleet {

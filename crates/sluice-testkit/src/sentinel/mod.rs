@@ -181,6 +181,14 @@ impl SentinelGroup {
         with_last_seen(waited, &last_seen)
     }
 
+    /// Forces a failover away from the primary on `from_port` (`SENTINEL FAILOVER`: the old
+    /// primary goes on running) and [waits for it](Self::wait_failover). Returns the new
+    /// primary's port.
+    pub fn force_failover(&self, from_port: u16, timeout: Duration) -> Result<u16, Error> {
+        self.sentinels[0].cmd(&["SENTINEL", "FAILOVER", &self.master_name])?;
+        self.wait_failover(from_port, timeout)
+    }
+
     /// After the primary on `from_port` was paused or killed: polls until every reachable
     /// sentinel reports the same primary on another port and that data node reports its role
     /// as a master, for at most `timeout`. Returns the new primary's port.
