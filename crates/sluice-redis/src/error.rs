@@ -103,26 +103,24 @@ fn map(e: &RedisError, what: &str, in_script: bool) -> StoreError {
     let text = e.to_string();
     let (inner, suffixed) = without_script_suffix(&text);
     let in_script = in_script || suffixed;
-    if e.code() == Some("WRONGTYPE") {
-        return StoreError::Corrupt {
-            key: what.to_owned(),
-            detail: "a key of this policy holds a value of the wrong Redis type".to_owned(),
-        };
-    }
-    // One decision of a batch: its error is an element of the reply, code first.
-    if e.code() == Some("SLUICE_CORRUPT") {
-        return StoreError::Corrupt {
-            key: what.to_owned(),
-            detail: without_script_suffix(e.detail().unwrap_or_default())
+    let corrupt = match e.code() {
+        Some("WRONGTYPE") => {
+            Some("a key of this policy holds a value of the wrong Redis type".to_owned())
+        }
+        // One decision of a batch: its error is an element of the reply, code first.
+        Some("SLUICE_CORRUPT") => Some(
+            without_script_suffix(e.detail().unwrap_or_default())
                 .0
                 .to_owned(),
-        };
-    }
-    // A script's `error('SLUICE_CORRUPT …')` may come as `ERR SLUICE_CORRUPT …`; a server
-    // that kept the first word as the code would show `"SLUICE_CORRUPT": …`.
-    if let Some(at) = inner.find("SLUICE_CORRUPT") {
-        let rest = &inner[at + "SLUICE_CORRUPT".len()..];
-        let detail = rest.trim_start_matches(['"', ':', ' ']).to_owned();
+        ),
+        // A script's `error('SLUICE_CORRUPT …')` may come as `ERR SLUICE_CORRUPT …`; a server
+        // that kept the first word as the code would show `"SLUICE_CORRUPT": …`.
+        _ => inner.find("SLUICE_CORRUPT").map(|at| {
+            let rest = &inner[at + "SLUICE_CORRUPT".len()..];
+            rest.trim_start_matches(['"', ':', ' ']).to_owned()
+        }),
+    };
+    if let Some(detail) = corrupt {
         return StoreError::Corrupt {
             key: what.to_owned(),
             detail,

@@ -55,28 +55,23 @@ impl RedisStore {
             }
             f.into_store_error(&what())
         };
-        let wait = self.wait_after(writes, on_replica);
-        let mut conn = node.conn();
-        match send(&mut conn, cmd, wait, timeout).await {
-            Ok(sent) => self.replicated(sent, what),
-            Err(f) if f.is_code_missing() => {
-                // Nothing ran: the node did not know the code. Load it and try once more.
-                let functions = inner.code.mode() == ScriptMode::Function;
-                if on_replica && functions {
-                    // Functions replicate from the primary; the caller falls back to it.
-                    nodes.primary.load(&inner.code, timeout).await?;
-                    return Err(StoreError::refused(
-                        StoreErrorKind::CodeMissing,
-                        format!("{}: function library missing", node.url),
-                    ));
-                }
-                let target = if functions { &nodes.primary } else { node };
-                target.load(&inner.code, timeout).await?;
-                let sent = send(&mut conn, cmd, wait, timeout).await.map_err(failed)?;
-                self.replicated(sent, what)
+        // Nothing ran where the node did not know the code.
+        let functions = inner.code.mode() == ScriptMode::Function;
+        let load = async {
+            if on_replica && functions {
+                // Functions replicate from the primary; the caller falls back to it.
+                nodes.primary.load(&inner.code, timeout).await?;
+                return Err(StoreError::refused(
+                    StoreErrorKind::CodeMissing,
+                    format!("{}: function library missing", node.url),
+                ));
             }
-            Err(f) => Err(failed(f)),
-        }
+            let target = if functions { &nodes.primary } else { node };
+            target.load(&inner.code, timeout).await
+        };
+        let wait = self.wait_after(writes, on_replica);
+        self.send_loading(&mut node.conn(), cmd, wait, load, failed, what)
+            .await
     }
 
     /// [`RedisStore::call_on`] for a Cluster: the client routes by the keys' slot (`FCALL_RO`
@@ -103,26 +98,38 @@ impl RedisStore {
         what: &(dyn Fn() -> String + Sync),
     ) -> Result<Value, StoreError> {
         let inner = &self.inner;
-        let timeout = inner.config.timeout;
+        // A node restarted empty (functions replicate, but a new or flushed primary may not
+        // have them): load everywhere.
+        let load = topology::load_cluster(conn, &inner.code, inner.config.timeout, &inner.name);
+        let failed = |f: Failure| {
+            self.reconnect_cluster_soon(&f);
+            f.into_store_error(&what())
+        };
         let wait = self.wait_after(writes, false);
-        let mut conn = conn.clone();
-        match send(&mut conn, cmd, wait, timeout).await {
-            Ok(sent) => self.replicated(sent, what),
+        self.send_loading(&mut conn.clone(), cmd, wait, load, failed, what)
+            .await
+    }
+
+    /// Sends `cmd` on `conn` (followed by `wait`), and once more after `load` if the node did
+    /// not know the code. A failure to send is worded by `failed`, a shortfall by `what()`.
+    async fn send_loading<C: redis::aio::ConnectionLike>(
+        &self,
+        conn: &mut C,
+        cmd: &redis::Cmd,
+        wait: Option<&WaitForReplicas>,
+        load: impl Future<Output = Result<(), StoreError>>,
+        failed: impl Fn(Failure) -> StoreError,
+        what: &(dyn Fn() -> String + Sync),
+    ) -> Result<Value, StoreError> {
+        let timeout = self.inner.config.timeout;
+        let sent = match send(conn, cmd, wait, timeout).await {
             Err(f) if f.is_code_missing() => {
-                // A node restarted empty (functions replicate, but a new or flushed primary
-                // may not have them): load everywhere and try once more.
-                topology::load_cluster(&conn, &inner.code, timeout, &inner.name).await?;
-                let sent = send(&mut conn, cmd, wait, timeout).await.map_err(|f| {
-                    self.reconnect_cluster_soon(&f);
-                    f.into_store_error(&what())
-                })?;
-                self.replicated(sent, what)
+                load.await?;
+                send(conn, cmd, wait, timeout).await
             }
-            Err(f) => {
-                self.reconnect_cluster_soon(&f);
-                Err(f.into_store_error(&what()))
-            }
-        }
+            sent => sent,
+        };
+        self.replicated(sent.map_err(failed)?, what)
     }
 
     /// The `WAIT` to send behind a call, if configured and the call `writes` on a primary.

@@ -1,16 +1,15 @@
 //! A Redis Cluster: one connection whose client routes each call by its keys' slot, made
 //! anew when a failure suggests that the slot map is stale.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::RandomReplicaStrategy;
 use sluice::StoreError;
 
-use super::node::{certificates, with_tls_hint};
+use super::node::{Throttle, certificates, with_tls_hint};
 use crate::config::{ReadFrom, RedisConfig, redact};
 use crate::error::Failure;
 use crate::script::Code;
@@ -29,8 +28,7 @@ pub(crate) struct ClusterLink {
     /// How long making a new connection may take.
     connect_within: Duration,
     /// One new connection at a time, and not more often than every [`RECONNECT_CLUSTER_EVERY`].
-    connecting: AtomicBool,
-    last_connect: Mutex<Option<Instant>>,
+    reconnect: Throttle,
 }
 
 /// The shortest time between two new Cluster connections after failures.
@@ -47,18 +45,8 @@ impl ClusterLink {
     /// background (at most every [`RECONNECT_CLUSTER_EVERY`], one at a time), which asks the
     /// seeds for the slots; calls use it once it is made.
     pub(crate) fn reconnect_soon(self: &Arc<Self>, failure: &Failure) {
-        if !failure.suggests_new_slots() {
+        if !failure.suggests_new_slots() || !self.reconnect.start() {
             return;
-        }
-        {
-            let mut last = self.last_connect.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| t.elapsed() < RECONNECT_CLUSTER_EVERY) {
-                return;
-            }
-            if self.connecting.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            *last = Some(Instant::now());
         }
         let link = self.clone();
         tokio::spawn(async move {
@@ -73,7 +61,7 @@ impl ClusterLink {
                 Ok(Err(e)) => tracing::debug!(cluster = %name, error = %e, "cannot connect anew"),
                 Err(_) => tracing::debug!(cluster = %name, "cannot connect anew: no answer"),
             }
-            link.connecting.store(false, Ordering::Release);
+            link.reconnect.done();
         });
     }
 }
@@ -122,8 +110,7 @@ pub(crate) async fn connect(
         client,
         conn: RwLock::new(conn),
         connect_within,
-        connecting: AtomicBool::new(false),
-        last_connect: Mutex::new(None),
+        reconnect: Throttle::new(RECONNECT_CLUSTER_EVERY),
     })
 }
 

@@ -1,6 +1,7 @@
 //! One node of a primary-and-replicas store: its client and shared connection, made anew
 //! after a refused login; and the nodes in use now, which Sentinel may replace whole.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -45,8 +46,8 @@ pub(crate) struct Node {
     client: Client,
     config: ConnectionManagerConfig,
     conn: RwLock<ConnectionManager>,
-    /// When the connection was last made anew after a refused login.
-    renewed: Mutex<Option<Instant>>,
+    /// Making the connection anew after a refused login.
+    renew: Throttle,
 }
 
 /// The shortest time between two new connections to one node after refused logins.
@@ -64,15 +65,8 @@ impl Node {
     /// credentials work; such a connection is made anew (lazily: at the next call), at most
     /// every [`RENEW_EVERY`].
     pub(crate) fn failed(&self, failure: &Failure) {
-        if !failure.is_login_refused() {
+        if !failure.is_login_refused() || !self.renew.start() {
             return;
-        }
-        {
-            let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
-            if renewed.is_some_and(|t| t.elapsed() < RENEW_EVERY) {
-                return;
-            }
-            *renewed = Some(Instant::now());
         }
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(conn) => {
@@ -81,6 +75,7 @@ impl Node {
             }
             Err(e) => tracing::debug!(node = %self.url, error = %e, "cannot connect anew"),
         }
+        self.renew.done();
     }
 
     /// Sends one command on the node's shared connection, bounded by `timeout`.
@@ -133,8 +128,42 @@ pub(crate) fn node(
         client,
         config,
         conn: RwLock::new(conn),
-        renewed: Mutex::new(None),
+        renew: Throttle::new(RENEW_EVERY),
     })
+}
+
+/// Work started at most every so often, and one at a time.
+pub(super) struct Throttle {
+    every: Duration,
+    running: AtomicBool,
+    last: Mutex<Option<Instant>>,
+}
+
+impl Throttle {
+    pub(super) fn new(every: Duration) -> Self {
+        Throttle {
+            every,
+            running: AtomicBool::new(false),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Whether the work may start now: it does not run, and last started at least `every`
+    /// ago. If so, it runs until [`Throttle::done`].
+    pub(super) fn start(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < self.every)
+            || self.running.swap(true, Ordering::AcqRel)
+        {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
+    pub(super) fn done(&self) {
+        self.running.store(false, Ordering::Release);
+    }
 }
 
 /// A client for `url`, with `tls`'s certificates if it is a `rediss://` URL.

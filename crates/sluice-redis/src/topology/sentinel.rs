@@ -5,15 +5,14 @@
 //! on a new primary.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Role};
 use sluice::StoreError;
 
-use super::node::{Current, Nodes, certificates, client, node, with_tls_hint};
+use super::node::{Current, Nodes, Throttle, certificates, client, node, with_tls_hint};
 use super::switches::{self, Follower};
 use crate::config::{Credentials, RedisConfig, redact};
 use crate::script::Code;
@@ -23,8 +22,7 @@ pub(crate) struct SentinelWatch {
     master: String,
     sentinels: tokio::sync::Mutex<Sentinels>,
     /// One lookup at a time, and not more often than every [`REDISCOVER_EVERY`].
-    looking: AtomicBool,
-    last_lookup: Mutex<Option<Instant>>,
+    lookup: Throttle,
     /// The nodes in use (the store's), replaced after a failover.
     nodes: Current,
     /// Loaded on a new primary (it may have been restarted empty).
@@ -74,8 +72,7 @@ impl SentinelWatch {
         let watch = SentinelWatch {
             master: master.to_owned(),
             sentinels: tokio::sync::Mutex::new(sentinels),
-            looking: AtomicBool::new(false),
-            last_lookup: Mutex::new(None),
+            lookup: Throttle::new(REDISCOVER_EVERY),
             nodes: nodes.clone(),
             code: code.clone(),
             timeout: config.timeout,
@@ -111,20 +108,13 @@ impl SentinelWatch {
     /// Asks the sentinels (in the background, at most every [`REDISCOVER_EVERY`]) whether
     /// another node is the primary now, and switches to it.
     pub(crate) fn rediscover_soon(self: &Arc<Self>) {
-        {
-            let mut last = self.last_lookup.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| t.elapsed() < REDISCOVER_EVERY) {
-                return;
-            }
-            if self.looking.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if !self.lookup.start() {
+            return;
         }
         let watch = self.clone();
         tokio::spawn(async move {
             watch.rediscover().await;
-            watch.looking.store(false, Ordering::Release);
+            watch.lookup.done();
         });
     }
 

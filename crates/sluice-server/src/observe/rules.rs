@@ -38,7 +38,7 @@ struct Group {
 #[derive(Debug)]
 struct Detailed {
     group: Arc<Group>,
-    entries: Box<[(String, String)]>,
+    entries: Box<[Entry]>,
     counts: Counters,
 }
 
@@ -169,7 +169,10 @@ impl RuleCounts {
         }
         let d = Arc::new(Detailed {
             group: group.clone(),
-            entries: (m.entries)().into_boxed_slice(),
+            entries: (m.entries)()
+                .into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect(),
             counts: Counters::default(),
         });
         d.counts.add(outcome);
@@ -188,14 +191,7 @@ impl RuleCounts {
                     .entry(Arc::as_ptr(&d.group))
                     .or_default()
                     .push(KeyReading {
-                        entries: d
-                            .entries
-                            .iter()
-                            .map(|(k, v)| Entry {
-                                key: k.clone(),
-                                value: v.clone(),
-                            })
-                            .collect(),
+                        entries: d.entries.to_vec(),
                         counts: d.counts.read(),
                     });
             }

@@ -19,31 +19,40 @@ use sluice::Policy;
 
 use sluice_envoy_rules::RlsConfig;
 
-/// Writes a family's `# HELP` and `# TYPE` lines.
-fn header(text: &mut String, name: &str, kind: &str) {
+/// A sample's labels, names and values.
+type Labels = Vec<(&'static str, String)>;
+
+/// Writes a family: its `# HELP` and `# TYPE` lines, then one line per sample; nothing if it
+/// has no samples.
+fn family<V: std::fmt::Display>(
+    text: &mut String,
+    name: &str,
+    kind: &str,
+    samples: impl IntoIterator<Item = (Labels, V)>,
+) {
+    let mut samples = samples.into_iter().peekable();
+    if samples.peek().is_none() {
+        return;
+    }
     write_help_line(text, name, None, None, super::metrics::help(name));
     write_type_line(text, name, None, None, kind);
-}
-
-/// Writes one sample.
-fn sample(text: &mut String, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-    let key = metrics::Key::from_parts(
-        name.to_owned(),
-        labels
-            .iter()
-            .map(|(k, v)| metrics::Label::new(k.to_string(), v.to_string()))
-            .collect::<Vec<_>>(),
-    );
-    let labels = LabelSet::from_key_and_global(&key, &Default::default());
-    write_metric_line(
-        text,
-        name,
-        None,
-        &labels,
-        None::<(&'static str, u8)>,
-        value,
-        None,
-    );
+    for (labels, value) in samples {
+        let labels = labels
+            .into_iter()
+            .map(|(k, v)| metrics::Label::new(k, v))
+            .collect::<Vec<_>>();
+        let key = metrics::Key::from_parts(name.to_owned(), labels);
+        let labels = LabelSet::from_key_and_global(&key, &Default::default());
+        write_metric_line(
+            text,
+            name,
+            None,
+            &labels,
+            None::<(&'static str, u8)>,
+            value,
+            None,
+        );
+    }
 }
 
 /// `sluice_limit_max`: the `max` of each limit of each policy in force, labelled with the
@@ -51,47 +60,38 @@ fn sample(text: &mut String, name: &str, labels: &[(&str, &str)], value: impl st
 /// writes it; a concurrency limit's is its lease time) and its algorithm.
 pub(crate) fn limits<'a>(text: &mut String, policies: impl Iterator<Item = &'a Policy>) {
     let mut policies: Vec<&Policy> = policies.collect();
-    if policies.is_empty() {
-        return;
-    }
     policies.sort_by(|a, b| a.name().cmp(b.name()));
-    header(text, "sluice_limit_max", "gauge");
-    for policy in policies {
-        for (i, limit) in policy.limits().iter().enumerate() {
-            let place = i.to_string();
-            let per = sluice::core::duration_text(limit.per_ms());
-            let labels = [
-                ("policy", policy.name()),
-                ("limit", &place),
-                ("per", &per),
-                ("algorithm", limit.algorithm().as_str()),
+    let samples = policies.into_iter().flat_map(|policy| {
+        policy.limits().iter().enumerate().map(|(i, limit)| {
+            let labels = vec![
+                ("policy", policy.name().to_owned()),
+                ("limit", i.to_string()),
+                ("per", sluice::core::duration_text(limit.per_ms())),
+                ("algorithm", limit.algorithm().as_str().to_owned()),
             ];
-            sample(text, "sluice_limit_max", &labels, limit.max());
-        }
-    }
+            (labels, limit.max())
+        })
+    });
+    family(text, "sluice_limit_max", "gauge", samples);
 }
 
 /// `sluice_rule_limit`: the `requests_per_unit` of each Envoy rule in force, labelled with
 /// its domain, its key path (the rule's statistics key, [`sluice_envoy_rules::Rule::full_key`]) and
 /// its unit. Unlimited rules have no series: they have no number to graph.
 pub(crate) fn rules(text: &mut String, rls: &RlsConfig) {
-    let rules = rls.rules();
-    let limited: Vec<_> = rules
-        .iter()
-        .filter_map(|r| r.unit.filter(|_| !r.unlimited).map(|unit| (r, unit)))
-        .collect();
-    if limited.is_empty() {
-        return;
-    }
-    header(text, "sluice_rule_limit", "gauge");
-    for (rule, unit) in limited {
-        let labels = [
-            ("domain", &*rule.domain),
-            ("rule", rule.full_key.as_str()),
-            ("unit", unit.as_str()),
-        ];
-        sample(text, "sluice_rule_limit", &labels, rule.requests_per_unit);
-    }
+    let samples = rls
+        .rules()
+        .into_iter()
+        .filter(|r| !r.unlimited)
+        .filter_map(|rule| {
+            let labels = vec![
+                ("domain", rule.domain.to_string()),
+                ("rule", rule.full_key.clone()),
+                ("unit", rule.unit?.as_str().to_owned()),
+            ];
+            Some((labels, rule.requests_per_unit))
+        });
+    family(text, "sluice_rule_limit", "gauge", samples);
 }
 
 /// The regions store's view of the other regions (docs/regions.md), read from the store at
@@ -101,41 +101,27 @@ pub(crate) fn rules(text: &mut String, rls: &RlsConfig) {
 /// process (tests) never mix their regions.
 pub(crate) fn regions(text: &mut String, store: &sluice_redis::RegionsStore) {
     let regions = store.regions();
-    let seconds = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
-    for (name, value) in [
-        ("sluice_region_lag_seconds", 0),
-        ("sluice_region_view_age_seconds", 1),
-    ] {
-        let values: Vec<(&str, f64)> = regions
-            .iter()
-            .filter_map(|r| {
-                let v = if value == 0 { r.lag } else { r.view_age };
-                seconds(v).map(|v| (r.name.as_str(), v))
-            })
-            .collect();
-        if values.is_empty() {
-            continue;
-        }
-        header(text, name, "gauge");
-        for (region, v) in values {
-            sample(text, name, &[("region", region)], v);
-        }
-    }
-    if !regions.is_empty() {
-        header(text, "sluice_region_reachable", "gauge");
-        for r in &regions {
-            let up = u8::from(r.reachable);
-            sample(text, "sluice_region_reachable", &[("region", &r.name)], up);
-        }
-    }
-    let fallbacks = store.fallback_counts();
-    if !fallbacks.is_empty() {
-        header(text, "sluice_region_fallbacks_total", "counter");
-        for (policy, mode, n) in &fallbacks {
-            let labels = [("policy", policy.as_str()), ("mode", mode.as_str())];
-            sample(text, "sluice_region_fallbacks_total", &labels, n);
-        }
-    }
+    let region = |r: &sluice_redis::RegionStatus| vec![("region", r.name.clone())];
+    let lag = regions
+        .iter()
+        .filter_map(|r| Some((region(r), r.lag?.as_secs_f64())));
+    family(text, "sluice_region_lag_seconds", "gauge", lag);
+    let age = regions
+        .iter()
+        .filter_map(|r| Some((region(r), r.view_age?.as_secs_f64())));
+    family(text, "sluice_region_view_age_seconds", "gauge", age);
+    let up = regions.iter().map(|r| (region(r), u8::from(r.reachable)));
+    family(text, "sluice_region_reachable", "gauge", up);
+    let fallbacks = store
+        .fallback_counts()
+        .into_iter()
+        .map(|(policy, mode, n)| {
+            (
+                vec![("policy", policy), ("mode", mode.as_str().to_owned())],
+                n,
+            )
+        });
+    family(text, "sluice_region_fallbacks_total", "counter", fallbacks);
 }
 
 /// The process metrics under the names every Prometheus client library uses
@@ -145,8 +131,7 @@ pub(crate) fn regions(text: &mut String, store: &sluice_redis::RegionsStore) {
 pub(crate) fn process(text: &mut String) {
     #[cfg(target_os = "linux")]
     for (name, kind, value) in linux::read() {
-        header(text, name, kind);
-        sample(text, name, &[], value);
+        family(text, name, kind, [(Labels::new(), value)]);
     }
     #[cfg(not(target_os = "linux"))]
     let _ = text;
