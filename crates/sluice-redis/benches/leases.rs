@@ -11,7 +11,7 @@
 mod common;
 
 use common::NOW;
-use sluice::{LimitSpec, Op, Policy, Store};
+use sluice::{Call, LimitSpec, Op, Policy, Store};
 use sluice_redis::RedisStore;
 use sluice_testkit::{CommandStats, RedisServer};
 
@@ -32,7 +32,10 @@ async fn cpu_per_call(
 ) -> f64 {
     let before = fcall_stats(server);
     for op in ops {
-        store.call(policy, "bench", *op, NOW).await.unwrap();
+        store
+            .call(Call::new(policy, "bench", *op, NOW))
+            .await
+            .unwrap();
     }
     fcall_stats(server).since(before).usec_per_call()
 }
@@ -62,7 +65,7 @@ fn main() {
             // The other holders, which every decision on the key reads past.
             for id in 0..held {
                 store
-                    .call(
+                    .call(Call::new(
                         &leases,
                         "bench",
                         Op::Hold {
@@ -70,7 +73,7 @@ fn main() {
                             lease: u64::MAX - id,
                         },
                         NOW,
-                    )
+                    ))
                     .await
                     .unwrap();
             }

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use sluice::breaker::{BreakerConfig, CircuitBreaker};
-use sluice::{Decision, Op, Policy, Store, StoreError};
+use sluice::{Call, Decision, Policy, Store, StoreError};
 
 use crate::keys;
 use crate::store::RedisStore;
@@ -191,20 +191,14 @@ impl<S: Store> ShardedStore<S> {
 }
 
 impl<S: Store> Store for ShardedStore<S> {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.shard(policy, key).call(policy, key, op, now_ms)
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.shard(call.policy, call.key).call(call)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use sluice::{LimitSpec, MemoryStore, StoreExt};
+    use sluice::{LimitSpec, MemoryStore, Op, StoreExt};
 
     use super::*;
 
@@ -318,7 +312,7 @@ mod tests {
                 .remaining(),
             0
         );
-        block(sharded.call(&p, "user:42", Op::Forget, 0)).expect("memory");
+        block(sharded.call(Call::new(&p, "user:42", Op::Forget, 0))).expect("memory");
         assert!(sharded.shards()[owner].is_empty());
     }
 

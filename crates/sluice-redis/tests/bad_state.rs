@@ -177,7 +177,7 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
             }
             assert_eq!(admitted, 2, "{what}: the count survived the lost expiry");
             assert!(pexpiretime(&server, &counter) > 0, "{what}: re-armed");
-            s.call(&p, "k2", Op::Refund { cost: 1 }, now())
+            s.call(sluice::Call::new(&p, "k2", Op::Refund { cost: 1 }, now()))
                 .await
                 .unwrap();
         }
@@ -187,7 +187,7 @@ async fn a_counter_without_expiry_is_rearmed_with_its_count() {
     let counter = redis_key(&p, "k", 0);
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
     server.cmd(&["PERSIST", &counter]).unwrap();
-    s.call(&p, "k", Op::Refund { cost: 1 }, now())
+    s.call(sluice::Call::new(&p, "k", Op::Refund { cost: 1 }, now()))
         .await
         .unwrap();
     assert!(s.check(&p, "k", 1, now()).await.unwrap().allowed);
@@ -358,7 +358,7 @@ async fn number_like_strings_in_any_field_are_corrupt_state() {
                 Op::Refund { cost: 1 },
             ];
             for op in ops {
-                let r = s.call(p, "k", op, t).await;
+                let r = s.call(sluice::Call::new(p, "k", op, t)).await;
                 match r {
                     Err(StoreError::Corrupt { .. }) => {}
                     // A refund of a bucket without debt, or of leases, reads nothing it doubts.
@@ -404,7 +404,7 @@ async fn ten_thousand_lapsed_leases_are_dropped_in_one_decision() {
         server.cmd(&zadd).unwrap();
         server.cmd(&hset).unwrap();
         let d = s
-            .call(&p, "k", op, t)
+            .call(sluice::Call::new(&p, "k", op, t))
             .await
             .unwrap_or_else(|e| panic!("{op:?}: {e}"));
         assert!(d.allowed, "{op:?}: {d:?}");

@@ -371,8 +371,14 @@ async fn many_leases_decide_like_the_memory_store() {
             }
         };
         let now = clock.now_ms();
-        let a = memory.call(&policy, "k", op, now).await.unwrap();
-        let b = redis.call(&policy, "k", op, now).await.unwrap();
+        let a = memory
+            .call(sluice::Call::new(&policy, "k", op, now))
+            .await
+            .unwrap();
+        let b = redis
+            .call(sluice::Call::new(&policy, "k", op, now))
+            .await
+            .unwrap();
         assert_eq!(a, b, "step {step}: {op:?}");
         steps += 1;
     }

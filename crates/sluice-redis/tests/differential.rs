@@ -404,7 +404,12 @@ async fn apply<S: sluice::Store>(
         // a hold keeps the lease id chosen here (the limiter picks a random one).
         _ => limiter
             .store()
-            .call(policy, &key, op, limiter.clock().now_ms())
+            .call(sluice::Call::new(
+                policy,
+                &key,
+                op,
+                limiter.clock().now_ms(),
+            ))
             .await
             .map_err(sluice::Error::from),
     }

@@ -217,11 +217,11 @@ impl Case<'_> {
         let policy = self.policies[p].clone();
         let r = self
             .store
-            .call(&policy, &key(k), Op::Forget, self.now)
+            .call(sluice::Call::new(&policy, &key(k), Op::Forget, self.now))
             .await;
         ensure!(self, r.is_ok(), "forget {}/{k}: {r:?}", policy.name());
         self.memory
-            .call(&policy, &key(k), Op::Forget, self.now)
+            .call(sluice::Call::new(&policy, &key(k), Op::Forget, self.now))
             .await
             .unwrap();
         self.dirty.remove(&(p, k));
@@ -391,8 +391,14 @@ impl Case<'_> {
         };
         let now = self.client_now();
         let policy = self.policies[p].clone();
-        let got = self.store.call(&policy, &key(k), op, now).await;
-        let expected = self.memory.call(&policy, &key(k), op, now).await;
+        let got = self
+            .store
+            .call(sluice::Call::new(&policy, &key(k), op, now))
+            .await;
+        let expected = self
+            .memory
+            .call(sluice::Call::new(&policy, &key(k), op, now))
+            .await;
         self.log.push(format!(
             "single {op:?} {}/k{k} at {now}: {got:?}",
             policy.name()
@@ -423,16 +429,18 @@ impl Case<'_> {
     async fn decide_together(&mut self, picks: Vec<(usize, usize, Op, u64)>) -> Outcome {
         let policies = self.policies.clone();
         let keys: Vec<String> = picks.iter().map(|&(_, k, _, _)| key(k)).collect();
-        let got = sluice_testkit::join_in_order(
-            picks
-                .iter()
-                .zip(&keys)
-                .map(|(&(p, _, op, now), k)| self.store.call(&policies[p], k, op, now)),
-        )
-        .await;
+        let got =
+            sluice_testkit::join_in_order(picks.iter().zip(&keys).map(|(&(p, _, op, now), k)| {
+                self.store.call(sluice::Call::new(&policies[p], k, op, now))
+            }))
+            .await;
         let mut expected = Vec::new();
         for (&(p, _, op, now), k) in picks.iter().zip(&keys) {
-            expected.push(self.memory.call(&policies[p], k, op, now).await);
+            expected.push(
+                self.memory
+                    .call(sluice::Call::new(&policies[p], k, op, now))
+                    .await,
+            );
         }
         self.stats.batched += picks.len() as u64;
         for ((&(p, k, op, now), g), e) in picks.iter().zip(&got).zip(&expected) {
@@ -619,7 +627,12 @@ impl Case<'_> {
                 for p in 0..self.policies.len() {
                     for k in 0..KEYS {
                         self.memory
-                            .call(&self.policies[p], &key(k), Op::Forget, self.now)
+                            .call(sluice::Call::new(
+                                &self.policies[p],
+                                &key(k),
+                                Op::Forget,
+                                self.now,
+                            ))
                             .await
                             .unwrap();
                         self.dirty.remove(&(p, k));

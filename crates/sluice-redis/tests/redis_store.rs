@@ -343,7 +343,10 @@ async fn bad_data_gives_a_clear_error_and_changes_nothing() {
             let r = match op {
                 0 => s.check(&p, "k", 1, T0).await,
                 1 => s.peek(&p, "k", 1, T0).await,
-                _ => s.call(&p, "k", Op::Refund { cost: 1 }, T0).await,
+                _ => {
+                    s.call(sluice::Call::new(&p, "k", Op::Refund { cost: 1 }, T0))
+                        .await
+                }
             };
             match r {
                 Err(StoreError::Corrupt { key, detail }) => {

@@ -519,7 +519,7 @@ async fn a_region_decides_as_a_model_summing_every_region_does() {
         let used = total.get(&(pi, key)).copied().unwrap_or(0);
         let fits = p.limits().iter().all(|l| used + cost <= l.max());
         let d = world.stores[r]
-            .call(p, key, op, now_ms())
+            .call(sluice::Call::new(p, key, op, now_ms()))
             .await
             .expect("decides");
         assert_eq!(
@@ -600,7 +600,7 @@ async fn coalescing_and_reservation_work_inside_a_region() {
         Op::Peek { cost: 0 },
     ] {
         let d = world.stores[2]
-            .call(&p, "burst", op, now_ms())
+            .call(sluice::Call::new(&p, "burst", op, now_ms()))
             .await
             .expect("decides");
         assert_eq!(d.allowed, op.cost() == 0, "{op:?}: {d:?}");

@@ -145,7 +145,7 @@ async fn redis_counts_the_holders_of_a_key() {
         let (store, p) = (&store, &p);
         async move {
             store
-                .call(
+                .call(sluice::Call::new(
                     p,
                     "k",
                     Op::Acquire {
@@ -154,7 +154,7 @@ async fn redis_counts_the_holders_of_a_key() {
                         holder,
                     },
                     now,
-                )
+                ))
                 .await
                 .unwrap()
         }
@@ -168,7 +168,10 @@ async fn redis_counts_the_holders_of_a_key() {
     assert_eq!(acquire(9, T0 + 60_001).await.holders, 2, "7 has expired");
     let members = server.cmd(&["ZCARD", "sluice:{3:api:k}:holders"]).unwrap();
     assert_eq!(members, redis::Value::Int(2));
-    store.call(&p, "k", Op::Forget, T0).await.unwrap();
+    store
+        .call(sluice::Call::new(&p, "k", Op::Forget, T0))
+        .await
+        .unwrap();
     let members = server.cmd(&["EXISTS", "sluice:{3:api:k}:holders"]).unwrap();
     assert_eq!(members, redis::Value::Int(0));
     // And a layer sends its holder id: two layers on one key are two holders.

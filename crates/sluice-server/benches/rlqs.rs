@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use hdrhistogram::Histogram;
-use sluice::{Op, Policy, Store};
+use sluice::{Call, Op, Policy, Store};
 use sluice_server::app::{self, Listeners};
 use sluice_server::config::Config;
 use sluice_testkit::{CommandStats, RedisServer};
@@ -135,7 +135,12 @@ async fn main() {
     for i in 0..5_000u64 {
         let key = format!("base:{}", i % 500);
         store
-            .call(&policy, &key, Op::Check { cost: 5 }, 1_700_000_000_000)
+            .call(Call::new(
+                &policy,
+                &key,
+                Op::Check { cost: 5 },
+                1_700_000_000_000,
+            ))
             .await
             .unwrap();
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::{Inner, T0, header, problem, request};
 use http::{HeaderName, StatusCode};
 use sluice::{
-    Decision, FailureMode, LimitSpec, Limiter, ManualClock, Op, Policy, Store, StoreError,
+    Call, Decision, FailureMode, LimitSpec, Limiter, ManualClock, Policy, Store, StoreError,
 };
 use sluice_tower::{KeyExtractor, RateLimitLayer};
 use tower::{Layer, ServiceExt};
@@ -34,7 +34,7 @@ impl Failing {
 }
 
 impl Store for Failing {
-    async fn call(&self, _: &Policy, _: &str, _: Op, _: u64) -> Result<Decision, StoreError> {
+    async fn call(&self, _: Call<'_>) -> Result<Decision, StoreError> {
         Err(self.error())
     }
 }

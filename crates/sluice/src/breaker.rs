@@ -21,10 +21,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_core::evaluate::Op;
-use sluice_core::{Decision, Policy};
+use sluice_core::Decision;
 
-use crate::store::{Store, StoreError};
+use crate::store::{Call, Store, StoreError};
 
 /// When a breaker opens and how long it stays open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,14 +270,8 @@ impl<S> CircuitBreaker<S> {
 }
 
 impl<S: Store> Store for CircuitBreaker<S> {
-    async fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.guarded(self.store.call(policy, key, op, now_ms)).await
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
+        self.guarded(self.store.call(call)).await
     }
 }
 
@@ -289,7 +282,7 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
-    use crate::{LimitSpec, MemoryStore, StoreExt};
+    use crate::{LimitSpec, MemoryStore, Policy, StoreExt};
 
     /// A memory store that fails (transiently) while `down` is set, counting the calls that
     /// reached it.
@@ -301,18 +294,12 @@ mod tests {
     }
 
     impl Store for Flaky {
-        async fn call(
-            &self,
-            policy: &Policy,
-            key: &str,
-            op: Op,
-            now_ms: u64,
-        ) -> Result<Decision, StoreError> {
+        async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::Timeout(Duration::from_millis(50)));
             }
-            self.memory.call(policy, key, op, now_ms).await
+            self.memory.call(call).await
         }
     }
 

@@ -66,7 +66,9 @@ pub use sluice_core::{
     self as core, Algorithm, Clock, Decision, Degraded, FailureMode, Limit, LimitError, LimitSpec,
     LimitState, LimitStatus, ManualClock, Policy,
 };
-pub use store::{BoxFuture, DynStore, SharedStore, Store, StoreError, StoreErrorKind, StoreExt};
+pub use store::{
+    BoxFuture, Call, DynStore, SharedStore, Store, StoreError, StoreErrorKind, StoreExt,
+};
 
 #[cfg(test)]
 mod test_support {

@@ -23,7 +23,7 @@ use hashbrown::HashTable;
 use sluice_core::evaluate::{self, Op};
 use sluice_core::{Decision, Limit, LimitState, Policy};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Call, Store, StoreError};
 
 /// How often (in the store's time) a shard in use sweeps its expired keys.
 const SWEEP_INTERVAL_MS: u64 = 1_000;
@@ -261,12 +261,12 @@ impl MemoryStore {
 /// The future of [`MemoryStore::call`]: it decides when polled, into the very value `poll`
 /// returns, so a decision (a few hundred bytes) is not built in one place and moved to
 /// another on its way out.
-struct Decide<'s, 'p, 'k> {
+struct Decide<'s, 'c> {
     store: &'s MemoryStore,
-    call: Option<(&'p Policy, &'k str, Op, u64)>,
+    call: Option<Call<'c>>,
 }
 
-impl Future for Decide<'_, '_, '_> {
+impl Future for Decide<'_, '_> {
     type Output = Result<Decision, StoreError>;
 
     #[inline]
@@ -275,8 +275,10 @@ impl Future for Decide<'_, '_, '_> {
         let call = self.call.take();
         let mut answer = Poll::Ready(Ok(Decision::empty(0, 0)));
         match (call, &mut answer) {
-            (Some((policy, key, op, now)), Poll::Ready(Ok(decision))) => {
-                self.store.decide_into(policy, key, op, now, decision);
+            (Some(call), Poll::Ready(Ok(decision))) => {
+                let Call { policy, key, .. } = call;
+                self.store
+                    .decide_into(policy, key, call.op, call.now_ms, decision);
             }
             _ => {
                 answer = Poll::Ready(Err(StoreError::Backend(
@@ -391,16 +393,10 @@ impl ShardInner {
 }
 
 impl Store for MemoryStore {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         Decide {
             store: self,
-            call: Some((policy, key, op, now_ms)),
+            call: Some(call),
         }
     }
 }
@@ -436,7 +432,7 @@ mod tests {
         assert!(block(s.check(&q, "a", 1, T0)).is_ok_and(|d| d.allowed));
         assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| !d.allowed));
         assert_eq!(s.len(), 3);
-        assert!(block(s.call(&p, "a", Op::Forget, T0)).is_ok());
+        assert!(block(s.call(Call::new(&p, "a", Op::Forget, T0))).is_ok());
         assert!(block(s.check(&p, "a", 1, T0)).is_ok_and(|d| d.allowed));
     }
 

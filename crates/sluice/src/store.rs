@@ -169,24 +169,45 @@ impl std::fmt::Display for StoreErrorKind {
 /// what changed, with no other decision for the same key interleaved. A store that keeps its
 /// own time (`clock: redis`) may ignore `now_ms`.
 ///
-/// The request is a value, so a wrapper (the reservation layer, the circuit breaker, sharding)
-/// writes one `call` and passes on every operation, including ones added later; it looks
-/// inside only at the operations it changes. Callers use the one-line helpers of
-/// [`StoreExt`] (`store.check(policy, key, cost, now)`).
+/// The request is one value ([`Call`]), so a wrapper (the reservation layer, the circuit
+/// breaker, sharding) writes one `call` and passes the request on unchanged, whatever its
+/// operation, including ones added later; it looks inside only at the operations it changes.
+/// Callers write `store.call(Call::new(policy, key, op, now))`, or use the one-line helpers
+/// of [`StoreExt`] (`store.check(policy, key, cost, now)`).
 ///
 /// Implementations: [`crate::MemoryStore`] here; the Redis stores in `sluice-redis`. For a
 /// store chosen at run time, erase the type with [`SharedStore`] (one boxed future per call),
 /// or write an enum of the stores whose `call` matches and awaits the chosen one's (no
 /// allocation: the server's store handle does this).
 pub trait Store: Send + Sync {
-    /// Runs `op` on `key`'s state under `policy`, atomically, at `now_ms`.
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    /// Runs `call.op` on `call.key`'s state under `call.policy`, atomically, at `call.now_ms`.
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+}
+
+/// One request to a [`Store`]: the operation, the policy and key it applies to, and the time
+/// it happens at. A small value of references, passed (and passed on) by copy.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// The policy whose limits the operation runs over.
+    pub policy: &'a Policy,
+    /// The key whose state it reads and writes.
+    pub key: &'a str,
+    /// What to do.
+    pub op: Op,
+    /// Now, in milliseconds since the Unix epoch (a store keeping its own time may ignore it).
+    pub now_ms: u64,
+}
+
+impl<'a> Call<'a> {
+    /// `op` on `key` under `policy` at `now_ms`.
+    pub fn new(policy: &'a Policy, key: &'a str, op: Op, now_ms: u64) -> Self {
+        Self {
+            policy,
+            key,
+            op,
+            now_ms,
+        }
+    }
 }
 
 /// The two most common calls by name, for every [`Store`]: each is [`Store::call`] with that
@@ -194,39 +215,33 @@ pub trait Store: Send + Sync {
 /// [`Store::call`] of its [`Op`].
 pub trait StoreExt: Store {
     /// [`Op::Check`]: records `cost` in every limit if all admit, nowhere otherwise.
-    fn check(
-        &self,
-        policy: &Policy,
-        key: &str,
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         cost: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.call(policy, key, Op::Check { cost }, now_ms)
+        self.call(Call::new(policy, key, Op::Check { cost }, now_ms))
     }
 
     /// [`Op::Peek`]: the decision a check of `cost` would get, recording nothing.
-    fn peek(
-        &self,
-        policy: &Policy,
-        key: &str,
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         cost: u64,
         now_ms: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.call(policy, key, Op::Peek { cost }, now_ms)
+        self.call(Call::new(policy, key, Op::Peek { cost }, now_ms))
     }
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
 
 impl<S: Store + ?Sized> Store for Arc<S> {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        (**self).call(policy, key, op, now_ms)
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).call(call)
     }
 }
 
@@ -237,24 +252,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// [`SharedStore`].
 pub trait DynStore: Send + Sync {
     /// [`Store::call`], boxed.
-    fn call_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        op: Op,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+    fn call_boxed<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Decision, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
-    fn call_boxed<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a str,
-        op: Op,
-        now_ms: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.call(policy, key, op, now_ms))
+    fn call_boxed<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.call(call))
     }
 }
 
@@ -279,14 +282,8 @@ impl std::fmt::Debug for SharedStore {
 }
 
 impl Store for SharedStore {
-    async fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
-        self.0.call_boxed(policy, key, op, now_ms).await
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
+        self.0.call_boxed(call).await
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Op,
+    Call, Decision, Degraded, Error, FailureMode, LimitSpec, Limiter, ManualClock, MemoryStore, Op,
     Policy, Store, StoreError, StoreExt,
 };
 
@@ -36,9 +36,9 @@ impl Switch {
 }
 
 impl Store for Switch {
-    async fn call(&self, p: &Policy, k: &str, op: Op, now: u64) -> Result<Decision, StoreError> {
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
         self.gate()?;
-        self.memory.call(p, k, op, now).await
+        self.memory.call(call).await
     }
 }
 
@@ -349,23 +349,17 @@ async fn a_charge_the_store_refuses_for_good_is_dropped() {
         memory: MemoryStore,
     }
     impl Store for CorruptKey {
-        async fn call(
-            &self,
-            p: &Policy,
-            k: &str,
-            op: Op,
-            now: u64,
-        ) -> Result<Decision, StoreError> {
+        async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::Unavailable("down".into()));
             }
-            if k == "bad" && matches!(op, Op::Acquire { .. }) {
+            if call.key == "bad" && matches!(call.op, Op::Acquire { .. }) {
                 return Err(StoreError::Corrupt {
                     key: "sluice:{5:local:bad}:fw1000".into(),
                     detail: "used is not a number".into(),
                 });
             }
-            self.memory.call(p, k, op, now).await
+            self.memory.call(call).await
         }
     }
     let store = Arc::new(CorruptKey {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    Batch, Decision, LimitSpec, MemoryStore, Op, Policy, ReserveConfig, Reserving, Store,
+    Batch, Call, Decision, LimitSpec, MemoryStore, Op, Policy, ReserveConfig, Reserving, Store,
     StoreError, StoreExt,
 };
 use tokio::sync::Semaphore;
@@ -57,18 +57,18 @@ impl Probe {
 }
 
 impl Store for Probe {
-    async fn call(&self, p: &Policy, k: &str, op: Op, now: u64) -> Result<Decision, StoreError> {
-        let max = match op {
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
+        let max = match call.op {
             Op::Check { .. } => {
                 self.checks.fetch_add(1, Ordering::SeqCst);
-                return self.memory.call(p, k, op, now).await;
+                return self.memory.call(call).await;
             }
             Op::Refund { .. } => {
                 self.refunds.fetch_add(1, Ordering::SeqCst);
-                return self.memory.call(p, k, op, now).await;
+                return self.memory.call(call).await;
             }
             Op::Acquire { max, .. } => max,
-            _ => return self.memory.call(p, k, op, now).await,
+            _ => return self.memory.call(call).await,
         };
         self.acquires.fetch_add(1, Ordering::SeqCst);
         self.batches.lock().unwrap().push(max);
@@ -80,7 +80,7 @@ impl Store for Probe {
         if self.slow {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let d = self.memory.call(p, k, op, now).await;
+        let d = self.memory.call(call).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         d
     }
@@ -462,7 +462,7 @@ async fn the_error_budget_is_split_across_the_holders_of_a_key() {
     assert!(held(&probe, &p, 30_000).await <= 1_000);
     let d = probe
         .memory
-        .call(
+        .call(Call::new(
             &p,
             "hot",
             Op::Acquire {
@@ -471,7 +471,7 @@ async fn the_error_budget_is_split_across_the_holders_of_a_key() {
                 holder: a.holder(),
             },
             T0,
-        )
+        ))
         .await
         .unwrap();
     assert_eq!(d.holders, 2, "the store counts both");

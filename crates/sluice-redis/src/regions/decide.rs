@@ -9,7 +9,9 @@
 //! A limit's state tag does not contain `max`, so the lowered policy counts in the same keys.
 
 use sluice::core::MAX_LIMITS_PER_POLICY;
-use sluice::{Algorithm, Decision, Limit, LimitSpec, LimitStatus, Op, Policy, Store, StoreError};
+use sluice::{
+    Algorithm, Call, Decision, Limit, LimitSpec, LimitStatus, Op, Policy, Store, StoreError,
+};
 
 use super::Fallback;
 use crate::store::RedisStore;
@@ -104,7 +106,7 @@ pub(super) async fn decide(
         Op::Acquire { min, .. } if saturated => Op::Peek { cost: min },
         op => op,
     };
-    let local_decision = local.call(&effective, key, sent, now_ms).await?;
+    let local_decision = local.call(Call::new(&effective, key, sent, now_ms)).await?;
     Ok(restate(policy, &local_decision, offsets, refused_here))
 }
 

@@ -247,7 +247,12 @@ async fn read(
     let policy = decide::effective_policy(&due.policy, &[0; sluice::core::MAX_LIMITS_PER_POLICY])
         .map_err(StoreError::Backend)?;
     store
-        .call(&policy, &due.key, sluice::Op::Peek { cost: 0 }, now_ms)
+        .call(sluice::Call::new(
+            &policy,
+            &due.key,
+            sluice::Op::Peek { cost: 0 },
+            now_ms,
+        ))
         .await
 }
 

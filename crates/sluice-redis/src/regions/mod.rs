@@ -54,7 +54,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice::{Algorithm, Clock, Decision, Op, Policy, Store, StoreError, SystemClock};
+use sluice::{Algorithm, Call, Clock, Decision, Op, Policy, Store, StoreError, SystemClock};
 
 use crate::config::{ReadFrom, RedisConfig, Topology};
 use crate::script::ScriptMode;
@@ -466,17 +466,16 @@ fn reader_config(replica: &RedisConfig) -> RedisConfig {
 impl Store for RegionsStore {
     /// A check, peek, refund or acquire decided by the local primary with the other regions'
     /// usage deducted from every `max` (or under the policy's fallback).
-    async fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
+        let (policy, key, op, now_ms) = (call.policy, call.key, call.op, call.now_ms);
         if op == Op::Forget {
             // This region's state only; the other regions keep theirs.
             let aligned = decide::effective_policy(policy, &[0; 4]).map_err(StoreError::Backend)?;
-            return self.inner.local.call(&aligned, key, op, now_ms).await;
+            let call = Call {
+                policy: &aligned,
+                ..call
+            };
+            return self.inner.local.call(call).await;
         }
         Self::admits_policy(policy).map_err(|e| StoreError::Backend(e.to_string()))?;
         if matches!(op, Op::Hold { .. } | Op::Release { .. }) {

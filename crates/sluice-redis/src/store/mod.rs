@@ -366,13 +366,8 @@ impl RedisStore {
 
 impl Store for RedisStore {
     /// [`Store::call`], its latency kept for [`RedisStore::call_latency`].
-    async fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
+    async fn call(&self, call: sluice::Call<'_>) -> Result<Decision, StoreError> {
+        let (policy, key, op, now_ms) = (call.policy, call.key, call.op, call.now_ms);
         let started = Instant::now();
         let result = match op {
             Op::Forget => self.forget(policy, key, now_ms).await,

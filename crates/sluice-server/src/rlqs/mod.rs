@@ -45,7 +45,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::evaluate::Op;
-use sluice::{Decision, Policy, Store, StoreError};
+use sluice::{Call, Decision, Policy, Store, StoreError};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
@@ -420,7 +420,7 @@ impl StreamState {
                 max: u.allowed,
                 holder: self.holder,
             };
-            Some(store.call(policy, key, op, now).await)
+            Some(store.call(Call::new(policy, key, op, now)).await)
         });
         let charges = futures_util::future::join_all(charges);
         match trace {

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use futures_util::future::Either;
 use sluice::breaker::{BreakerState, CircuitBreaker};
-use sluice::{Clock, Decision, MemoryStore, Op, Policy, Reserving, Store, StoreError, StoreExt};
+use sluice::{Call, Clock, Decision, MemoryStore, Policy, Reserving, Store, StoreError, StoreExt};
 use sluice_redis::{RedisStore, RegionsStore, ShardedStore};
 
 use super::ServerClock;
@@ -135,25 +135,19 @@ impl StoreHandle {
 /// that much cost the memory store more than the box it saved, while a Redis decision pays one
 /// allocation against a network round trip.
 impl Store for StoreHandle {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         match self {
             StoreHandle::Memory(m) => HandleCall::Memory {
-                future: m.call(policy, key, op, now_ms),
+                future: m.call(call),
             },
             StoreHandle::Redis(r) => HandleCall::Redis {
-                future: Box::pin(r.call(policy, key, op, now_ms)),
+                future: Box::pin(r.call(call)),
             },
             StoreHandle::Cluster(c) => HandleCall::Cluster {
-                future: Box::pin(c.call(policy, key, op, now_ms)),
+                future: Box::pin(c.call(call)),
             },
             StoreHandle::Regions(r) => HandleCall::Regions {
-                future: Box::pin(r.call(policy, key, op, now_ms)),
+                future: Box::pin(r.call(call)),
             },
         }
     }
@@ -214,16 +208,10 @@ impl DecidingStore {
 }
 
 impl Store for DecidingStore {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         match &self.0 {
-            Deciding::Direct(s) => Either::Left(s.call(policy, key, op, now_ms)),
-            Deciding::Reserving(r) => Either::Right(r.call(policy, key, op, now_ms)),
+            Deciding::Direct(s) => Either::Left(s.call(call)),
+            Deciding::Reserving(r) => Either::Right(r.call(call)),
         }
     }
 }
@@ -284,13 +272,10 @@ impl TracedStore {
     }
 
     /// A store call, measured and inside its span (`sluice.store`).
-    async fn observed_call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> Result<Decision, StoreError> {
+    async fn observed_call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
+        let Call {
+            policy, key, op, ..
+        } = call;
         let shard = self.handle.shard_of(policy, key);
         let series = shard.and_then(|(i, _)| self.series.get(i));
         let span = self.traces.store_call();
@@ -308,7 +293,7 @@ impl TracedStore {
             attributes
         });
         let started = std::time::Instant::now();
-        let result = self.handle.call(policy, key, op, now_ms).await;
+        let result = self.handle.call(call).await;
         if let Some(series) = series {
             series.record(started.elapsed(), result.as_ref().err());
         }
@@ -330,17 +315,11 @@ impl TracedStore {
 }
 
 impl Store for TracedStore {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         if self.traces.is_on() || !self.series.is_empty() {
-            Either::Right(Box::pin(self.observed_call(policy, key, op, now_ms)))
+            Either::Right(Box::pin(self.observed_call(call)))
         } else {
-            Either::Left(self.handle.call(policy, key, op, now_ms))
+            Either::Left(self.handle.call(call))
         }
     }
 }

@@ -10,7 +10,7 @@ use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT,
 use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
-use crate::store::{Store, StoreError};
+use crate::store::{self, Store, StoreError};
 
 mod call;
 mod ledger;
@@ -179,7 +179,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         // The call's own future, not an `async` layer around it: a decision is a few hundred
         // bytes, and each layer would move it once more.
         Call::new(self, policy, key, op, move |now| {
-            self.store.call(policy, key, op, now)
+            self.store.call(store::Call::new(policy, key, op, now))
         })
     }
 
@@ -199,7 +199,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let now = self.clock.now_ms();
         Ok(self
             .store
-            .call(policy, key, Op::Forget, now)
+            .call(store::Call::new(policy, key, Op::Forget, now))
             .await
             .map(drop)?)
     }
@@ -265,14 +265,19 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             max: owed,
             holder: 0,
         };
-        if let Err(e) = self.store.call(policy, key, take, now).await {
+        let forget = store::Call::new(policy, key, Op::Forget, now);
+        if let Err(e) = self
+            .store
+            .call(store::Call::new(policy, key, take, now))
+            .await
+        {
             if !e.is_transient() {
                 // The store will never take it (corrupt state of the key, …): not owed.
-                self.insurance.call(policy, key, Op::Forget, now).await?;
+                self.insurance.call(forget).await?;
             }
             return Err(e);
         }
-        self.insurance.call(policy, key, Op::Forget, now).await?;
+        self.insurance.call(forget).await?;
         Ok(true)
     }
 

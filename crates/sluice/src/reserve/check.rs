@@ -13,7 +13,7 @@ use super::lease::{
     FetchGuard, Fetched, InFlight, Lease, cached_denial, local_decision, lock, remember_denial,
 };
 use super::{Batch, Reserving};
-use crate::store::{Store, StoreError};
+use crate::store::{Call, Store, StoreError};
 
 /// What a check needs after [`Reserving::local_step`] could not answer it from the lease.
 pub(super) enum Pending {
@@ -29,13 +29,8 @@ impl<S: Store> Reserving<S> {
     /// The synchronous first step of a call: a check answered from the lease or by a cached
     /// denial (`Break`), without awaiting anything; or what the call must do next, in
     /// [`Reserving::rest`].
-    pub(super) fn local_step(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now: u64,
-    ) -> ControlFlow<Decision, Pending> {
+    pub(super) fn local_step(&self, call: Call<'_>) -> ControlFlow<Decision, Pending> {
+        let (policy, key, op, now) = (call.policy, call.key, call.op, call.now_ms);
         // A concurrency limit is consulted at every check (it admits what could start now):
         // no batch can stand for it, so such policies are never leased. Peeks (which see
         // leased units as used), refunds, acquires, holds, releases and forgets go to the
@@ -66,15 +61,13 @@ impl<S: Store> Reserving<S> {
     /// how a check goes on: served by the fetch in flight, or by a fetch of its own).
     pub(super) async fn rest(
         &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now: u64,
+        call: Call<'_>,
         pending: Pending,
     ) -> Result<Decision, StoreError> {
+        let (policy, key, op, now) = (call.policy, call.key, call.op, call.now_ms);
         let cost = op.cost();
         let (lease, next, give_back) = match pending {
-            Pending::Inner => return self.inner.call(policy, key, op, now).await,
+            Pending::Inner => return self.inner.call(call).await,
             Pending::Direct => return self.direct(None, policy, key, cost, now).await,
             Pending::Leased(lease, next, give_back) => (lease, next, give_back),
         };
@@ -208,7 +201,7 @@ impl<S: Store> Reserving<S> {
             max: size,
             holder: self.holder,
         };
-        let result = self.inner.call(policy, key, acquire, now).await;
+        let result = self.inner.call(Call::new(policy, key, acquire, now)).await;
         guard.armed = false;
         let (reply, excess) = {
             let mut l = lock(lease);

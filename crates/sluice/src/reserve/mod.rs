@@ -53,7 +53,7 @@ use hashbrown::HashTable;
 use sluice_core::evaluate::Op;
 use sluice_core::{Algorithm, Decision, Policy};
 
-use crate::store::{Store, StoreError, StoreExt};
+use crate::store::{Call, Store, StoreError, StoreExt};
 
 mod check;
 mod lease;
@@ -327,7 +327,7 @@ impl<S: Store> Reserving<S> {
         self.counters.refunds.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self
             .inner
-            .call(policy, key, Op::Refund { cost: units }, now)
+            .call(Call::new(policy, key, Op::Refund { cost: units }, now))
             .await
         {
             // Not given back: under-admission until the window ends, never over-admission.
@@ -409,17 +409,11 @@ impl<S: Store> Reserving<S> {
 /// place (a small future, no allocation: the path nearly every check of a leased key takes);
 /// anything that must wait on the store goes on in a boxed future (`Reserving::rest`).
 impl<S: Store> Store for Reserving<S> {
-    fn call(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        now_ms: u64,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn call(&self, call: Call<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         LeasedCall {
             steps: Some((
-                move || self.local_step(policy, key, op, now_ms),
-                move |pending| self.rest(policy, key, op, now_ms, pending),
+                move || self.local_step(call),
+                move |pending| self.rest(call, pending),
             )),
             rest: None,
         }
