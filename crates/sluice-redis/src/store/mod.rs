@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use sluice::{Decision, Op, Policy, Store, StoreError};
+use sluice::{Call, Decision, Op, Policy, Store, StoreError};
 
 use crate::coalesce::{Batches, Lanes};
 use crate::codec::{self, Codec};
@@ -68,16 +68,6 @@ impl std::fmt::Debug for RedisStore {
             .field("library", &self.inner.code.library)
             .finish()
     }
-}
-
-/// One operation on its way to a node.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    policy: &'a Policy,
-    key: &'a str,
-    op: Op,
-    entry: Entry,
-    now_ms: u64,
 }
 
 impl RedisStore {
@@ -168,19 +158,13 @@ impl RedisStore {
     #[doc(hidden)]
     pub fn check_command(&self, policy: &Policy, key: &str, cost: u64, now_ms: u64) -> Vec<String> {
         let op = Op::Check { cost };
-        let call = Call {
-            policy,
-            key,
-            op,
-            // The call a check makes when it goes alone: the lean one for a rate policy.
-            entry: if codec::is_rate(policy, op) {
-                Entry::Rate
-            } else {
-                Entry::Check
-            },
-            now_ms,
+        // The call a check makes when it goes alone: the lean one for a rate policy.
+        let entry = if codec::is_rate(policy, op) {
+            Entry::Rate
+        } else {
+            Entry::Check
         };
-        self.command(&call, false)
+        self.command(Call::new(policy, key, op, now_ms), entry, false)
             .args_iter()
             .filter_map(|a| match a {
                 redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
@@ -276,11 +260,12 @@ impl RedisStore {
         }
     }
 
-    /// The command that runs `call` (`FCALL_RO`/`EVALSHA_RO` on a replica).
-    fn command(&self, call: &Call<'_>, on_replica: bool) -> redis::Cmd {
-        let mut cmd = self.inner.code.invocation(call.entry, on_replica);
+    /// The command that runs `call` through the script's `entry` (`FCALL_RO`/`EVALSHA_RO` on
+    /// a replica).
+    fn command(&self, call: Call<'_>, entry: Entry, on_replica: bool) -> redis::Cmd {
+        let mut cmd = self.inner.code.invocation(entry, on_replica);
         let codec = &self.inner.codec;
-        match call.entry {
+        match entry {
             Entry::Rate | Entry::RatePeek => {
                 codec.encode_rate(&mut cmd, call.policy, call.key, call.op.cost(), call.now_ms);
             }
@@ -324,17 +309,14 @@ impl RedisStore {
                 "the Redis store cannot run {op:?}"
             )));
         };
-        let call = Call {
-            policy,
-            key,
-            op,
-            entry,
-            now_ms,
-        };
+        let call = Call::new(policy, key, op, now_ms);
         let inner = &self.inner;
         let on_replica = op.is_read_only() && inner.config.read_from == ReadFrom::Replicas;
         let reply = match &inner.backend {
-            Backend::Cluster { conn } => self.call_cluster(&conn.get(), &call, on_replica).await?,
+            Backend::Cluster { conn } => {
+                self.call_cluster(&conn.get(), call, entry, on_replica)
+                    .await?
+            }
             Backend::Direct { nodes, .. } => {
                 let nodes = nodes.get();
                 let mut answered = None;
@@ -342,7 +324,7 @@ impl RedisStore {
                     let i =
                         inner.next_replica.fetch_add(1, Ordering::Relaxed) % nodes.replicas.len();
                     let replica = &nodes.replicas[i];
-                    match self.call_on(&nodes, replica, true, &call).await {
+                    match self.call_on(&nodes, replica, true, call, entry).await {
                         Ok(v) => answered = Some(v),
                         // A peek is a read: the primary answers it as well (with fresher data).
                         Err(e) => {
@@ -352,7 +334,10 @@ impl RedisStore {
                 }
                 match answered {
                     Some(v) => v,
-                    None => self.call_on(&nodes, &nodes.primary, false, &call).await?,
+                    None => {
+                        self.call_on(&nodes, &nodes.primary, false, call, entry)
+                            .await?
+                    }
                 }
             }
         };
@@ -366,7 +351,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     /// [`Store::call`], its latency kept for [`RedisStore::call_latency`].
-    async fn call(&self, call: sluice::Call<'_>) -> Result<Decision, StoreError> {
+    async fn call(&self, call: Call<'_>) -> Result<Decision, StoreError> {
         let (policy, key, op, now_ms) = (call.policy, call.key, call.op, call.now_ms);
         let started = Instant::now();
         let result = match op {

@@ -4,13 +4,13 @@
 
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
-use sluice::{StoreError, StoreErrorKind};
+use sluice::{Call, StoreError, StoreErrorKind};
 
-use super::{Call, RedisStore};
+use super::RedisStore;
 use crate::config::{Shortfall, WaitForReplicas};
 use crate::error::Failure;
 use crate::keys;
-use crate::script::ScriptMode;
+use crate::script::{Entry, ScriptMode};
 use crate::topology::{self, Node, Nodes};
 
 impl RedisStore {
@@ -20,9 +20,10 @@ impl RedisStore {
         nodes: &Nodes,
         node: &Node,
         on_replica: bool,
-        call: &Call<'_>,
+        call: Call<'_>,
+        entry: Entry,
     ) -> Result<Value, StoreError> {
-        let cmd = self.command(call, on_replica);
+        let cmd = self.command(call, entry, on_replica);
         let what = || keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
         self.send_on(
             nodes,
@@ -79,10 +80,11 @@ impl RedisStore {
     pub(super) async fn call_cluster(
         &self,
         conn: &ClusterConnection,
-        call: &Call<'_>,
+        call: Call<'_>,
+        entry: Entry,
         on_replica: bool,
     ) -> Result<Value, StoreError> {
-        let cmd = self.command(call, on_replica);
+        let cmd = self.command(call, entry, on_replica);
         let what = || keys::stem(&self.inner.config.key_prefix, call.policy, call.key);
         let writes = !on_replica && !call.op.is_read_only();
         self.send_cluster(conn, &cmd, writes, &what).await
