@@ -1,4 +1,4 @@
-//! [`Call`]: the future of one limiter call, written out by hand.
+//! [`Deciding`]: the future of one limiter call, written out by hand.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +14,7 @@ pin_project_lite::pin_project! {
     /// The future of [`Limiter::call`], written out rather than `async`: a decision is a few
     /// hundred bytes, and an `async fn` moves its answer through its state several times
     /// where this moves it once.
-    pub(super) struct Call<'a, S, C, G, F> {
+    pub(super) struct Deciding<'a, S, C, G, F> {
         limiter: &'a Limiter<S, C>,
         policy: &'a Policy,
         key: &'a str,
@@ -31,7 +31,7 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<'a, S, C, G, F> Call<'a, S, C, G, F>
+impl<'a, S, C, G, F> Deciding<'a, S, C, G, F>
 where
     G: FnOnce(u64) -> F,
 {
@@ -56,7 +56,7 @@ where
     }
 }
 
-impl<S, C, G, F> Future for Call<'_, S, C, G, F>
+impl<S, C, G, F> Future for Deciding<'_, S, C, G, F>
 where
     S: Store,
     C: Clock + Sync,

@@ -10,12 +10,12 @@ use sluice_core::{Algorithm, Clock, Decision, Degraded, FailureMode, MAX_AMOUNT,
 use crate::clock::SystemClock;
 
 use crate::memory::MemoryStore;
-use crate::store::{self, Store, StoreError};
+use crate::store::{Call, Store, StoreError};
 
-mod call;
+mod deciding;
 mod ledger;
 
-use call::Call;
+use deciding::Deciding;
 use ledger::{Charges, Reported};
 
 /// The longest key, in bytes (docs/algorithms.md#words).
@@ -178,8 +178,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     ) -> impl Future<Output = Result<Decision, Error>> + 'a {
         // The call's own future, not an `async` layer around it: a decision is a few hundred
         // bytes, and each layer would move it once more.
-        Call::new(self, policy, key, op, move |now| {
-            self.store.call(store::Call::new(policy, key, op, now))
+        Deciding::new(self, policy, key, op, move |now| {
+            self.store.call(Call::new(policy, key, op, now))
         })
     }
 
@@ -199,7 +199,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let now = self.clock.now_ms();
         Ok(self
             .store
-            .call(store::Call::new(policy, key, Op::Forget, now))
+            .call(Call::new(policy, key, Op::Forget, now))
             .await
             .map(drop)?)
     }
@@ -265,12 +265,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             max: owed,
             holder: 0,
         };
-        let forget = store::Call::new(policy, key, Op::Forget, now);
-        if let Err(e) = self
-            .store
-            .call(store::Call::new(policy, key, take, now))
-            .await
-        {
+        let forget = Call::new(policy, key, Op::Forget, now);
+        if let Err(e) = self.store.call(Call::new(policy, key, take, now)).await {
             if !e.is_transient() {
                 // The store will never take it (corrupt state of the key, …): not owed.
                 self.insurance.call(forget).await?;
